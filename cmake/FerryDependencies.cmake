@@ -1,0 +1,82 @@
+# How ferry finds its optional parts (CUDA, liburing) and turns them into
+# compile definitions and link libraries. Used by the build tree; the installed
+# package does the same in ferryConfig.cmake for the components a consumer asks for.
+
+# ferry_resolve_cuda(): sets FERRY_HAS_CUDA to ON or OFF in the caller's scope.
+# AUTO turns CUDA on when a CUDA compiler is found; ON fails without one.
+macro(ferry_resolve_cuda)
+  set(FERRY_HAS_CUDA OFF)
+  if(NOT FERRY_ENABLE_CUDA STREQUAL "OFF")
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER)
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+        # ferry's own tests and tools target Hopper (H100/H200) unless told otherwise.
+        set(CMAKE_CUDA_ARCHITECTURES 90)
+      endif()
+      enable_language(CUDA)
+      find_package(CUDAToolkit REQUIRED)
+      find_package(CCCL CONFIG REQUIRED HINTS "${CUDAToolkit_LIBRARY_DIR}/cmake")
+      set(FERRY_HAS_CUDA ON)
+    elseif(FERRY_ENABLE_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "FERRY_ENABLE_CUDA=ON but no CUDA compiler was found "
+                          "(set CMAKE_CUDA_COMPILER or put nvcc on PATH)")
+    endif()
+  endif()
+endmacro()
+
+# ferry_resolve_uring(): sets FERRY_HAS_URING to ON or OFF in the caller's scope.
+macro(ferry_resolve_uring)
+  set(FERRY_HAS_URING OFF)
+  if(NOT FERRY_ENABLE_URING STREQUAL "OFF")
+    find_package(PkgConfig QUIET)
+    if(PkgConfig_FOUND)
+      pkg_check_modules(FERRY_LIBURING QUIET IMPORTED_TARGET GLOBAL liburing)
+    endif()
+    if(TARGET PkgConfig::FERRY_LIBURING)
+      set(FERRY_HAS_URING ON)
+    elseif(FERRY_ENABLE_URING STREQUAL "ON")
+      message(FATAL_ERROR "FERRY_ENABLE_URING=ON but liburing was not found through "
+                          "pkg-config (install liburing-dev, or set PKG_CONFIG_PATH)")
+    endif()
+  endif()
+endmacro()
+
+# ferry_link_features(<target>): in the build tree only, adds the definitions and
+# libraries of the enabled features. The exported target carries none of them; the
+# installed ferryConfig.cmake adds them per requested component.
+function(ferry_link_features target)
+  if(FERRY_HAS_CUDA)
+    target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_CUDA=1>)
+    target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:CUDA::cudart> $<BUILD_INTERFACE:CCCL::CCCL>)
+  else()
+    target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_CUDA=0>)
+  endif()
+  if(FERRY_HAS_URING)
+    target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_URING=1>)
+    target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:PkgConfig::FERRY_LIBURING>)
+  else()
+    target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_URING=0>)
+  endif()
+endfunction()
+
+# ferry_verify_cuda_headers(<target> <header>...): CMake's VERIFY_INTERFACE_HEADER_SETS
+# compiles headers as C++ only, so every `.cuh` gets a generated `.cu` translation unit
+# that includes it alone, built with nvcc into `<target>_verify_cuda_headers`
+# (part of `all`, like CMake's own verification targets).
+function(ferry_verify_cuda_headers target)
+  set(sources "")
+  foreach(header IN LISTS ARGN)
+    string(REGEX REPLACE "^include/" "" rel "${header}")
+    string(MAKE_C_IDENTIFIER "${rel}" id)
+    set(src "${CMAKE_CURRENT_BINARY_DIR}/verify_cuda_headers/${id}.cu")
+    file(CONFIGURE OUTPUT "${src}" CONTENT "#include <${rel}>\n" @ONLY)
+    list(APPEND sources "${src}")
+  endforeach()
+  if(sources)
+    add_library(${target}_verify_cuda_headers OBJECT ${sources})
+    target_link_libraries(${target}_verify_cuda_headers PRIVATE ${target})
+    set_target_properties(${target}_verify_cuda_headers PROPERTIES
+      CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
+  endif()
+endfunction()

@@ -1,0 +1,18 @@
+# ferry_tristate_option(<name> <default> <doc>)
+# A cache option that takes AUTO, ON or OFF (case-insensitive; the usual CMake
+# spellings of true and false are accepted too) and is normalised to one of the three.
+function(ferry_tristate_option name default doc)
+  set(${name} "${default}" CACHE STRING "${doc}")
+  set_property(CACHE ${name} PROPERTY STRINGS AUTO ON OFF)
+  string(TOUPPER "${${name}}" value)
+  if(value STREQUAL "AUTO")
+    set(value AUTO)
+  elseif(value MATCHES "^(ON|YES|TRUE|Y|1)$")
+    set(value ON)
+  elseif(value MATCHES "^(OFF|NO|FALSE|N|0)$")
+    set(value OFF)
+  else()
+    message(FATAL_ERROR "${name} must be AUTO, ON or OFF, not '${${name}}'")
+  endif()
+  set(${name} "${value}" PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,242 @@
+/// @file
+/// @brief The capabilities ferry's parts are composed from: `ferry::tier`,
+/// `ferry::eviction_policy`, `ferry::prefetch_policy` and `ferry::codec`.
+///
+/// Pipelines take their parts as template parameters constrained by these concepts,
+/// so a framework composes tiers and policies at compile time with no virtual calls.
+/// Each concept has a `check_*<T>()` companion that names the first requirement a
+/// type misses in a readable `static_assert` message (a concept failure alone prints
+/// a page of template context); pipelines call it, and so can users:
+///
+/// @code
+/// static_assert(ferry::check_tier<my_tier>());
+/// // error: static assertion failed: ferry::tier: T::allocate(std::size_t) must return T::region_type
+/// @endcode
+///
+/// These are the first definitions; the tiers, policies and codecs issues refine them
+/// (device-side codecs, cost-aware eviction, schedule-driven prefetch) without
+/// breaking types that model these.
+#pragma once
+
+#include "ferry/config.hpp"
+
+#include <concepts>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <type_traits>
+
+namespace ferry {
+
+// ---------------------------------------------------------------------------------
+// tier
+// ---------------------------------------------------------------------------------
+
+/// @brief What kind of memory a tier holds, as compile-time properties.
+///
+/// A tier declares `static constexpr ferry::memory_traits traits{...}`.
+struct memory_traits {
+  bool host_accessible = false;    ///< the CPU can load and store its bytes directly
+  bool device_accessible = false;  ///< GPU kernels can load and store its bytes directly
+  bool file_backed = false;        ///< its bytes live in files (reached through I/O)
+};
+
+namespace detail {
+template <auto V>
+struct constant_tag {};
+}  // namespace detail
+
+/// @brief A handle to bytes allocated in a tier: it knows its size in bytes.
+template <class R>
+concept tier_region = std::copyable<R> && requires(const R& r) {
+  { r.size() } noexcept -> std::same_as<std::size_t>;
+};
+
+/// @brief A place bytes can live, with a capacity and an allocator.
+///
+/// Requirements, for `T t`, `const T ct`, `std::size_t n`, `T::region_type r`:
+/// - `T::region_type` models `ferry::tier_region` (a handle: size in bytes, plus
+///   whatever locates the bytes: a pointer, a file offset, ...);
+/// - `t.allocate(n)` returns a region of exactly `n` bytes, or throws
+///   `ferry::out_of_capacity` (never returns an empty handle for failure);
+/// - `t.deallocate(r)` is `noexcept` and returns the region's bytes to the tier;
+/// - `ct.capacity()` and `ct.used()` are `noexcept` byte counts, with
+///   `used() <= capacity()` at all times;
+/// - `T::traits` is a constant expression of type `ferry::memory_traits`.
+template <class T>
+concept tier = requires { typename T::region_type; } && tier_region<typename T::region_type> &&
+               requires(T& t, const T& ct, std::size_t n, typename T::region_type r) {
+                 { t.allocate(n) } -> std::same_as<typename T::region_type>;
+                 { t.deallocate(r) } noexcept;
+                 { ct.capacity() } noexcept -> std::same_as<std::size_t>;
+                 { ct.used() } noexcept -> std::same_as<std::size_t>;
+                 { T::traits } -> std::convertible_to<memory_traits>;
+                 typename detail::constant_tag<memory_traits(T::traits)>;  // a constant expression
+               };
+
+/// @brief Names, in a `static_assert`, the first requirement of `ferry::tier` that `T`
+/// misses; `true` when `T` models it.
+template <class T>
+consteval bool check_tier() {
+  static_assert(requires { typename T::region_type; },
+                "ferry::tier: T must name its region handle type T::region_type");
+  if constexpr (requires { typename T::region_type; }) {
+    using R = typename T::region_type;
+    static_assert(std::copyable<R>, "ferry::tier: T::region_type must be copyable (it is a handle)");
+    static_assert(requires(const R& r) {
+      { r.size() } noexcept -> std::same_as<std::size_t>;
+    }, "ferry::tier: T::region_type must have size() noexcept -> std::size_t");
+    static_assert(requires(T& t, std::size_t n) {
+      { t.allocate(n) } -> std::same_as<R>;
+    }, "ferry::tier: T::allocate(std::size_t) must return T::region_type");
+    static_assert(requires(T& t, R r) {
+      { t.deallocate(r) } noexcept;
+    }, "ferry::tier: T::deallocate(T::region_type) must exist and be noexcept");
+    static_assert(requires(const T& t) {
+      { t.capacity() } noexcept -> std::same_as<std::size_t>;
+    }, "ferry::tier: T::capacity() const noexcept -> std::size_t is missing");
+    static_assert(requires(const T& t) {
+      { t.used() } noexcept -> std::same_as<std::size_t>;
+    }, "ferry::tier: T::used() const noexcept -> std::size_t is missing");
+    static_assert(requires {
+      { T::traits } -> std::convertible_to<memory_traits>;
+      typename detail::constant_tag<memory_traits(T::traits)>;
+    }, "ferry::tier: T must declare static constexpr ferry::memory_traits traits");
+  }
+  return tier<T>;
+}
+
+// ---------------------------------------------------------------------------------
+// eviction_policy
+// ---------------------------------------------------------------------------------
+
+/// @brief Decides which resident key leaves a full tier.
+///
+/// The tier owner tells the policy what happens to keys and asks it for a victim:
+/// - `p.on_insert(k, bytes)`: key `k` of `bytes` bytes became resident;
+/// - `p.on_access(k)`: resident key `k` was used;
+/// - `p.on_erase(k)`: key `k` left the tier (evicted or erased);
+/// - `p.pin(k)` / `p.unpin(k)`: a pinned key is never chosen as a victim;
+/// - `p.victim()`: the key to evict next, or `std::nullopt` at once when nothing is
+///   evictable (the caller then fails with `ferry::out_of_capacity`; a policy never
+///   waits). Asking does not evict: the owner calls `on_erase` when it has.
+/// - `cp.size()`: resident keys known to the policy.
+template <class P, class Key>
+concept eviction_policy = requires(P& p, const P& cp, const Key& k, std::size_t bytes) {
+  p.on_insert(k, bytes);
+  p.on_access(k);
+  p.on_erase(k);
+  p.pin(k);
+  p.unpin(k);
+  { p.victim() } -> std::same_as<std::optional<Key>>;
+  { cp.size() } noexcept -> std::same_as<std::size_t>;
+};
+
+/// @brief Names, in a `static_assert`, the first requirement of
+/// `ferry::eviction_policy<P, Key>` that `P` misses; `true` when it models it.
+template <class P, class Key>
+consteval bool check_eviction_policy() {
+  static_assert(requires(P& p, const Key& k, std::size_t b) { p.on_insert(k, b); },
+                "ferry::eviction_policy: P::on_insert(const Key&, std::size_t bytes) is missing");
+  static_assert(requires(P& p, const Key& k) { p.on_access(k); },
+                "ferry::eviction_policy: P::on_access(const Key&) is missing");
+  static_assert(requires(P& p, const Key& k) { p.on_erase(k); },
+                "ferry::eviction_policy: P::on_erase(const Key&) is missing");
+  static_assert(requires(P& p, const Key& k) {
+    p.pin(k);
+    p.unpin(k);
+  }, "ferry::eviction_policy: P::pin(const Key&) and P::unpin(const Key&) are required");
+  static_assert(requires(P& p) {
+    { p.victim() } -> std::same_as<std::optional<Key>>;
+  }, "ferry::eviction_policy: P::victim() must return std::optional<Key> (nullopt: nothing evictable)");
+  static_assert(requires(const P& p) {
+    { p.size() } noexcept -> std::same_as<std::size_t>;
+  }, "ferry::eviction_policy: P::size() const noexcept -> std::size_t is missing");
+  return eviction_policy<P, Key>;
+}
+
+// ---------------------------------------------------------------------------------
+// prefetch_policy
+// ---------------------------------------------------------------------------------
+
+namespace detail {
+/// The sink a prefetch policy is checked with: any callable taking `const Key&`.
+template <class Key>
+struct prefetch_sink_archetype {
+  void operator()(const Key&) const noexcept {}
+};
+}  // namespace detail
+
+/// @brief Decides which keys to bring in ahead of their use.
+///
+/// - `p.on_access(k)`: key `k` is being used now (the policy may record the order);
+/// - `p.prefetch(k, budget_bytes, sink)`: calls `sink(key)` for each key to fetch
+///   ahead of the access to `k`, most urgent first, within `budget_bytes` of fetches;
+///   `sink` is any callable taking `const Key&` (the policy is a template over it, so
+///   the call inlines). `no_prefetch` calls it never.
+template <class P, class Key>
+concept prefetch_policy = requires(P& p, const Key& k, std::size_t budget_bytes,
+                                   detail::prefetch_sink_archetype<Key> sink) {
+  p.on_access(k);
+  p.prefetch(k, budget_bytes, sink);
+};
+
+/// @brief Names, in a `static_assert`, the first requirement of
+/// `ferry::prefetch_policy<P, Key>` that `P` misses; `true` when it models it.
+template <class P, class Key>
+consteval bool check_prefetch_policy() {
+  static_assert(requires(P& p, const Key& k) { p.on_access(k); },
+                "ferry::prefetch_policy: P::on_access(const Key&) is missing");
+  static_assert(requires(P& p, const Key& k, std::size_t b, detail::prefetch_sink_archetype<Key> s) {
+    p.prefetch(k, b, s);
+  }, "ferry::prefetch_policy: P::prefetch(const Key&, std::size_t budget_bytes, Sink) must accept any "
+     "callable Sink taking const Key&");
+  return prefetch_policy<P, Key>;
+}
+
+// ---------------------------------------------------------------------------------
+// codec
+// ---------------------------------------------------------------------------------
+
+/// @brief Turns elements into a (usually smaller) encoded byte form and back.
+///
+/// Host side, for `const C c`, `n` elements:
+/// - `C::value_type`: the element type it encodes (e.g. a bf16 type for FP8 codecs,
+///   `std::byte` for `identity`);
+/// - `c.encoded_bytes(n)`: `noexcept`, the bytes the encoding of `n` elements takes
+///   (payload plus scales), a pure function of `n`;
+/// - `c.encode(in, out)`: encodes `in.size()` elements into `out` (at least
+///   `encoded_bytes(in.size())` bytes), returns the bytes written;
+/// - `c.decode(in, out)`: decodes `out.size()` elements from `in`.
+/// The device side (encode and decode on a CUDA stream) is added by the codecs issue.
+template <class C>
+concept codec = requires { typename C::value_type; } &&
+                requires(const C& c, std::size_t n, std::span<const typename C::value_type> values,
+                         std::span<std::byte> bytes, std::span<const std::byte> encoded,
+                         std::span<typename C::value_type> decoded) {
+                  { c.encoded_bytes(n) } noexcept -> std::same_as<std::size_t>;
+                  { c.encode(values, bytes) } -> std::same_as<std::size_t>;
+                  c.decode(encoded, decoded);
+                };
+
+/// @brief Names, in a `static_assert`, the first requirement of `ferry::codec` that
+/// `C` misses; `true` when `C` models it.
+template <class C>
+consteval bool check_codec() {
+  static_assert(requires { typename C::value_type; }, "ferry::codec: C must name its element type C::value_type");
+  if constexpr (requires { typename C::value_type; }) {
+    using V = typename C::value_type;
+    static_assert(requires(const C& c, std::size_t n) {
+      { c.encoded_bytes(n) } noexcept -> std::same_as<std::size_t>;
+    }, "ferry::codec: C::encoded_bytes(std::size_t elements) const noexcept -> std::size_t is missing");
+    static_assert(requires(const C& c, std::span<const V> in, std::span<std::byte> out) {
+      { c.encode(in, out) } -> std::same_as<std::size_t>;
+    }, "ferry::codec: C::encode(std::span<const value_type>, std::span<std::byte>) const must return the "
+       "bytes written");
+    static_assert(requires(const C& c, std::span<const std::byte> in, std::span<V> out) { c.decode(in, out); },
+                  "ferry::codec: C::decode(std::span<const std::byte>, std::span<value_type>) const is missing");
+  }
+  return codec<C>;
+}
+
+}  // namespace ferry

@@ -1,0 +1,449 @@
+/// @file
+/// @brief ferry's exceptions and the checking macros that throw them.
+///
+/// Every exception ferry throws derives from `ferry::error` **and** from exactly one
+/// standard exception, so it can be caught either way:
+///
+/// | type                     | standard base        | thrown when                                     |
+/// |--------------------------|----------------------|-------------------------------------------------|
+/// | `ferry::logic_error`     | `std::logic_error`   | a precondition of a call is violated            |
+/// | `ferry::cuda_error`      | `std::runtime_error` | a CUDA runtime call fails                       |
+/// | `ferry::io_error`        | `std::system_error`  | a file operation fails (carries `errno`)        |
+/// | `ferry::out_of_capacity` | `std::bad_alloc`     | a tier, pool or budget cannot hold a request    |
+/// | `ferry::config_error`    | `std::runtime_error` | a runtime setting (e.g. a `FERRY_*` variable) is malformed |
+///
+/// `ferry::error` itself does not derive from `std::exception` (that would make
+/// `catch (const std::exception&)` ambiguous); it adds where the error was raised.
+///
+/// Messages name the file, line and function, the failed call or condition and the
+/// values involved, e.g.
+/// `include/ferry/defaults.hpp:210 (parse): precondition failed: `n <= max`: value above the maximum [n = 70000, max = 4096]`.
+/// A message is built only on failure: the success path of a check is one compare and
+/// a branch (measured in `bench/micro_vocabulary.cpp`).
+#pragma once
+
+#include "ferry/config.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#if FERRY_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ferry {
+
+/// @brief Where an error was raised: a source file, line and function.
+///
+/// Filled by ferry's macros from `__FILE__`, `__LINE__` and `__func__`; the strings
+/// have static storage duration.
+struct source_site {
+  const char* file = "";      ///< source file, as the compiler named it
+  int line = 0;               ///< line in that file
+  const char* function = "";  ///< enclosing function
+};
+
+/// @brief Base of every exception ferry throws: adds the site where it was raised.
+///
+/// Each concrete type also derives from one standard exception (see the file's table);
+/// catch `const ferry::error&` for everything ferry throws.
+class error {
+ public:
+  virtual ~error() = default;
+
+  /// @brief The full message: site, failed call or condition, values involved.
+  [[nodiscard]] virtual const char* what() const noexcept = 0;
+
+  /// @brief Where the error was raised.
+  [[nodiscard]] const source_site& where() const noexcept { return site_; }
+
+ protected:
+  explicit error(source_site site) noexcept : site_(site) {}
+  error(const error&) = default;
+  error& operator=(const error&) = default;
+
+ private:
+  source_site site_;
+};
+
+/// @brief A violated precondition: the caller passed a value the call cannot take.
+///
+/// Thrown by `FERRY_EXPECTS`. The message names the condition and the values involved.
+class logic_error : public std::logic_error, public error {
+ public:
+  /// @param message the full message (see `FERRY_EXPECTS` for how it is built)
+  /// @param site    where the precondition was checked
+  logic_error(const std::string& message, source_site site) : std::logic_error(message), error(site) {}
+  [[nodiscard]] const char* what() const noexcept override { return std::logic_error::what(); }
+};
+
+/// @brief A failed CUDA runtime call.
+///
+/// Thrown by `FERRY_CUDA_TRY`. `code()` is the `cudaError_t` value as an `int` (so
+/// this type exists in builds without CUDA, and `catch` clauses compile everywhere).
+class cuda_error : public std::runtime_error, public error {
+ public:
+  /// @param message full message, naming the call, the error's name and description
+  /// @param code    the `cudaError_t` the call returned
+  /// @param site    where the call was made
+  cuda_error(const std::string& message, int code, source_site site)
+      : std::runtime_error(message), error(site), code_(code) {}
+  [[nodiscard]] const char* what() const noexcept override { return std::runtime_error::what(); }
+  /// @brief The `cudaError_t` returned by the failed call.
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// @brief A failed file operation; a `std::system_error` whose `code()` holds `errno`
+/// in `std::generic_category()`.
+///
+/// Names the operation, the path, the byte offset and the size of the request.
+/// `offset()` is `no_offset` for operations that have none (open, fsync, ...).
+class io_error : public std::system_error, public error {
+ public:
+  /// @brief `offset()` of an operation that has no file offset.
+  static constexpr std::uint64_t no_offset = ~std::uint64_t{0};
+
+  /// @param errno_value the `errno` (positive) the operation failed with
+  /// @param operation   the call, e.g. "pwrite" or "io_uring read"
+  /// @param path        the file
+  /// @param offset      byte offset in the file, or `no_offset`
+  /// @param bytes       bytes requested
+  /// @param site        where the failure was detected
+  io_error(int errno_value, std::string_view operation, std::string path, std::uint64_t offset,
+           std::size_t bytes, source_site site)
+      : std::system_error(errno_value, std::generic_category(),
+                          describe(operation, path, offset, bytes, site)),
+        error(site),
+        path_(std::move(path)),
+        offset_(offset),
+        bytes_(bytes) {}
+  [[nodiscard]] const char* what() const noexcept override { return std::system_error::what(); }
+  /// @brief The file the operation was on.
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// @brief Byte offset of the operation in the file, or `no_offset`.
+  [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
+  /// @brief Bytes requested by the operation.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  static std::string describe(std::string_view operation, const std::string& path, std::uint64_t offset,
+                              std::size_t bytes, const source_site& site) {
+    std::ostringstream os;
+    os << site.file << ':' << site.line << " (" << site.function << "): " << operation << " of " << bytes
+       << " bytes on '" << path << '\'';
+    if (offset != no_offset) {
+      os << " at offset " << offset;
+    }
+    os << " failed";
+    return std::move(os).str();
+  }
+
+  std::string path_;
+  std::uint64_t offset_;
+  std::size_t bytes_;
+};
+
+/// @brief A request that a tier, pool or budget cannot hold; a `std::bad_alloc`.
+///
+/// Names the resource, the bytes requested, the bytes in use and the capacity, so the
+/// caller can tell "too big ever" (`requested() > capacity()`) from "too full now".
+class out_of_capacity : public std::bad_alloc, public error {
+ public:
+  /// @param resource  what ran out, e.g. "pinned_pool" or "device_arena"
+  /// @param requested bytes asked for (including alignment padding)
+  /// @param used      bytes in use when the request was made
+  /// @param capacity  bytes the resource may hold in all (its budget)
+  /// @param site      where the request was refused
+  out_of_capacity(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
+                  source_site site)
+      : error(site),
+        message_(describe(resource, requested, used, capacity, site)),
+        requested_(requested),
+        used_(used),
+        capacity_(capacity) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.what(); }
+  /// @brief Bytes the refused request asked for.
+  [[nodiscard]] std::size_t requested() const noexcept { return requested_; }
+  /// @brief Bytes in use when the request was refused.
+  [[nodiscard]] std::size_t used() const noexcept { return used_; }
+  /// @brief Bytes the resource may hold in all.
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  static std::string describe(std::string_view resource, std::size_t requested, std::size_t used,
+                              std::size_t capacity, const source_site& site) {
+    std::ostringstream os;
+    os << site.file << ':' << site.line << " (" << site.function << "): " << resource << " cannot hold "
+       << requested << " more bytes: " << used << " of " << capacity << " bytes in use";
+    if (requested > capacity) {
+      os << " (the request is larger than the whole capacity)";
+    }
+    return std::move(os).str();
+  }
+
+  std::runtime_error message_;  // reference-counted, so copying this exception cannot throw
+  std::size_t requested_;
+  std::size_t used_;
+  std::size_t capacity_;
+};
+
+/// @brief A malformed runtime setting, such as a `FERRY_*` environment variable
+/// holding "12 MB/s" where a byte count is expected.
+///
+/// Names the variable, the value as given, and what was expected.
+class config_error : public std::runtime_error, public error {
+ public:
+  /// @param message  full message
+  /// @param variable the setting, e.g. "FERRY_CHUNK_BYTES"
+  /// @param value    the value as given
+  /// @param site     where it was parsed
+  config_error(const std::string& message, std::string variable, std::string value, source_site site)
+      : std::runtime_error(message), error(site), variable_(std::move(variable)), value_(std::move(value)) {}
+  [[nodiscard]] const char* what() const noexcept override { return std::runtime_error::what(); }
+  /// @brief The setting that was malformed.
+  [[nodiscard]] const std::string& variable() const noexcept { return variable_; }
+  /// @brief The value it held, as given.
+  [[nodiscard]] const std::string& value() const noexcept { return value_; }
+
+ private:
+  std::string variable_;
+  std::string value_;
+};
+
+/// @brief Called when a CUDA call in a destructor fails (destructors never throw).
+/// @param message the full message (site, call, error name and description)
+using destructor_error_handler = void (*)(const char* message) noexcept;
+
+namespace detail {
+
+/// Default handler: writes the message to stderr; in debug builds (no `NDEBUG`) it
+/// then aborts, so a leaked or double-destroyed handle is found where it happens.
+inline void default_destructor_error_handler(const char* message) noexcept {
+  std::fprintf(stderr, "ferry: error in a destructor: %s\n", message);
+#ifndef NDEBUG
+  std::abort();
+#endif
+}
+
+inline std::atomic<destructor_error_handler>& destructor_handler_slot() noexcept {
+  static std::atomic<destructor_error_handler> slot{&default_destructor_error_handler};
+  return slot;
+}
+
+}  // namespace detail
+
+/// @brief Replaces the handler for CUDA failures inside destructors; thread-safe.
+/// @param handler the new handler; `nullptr` restores the default (stderr, plus abort
+///                in debug builds)
+/// @return the previous handler
+inline destructor_error_handler set_destructor_error_handler(destructor_error_handler handler) noexcept {
+  return detail::destructor_handler_slot().exchange(handler != nullptr ? handler
+                                                                       : &detail::default_destructor_error_handler);
+}
+
+namespace detail {
+
+/// A value captured by name for a message: `bytes = 4097`.
+template <class T>
+struct named_value {
+  const char* name;
+  const T& value;
+};
+
+template <class T>
+named_value<T> make_named(const char* name, const T& value) noexcept {
+  return {name, value};
+}
+
+template <class T>
+concept ostreamable = requires(std::ostream& os, const T& v) { os << v; };
+
+template <class T>
+void put_value(std::ostream& os, const T& v) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, bool>) {
+    os << (v ? "true" : "false");
+  } else if constexpr (std::is_same_v<U, char> || std::is_same_v<U, signed char> ||
+                       std::is_same_v<U, unsigned char>) {
+    os << static_cast<int>(v);
+  } else if constexpr (std::is_enum_v<U>) {
+    os << static_cast<std::underlying_type_t<U>>(v);
+  } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
+    os << '"' << std::string_view(v) << '"';
+  } else if constexpr (std::is_pointer_v<U>) {
+    os << static_cast<const void*>(v);
+  } else if constexpr (ostreamable<U>) {
+    os << v;
+  } else {
+    os << "<" << sizeof(U) << "-byte value>";
+  }
+}
+
+template <class... T>
+void put_values(std::ostream& os, const named_value<T>&... values) {
+  if constexpr (sizeof...(T) > 0) {
+    os << " [";
+    const char* sep = "";
+    ((os << sep << values.name << " = ", put_value(os, values.value), sep = ", "), ...);
+    os << ']';
+  }
+}
+
+inline void put_site(std::ostream& os, const source_site& site) {
+  os << site.file << ':' << site.line << " (" << site.function << "): ";
+}
+
+template <class Message, class... T>
+[[noreturn]] FERRY_COLD void throw_precondition(source_site site, const char* condition, const Message& message,
+                                                const named_value<T>&... values) {
+  std::ostringstream os;
+  put_site(os, site);
+  os << "precondition failed: `" << condition << "`: " << message;
+  put_values(os, values...);
+  throw ferry::logic_error(std::move(os).str(), site);
+}
+
+template <class Message, class... T>
+[[noreturn]] FERRY_COLD void throw_config(source_site site, std::string variable, std::string value,
+                                          const Message& message, const named_value<T>&... values) {
+  std::ostringstream os;
+  put_site(os, site);
+  os << variable << "=\"" << value << "\" is not valid: " << message;
+  put_values(os, values...);
+  throw ferry::config_error(std::move(os).str(), std::move(variable), std::move(value), site);
+}
+
+#if FERRY_HAS_CUDA
+template <class... T>
+[[noreturn]] FERRY_COLD void throw_cuda(source_site site, cudaError_t status, const char* call,
+                                        const named_value<T>&... values) {
+  (void)cudaGetLastError();  // clear a non-sticky error so later calls do not report it again
+  std::ostringstream os;
+  put_site(os, site);
+  os << call << " failed: " << cudaGetErrorName(status) << " (" << static_cast<int>(status)
+     << "): " << cudaGetErrorString(status);
+  put_values(os, values...);
+  throw ferry::cuda_error(std::move(os).str(), static_cast<int>(status), site);
+}
+
+inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_t status, const char* call) noexcept {
+  // At process exit the runtime may already be gone; that is not a bug of the caller.
+  if (status == cudaErrorCudartUnloading) {
+    return;
+  }
+  (void)cudaGetLastError();
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer, "%s:%d (%s): %s failed: %s (%d): %s", site.file, site.line, site.function,
+                call, cudaGetErrorName(status), static_cast<int>(status), cudaGetErrorString(status));
+  destructor_handler_slot().load()(buffer);
+}
+#endif
+
+}  // namespace detail
+}  // namespace ferry
+
+// ---------------------------------------------------------------------------------
+// Macros
+// ---------------------------------------------------------------------------------
+
+/// @cond FERRY_DETAIL
+#define FERRY_DETAIL_SITE() (::ferry::source_site{__FILE__, __LINE__, static_cast<const char*>(__func__)})
+#define FERRY_DETAIL_NAMED(x) ::ferry::detail::make_named(#x, (x))
+// FOR_EACH over up to 256 arguments, using C++20 __VA_OPT__.
+#define FERRY_DETAIL_PARENS ()
+#define FERRY_DETAIL_EXPAND(...) FERRY_DETAIL_EXPAND3(FERRY_DETAIL_EXPAND3(FERRY_DETAIL_EXPAND3(__VA_ARGS__)))
+#define FERRY_DETAIL_EXPAND3(...) FERRY_DETAIL_EXPAND2(FERRY_DETAIL_EXPAND2(FERRY_DETAIL_EXPAND2(__VA_ARGS__)))
+#define FERRY_DETAIL_EXPAND2(...) FERRY_DETAIL_EXPAND1(FERRY_DETAIL_EXPAND1(FERRY_DETAIL_EXPAND1(__VA_ARGS__)))
+#define FERRY_DETAIL_EXPAND1(...) __VA_ARGS__
+#define FERRY_DETAIL_FOR_EACH(macro, ...) \
+  __VA_OPT__(FERRY_DETAIL_EXPAND(FERRY_DETAIL_FOR_EACH_STEP(macro, __VA_ARGS__)))
+#define FERRY_DETAIL_FOR_EACH_STEP(macro, first, ...) \
+  macro(first) __VA_OPT__(, FERRY_DETAIL_FOR_EACH_AGAIN FERRY_DETAIL_PARENS(macro, __VA_ARGS__))
+#define FERRY_DETAIL_FOR_EACH_AGAIN() FERRY_DETAIL_FOR_EACH_STEP
+#define FERRY_DETAIL_NAMED_LIST(...) __VA_OPT__(, FERRY_DETAIL_FOR_EACH(FERRY_DETAIL_NAMED, __VA_ARGS__))
+/// @endcond
+
+/// @brief Checks a precondition; throws `ferry::logic_error` when it does not hold.
+///
+/// `FERRY_EXPECTS(bytes % 4096 == 0, "block size must be a multiple of 4096", bytes);`
+/// throws with the message
+/// `file:line (function): precondition failed: `bytes % 4096 == 0`: block size must be a multiple of 4096 [bytes = 4097]`.
+///
+/// @param condition a boolean expression
+/// @param message   anything streamable to `std::ostream`, evaluated only on failure
+/// @param ...       values to show in the message by name (evaluated only on failure;
+///                  an argument containing an unparenthesised comma must be parenthesised)
+/// @throws ferry::logic_error when `condition` is false
+#define FERRY_EXPECTS(condition, message, ...)                                                          \
+  do {                                                                                                  \
+    if (!static_cast<bool>(condition)) [[unlikely]] {                                                   \
+      ::ferry::detail::throw_precondition(FERRY_DETAIL_SITE(), #condition,                              \
+                                          message FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                \
+    }                                                                                                   \
+  } while (false)
+
+/// @brief Throws `ferry::io_error` for a failed file operation.
+/// @param errno_value the positive `errno` of the failure
+/// @param operation   a string naming the operation, e.g. "pwrite"
+/// @param path        the file's path (convertible to `std::string`)
+/// @param offset      byte offset in the file (`ferry::io_error::no_offset` if none)
+/// @param bytes       bytes requested
+#define FERRY_THROW_IO_ERROR(errno_value, operation, path, offset, bytes) \
+  throw ::ferry::io_error((errno_value), (operation), (path), (offset), (bytes), FERRY_DETAIL_SITE())
+
+/// @brief Throws `ferry::out_of_capacity` for a request a resource cannot hold.
+/// @param resource  a string naming the resource, e.g. "pinned_pool"
+/// @param requested bytes asked for
+/// @param used      bytes in use
+/// @param capacity  bytes the resource may hold in all
+#define FERRY_THROW_OUT_OF_CAPACITY(resource, requested, used, capacity) \
+  throw ::ferry::out_of_capacity((resource), (requested), (used), (capacity), FERRY_DETAIL_SITE())
+
+#if FERRY_HAS_CUDA
+/// @brief Calls a CUDA runtime function; throws `ferry::cuda_error` if it does not
+/// return `cudaSuccess`.
+///
+/// `FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), n);` throws with
+/// `file:line (function): cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s) failed: cudaErrorInvalidValue (1): invalid argument [n = 4096]`.
+/// A non-sticky error is cleared (`cudaGetLastError`) before the throw.
+///
+/// @param call a call returning `cudaError_t`
+/// @param ...  values to show in the message by name (evaluated only on failure)
+/// @throws ferry::cuda_error when the call fails
+#define FERRY_CUDA_TRY(call, ...)                                                                       \
+  do {                                                                                                  \
+    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess)           \
+        [[unlikely]] {                                                                                  \
+      ::ferry::detail::throw_cuda(FERRY_DETAIL_SITE(), ferry_cuda_status_,                              \
+                                  #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                          \
+    }                                                                                                   \
+  } while (false)
+
+/// @brief Calls a CUDA runtime function from a destructor or other `noexcept` code.
+///
+/// Never throws. On failure the message goes to the handler set with
+/// `ferry::set_destructor_error_handler` (default: stderr, and abort in debug builds).
+/// `cudaErrorCudartUnloading` (the runtime torn down at process exit) is ignored.
+#define FERRY_ASSERT_CUDA_SUCCESS(call)                                                                 \
+  do {                                                                                                  \
+    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess)           \
+        [[unlikely]] {                                                                                  \
+      ::ferry::detail::report_destructor_cuda_error(FERRY_DETAIL_SITE(), ferry_cuda_status_, #call);    \
+    }                                                                                                   \
+  } while (false)
+#endif

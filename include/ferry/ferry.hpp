@@ -1,0 +1,20 @@
+/// @file
+/// @brief Everything of ferry that compiles as host C++.
+///
+/// Works in a plain C++20 translation unit without the CUDA toolkit: the CUDA parts
+/// (streams, events, device tiers) are then absent (`ferry::has_cuda` is false). Under
+/// nvcc, include `ferry/ferry.cuh` for the kernels as well.
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/config.hpp"
+#include "ferry/defaults.hpp"
+#include "ferry/error.hpp"
+#include "ferry/units.hpp"
+#include "ferry/version.hpp"
+
+#if FERRY_HAS_CUDA
+#include "ferry/cuda/device.hpp"
+#include "ferry/cuda/event.hpp"
+#include "ferry/cuda/stream.hpp"
+#endif

@@ -1,0 +1,42 @@
+/// @file
+/// @brief Byte units (IEC binary prefixes) as `std::size_t` constants.
+///
+/// `4 * ferry::MiB` is 4,194,304 bytes. Decimal units (kB, MB, GB: powers of 1000)
+/// are given too, because disk and link vendors quote them (a "55 GB/s" link moves
+/// 55e9 bytes per second).
+#pragma once
+
+#include <cstddef>
+
+namespace ferry {
+
+inline constexpr std::size_t KiB = std::size_t{1} << 10;  ///< 1,024 bytes
+inline constexpr std::size_t MiB = std::size_t{1} << 20;  ///< 1,048,576 bytes
+inline constexpr std::size_t GiB = std::size_t{1} << 30;  ///< 1,073,741,824 bytes
+inline constexpr std::size_t TiB = std::size_t{1} << 40;  ///< 2^40 bytes
+
+inline constexpr std::size_t kB = 1000;                  ///< 10^3 bytes (decimal)
+inline constexpr std::size_t MB = 1000 * kB;             ///< 10^6 bytes (decimal)
+inline constexpr std::size_t GB = 1000 * MB;             ///< 10^9 bytes (decimal)
+inline constexpr std::size_t TB = 1000 * GB;             ///< 10^12 bytes (decimal)
+
+/// @brief Literals for byte counts: `using namespace ferry::literals; auto n = 4_MiB;`
+/// A literal whose byte count does not fit in `std::size_t` does not compile.
+namespace literals {
+namespace detail {
+consteval std::size_t scaled(unsigned long long v, std::size_t unit) {
+  if (v > static_cast<unsigned long long>(static_cast<std::size_t>(-1) / unit)) {
+    throw "ferry: byte literal overflows std::size_t";  // not a constant expression: compile error
+  }
+  return static_cast<std::size_t>(v) * unit;
+}
+}  // namespace detail
+/// @brief `n` KiB in bytes.
+consteval std::size_t operator""_KiB(unsigned long long v) { return detail::scaled(v, KiB); }
+/// @brief `n` MiB in bytes.
+consteval std::size_t operator""_MiB(unsigned long long v) { return detail::scaled(v, MiB); }
+/// @brief `n` GiB in bytes.
+consteval std::size_t operator""_GiB(unsigned long long v) { return detail::scaled(v, GiB); }
+}  // namespace literals
+
+}  // namespace ferry
