@@ -2,25 +2,44 @@
 # compile definitions and link libraries. Used by the build tree; the installed
 # package does the same in ferryConfig.cmake for the components a consumer asks for.
 
-# ferry_resolve_cuda(): sets FERRY_HAS_CUDA to ON or OFF in the caller's scope.
-# AUTO turns CUDA on when a CUDA compiler is found; ON fails without one.
+# ferry_resolve_cuda(): sets, in the caller's scope,
+#   FERRY_HAS_CUDA           ON when the CUDA toolkit's runtime and CCCL are found
+#   FERRY_HAS_CUDA_COMPILER  ON when, in addition, nvcc is found and the CUDA language
+#                            is enabled (needed only for ferry's own GPU tests,
+#                            benchmarks and the .cuh header checks)
+# AUTO turns CUDA on when the toolkit is found; ON fails without it. Installing needs
+# only the toolkit's libraries, never nvcc: the compiler is looked for only when
+# tests, benchmarks or examples are built.
 macro(ferry_resolve_cuda)
   set(FERRY_HAS_CUDA OFF)
+  set(FERRY_HAS_CUDA_COMPILER OFF)
   if(NOT FERRY_ENABLE_CUDA STREQUAL "OFF")
-    include(CheckLanguage)
-    check_language(CUDA)
-    if(CMAKE_CUDA_COMPILER)
-      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
-        # ferry's own tests and tools target Hopper (H100/H200) unless told otherwise.
-        set(CMAKE_CUDA_ARCHITECTURES 90)
-      endif()
-      enable_language(CUDA)
-      find_package(CUDAToolkit REQUIRED)
-      find_package(CCCL CONFIG REQUIRED HINTS "${CUDAToolkit_LIBRARY_DIR}/cmake")
+    find_package(CUDAToolkit QUIET)
+    if(CUDAToolkit_FOUND)
+      find_package(CCCL CONFIG QUIET HINTS "${CUDAToolkit_LIBRARY_DIR}/cmake")
+    endif()
+    if(CUDAToolkit_FOUND AND TARGET CCCL::CCCL)
       set(FERRY_HAS_CUDA ON)
     elseif(FERRY_ENABLE_CUDA STREQUAL "ON")
-      message(FATAL_ERROR "FERRY_ENABLE_CUDA=ON but no CUDA compiler was found "
-                          "(set CMAKE_CUDA_COMPILER or put nvcc on PATH)")
+      message(FATAL_ERROR "FERRY_ENABLE_CUDA=ON but the CUDA toolkit (runtime and CCCL) was not found "
+                          "(set CUDAToolkit_ROOT, or put nvcc on PATH)")
+    endif()
+    if(FERRY_HAS_CUDA AND (FERRY_BUILD_TESTS OR FERRY_BUILD_BENCHMARKS OR FERRY_BUILD_EXAMPLES))
+      include(CheckLanguage)
+      check_language(CUDA)
+      if(CMAKE_CUDA_COMPILER)
+        if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+          # ferry's own tests and tools target Hopper (H100/H200) unless told otherwise.
+          set(CMAKE_CUDA_ARCHITECTURES 90)
+        endif()
+        enable_language(CUDA)
+        set(FERRY_HAS_CUDA_COMPILER ON)
+      elseif(FERRY_ENABLE_CUDA STREQUAL "ON")
+        message(FATAL_ERROR "FERRY_ENABLE_CUDA=ON with tests, benchmarks or examples needs nvcc, which was "
+                            "not found (set CMAKE_CUDA_COMPILER, or turn those off)")
+      else()
+        message(STATUS "ferry: no CUDA compiler; GPU tests and kernels are not built")
+      endif()
     endif()
   endif()
 endmacro()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Checks of ferry as a package, run by CTest (tests/CMakeLists.txt) with one step:
+#   install        configure a fresh ferry (CUDA off, nvcc off PATH), install it into a prefix
+#   consumer-host  build and run tests/consumer against that prefix, COMPONENTS core
+#   consumer-cuda  the same with COMPONENTS cuda and a .cu file including ferry/ferry.cuh
+#   versions       version.hpp, CMake, the vcpkg port and the Conan recipe agree
+#   conan          `conan create` with packaging/conan/test_package (exit 77 = skipped
+#                  when conan is not installed)
+# Environment (set by CTest): FERRY_SOURCE_DIR, FERRY_WORK_DIR, FERRY_GENERATOR,
+# FERRY_CMAKE, FERRY_CXX_COMPILER, FERRY_CUDA_COMPILER, FERRY_CUDA_ARCHITECTURES,
+# FERRY_ENABLE_URING.
+set -euo pipefail
+
+step=${1:?usage: package_check.sh install|consumer-host|consumer-cuda|versions|conan}
+src=${FERRY_SOURCE_DIR:?}
+work=${FERRY_WORK_DIR:?}
+cmake=${FERRY_CMAKE:-cmake}
+generator=${FERRY_GENERATOR:-Ninja}
+prefix="$work/prefix"
+
+fail() { echo "package_check $step: FAILED: $*" >&2; exit 1; }
+
+version_from_header() {
+  local h="$src/include/ferry/version.hpp" major minor patch
+  major=$(sed -n 's/^#define FERRY_VERSION_MAJOR \([0-9]*\)$/\1/p' "$h")
+  minor=$(sed -n 's/^#define FERRY_VERSION_MINOR \([0-9]*\)$/\1/p' "$h")
+  patch=$(sed -n 's/^#define FERRY_VERSION_PATCH \([0-9]*\)$/\1/p' "$h")
+  [[ -n $major && -n $minor && -n $patch ]] || fail "cannot read the version from $h"
+  echo "$major.$minor.$patch"
+}
+
+case "$step" in
+install)
+  rm -rf "$work/build-install" "$prefix"
+  mkdir -p "$work"
+  # No nvcc on PATH and CUDA off: installing ferry must not need a CUDA compiler.
+  env -u CUDACXX -u CUDA_PATH PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    "$cmake" -S "$src" -B "$work/build-install" -G "$generator" \
+      -DCMAKE_CXX_COMPILER="$FERRY_CXX_COMPILER" \
+      -DCMAKE_INSTALL_PREFIX="$prefix" \
+      -DFERRY_ENABLE_CUDA=OFF -DFERRY_ENABLE_URING="${FERRY_ENABLE_URING:-AUTO}" \
+      -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCHMARKS=OFF -DFERRY_BUILD_EXAMPLES=OFF
+  "$cmake" --build "$work/build-install"
+  "$cmake" --install "$work/build-install"
+  for f in include/ferry/ferry.hpp include/ferry/ferry.cuh include/ferry/cuda/stream.hpp \
+           share/ferry/cmake/ferryConfig.cmake share/ferry/cmake/ferryConfigVersion.cmake \
+           share/ferry/cmake/ferryTargets.cmake share/doc/ferry/LICENSE; do
+    [[ -f "$prefix/$f" ]] || fail "the install lacks $f"
+  done
+  # ARCH_INDEPENDENT: a header-only package must not be tied to the pointer size.
+  if grep -q 'CMAKE_SIZEOF_VOID_P' "$prefix/share/ferry/cmake/ferryConfigVersion.cmake"; then
+    fail "ferryConfigVersion.cmake checks the pointer size (ARCH_INDEPENDENT is missing)"
+  fi
+  grep -q 'SameMajorVersion\|PACKAGE_VERSION_COMPATIBLE' "$prefix/share/ferry/cmake/ferryConfigVersion.cmake" ||
+    fail "unexpected ferryConfigVersion.cmake"
+  echo "package_check install: ferry installed into $prefix"
+  ;;
+consumer-host | consumer-cuda)
+  [[ -f "$prefix/share/ferry/cmake/ferryConfig.cmake" ]] || fail "run the install step first"
+  with_cuda=OFF
+  extra=()
+  if [[ $step == consumer-cuda ]]; then
+    with_cuda=ON
+    extra+=(-DCMAKE_CUDA_COMPILER="${FERRY_CUDA_COMPILER:?no CUDA compiler}")
+    extra+=(-DCMAKE_CUDA_ARCHITECTURES="${FERRY_CUDA_ARCHITECTURES:-90}")
+  fi
+  build="$work/$step"
+  rm -rf "$build"
+  "$cmake" -S "$src/tests/consumer" -B "$build" -G "$generator" \
+    -DCMAKE_CXX_COMPILER="$FERRY_CXX_COMPILER" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCONSUMER_WITH_CUDA=$with_cuda "${extra[@]}"
+  "$cmake" --build "$build"
+  out=$("$build/ferry_consumer")
+  echo "$out"
+  grep -q "^ferry $(version_from_header) " <<<"$out" || fail "the consumer did not report ferry's version"
+  if [[ $with_cuda == ON ]]; then
+    grep -q "cuda=1" <<<"$out" || fail "the CUDA consumer does not see FERRY_HAS_CUDA=1"
+  else
+    grep -q "cuda=0" <<<"$out" || fail "the host-only consumer sees FERRY_HAS_CUDA=1"
+  fi
+  ;;
+versions)
+  v=$(version_from_header)
+  cmake_v=$(sed -n 's/^  VERSION \([0-9.]*\)$/\1/p' "$src/CMakeLists.txt")
+  vcpkg_v=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' \
+    "$src/packaging/vcpkg/ports/ferry/vcpkg.json")
+  echo "version.hpp $v, CMakeLists.txt $cmake_v, vcpkg.json $vcpkg_v (conanfile.py reads version.hpp)"
+  [[ $v == "$cmake_v" && $v == "$vcpkg_v" ]] || fail "versions disagree"
+  grep -q 'include/ferry/version.hpp' "$src/conanfile.py" || fail "conanfile.py does not read version.hpp"
+  grep -q "version_string = \"$v\"" "$src/include/ferry/version.hpp" || fail "ferry::version_string is not $v"
+  ;;
+conan)
+  if ! command -v conan >/dev/null 2>&1; then
+    echo "conan is not installed (pip install conan); skipping"
+    exit 77
+  fi
+  export CONAN_HOME="$work/conan-home"
+  rm -rf "$CONAN_HOME"
+  mkdir -p "$CONAN_HOME"
+  conan profile detect --exist-ok >/dev/null
+  # No remote is needed: the recipe has no requirements.
+  conan remote disable '*' >/dev/null 2>&1 || true
+  log="$work/conan-create.log"
+  conan create "$src" --test-folder=packaging/conan/test_package -s build_type=Release -s compiler.cppstd=20 \
+    -c tools.cmake.cmaketoolchain:generator="$generator" 2>&1 | tee "$log"
+  v=$(version_from_header)
+  grep -q "ferry/$v" "$log" || fail "conan did not create ferry/$v"
+  grep -q "^ferry $v " "$log" || fail "the Conan test_package did not run"
+  ;;
+*)
+  fail "unknown step"
+  ;;
+esac
