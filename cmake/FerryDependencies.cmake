@@ -33,6 +33,7 @@ macro(ferry_resolve_cuda)
           set(CMAKE_CUDA_ARCHITECTURES 90)
         endif()
         enable_language(CUDA)
+        include(ferryCudaDialect)
         set(FERRY_HAS_CUDA_COMPILER ON)
       elseif(FERRY_ENABLE_CUDA STREQUAL "ON")
         message(FATAL_ERROR "FERRY_ENABLE_CUDA=ON with tests, benchmarks or examples needs nvcc, which was "

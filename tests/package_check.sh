@@ -47,12 +47,33 @@ install)
            share/ferry/cmake/ferryTargets.cmake share/doc/ferry/LICENSE; do
     [[ -f "$prefix/$f" ]] || fail "the install lacks $f"
   done
-  # ARCH_INDEPENDENT: a header-only package must not be tied to the pointer size.
-  if grep -q 'CMAKE_SIZEOF_VOID_P' "$prefix/share/ferry/cmake/ferryConfigVersion.cmake"; then
-    fail "ferryConfigVersion.cmake checks the pointer size (ARCH_INDEPENDENT is missing)"
-  fi
-  grep -q 'SameMajorVersion\|PACKAGE_VERSION_COMPATIBLE' "$prefix/share/ferry/cmake/ferryConfigVersion.cmake" ||
-    fail "unexpected ferryConfigVersion.cmake"
+  # Version file semantics, exercised: SameMajorVersion, and ARCH_INDEPENDENT (a
+  # 32-bit project may use the header-only package installed by a 64-bit build).
+  version_probe="$work/version_probe.cmake"
+  cat >"$version_probe" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)  # policies as in a project (CMP0012: if(TRUE))
+set(CMAKE_SIZEOF_VOID_P 4)
+set(PACKAGE_FIND_VERSION_COUNT 2)
+foreach(case IN ITEMS "0.1;TRUE" "0.0;TRUE" "1.0;FALSE" "0.2;FALSE")
+  list(GET case 0 want)
+  list(GET case 1 expected)
+  unset(PACKAGE_VERSION_COMPATIBLE)
+  unset(PACKAGE_VERSION_UNSUITABLE)
+  set(PACKAGE_FIND_VERSION ${want})
+  string(REPLACE "." ";" parts ${want})
+  list(GET parts 0 PACKAGE_FIND_VERSION_MAJOR)
+  list(GET parts 1 PACKAGE_FIND_VERSION_MINOR)
+  include(${VERSION_FILE})
+  if(PACKAGE_VERSION_UNSUITABLE)
+    message(FATAL_ERROR "the package is unsuitable for a 32-bit project (ARCH_INDEPENDENT missing)")
+  endif()
+  if(NOT "${PACKAGE_VERSION_COMPATIBLE}" STREQUAL "${expected}")
+    message(FATAL_ERROR "asking for ${want}: compatible is '${PACKAGE_VERSION_COMPATIBLE}', expected ${expected}")
+  endif()
+endforeach()
+message(STATUS "ferryConfigVersion.cmake: SameMajorVersion and ARCH_INDEPENDENT hold")
+CMAKE
+  "$cmake" -DVERSION_FILE="$prefix/share/ferry/cmake/ferryConfigVersion.cmake" -P "$version_probe"
   echo "package_check install: ferry installed into $prefix"
   ;;
 consumer-host | consumer-cuda)

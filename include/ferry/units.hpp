@@ -24,9 +24,13 @@ inline constexpr std::size_t TB = 1000 * GB;             ///< 10^12 bytes (decim
 /// A literal whose byte count does not fit in `std::size_t` does not compile.
 namespace literals {
 namespace detail {
+// Deliberately not constexpr: calling it from a consteval function is a compile error
+// whose message names it.
+inline void byte_literal_overflows_size_t() {}
+
 consteval std::size_t scaled(unsigned long long v, std::size_t unit) {
   if (v > static_cast<unsigned long long>(static_cast<std::size_t>(-1) / unit)) {
-    throw "ferry: byte literal overflows std::size_t";  // not a constant expression: compile error
+    byte_literal_overflows_size_t();
   }
   return static_cast<std::size_t>(v) * unit;
 }

@@ -3,8 +3,8 @@
 
 using namespace ferry::literals;
 #ifdef FERRY_COMPILE_FAIL_CONTROL
-constexpr std::size_t big = 16777215_GiB;
+constexpr std::size_t big = 17179869183_GiB;  // 2^64 - 2^30 bytes: fits
 #else
-constexpr std::size_t big = 16777216_GiB;  // 2^64 bytes
+constexpr std::size_t big = 17179869184_GiB;  // 2^64 bytes: does not fit
 #endif
 int main() { return big == 0; }

@@ -1,0 +1,54 @@
+/// @file
+/// @brief ferry-bench's scenarios: each measures ferry against a named reference, in
+/// one invocation, and returns rows (harness/report.hpp).
+///
+/// A scenario registers itself in `registry()` (scenarios/*.cpp) with its name, what
+/// it needs (a GPU, a disk path, fio) and its command-line options, which become the
+/// options of its subcommand: `ferry-bench NAME [options]`.
+#pragma once
+
+#include "harness/report.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+/// @brief What every scenario gets from the command line.
+struct run_options {
+  bool quick = false;               ///< smaller sizes and fewer repetitions (the --quick suite)
+  std::size_t repetitions = 5;      ///< measured runs of ferry and of the reference, alternated
+  std::filesystem::path scratch;    ///< a folder for the scenario's files (disk scenarios)
+};
+
+/// @brief One scenario of ferry-bench.
+struct scenario {
+  std::string name;         ///< subcommand name, e.g. "nvme"
+  std::string description;  ///< one line for `ferry-bench list`
+  std::string reference;    ///< what it is compared against, e.g. "fio (io_uring engine)"
+  bool needs_gpu = false;   ///< skipped (with a message) on machines without a GPU
+  int order = 0;            ///< position in the default suite and in `list` (ascending)
+  /// Adds the scenario's own options to its subcommand (may be empty).
+  std::function<void(CLI::App&)> add_options;
+  /// Runs the scenario and returns its rows; throws a ferry exception on failure.
+  std::function<std::vector<row>(const run_options&)> run;
+};
+
+/// @brief All scenarios built into this ferry-bench, in registration order (ferry-bench
+/// sorts them by `order`). Each scenario source adds itself with a `registrar`.
+inline std::vector<scenario>& registry() {
+  static std::vector<scenario> all;
+  return all;
+}
+
+/// @brief Adds a scenario to the registry at static-initialisation time.
+struct registrar {
+  explicit registrar(scenario s) { registry().push_back(std::move(s)); }
+};
+
+}  // namespace ferry::bench

@@ -1,0 +1,70 @@
+/// @file
+/// @brief Statistics of ferry-bench: medians, and side-by-side runs that alternate
+/// ferry and its reference so drift (thermal, page cache, other load) hits both alike.
+#pragma once
+
+#include <ferry/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace ferry::bench {
+
+/// @brief The median of the samples (mean of the middle two for an even count).
+/// @throws ferry::logic_error for no samples
+[[nodiscard]] inline double median(std::vector<double> samples) {
+  const std::size_t n = samples.size();
+  FERRY_EXPECTS(n > 0, "the median of no samples", n);
+  const auto mid = samples.begin() + static_cast<std::ptrdiff_t>(n / 2);
+  std::nth_element(samples.begin(), mid, samples.end());
+  if (n % 2 == 1) {
+    return *mid;
+  }
+  const double upper = *mid;
+  const double lower = *std::max_element(samples.begin(), mid);
+  return (lower + upper) / 2.0;
+}
+
+/// @brief Medians of one side-by-side measurement.
+struct paired_result {
+  double ferry = 0.0;      ///< median of ferry's samples
+  double reference = 0.0;  ///< median of the reference's samples
+  std::vector<double> ferry_samples;      ///< in run order
+  std::vector<double> reference_samples;  ///< in run order
+};
+
+/// @brief Runs `ferry_once` and `reference_once` alternately, `repetitions` times
+/// each, starting with ferry on even repetitions and with the reference on odd ones
+/// (so neither always runs first), after `warmup` unmeasured rounds of both.
+/// @param repetitions measured runs of each (>= 1)
+/// @param warmup      unmeasured runs of each before measuring
+/// @param ferry_once     callable returning one sample (a double, in the row's unit)
+/// @param reference_once callable returning one sample of the reference
+/// @throws ferry::logic_error for zero repetitions; whatever the callables throw
+template <class Ferry, class Reference>
+[[nodiscard]] paired_result alternate(std::size_t repetitions, std::size_t warmup, Ferry&& ferry_once,
+                                      Reference&& reference_once) {
+  FERRY_EXPECTS(repetitions > 0, "a measurement needs at least one repetition", repetitions);
+  for (std::size_t i = 0; i < warmup; ++i) {
+    (void)ferry_once();
+    (void)reference_once();
+  }
+  paired_result out;
+  out.ferry_samples.reserve(repetitions);
+  out.reference_samples.reserve(repetitions);
+  for (std::size_t i = 0; i < repetitions; ++i) {
+    if (i % 2 == 0) {
+      out.ferry_samples.push_back(static_cast<double>(ferry_once()));
+      out.reference_samples.push_back(static_cast<double>(reference_once()));
+    } else {
+      out.reference_samples.push_back(static_cast<double>(reference_once()));
+      out.ferry_samples.push_back(static_cast<double>(ferry_once()));
+    }
+  }
+  out.ferry = median(out.ferry_samples);
+  out.reference = median(out.reference_samples);
+  return out;
+}
+
+}  // namespace ferry::bench
