@@ -61,8 +61,9 @@ void print_machine(const nlohmann::json& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferry-bench: what offloading costs on this machine, ferry against its references, side by side.\n"
-               "Without a scenario it runs the default suite for this machine (GPU scenarios need a GPU)."};
+  CLI::App app{
+      "ferry-bench: what offloading costs on this machine, ferry against its references, side by side.\n"
+      "Without a scenario it runs the default suite for this machine (GPU scenarios need a GPU)."};
   app.name("ferry-bench");
   app.set_version_flag("--version", std::string("ferry-bench ") + ferry::version_string +
                                         (ferry::has_cuda ? " (cuda on" : " (cuda off") +

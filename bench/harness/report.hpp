@@ -26,14 +26,14 @@ enum class better { higher, lower };
 
 /// @brief One measured comparison: ferry against its reference on one case.
 struct row {
-  std::string scenario;        ///< e.g. "nvme"
-  std::string case_name;       ///< e.g. "seq-write bs=1MiB qd=8"
-  std::string metric;          ///< e.g. "throughput"
-  std::string unit;            ///< e.g. "GB/s"
+  std::string scenario;               ///< e.g. "nvme"
+  std::string case_name;              ///< e.g. "seq-write bs=1MiB qd=8"
+  std::string metric;                 ///< e.g. "throughput"
+  std::string unit;                   ///< e.g. "GB/s"
   better direction = better::higher;  ///< which way is better
-  double ferry = 0.0;          ///< ferry's median
-  double reference = 0.0;      ///< the reference's median
-  std::string reference_name;  ///< e.g. "fio (io_uring, direct=1)"
+  double ferry = 0.0;                 ///< ferry's median
+  double reference = 0.0;             ///< the reference's median
+  std::string reference_name;         ///< e.g. "fio (io_uring, direct=1)"
 
   /// @brief `ferry / reference`; NaN when the reference is 0.
   [[nodiscard]] double ratio() const noexcept { return reference != 0.0 ? ferry / reference : std::nan(""); }

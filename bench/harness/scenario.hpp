@@ -21,9 +21,9 @@ namespace ferry::bench {
 
 /// @brief What every scenario gets from the command line.
 struct run_options {
-  bool quick = false;               ///< smaller sizes and fewer repetitions (the --quick suite)
-  std::size_t repetitions = 5;      ///< measured runs of ferry and of the reference, alternated
-  std::filesystem::path scratch;    ///< a folder for the scenario's files (disk scenarios)
+  bool quick = false;             ///< smaller sizes and fewer repetitions (the --quick suite)
+  std::size_t repetitions = 5;    ///< measured runs of ferry and of the reference, alternated
+  std::filesystem::path scratch;  ///< a folder for the scenario's files (disk scenarios)
 };
 
 /// @brief One scenario of ferry-bench.

@@ -28,8 +28,8 @@ namespace ferry::bench {
 
 /// @brief Medians of one side-by-side measurement.
 struct paired_result {
-  double ferry = 0.0;      ///< median of ferry's samples
-  double reference = 0.0;  ///< median of the reference's samples
+  double ferry = 0.0;                     ///< median of ferry's samples
+  double reference = 0.0;                 ///< median of the reference's samples
   std::vector<double> ferry_samples;      ///< in run order
   std::vector<double> reference_samples;  ///< in run order
 };

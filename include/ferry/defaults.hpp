@@ -2,13 +2,14 @@
 /// @brief The runtime knobs of ferry: one table, each knob with its unit, default,
 /// limits and the environment variable that overrides it.
 ///
-/// | knob                  | variable                    | unit     | default                      | limits                         |
+/// | knob                  | variable                    | unit     | default                      | limits |
 /// |-----------------------|-----------------------------|----------|------------------------------|--------------------------------|
-/// | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                        | 4 KiB .. 1 GiB, multiple of 4 KiB |
-/// | `io_queue_depth`      | `FERRY_IO_QUEUE_DEPTH`      | requests | 16                           | 1 .. 4096                      |
-/// | `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                        | 4 KiB .. 256 MiB, multiple of 4 KiB |
-/// | `pinned_budget_bytes` | `FERRY_PINNED_BUDGET_BYTES` | bytes    | half of physical RAM         | 1 MiB .. 1 PiB                 |
-/// | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8 | 1 .. 1024                 |
+/// | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                        | 4 KiB .. 1 GiB,
+/// multiple of 4 KiB | | `io_queue_depth`      | `FERRY_IO_QUEUE_DEPTH`      | requests | 16 | 1 .. 4096 | |
+/// `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                        | 4 KiB .. 256 MiB,
+/// multiple of 4 KiB | | `pinned_budget_bytes` | `FERRY_PINNED_BUDGET_BYTES` | bytes    | half of physical RAM | 1 MiB
+/// .. 1 PiB                 | | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware
+/// threads, 1 .. 8 | 1 .. 1024                 |
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
 /// `4M` and `4m` are all 4 MiB (K, M, G, T alone are binary, as in `dd` and `fio`);
@@ -107,13 +108,13 @@ inline std::uint64_t default_io_threads() {
 
 /// @brief The table. Row `i` describes `static_cast<knob>(i)`.
 inline constexpr std::array<knob_spec, knob_count> table{{
-    {knob::chunk_bytes, "chunk_bytes", "FERRY_CHUNK_BYTES", unit::bytes, &detail::default_chunk_bytes, 4 * KiB,
-     1 * GiB, 4 * KiB,
+    {knob::chunk_bytes, "chunk_bytes", "FERRY_CHUNK_BYTES", unit::bytes, &detail::default_chunk_bytes, 4 * KiB, 1 * GiB,
+     4 * KiB,
      "Bytes per chunk of a device<->host copy. Large moves are split so they start early and "
      "H2D and D2H interleave. On an H200 (PCIe 5 x16) pinned copies reach 96% of the 55 GB/s "
      "peak at 4 MiB and 87% at 1 MiB (shared/anchors/h200-2026-11-30.txt)."},
-    {knob::io_queue_depth, "io_queue_depth", "FERRY_IO_QUEUE_DEPTH", unit::count, &detail::default_io_queue_depth,
-     1, 4096, 1,
+    {knob::io_queue_depth, "io_queue_depth", "FERRY_IO_QUEUE_DEPTH", unit::count, &detail::default_io_queue_depth, 1,
+     4096, 1,
      "NVMe requests kept in flight per file. NVMe SSDs reach their sequential bandwidth with "
      "1 MiB requests at queue depths of 8 to 32; measure a drive with `ferry-bench nvme`."},
     {knob::io_block_bytes, "io_block_bytes", "FERRY_IO_BLOCK_BYTES", unit::bytes, &detail::default_io_block_bytes,
@@ -218,10 +219,10 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
 /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
 [[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
   const knob_spec& s = spec(k);
-  const std::string variable(s.variable);
   const std::string_view body = detail::trim(text);
+  // Strings for the message are made only on failure.
   const auto fail = [&](const char* why) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), variable, std::string(text), why);
+    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), why);
   };
   const char* expected = s.kind == unit::bytes
                              ? "expected a byte count: digits with an optional unit (B, K/KiB, M/MiB, G/GiB, "
@@ -259,16 +260,17 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
   const std::uint64_t max = s.max;
   const std::uint64_t multiple_of = s.multiple_of;
   if (value < min) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), variable, std::string(text), "below the minimum",
+    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), "below the minimum",
                                 FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(min));
   }
   if (value > max) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), variable, std::string(text), "above the maximum",
+    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), "above the maximum",
                                 FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(max));
   }
   if (value % multiple_of != 0) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), variable, std::string(text), "not a multiple of what it needs",
-                                FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(multiple_of));
+    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text),
+                                "not a multiple of what it needs", FERRY_DETAIL_NAMED(value),
+                                FERRY_DETAIL_NAMED(multiple_of));
   }
   if (value > static_cast<std::uint64_t>(static_cast<std::size_t>(-1))) {
     fail("the value does not fit in std::size_t");
@@ -292,8 +294,8 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
 /// @return the resolved settings
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <class Lookup>
-  requires std::is_invocable_r_v<std::optional<std::string>, Lookup&, std::string_view>
-[[nodiscard]] settings load(Lookup&& lookup) {
+requires std::is_invocable_r_v<std::optional<std::string>, Lookup&, std::string_view> [[nodiscard]] settings load(
+    Lookup&& lookup) {
   settings out;
   for (const knob_spec& s : table) {
     const std::optional<std::string> given = lookup(s.variable);

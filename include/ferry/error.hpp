@@ -17,9 +17,9 @@
 ///
 /// Messages name the file, line and function, the failed call or condition and the
 /// values involved, e.g.
-/// `include/ferry/defaults.hpp:210 (parse): precondition failed: `n <= max`: value above the maximum [n = 70000, max = 4096]`.
-/// A message is built only on failure: the success path of a check is one compare and
-/// a branch (measured in `bench/micro_vocabulary.cpp`).
+/// `include/ferry/defaults.hpp:210 (parse): precondition failed: `n <= max`: value above the maximum [n = 70000, max =
+/// 4096]`. A message is built only on failure: the success path of a check is one compare and a branch (measured in
+/// `bench/micro_vocabulary.cpp`).
 #pragma once
 
 #include "ferry/config.hpp"
@@ -124,10 +124,9 @@ class io_error : public std::system_error, public error {
   /// @param offset      byte offset in the file, or `no_offset`
   /// @param bytes       bytes requested
   /// @param site        where the failure was detected
-  io_error(int errno_value, std::string_view operation, std::string path, std::uint64_t offset,
-           std::size_t bytes, source_site site)
-      : std::system_error(errno_value, std::generic_category(),
-                          describe(operation, path, offset, bytes, site)),
+  io_error(int errno_value, std::string_view operation, std::string path, std::uint64_t offset, std::size_t bytes,
+           source_site site)
+      : std::system_error(errno_value, std::generic_category(), describe(operation, path, offset, bytes, site)),
         error(site),
         path_(std::move(path)),
         offset_(offset),
@@ -185,11 +184,11 @@ class out_of_capacity : public std::bad_alloc, public error {
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
  private:
-  static std::string describe(std::string_view resource, std::size_t requested, std::size_t used,
-                              std::size_t capacity, const source_site& site) {
+  static std::string describe(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
+                              const source_site& site) {
     std::ostringstream os;
-    os << site.file << ':' << site.line << " (" << site.function << "): " << resource << " cannot hold "
-       << requested << " more bytes: " << used << " of " << capacity << " bytes in use";
+    os << site.file << ':' << site.line << " (" << site.function << "): " << resource << " cannot hold " << requested
+       << " more bytes: " << used << " of " << capacity << " bytes in use";
     if (requested > capacity) {
       os << " (the request is larger than the whole capacity)";
     }
@@ -271,15 +270,16 @@ named_value<T> make_named(const char* name, const T& value) noexcept {
 }
 
 template <class T>
-concept ostreamable = requires(std::ostream& os, const T& v) { os << v; };
+concept ostreamable = requires(std::ostream& os, const T& v) {
+  os << v;
+};
 
 template <class T>
 void put_value(std::ostream& os, const T& v) {
   using U = std::remove_cvref_t<T>;
   if constexpr (std::is_same_v<U, bool>) {
     os << (v ? "true" : "false");
-  } else if constexpr (std::is_same_v<U, char> || std::is_same_v<U, signed char> ||
-                       std::is_same_v<U, unsigned char>) {
+  } else if constexpr (std::is_same_v<U, char> || std::is_same_v<U, signed char> || std::is_same_v<U, unsigned char>) {
     os << static_cast<int>(v);
   } else if constexpr (std::is_enum_v<U>) {
     os << static_cast<std::underlying_type_t<U>>(v);
@@ -348,8 +348,8 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
   }
   (void)cudaGetLastError();
   char buffer[512];
-  std::snprintf(buffer, sizeof buffer, "%s:%d (%s): %s failed: %s (%d): %s", site.file, site.line, site.function,
-                call, cudaGetErrorName(status), static_cast<int>(status), cudaGetErrorString(status));
+  std::snprintf(buffer, sizeof buffer, "%s:%d (%s): %s failed: %s (%d): %s", site.file, site.line, site.function, call,
+                cudaGetErrorName(status), static_cast<int>(status), cudaGetErrorString(status));
   destructor_handler_slot().load()(buffer);
 }
 #endif
@@ -382,19 +382,20 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 ///
 /// `FERRY_EXPECTS(bytes % 4096 == 0, "block size must be a multiple of 4096", bytes);`
 /// throws with the message
-/// `file:line (function): precondition failed: `bytes % 4096 == 0`: block size must be a multiple of 4096 [bytes = 4097]`.
+/// `file:line (function): precondition failed: `bytes % 4096 == 0`: block size must be a multiple of 4096 [bytes =
+/// 4097]`.
 ///
 /// @param condition a boolean expression
 /// @param message   anything streamable to `std::ostream`, evaluated only on failure
 /// @param ...       values to show in the message by name (evaluated only on failure;
 ///                  an argument containing an unparenthesised comma must be parenthesised)
 /// @throws ferry::logic_error when `condition` is false
-#define FERRY_EXPECTS(condition, message, ...)                                                          \
-  do {                                                                                                  \
-    if (!static_cast<bool>(condition)) [[unlikely]] {                                                   \
-      ::ferry::detail::throw_precondition(FERRY_DETAIL_SITE(), #condition,                              \
-                                          message FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                \
-    }                                                                                                   \
+#define FERRY_EXPECTS(condition, message, ...)                                           \
+  do {                                                                                   \
+    if (!static_cast<bool>(condition)) [[unlikely]] {                                    \
+      ::ferry::detail::throw_precondition(FERRY_DETAIL_SITE(), #condition,               \
+                                          message FERRY_DETAIL_NAMED_LIST(__VA_ARGS__)); \
+    }                                                                                    \
   } while (false)
 
 /// @brief Throws `ferry::io_error` for a failed file operation.
@@ -419,19 +420,18 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// return `cudaSuccess`.
 ///
 /// `FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), n);` throws with
-/// `file:line (function): cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s) failed: cudaErrorInvalidValue (1): invalid argument [n = 4096]`.
-/// A non-sticky error is cleared (`cudaGetLastError`) before the throw.
+/// `file:line (function): cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s) failed: cudaErrorInvalidValue (1): invalid
+/// argument [n = 4096]`. A non-sticky error is cleared (`cudaGetLastError`) before the throw.
 ///
 /// @param call a call returning `cudaError_t`
 /// @param ...  values to show in the message by name (evaluated only on failure)
 /// @throws ferry::cuda_error when the call fails
-#define FERRY_CUDA_TRY(call, ...)                                                                       \
-  do {                                                                                                  \
-    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess)           \
-        [[unlikely]] {                                                                                  \
-      ::ferry::detail::throw_cuda(FERRY_DETAIL_SITE(), ferry_cuda_status_,                              \
-                                  #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                          \
-    }                                                                                                   \
+#define FERRY_CUDA_TRY(call, ...)                                                                            \
+  do {                                                                                                       \
+    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess) [[unlikely]] { \
+      ::ferry::detail::throw_cuda(FERRY_DETAIL_SITE(), ferry_cuda_status_,                                   \
+                                  #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                               \
+    }                                                                                                        \
   } while (false)
 
 /// @brief Calls a CUDA runtime function from a destructor or other `noexcept` code.
@@ -439,11 +439,10 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// Never throws. On failure the message goes to the handler set with
 /// `ferry::set_destructor_error_handler` (default: stderr, and abort in debug builds).
 /// `cudaErrorCudartUnloading` (the runtime torn down at process exit) is ignored.
-#define FERRY_ASSERT_CUDA_SUCCESS(call)                                                                 \
-  do {                                                                                                  \
-    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess)           \
-        [[unlikely]] {                                                                                  \
-      ::ferry::detail::report_destructor_cuda_error(FERRY_DETAIL_SITE(), ferry_cuda_status_, #call);    \
-    }                                                                                                   \
+#define FERRY_ASSERT_CUDA_SUCCESS(call)                                                                      \
+  do {                                                                                                       \
+    if (const ::cudaError_t ferry_cuda_status_ = (call); ferry_cuda_status_ != ::cudaSuccess) [[unlikely]] { \
+      ::ferry::detail::report_destructor_cuda_error(FERRY_DETAIL_SITE(), ferry_cuda_status_, #call);         \
+    }                                                                                                        \
   } while (false)
 #endif

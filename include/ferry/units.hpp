@@ -15,10 +15,10 @@ inline constexpr std::size_t MiB = std::size_t{1} << 20;  ///< 1,048,576 bytes
 inline constexpr std::size_t GiB = std::size_t{1} << 30;  ///< 1,073,741,824 bytes
 inline constexpr std::size_t TiB = std::size_t{1} << 40;  ///< 2^40 bytes
 
-inline constexpr std::size_t kB = 1000;                  ///< 10^3 bytes (decimal)
-inline constexpr std::size_t MB = 1000 * kB;             ///< 10^6 bytes (decimal)
-inline constexpr std::size_t GB = 1000 * MB;             ///< 10^9 bytes (decimal)
-inline constexpr std::size_t TB = 1000 * GB;             ///< 10^12 bytes (decimal)
+inline constexpr std::size_t kB = 1000;       ///< 10^3 bytes (decimal)
+inline constexpr std::size_t MB = 1000 * kB;  ///< 10^6 bytes (decimal)
+inline constexpr std::size_t GB = 1000 * MB;  ///< 10^9 bytes (decimal)
+inline constexpr std::size_t TB = 1000 * GB;  ///< 10^12 bytes (decimal)
 
 /// @brief Literals for byte counts: `using namespace ferry::literals; auto n = 4_MiB;`
 /// A literal whose byte count does not fit in `std::size_t` does not compile.

@@ -8,13 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <csignal>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -44,13 +43,28 @@ TEST_CASE("alternate runs ferry and the reference in alternating order after war
   int f = 0;
   int r = 100;
   const auto result = fb::alternate(
-      4, 1, [&] { order += 'F'; return ++f; }, [&] { order += 'R'; return ++r; });
-  CHECK(order == "FR" "FR" "RF" "FR" "RF");
+      4, 1,
+      [&] {
+        order += 'F';
+        return ++f;
+      },
+      [&] {
+        order += 'R';
+        return ++r;
+      });
+  CHECK(order ==
+        "FR"
+        "FR"
+        "RF"
+        "FR"
+        "RF");
   CHECK(result.ferry_samples == std::vector<double>{2, 3, 4, 5});
   CHECK(result.reference_samples == std::vector<double>{102, 103, 104, 105});
   CHECK(result.ferry == 3.5);
   CHECK(result.reference == 103.5);
-  CHECK_THROWS_AS(fb::alternate(0, 0, [] { return 1; }, [] { return 1; }), ferry::logic_error);
+  CHECK_THROWS_AS(fb::alternate(
+                      0, 0, [] { return 1; }, [] { return 1; }),
+                  ferry::logic_error);
 }
 
 TEST_CASE("rows become the JSON schema of DESIGN.md, ratio = ferry / reference") {
@@ -60,8 +74,8 @@ TEST_CASE("rows become the JSON schema of DESIGN.md, ratio = ferry / reference")
   const auto doc = fb::to_json({{"cpu", "x"}}, rows);
   REQUIRE(doc["rows"].size() == 2);
   const auto& r0 = doc["rows"][0];
-  for (const char* key : {"scenario", "case", "metric", "unit", "better", "ferry", "reference", "reference_name",
-                          "ratio"}) {
+  for (const char* key :
+       {"scenario", "case", "metric", "unit", "better", "ferry", "reference", "reference_name", "ratio"}) {
     CHECK(r0.contains(key));
   }
   CHECK(r0["ratio"].get<double>() == 0.96);

@@ -4,7 +4,6 @@
 // on any machine.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cuda_runtime_api.h>
 
 #include <cstdio>

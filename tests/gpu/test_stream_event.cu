@@ -4,7 +4,6 @@
 #include <ferry/ferry.cuh>
 
 #include <catch2/catch.hpp>
-
 #include <cuda/stream_ref>
 
 #include <cstdint>

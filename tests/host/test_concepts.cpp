@@ -172,7 +172,7 @@ TEST_CASE("types that model ferry::codec") {
   STATIC_REQUIRE(ferry::check_codec<byte_copy>());
 }
 
-TEMPLATE_TEST_CASE("types that miss a requirement of ferry::codec do not model it", "", no_value_type,
-                   throwing_size, encode_returns_void) {
+TEMPLATE_TEST_CASE("types that miss a requirement of ferry::codec do not model it", "", no_value_type, throwing_size,
+                   encode_returns_void) {
   STATIC_REQUIRE_FALSE(ferry::codec<TestType>);
 }

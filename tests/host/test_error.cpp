@@ -74,9 +74,8 @@ TEST_CASE("FERRY_EXPECTS throws ferry::logic_error naming site, condition, messa
   } catch (const ferry::logic_error& e) {
     const std::string what = e.what();
     INFO(what);
-    CHECK(contains_all(what, {"test_error.cpp:", "check_block", "precondition failed",
-                              "`bytes % align == 0`", "block size must be a multiple of the alignment",
-                              "[bytes = 4097, align = 4096]"}));
+    CHECK(contains_all(what, {"test_error.cpp:", "check_block", "precondition failed", "`bytes % align == 0`",
+                              "block size must be a multiple of the alignment", "[bytes = 4097, align = 4096]"}));
     CHECK(std::string(e.where().file).find("test_error.cpp") != std::string::npos);
     CHECK(e.where().line == check_block_line);
     CHECK(std::string(e.where().function) == "check_block");
@@ -113,8 +112,8 @@ TEST_CASE("values in messages are printed by kind") {
   } catch (const ferry::logic_error& e) {
     const std::string what = e.what();
     INFO(what);
-    CHECK(contains_all(what, {"flag = false", "letter = 65", "c = 7", "path = \"/mnt/nvme0/x\"",
-                              "cstr = \"abc\"", "o = <8-byte value>", "ratio = 0.5"}));
+    CHECK(contains_all(what, {"flag = false", "letter = 65", "c = 7", "path = \"/mnt/nvme0/x\"", "cstr = \"abc\"",
+                              "o = <8-byte value>", "ratio = 0.5"}));
   }
 }
 
@@ -154,8 +153,8 @@ TEST_CASE("io_error carries errno, path, offset and size") {
     CHECK(e.path() == "/mnt/nvme0/ferry.0");
     CHECK(e.offset() == 1048576);
     CHECK(e.bytes() == 4097);
-    CHECK(contains_all(what, {"pwrite of 4097 bytes on '/mnt/nvme0/ferry.0' at offset 1048576 failed",
-                              std::strerror(ENOSPC)}));
+    CHECK(contains_all(
+        what, {"pwrite of 4097 bytes on '/mnt/nvme0/ferry.0' at offset 1048576 failed", std::strerror(ENOSPC)}));
   }
   try {
     FERRY_THROW_IO_ERROR(ENOENT, "open", "/nope", ferry::io_error::no_offset, 0);

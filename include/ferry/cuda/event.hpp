@@ -124,8 +124,7 @@ class event {
     FERRY_EXPECTS(handle_ != nullptr, "record of an empty event");
     const void* stream = s.get();
     FERRY_EXPECTS(!is_legacy_default_stream(s),
-                  "ferry never records on the legacy default stream; pass the stream that produced the bytes",
-                  stream);
+                  "ferry never records on the legacy default stream; pass the stream that produced the bytes", stream);
     FERRY_CUDA_TRY(cudaEventRecord(handle_, s.get()), stream);
   }
 
@@ -135,8 +134,7 @@ class event {
   void enqueue_wait(::cuda::stream_ref s) const {
     FERRY_EXPECTS(handle_ != nullptr, "wait on an empty event");
     const void* stream = s.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(s),
-                  "ferry never issues work on the legacy default stream", stream);
+    FERRY_EXPECTS(!is_legacy_default_stream(s), "ferry never issues work on the legacy default stream", stream);
     FERRY_CUDA_TRY(cudaStreamWaitEvent(s.get(), handle_, 0), stream);
   }
 

@@ -66,8 +66,8 @@ class stream {
     const int greatest = range.greatest;
     const int least = range.least;
     FERRY_EXPECTS(priority >= greatest && priority <= least,
-                  "stream priority outside the device's range (lower numbers are higher priority)", priority,
-                  greatest, least);
+                  "stream priority outside the device's range (lower numbers are higher priority)", priority, greatest,
+                  least);
     const unsigned flags = options.non_blocking ? cudaStreamNonBlocking : cudaStreamDefault;
     FERRY_CUDA_TRY(cudaStreamCreateWithPriority(&handle_, flags, priority), flags, priority);
   }
