@@ -4,6 +4,8 @@
 #   consumer-host  build and run tests/consumer against that prefix, COMPONENTS core
 #   consumer-cuda  the same with COMPONENTS cuda and a .cu file including ferry/ferry.cuh
 #   versions       version.hpp, CMake, the vcpkg port and the Conan recipe agree
+#   vcpkg          the vcpkg port's portfile.cmake run with vcpkg's helpers emulated,
+#                  then a consumer built against the package it made
 #   conan          `conan create` with packaging/conan/test_package (exit 77 = skipped
 #                  when conan is not installed)
 # Environment (set by CTest): FERRY_SOURCE_DIR, FERRY_WORK_DIR, FERRY_GENERATOR,
@@ -11,7 +13,7 @@
 # FERRY_ENABLE_URING.
 set -euo pipefail
 
-step=${1:?usage: package_check.sh install|consumer-host|consumer-cuda|versions|conan}
+step=${1:?usage: package_check.sh install|consumer-host|consumer-cuda|versions|vcpkg|conan}
 src=${FERRY_SOURCE_DIR:?}
 work=${FERRY_WORK_DIR:?}
 cmake=${FERRY_CMAKE:-cmake}
@@ -109,6 +111,32 @@ versions)
   [[ $v == "$cmake_v" && $v == "$vcpkg_v" ]] || fail "versions disagree"
   grep -q 'include/ferry/version.hpp' "$src/conanfile.py" || fail "conanfile.py does not read version.hpp"
   grep -q "version_string = \"$v\"" "$src/include/ferry/version.hpp" || fail "ferry::version_string is not $v"
+  ;;
+vcpkg)
+  # vcpkg is not on this machine (it is not a Debian or PyPI package), so the port is
+  # run with its vcpkg helpers emulated: the real portfile.cmake, the real configure
+  # and install of ferry, then a consumer built against the resulting package folder.
+  pkgdir="$work/vcpkg/packages/ferry_x64-linux"
+  rm -rf "$work/vcpkg"
+  mkdir -p "$work/vcpkg"
+  "$cmake" -DSOURCE_DIR="$src" -DWORK_DIR="$work/vcpkg" -DCMAKE_EXE="$cmake" -DGENERATOR="$generator" \
+    -DFEATURES="core;uring" -P "$src/tests/vcpkg_emulate.cmake"
+  for f in include/ferry/ferry.hpp share/ferry/ferryConfig.cmake share/ferry/ferryConfigVersion.cmake \
+           share/ferry/usage share/ferry/copyright; do
+    [[ -f "$pkgdir/$f" ]] || fail "the vcpkg package lacks $f"
+  done
+  [[ ! -e "$pkgdir/lib" && ! -e "$pkgdir/debug" ]] || fail "a header-only package must not have lib/ or debug/"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert set(d["features"]) == {"cuda", "uring"}' \
+    "$src/packaging/vcpkg/ports/ferry/vcpkg.json" || fail "vcpkg.json must have the features cuda and uring"
+  # The port was installed with the uring feature: a plain find_package(ferry) turns it on.
+  "$cmake" -S "$src/tests/consumer" -B "$work/vcpkg/consumer" -G "$generator" \
+    -DCMAKE_CXX_COMPILER="$FERRY_CXX_COMPILER" -DCMAKE_PREFIX_PATH="$pkgdir" -DCONSUMER_WITH_CUDA=OFF \
+    -DCONSUMER_COMPONENTS=default
+  "$cmake" --build "$work/vcpkg/consumer"
+  "$work/vcpkg/consumer/ferry_consumer" | tee "$work/vcpkg/consumer.out"
+  if pkg-config --exists liburing 2>/dev/null; then
+    grep -q "uring=1" "$work/vcpkg/consumer.out" || fail "find_package(ferry) did not turn on the uring feature"
+  fi
   ;;
 conan)
   if ! command -v conan >/dev/null 2>&1; then
