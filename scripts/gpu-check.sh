@@ -55,6 +55,10 @@ step "GPU tests, plain"
 rc=$?; echo "plain exit $rc"; [[ $rc -eq 0 ]] || { status=1; tail -40 "$out/gpu-tests.log"; }
 "$gpu_tests" -r compact >> "$out/gpu-tests.log" 2>&1 || true
 
+step "example: stream_ordering"
+build/release/examples/stream_ordering/stream_ordering > "$out/example-stream_ordering.log" 2>&1 || status=1
+cat "$out/example-stream_ordering.log"
+
 step "host, bench and package tests (ctest, conan skipped if absent)"
 ctest --test-dir build/release -LE "gpu" --no-label-summary -j "$(nproc)" > "$out/ctest.log" 2>&1 || status=1
 tail -5 "$out/ctest.log"
