@@ -58,9 +58,7 @@ void print_machine(const nlohmann::json& m) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "ferry-bench: what offloading costs on this machine, ferry against its references, side by side.\n"
       "Without a scenario it runs the default suite for this machine (GPU scenarios need a GPU)."};
@@ -162,6 +160,17 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-bench: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // e.g. a malformed option definition: not the user's fault
+    std::fprintf(stderr, "ferry-bench: internal error: %s\n", e.what());
     return 1;
   }
 }

@@ -305,9 +305,12 @@ requires std::is_invocable_r_v<std::optional<std::string>, Lookup&, std::string_
 }
 
 /// @brief Reads a variable of the process environment (`std::getenv`).
+///
+/// Like `std::getenv`, not safe against a concurrent `setenv`/`putenv` in another
+/// thread; `current()` calls it once, during its thread-safe initialisation.
 [[nodiscard]] inline std::optional<std::string> environment_variable(std::string_view name) {
   const std::string key(name);
-  if (const char* v = std::getenv(key.c_str())) {
+  if (const char* v = std::getenv(key.c_str())) {  // NOLINT(concurrency-mt-unsafe): documented above
     return std::string(v);
   }
   return std::nullopt;

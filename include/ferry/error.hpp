@@ -73,6 +73,8 @@ class error {
   explicit error(source_site site) noexcept : site_(site) {}
   error(const error&) = default;
   error& operator=(const error&) = default;
+  error(error&&) = default;
+  error& operator=(error&&) = default;
 
  private:
   source_site site_;
@@ -171,7 +173,7 @@ class out_of_capacity : public std::bad_alloc, public error {
   out_of_capacity(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
                   source_site site)
       : error(site),
-        message_(describe(resource, requested, used, capacity, site)),
+        message_(describe(resource, requested, used, capacity, site)),  // NOLINT(bugprone-throw-keyword-missing)
         requested_(requested),
         used_(used),
         capacity_(capacity) {}
