@@ -31,7 +31,7 @@ class FerryConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     options = {"with_cuda": [True, False], "with_uring": [True, False]}
     default_options = {"with_cuda": False, "with_uring": False}
-    exports_sources = "include/*", "LICENSE"
+    exports_sources = "include/*", "LICENSE", "cmake/ferryCudaDialect.cmake", "cmake/ferry-conan-cuda.cmake"
     no_copy_source = True
 
     def set_version(self):
@@ -53,6 +53,9 @@ class FerryConan(ConanFile):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
         copy(self, "*.cuh", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
+        for module in ("ferryCudaDialect.cmake", "ferry-conan-cuda.cmake"):
+            copy(self, module, os.path.join(self.source_folder, "cmake"),
+                 os.path.join(self.package_folder, "lib", "cmake", "ferry"))
 
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "ferry")
@@ -66,7 +69,8 @@ class FerryConan(ConanFile):
         ]
         if self.options.with_uring:
             self.cpp_info.system_libs.append("uring")
-        if self.options.with_cuda:
-            # The CUDA toolkit is a system dependency: the consumer finds it with
-            # find_package(CUDAToolkit) and links CUDA::cudart; CCCL ships inside it.
-            self.cpp_info.system_libs.append("cudart")
+        # CMake before 3.26 lacks nvcc's C++20 flag; with CUDA, also find the toolkit
+        # (a system dependency Conan does not package) and link it into ferry::ferry.
+        module = "ferry-conan-cuda.cmake" if self.options.with_cuda else "ferryCudaDialect.cmake"
+        self.cpp_info.builddirs = [os.path.join("lib", "cmake", "ferry")]
+        self.cpp_info.set_property("cmake_build_modules", [os.path.join("lib", "cmake", "ferry", module)])

@@ -41,12 +41,17 @@ void print_rows(const std::vector<row>& rows) {
 }
 
 void print_machine(const nlohmann::json& m) {
+  std::string memlock = "unknown";
+  if (m.contains("memlock_limit_bytes")) {
+    const auto& v = m["memlock_limit_bytes"];
+    memlock = v.is_string() ? v.get<std::string>() : v.dump() + " bytes";
+  }
   std::printf("ferry %s (cuda %s, io_uring %s) on %s, %s threads, %.1f GiB RAM, memlock limit %s\n",
               m["ferry"]["version"].get<std::string>().c_str(), m["ferry"]["cuda"].get<bool>() ? "on" : "off",
               m["ferry"]["uring"].get<bool>() ? "on" : "off", m["cpu"]["model"].get<std::string>().c_str(),
               m["cpu"]["threads"].dump().c_str(),
               static_cast<double>(m["memory_bytes"].get<unsigned long long>()) / static_cast<double>(ferry::GiB),
-              m.contains("memlock_limit_bytes") ? m["memlock_limit_bytes"].dump().c_str() : "unknown");
+              memlock.c_str());
   if (m["gpus"].empty()) {
     std::printf("no GPU\n");
   }
@@ -102,6 +107,14 @@ int run(int argc, char** argv) {
     }
     if (options.quick && app.count("--repetitions") == 0) {
       options.repetitions = 3;
+    }
+
+    if (*list && app.count("--json") > 0) {
+      std::fprintf(stderr, "ferry-bench: --json is not used by list (use it with probe or a scenario)\n");
+      return 2;
+    }
+    if (app.count("--json") > 0) {
+      ferry::bench::check_result_path(json_path);  // fail now, not after the scenarios ran
     }
 
     if (*list) {

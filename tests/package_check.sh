@@ -150,11 +150,23 @@ conan)
   # No remote is needed: the recipe has no requirements.
   conan remote disable '*' >/dev/null 2>&1 || true
   log="$work/conan-create.log"
+  cd "$src"
   conan create "$src" --test-folder=packaging/conan/test_package -s build_type=Release -s compiler.cppstd=20 \
     -c tools.cmake.cmaketoolchain:generator="$generator" 2>&1 | tee "$log"
   v=$(version_from_header)
   grep -q "ferry/$v" "$log" || fail "conan did not create ferry/$v"
-  grep -q "^ferry $v " "$log" || fail "the Conan test_package did not run"
+  grep -q "^ferry $v cuda=0 uring=0" "$log" || fail "the Conan test_package did not run (default options)"
+  # The options: with_uring links the system liburing; with_cuda finds the system CUDA
+  # toolkit through the package's CMake build module.
+  opts=(-o "ferry/*:with_uring=True")
+  expect="uring=1"
+  if [[ -n "${FERRY_CUDA_COMPILER:-}" ]]; then
+    opts+=(-o "ferry/*:with_cuda=True")
+    expect="cuda=1 uring=1"
+  fi
+  conan test packaging/conan/test_package "ferry/$v" -s build_type=Release -s compiler.cppstd=20 "${opts[@]}" \
+    -c tools.cmake.cmaketoolchain:generator="$generator" 2>&1 | tee "$log.options"
+  grep -q "^ferry $v .*$expect" "$log.options" || fail "the Conan options did not reach the consumer ($expect)"
   ;;
 *)
   fail "unknown step"

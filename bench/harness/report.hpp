@@ -1,5 +1,5 @@
 /// @file
-/// @brief ferry-bench's results: rows in the schema of DESIGN.md, written as JSON
+/// @brief ferry-bench's results: rows in the schema of docs/design.md, written as JSON
 /// atomically (a complete file or none).
 ///
 /// `{"machine": {...}, "rows": [{"scenario", "case", "metric", "unit", "better",
@@ -12,12 +12,15 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
-#include <system_error>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace ferry::bench {
 
@@ -59,34 +62,135 @@ struct row {
   return out;
 }
 
-/// @brief Writes `doc` to `path` atomically: to a temporary file in the same folder,
-/// flushed and closed, then renamed over `path`. On any failure `path` is left as it
-/// was and the temporary file is removed.
-/// @throws ferry::io_error naming the path and errno (e.g. ENOSPC, EACCES, ENOENT)
+namespace detail {
+
+/// Writes all of `text` to `fd` (retrying EINTR and short writes); returns 0 or errno.
+inline int write_all(int fd, const std::string& text) noexcept {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ::ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace detail
+
+/// @brief Checks, before any work is done, that `write_json_atomically(path, ...)` can
+/// succeed as far as can be known: the path is not empty and not a folder, an existing
+/// file is writable, and the folder it goes into exists and is writable.
+/// @throws ferry::io_error naming the path and errno (ENOENT, EISDIR, EACCES, ...)
+inline void check_result_path(const std::filesystem::path& path) {
+  const std::string p = path.string();
+  if (p.empty()) {
+    FERRY_THROW_IO_ERROR(ENOENT, "check result path", p, ferry::io_error::no_offset, 0);
+  }
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) {
+      FERRY_THROW_IO_ERROR(EISDIR, "check result path", p, ferry::io_error::no_offset, 0);
+    }
+    if (::access(p.c_str(), W_OK) != 0) {
+      FERRY_THROW_IO_ERROR(errno, "check result path", p, ferry::io_error::no_offset, 0);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return;  // a device, pipe or socket: written in place
+    }
+  }
+  const std::filesystem::path parent = std::filesystem::weakly_canonical(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    FERRY_THROW_IO_ERROR(errno, "check result folder", dir, ferry::io_error::no_offset, 0);
+  }
+}
+
+/// @brief Writes `doc` to `path` so that a reader sees the old file or the complete
+/// new one, never a part.
+///
+/// - A regular file (or a new path) is replaced atomically: the text goes to a hidden
+///   temporary file made with `mkstemp` in the same folder (`.NAME.XXXXXX`), which is
+///   fsynced, renamed over `path`, and the folder fsynced. An existing file keeps its
+///   permission bits.
+/// - A symbolic link is followed: its target is replaced, the link stays.
+/// - A device, pipe or socket (`/dev/stdout`, a FIFO) is written in place: there is no
+///   atomicity to have, and replacing it with a file would be wrong.
+/// - A folder is refused.
+/// On any failure the temporary file is removed and `path` is left as it was. (A
+/// process killed between creating and renaming the temporary file leaves it behind.)
+/// @throws ferry::io_error naming the path, the byte offset (for writes) and errno
+///         (e.g. ENOSPC, EFBIG, EACCES, ENOENT, EISDIR)
 inline void write_json_atomically(const std::filesystem::path& path, const nlohmann::json& doc) {
   const std::string text = doc.dump(2) + "\n";
-  const std::filesystem::path tmp = path.string() + ".partial";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    FERRY_THROW_IO_ERROR(errno, "open for writing", tmp.string(), ferry::io_error::no_offset, text.size());
+  std::string target = path.string();
+  if (target.empty()) {
+    FERRY_THROW_IO_ERROR(ENOENT, "open for writing", target, ferry::io_error::no_offset, text.size());
   }
-  const std::size_t written = std::fwrite(text.data(), 1, text.size(), f);
-  const int write_errno = errno;
-  const bool flushed = std::fflush(f) == 0;
-  const int flush_errno = errno;
-  const bool closed = std::fclose(f) == 0;
-  const int close_errno = errno;
-  if (written != text.size() || !flushed || !closed) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    const int err = written != text.size() ? write_errno : (!flushed ? flush_errno : close_errno);
-    FERRY_THROW_IO_ERROR(err != 0 ? err : EIO, "write", tmp.string(), 0, text.size());
+  struct stat st {};
+  bool exists = ::lstat(target.c_str(), &st) == 0;
+  if (exists && S_ISLNK(st.st_mode)) {
+    target = std::filesystem::weakly_canonical(path).string();
+    exists = ::stat(target.c_str(), &st) == 0;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (exists && S_ISDIR(st.st_mode)) {
+    FERRY_THROW_IO_ERROR(EISDIR, "open for writing", target, ferry::io_error::no_offset, text.size());
+  }
+  if (exists && !S_ISREG(st.st_mode)) {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      FERRY_THROW_IO_ERROR(errno, "open for writing", target, ferry::io_error::no_offset, text.size());
+    }
+    const int err = detail::write_all(fd, text);
+    ::close(fd);
+    if (err != 0) {
+      FERRY_THROW_IO_ERROR(err, "write", target, 0, text.size());
+    }
+    return;
+  }
+  if (exists && ::access(target.c_str(), W_OK) != 0) {
+    FERRY_THROW_IO_ERROR(errno, "replace", target, ferry::io_error::no_offset, text.size());
+  }
+
+  const std::filesystem::path target_path(target);
+  const std::filesystem::path folder = target_path.has_parent_path() ? target_path.parent_path() : ".";
+  std::string tmp = (folder / ("." + target_path.filename().string() + ".XXXXXX")).string();
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    FERRY_THROW_IO_ERROR(errno, "create a temporary file in the folder of", target, ferry::io_error::no_offset,
+                         text.size());
+  }
+  const auto fail = [&](int err, const char* operation, std::uint64_t offset) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    FERRY_THROW_IO_ERROR(err, operation, tmp, offset, text.size());
+  };
+  if (::fchmod(fd, exists ? (st.st_mode & 07777) : 0644) != 0) {
+    fail(errno, "fchmod", ferry::io_error::no_offset);
+  }
+  if (const int err = detail::write_all(fd, text); err != 0) {
+    fail(err, "write", 0);
+  }
+  if (::fsync(fd) != 0) {
+    fail(errno, "fsync", ferry::io_error::no_offset);
+  }
+  if (::close(fd) != 0) {
     const int err = errno;
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    FERRY_THROW_IO_ERROR(err, "rename", path.string(), ferry::io_error::no_offset, text.size());
+    ::unlink(tmp.c_str());
+    FERRY_THROW_IO_ERROR(err, "close", tmp, ferry::io_error::no_offset, text.size());
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    FERRY_THROW_IO_ERROR(err, "rename", target, ferry::io_error::no_offset, text.size());
+  }
+  // Make the rename itself durable.
+  if (const int dfd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
   }
 }
 

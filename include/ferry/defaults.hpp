@@ -2,19 +2,22 @@
 /// @brief The runtime knobs of ferry: one table, each knob with its unit, default,
 /// limits and the environment variable that overrides it.
 ///
-/// | knob                  | variable                    | unit     | default                      | limits |
-/// |-----------------------|-----------------------------|----------|------------------------------|--------------------------------|
-/// | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                        | 4 KiB .. 1 GiB,
-/// multiple of 4 KiB | | `io_queue_depth`      | `FERRY_IO_QUEUE_DEPTH`      | requests | 16 | 1 .. 4096 | |
-/// `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                        | 4 KiB .. 256 MiB,
-/// multiple of 4 KiB | | `pinned_budget_bytes` | `FERRY_PINNED_BUDGET_BYTES` | bytes    | half of physical RAM | 1 MiB
-/// .. 1 PiB                 | | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware
-/// threads, 1 .. 8 | 1 .. 1024                 |
+// clang-format off
+/// | knob                  | variable                    | unit     | default                           | accepted                            |
+/// |-----------------------|-----------------------------|----------|-----------------------------------|-------------------------------------|
+/// | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                             | 4 KiB .. 1 GiB, multiple of 4 KiB   |
+/// | `io_queue_depth`      | `FERRY_IO_QUEUE_DEPTH`      | requests | 16                                | 1 .. 4096                           |
+/// | `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                             | 4 KiB .. 256 MiB, multiple of 4 KiB |
+/// | `pinned_budget_bytes` | `FERRY_PINNED_BUDGET_BYTES` | bytes    | half of physical RAM              | 1 MiB .. 1 PiB                      |
+/// | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8 | 1 .. 1024                           |
+// clang-format on
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
-/// `4M` and `4m` are all 4 MiB (K, M, G, T alone are binary, as in `dd` and `fio`);
-/// `kB`, `MB`, `GB`, `TB` are decimal (`4MB` = 4,000,000). Counts are plain integers.
-/// Spaces around the value are ignored. Anything else — an empty value, a sign, a
+/// `4mib`, `4M` and `4m` are all 4 MiB (IEC units in any case, and K, M, G, T, P alone,
+/// are binary, as in `dd` and `fio`); `kB`, `MB`, `GB`, `TB`, `PB`, spelled exactly so,
+/// are decimal (`4MB` = 4,000,000). Ambiguous spellings (`KB`, `mb`, `Mb`, `b`) are
+/// refused rather than guessed. Counts are plain integers. White space around the value,
+/// and spaces or tabs between the number and its unit, are ignored. Anything else — an empty value, a sign, a
 /// fraction, an unknown unit, overflow, a value out of range or not a multiple of
 /// what the knob needs — is a `ferry::config_error` naming the variable, the value
 /// and the rule it broke. A malformed value is never replaced by the default.
@@ -180,7 +183,9 @@ struct settings {
 
 namespace detail {
 
-inline bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline bool is_space(char c) noexcept {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 inline std::string_view trim(std::string_view s) noexcept {
   while (!s.empty() && is_space(s.front())) {
@@ -192,21 +197,25 @@ inline std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
-/// Multiplier of a byte-unit suffix, or 0 when the suffix is unknown.
+/// Multiplier of a byte-unit suffix, or 0 when the suffix is unknown or ambiguous.
 inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
+  // Decimal (SI) units: exact spelling only, so "KB" or "mb" is never guessed.
+  if (suffix == "kB") return kB;
+  if (suffix == "MB") return MB;
+  if (suffix == "GB") return GB;
+  if (suffix == "TB") return TB;
+  if (suffix == "PB") return 1000 * TB;
+  if (suffix.empty() || suffix == "B") return 1;
+  // Binary: one letter (k, m, g, t, p in either case) or IEC (KiB ... PiB in any case).
   std::string lower(suffix);
   for (char& c : lower) {
     c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
-  if (lower.empty() || lower == "b") return 1;
   if (lower == "k" || lower == "kib") return KiB;
   if (lower == "m" || lower == "mib") return MiB;
   if (lower == "g" || lower == "gib") return GiB;
   if (lower == "t" || lower == "tib") return TiB;
-  if (lower == "kb") return kB;
-  if (lower == "mb") return MB;
-  if (lower == "gb") return GB;
-  if (lower == "tb") return TB;
+  if (lower == "p" || lower == "pib") return 1024 * TiB;
   return 0;
 }
 
@@ -218,15 +227,16 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
 /// @return the value in the knob's unit (bytes, requests, threads)
 /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
 [[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
+  const source_site site = FERRY_DETAIL_SITE();
   const knob_spec& s = spec(k);
   const std::string_view body = detail::trim(text);
   // Strings for the message are made only on failure.
   const auto fail = [&](const char* why) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), why);
+    ferry::detail::throw_config(site, std::string(s.variable), std::string(text), why);
   };
   const char* expected = s.kind == unit::bytes
                              ? "expected a byte count: digits with an optional unit (B, K/KiB, M/MiB, G/GiB, "
-                               "T/TiB, or decimal kB/MB/GB/TB), e.g. 4194304, 4MiB or 4M"
+                               "T/TiB, P/PiB, or decimal kB/MB/GB/TB/PB), e.g. 4194304, 4MiB or 4M"
                              : "expected a non-negative integer, e.g. 16";
   if (body.empty()) {
     fail(expected);
@@ -244,7 +254,10 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
   if (i == 0) {
     fail(expected);
   }
-  const std::string_view suffix = detail::trim(body.substr(i));
+  std::string_view suffix = body.substr(i);
+  while (!suffix.empty() && (suffix.front() == ' ' || suffix.front() == '\t')) {
+    suffix.remove_prefix(1);
+  }
   std::uint64_t multiplier = 1;
   if (!suffix.empty()) {
     multiplier = s.kind == unit::bytes ? detail::unit_multiplier(suffix) : 0;
@@ -260,15 +273,15 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
   const std::uint64_t max = s.max;
   const std::uint64_t multiple_of = s.multiple_of;
   if (value < min) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), "below the minimum",
+    ferry::detail::throw_config(site, std::string(s.variable), std::string(text), "below the minimum",
                                 FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(min));
   }
   if (value > max) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text), "above the maximum",
+    ferry::detail::throw_config(site, std::string(s.variable), std::string(text), "above the maximum",
                                 FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(max));
   }
   if (value % multiple_of != 0) {
-    ferry::detail::throw_config(FERRY_DETAIL_SITE(), std::string(s.variable), std::string(text),
+    ferry::detail::throw_config(site, std::string(s.variable), std::string(text),
                                 "not a multiple of what it needs", FERRY_DETAIL_NAMED(value),
                                 FERRY_DETAIL_NAMED(multiple_of));
   }
@@ -289,13 +302,15 @@ inline std::uint64_t unit_multiplier(std::string_view suffix) noexcept {
 
 /// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
 ///
-/// @param lookup callable `std::optional<std::string>(std::string_view variable)`;
-///               `std::nullopt` means "not set". A set-but-empty value is malformed.
+/// @param lookup callable `std::optional<std::string>(std::string_view variable)` (exactly
+///               that return type: a `const char*` lookup would turn "unset" into a null
+///               string); `std::nullopt` means "not set". A set-but-empty value is malformed.
 /// @return the resolved settings
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <class Lookup>
-requires std::is_invocable_r_v<std::optional<std::string>, Lookup&, std::string_view> [[nodiscard]] settings load(
-    Lookup&& lookup) {
+  requires std::is_same_v<std::invoke_result_t<Lookup&, std::string_view>, std::optional<std::string>>
+[[nodiscard]] settings load(Lookup&& lookup) {  // clang-format 14 mangles requires-clauses
+
   settings out;
   for (const knob_spec& s : table) {
     const std::optional<std::string> given = lookup(s.variable);

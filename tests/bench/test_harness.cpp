@@ -145,3 +145,49 @@ TEST_CASE("the machine probe names ferry, the CPU and the memory") {
   CHECK(m["memory_bytes"].get<unsigned long long>() > 0);
   CHECK(m["gpus"].is_array());
 }
+
+TEST_CASE("result paths: devices are written in place, symlinks followed, folders refused") {
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-paths-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  // A character device is written in place and stays a device.
+  fb::write_json_atomically("/dev/null", {{"a", 1}});
+  CHECK(std::filesystem::is_character_file("/dev/null"));
+  // A full device reports ENOSPC.
+  if (std::filesystem::exists("/dev/full")) {
+    try {
+      fb::write_json_atomically("/dev/full", {{"a", 1}});
+      FAIL("no exception");
+    } catch (const ferry::io_error& e) {
+      CHECK(e.code() == std::errc::no_space_on_device);
+    }
+    CHECK(std::filesystem::is_character_file("/dev/full"));
+  }
+  // A symlink: the target is replaced, the link stays a link.
+  const auto target = dir / "target.json";
+  const auto link = dir / "link.json";
+  fb::write_json_atomically(target, {{"v", 1}});
+  std::filesystem::create_symlink(target, link);
+  fb::write_json_atomically(link, {{"v", 2}});
+  CHECK(std::filesystem::is_symlink(link));
+  std::ifstream in(target);
+  CHECK(nlohmann::json::parse(in)["v"] == 2);
+  // A folder is refused, before and during the write.
+  CHECK_THROWS_AS(fb::check_result_path(dir), ferry::io_error);
+  CHECK_THROWS_AS(fb::write_json_atomically(dir, {}), ferry::io_error);
+  CHECK_THROWS_AS(fb::check_result_path(""), ferry::io_error);
+  CHECK_THROWS_AS(fb::check_result_path(dir / "no" / "x.json"), ferry::io_error);
+  CHECK_NOTHROW(fb::check_result_path(dir / "new.json"));
+  // An unrelated file with the old fixed temporary name is left alone.
+  const auto bystander = dir / "out.json.partial";
+  { std::ofstream(bystander) << "mine"; }
+  fb::write_json_atomically(dir / "out.json", {{"a", 1}});
+  std::ifstream b(bystander);
+  std::string text;
+  b >> text;
+  CHECK(text == "mine");
+  // No temporary file is left behind.
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    CHECK(e.path().filename().string().rfind('.', 0) != 0);
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -38,10 +38,16 @@ void expect_rejected(knob k, const std::string& text, const std::string& reason_
     INFO(what);
     CHECK(e.variable() == variable);
     CHECK(e.value() == text);
-    CHECK(what.find(variable + "=\"" + text + "\"") != std::string::npos);
+    if (text.find_first_of("\n\t\r\v\f\"\\") == std::string::npos) {
+      CHECK(what.find(variable + "=\"" + text + "\"") != std::string::npos);
+    }
+    CHECK(what.find("(parse)") != std::string::npos);  // the site is the parser, not a lambda
     CHECK(what.find(reason_part) != std::string::npos);
   }
 }
+
+template <class F>
+concept loadable = requires(F& f) { defaults::load(f); };
 
 }  // namespace
 
@@ -109,6 +115,11 @@ TEST_CASE("byte values parse with IEC, single-letter and decimal units") {
   CHECK(defaults::parse(pinned, "1TB") == 1000000000000ULL);
   CHECK(defaults::parse(pinned, "1T") == 1ULL << 40);
   CHECK(defaults::parse(pinned, "1023TiB") == 1023ULL << 40);
+  CHECK(defaults::parse(pinned, "1PiB") == 1ULL << 50);  // the maximum, as the table writes it
+  CHECK(defaults::parse(pinned, "1p") == 1ULL << 50);
+  CHECK(defaults::parse(pinned, "1PB") == 1000000000000000ULL);
+  CHECK(defaults::parse(chunk, "\v4M\f") == 4 * MiB);    // white space around the value
+  CHECK(defaults::parse(chunk, "4\tMiB") == 4 * MiB);     // a tab between number and unit
 }
 
 TEST_CASE("count values parse as plain integers") {
@@ -134,6 +145,12 @@ TEST_CASE("malformed values are rejected with the variable, the value and the ru
   expect_rejected(chunk, "4 M i B", byte_count);
   expect_rejected(chunk, "4Mb/s", byte_count);
   expect_rejected(chunk, "MiB", byte_count);
+  expect_rejected(chunk, "4096KB", byte_count);  // ambiguous: KiB (JEDEC) or kB (SI)? refused, not guessed
+  expect_rejected(chunk, "4mb", byte_count);
+  expect_rejected(chunk, "4Mb", byte_count);      // megabits?
+  expect_rejected(chunk, "4096b", byte_count);
+  expect_rejected(chunk, "4\nM", byte_count);     // only spaces and tabs between number and unit
+  expect_rejected(knob::pinned_budget_bytes, "2PiB", "above the maximum");
   expect_rejected(chunk, "99999999999999999999", "does not fit in 64 bits");
   expect_rejected(chunk, "17000000T", "does not fit in 64 bits");
   expect_rejected(chunk, "1", "below the minimum [value = 1, min = 4096]");
@@ -184,6 +201,25 @@ TEST_CASE("load applies values from the lookup and defaults for the rest") {
   expected.chunk_bytes = 8 * MiB;
   expected.io_queue_depth = 64;
   CHECK(s == expected);
+}
+
+TEST_CASE("load takes only lookups that return std::optional<std::string>") {
+  const auto good = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
+  const auto c_string = [](std::string_view) -> const char* { return nullptr; };
+  STATIC_REQUIRE(loadable<decltype(good)>);
+  STATIC_REQUIRE_FALSE(loadable<decltype(c_string)>);  // "unset" would become a null string
+}
+
+TEST_CASE("a value with control characters is escaped in the message") {
+  try {
+    (void)defaults::parse(knob::io_threads, "4\n\x1b[31m");
+    FAIL("accepted");
+  } catch (const ferry::config_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("FERRY_IO_THREADS=\"4\\n\\x1b[31m\"") != std::string::npos);
+    CHECK(what.find('\n') == std::string::npos);
+    CHECK(e.value() == "4\n\x1b[31m");  // the accessor keeps the value as given
+  }
 }
 
 TEST_CASE("load rejects a malformed or empty value instead of using the default") {

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -114,6 +115,52 @@ TEST_CASE("values in messages are printed by kind") {
     INFO(what);
     CHECK(contains_all(what, {"flag = false", "letter = 65", "c = 7", "path = \"/mnt/nvme0/x\"", "cstr = \"abc\"",
                               "o = <8-byte value>", "ratio = 0.5"}));
+  }
+}
+
+TEST_CASE("values that are null, byte-sized, unterminated or hostile print safely") {
+  const char* null_text = nullptr;
+  const std::nullptr_t null_value = nullptr;
+  const std::byte b = std::byte{0x41};
+  const std::byte zero = std::byte{0};
+  enum class small : unsigned char { one = 1 };
+  const small s = small::one;
+  const char unterminated[4] = {'a', 'b', 'c', 'd'};
+  const std::string control = "line1\nline2\x1b[0m\"q\"";
+  const int* null_pointer = nullptr;
+  const int tail = 99;
+  try {
+    FERRY_EXPECTS(false, "hostile", null_text, null_value, b, zero, s, unterminated, control, null_pointer, tail);
+    FAIL("no exception");
+  } catch (const ferry::logic_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains_all(what, {"null_text = nullptr", "null_value = nullptr", "b = 65", "zero = 0", "s = 1",
+                              "unterminated = \"abcd\"", R"(control = "line1\nline2\x1b[0m\"q\"")",
+                              "null_pointer = nullptr", "tail = 99]"}));
+    CHECK(what.find('\n') == std::string::npos);
+  }
+}
+
+struct throws_when_printed {
+  int v = 0;
+  friend std::ostream& operator<<(std::ostream& os, const throws_when_printed&) {
+    throw std::runtime_error("printing failed");
+    return os;
+  }
+};
+
+TEST_CASE("a value whose operator<< throws does not replace the precondition failure") {
+  const throws_when_printed t;
+  const int after = 5;
+  const char* no_message = nullptr;
+  try {
+    FERRY_EXPECTS(false, no_message, t, after);
+    FAIL("no exception");
+  } catch (const ferry::logic_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains_all(what, {"(no message)", "t = <operator<< threw>", "after = 5]"}));
   }
 }
 
