@@ -1,7 +1,7 @@
 // ferry-bench: the harness users run to see what offloading costs on their machine.
 // Each scenario runs ferry and its reference side by side in one invocation,
 // alternating them over several repetitions, and reports medians and ratios
-// (DESIGN.md, Benchmarks). Scenarios live in bench/scenarios/ and register themselves.
+// (docs/design.md, Benchmarks). Scenarios live in bench/scenarios/ and register themselves.
 #include "harness/machine.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"

@@ -3,8 +3,13 @@
 # this machine as ferry-bench sees it, and runs the quick suite for this machine.
 #   scripts/demo.sh [OUTDIR]      results JSON goes to OUTDIR (default: build/demo)
 set -euo pipefail
+out=${1:-}
+if [[ -n $out ]]; then
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)  # relative to where the command was given
+fi
 cd "$(dirname "$0")/.."
-out=${1:-build/demo}
+out=${out:-$PWD/build/demo}
 
 bash scripts/deps.sh
 if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads, on this (Debian) machine, the .deb files of the libraries the GPU machine
 # lacks (Catch2, Google Benchmark, liburing, CLI11, nlohmann-json) into .deps/, which
-# scripts/gpu-check.sh unpacks into a private prefix there (shared/GPU-MACHINE.md).
+# scripts/gpu-check.sh unpacks into a private prefix there (docs/guide.md).
 # .deps/ is ignored by git; pass it to the device run with `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

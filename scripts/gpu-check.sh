@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ferry's checks on a machine with a GPU (the H200 machine: shared/GPU-MACHINE.md).
+# ferry's checks on a machine with a GPU (e.g. an H200 machine without Catch2 and friends installed: see docs/guide.md, "On a machine with a GPU").
 #   scripts/gpu-check.sh OUTDIR
 # Builds the `release` preset for sm_90, runs the GPU tests once under
 # compute-sanitizer memcheck and once plain, the host tests, and every GPU scenario

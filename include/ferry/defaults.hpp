@@ -115,7 +115,7 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      4 * KiB,
      "Bytes per chunk of a device<->host copy. Large moves are split so they start early and "
      "H2D and D2H interleave. On an H200 (PCIe 5 x16) pinned copies reach 96% of the 55 GB/s "
-     "peak at 4 MiB and 87% at 1 MiB (shared/anchors/h200-2026-11-30.txt)."},
+     "peak at 4 MiB and 87% at 1 MiB (docs/anchors/h200-2026-11-30.txt)."},
     {knob::io_queue_depth, "io_queue_depth", "FERRY_IO_QUEUE_DEPTH", unit::count, &detail::default_io_queue_depth, 1,
      4096, 1,
      "NVMe requests kept in flight per file. NVMe SSDs reach their sequential bandwidth with "

@@ -17,9 +17,12 @@
 ///
 /// Messages name the file, line and function, the failed call or condition and the
 /// values involved, e.g.
-/// `include/ferry/defaults.hpp:210 (parse): precondition failed: `n <= max`: value above the maximum [n = 70000, max =
-/// 4096]`. A message is built only on failure: the success path of a check is one compare and a branch (measured in
-/// `bench/micro_vocabulary.cpp`).
+///
+/// `include/ferry/memory/x.hpp:88 (allocate): precondition failed: `bytes % align == 0`: block size must be a
+/// multiple of the alignment [bytes = 4097, align = 4096]`
+///
+/// A message is built only on failure: the success path of a check is one compare and a
+/// branch (measured in `bench/micro_vocabulary.cpp`).
 #pragma once
 
 #include "ferry/config.hpp"

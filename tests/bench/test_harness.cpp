@@ -67,7 +67,7 @@ TEST_CASE("alternate runs ferry and the reference in alternating order after war
                   ferry::logic_error);
 }
 
-TEST_CASE("rows become the JSON schema of DESIGN.md, ratio = ferry / reference") {
+TEST_CASE("rows become the JSON schema of docs/design.md, ratio = ferry / reference") {
   std::vector<fb::row> rows{{"nvme", "seq-read bs=1MiB qd=8", "throughput", "GB/s", fb::better::higher, 6.0, 6.25,
                              "fio (io_uring, direct=1)"},
                             {"link", "h2d 4MiB", "time", "us", fb::better::lower, 80.0, 0.0, "cudaMemcpyAsync"}};

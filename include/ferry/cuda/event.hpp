@@ -8,7 +8,7 @@
 /// and another stream waits on that event (`ferry::stream::wait`, or
 /// `event::enqueue_wait`) before it reads them. Events are created with
 /// `cudaEventDisableTiming` by default, the cheapest kind for ordering (recording and
-/// waiting cost about 0.3 us on an H200 host, shared/anchors/h200-2026-11-30.txt);
+/// waiting cost about 0.3 us on an H200 host, docs/anchors/h200-2026-11-30.txt);
 /// ask for `timing = true` to measure elapsed time.
 #pragma once
 
@@ -124,7 +124,7 @@ class event {
     FERRY_EXPECTS(handle_ != nullptr, "record of an empty event");
     const void* stream = s.get();
     FERRY_EXPECTS(!is_legacy_default_stream(s),
-                  "ferry never records on the legacy default stream; pass the stream that produced the bytes", stream);
+                  "ferry never records on the legacy default stream (nor on an empty, moved-from stream); pass the stream that produced the bytes", stream);
     FERRY_CUDA_TRY(cudaEventRecord(handle_, s.get()), stream);
   }
 
@@ -134,7 +134,7 @@ class event {
   void enqueue_wait(::cuda::stream_ref s) const {
     FERRY_EXPECTS(handle_ != nullptr, "wait on an empty event");
     const void* stream = s.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(s), "ferry never issues work on the legacy default stream", stream);
+    FERRY_EXPECTS(!is_legacy_default_stream(s), "ferry never issues work on the legacy default stream (nor on an empty, moved-from stream)", stream);
     FERRY_CUDA_TRY(cudaStreamWaitEvent(s.get(), handle_, 0), stream);
   }
 
