@@ -4,6 +4,7 @@
 #include "policy_models.hpp"
 
 #include <ferry/policy/eviction.hpp>
+#include <ferry/policy/prefetch.hpp>
 #include <ferry/policy/simulate.hpp>
 
 #include <catch2/catch.hpp>

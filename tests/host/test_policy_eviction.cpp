@@ -223,7 +223,7 @@ void drive(P& p, M& m, std::mt19937& rng, int universe, int steps, std::size_t& 
     return *it;
   };
   for (int step = 0; step < steps; ++step) {
-    const unsigned r = rng() % 100;
+    const auto r = rng() % 100;
     if (r < 25 && static_cast<int>(resident.size()) < universe) {
       int k = static_cast<int>(rng() % static_cast<unsigned>(universe));
       while (resident.count(k) != 0) {

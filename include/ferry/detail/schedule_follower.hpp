@@ -7,8 +7,10 @@
 #include "ferry/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -39,6 +41,26 @@ class schedule_follower {
 
  protected:
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+
+  // Whether the read at absolute position `at` (> position_) reads a value written at
+  // or after position_: the previous use of its key is a write inside the window, so
+  // there is nothing to fetch (the write produces it). O(log u).
+  [[nodiscard]] bool produced_ahead(std::size_t at) const noexcept {
+    const schedule_type& s = *schedule_;
+    const std::size_t n = s.size();
+    const std::size_t e = at % n;
+    const std::span<const std::size_t> uses = s.uses(s.id_at(e));
+    const auto it = std::lower_bound(uses.begin(), uses.end(), e);
+    std::size_t previous;
+    if (it != uses.begin()) {
+      previous = at - e + *(it - 1);
+    } else if (at - e >= n) {
+      previous = at - e - n + uses.back();
+    } else {
+      return false;
+    }
+    return previous >= position_ && s.kind_at(previous % n) == access_kind::write;
+  }
 
   // Calls sink(key) for the key used at absolute position `at`, with the guard set to
   // `at`; returns what the sink returned (`true` for a sink returning void).

@@ -257,16 +257,17 @@ class placement {
         mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
       }
     }
+    // Both policies see the access at position clock_; then the clock moves on.
     sync(0);
     tiers_[0].policy.on_access(key);
-    ++clock_;
-
     if constexpr (schedule_aware_policy<Prefetch>) {
       if (prefetch_.position() < clock_) {
         prefetch_.advance_to(clock_);
       }
     }
     prefetch_.on_access(key);
+    ++clock_;
+
     prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
       const detail::node_id aid = where_.find(ahead);
       if (aid == detail::no_node || where_[aid].tier == 0) {

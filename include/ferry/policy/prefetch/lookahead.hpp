@@ -21,8 +21,9 @@ namespace ferry {
 /// iteration, never more than one iteration ahead). For each *read* it calls
 /// `sink(key)` while the bytes issued in this call stay within `budget_bytes`; it stops
 /// at the first key that does not fit (it never skips ahead to a smaller one) or that
-/// the sink refuses (`false`). Writes are not issued (a write produces its bytes) but
-/// count as one of the `N`. The owner skips keys that are already resident.
+/// the sink refuses (`false`). Writes are not issued (a write produces its bytes), nor
+/// reads of a value written earlier in the window (the program produces it before it
+/// reads it); both count as one of the `N`. The owner skips keys already resident.
 ///
 /// Guard: models `ferry::guarded_prefetch_policy`: during `sink(key)`, `may_evict(v)`
 /// is `false` for every `v` the schedule needs before `key`, so an owner that asks it
@@ -82,7 +83,7 @@ class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
     for (std::size_t i = 0; i < count; ++i) {
       const std::size_t at = this->position_ + i;
       const std::size_t e = at % n;
-      if (s.kind_at(e) == access_kind::write) {
+      if (s.kind_at(e) == access_kind::write || this->produced_ahead(at)) {
         continue;
       }
       const std::size_t bytes = s.bytes_at(e);

@@ -25,7 +25,9 @@ namespace ferry {
 ///   position advances by one. O(1).
 /// - `prefetch(k, budget_bytes, sink)`: while the next position after the window fits
 ///   (`window_bytes() + its bytes <= budget_bytes`) and lies less than one iteration
-///   ahead, calls `sink(key)` for it if it is a read, and extends the window over it.
+///   ahead, calls `sink(key)` for it if it is a read (and the value it reads is not
+///   written earlier in the window: then the program produces it and there is nothing
+///   to fetch), and extends the window over it.
 ///   It stops at the first position that does not fit, or whose key the sink refuses
 ///   (`false`); that position is tried again on the next call. Amortised O(1) per
 ///   access: each position enters and leaves the window once per iteration.
@@ -107,7 +109,8 @@ class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
       if (bytes > budget_bytes || window_bytes_ > budget_bytes - bytes) {
         return;
       }
-      if (s.kind_at(e) == access_kind::read && !this->issue(s.key_at(e), cursor_, sink)) {
+      if (s.kind_at(e) == access_kind::read && !this->produced_ahead(cursor_) &&
+          !this->issue(s.key_at(e), cursor_, sink)) {
         return;
       }
       window_bytes_ += bytes;
