@@ -2,6 +2,7 @@
 // independent list-based model, peak residency within capacity, and out_of_capacity
 // (never a wait) when nothing can be evicted.
 #include <ferry/policy.hpp>
+#include <ferry/units.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -314,4 +315,61 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
     std::size_t c;
   };
   CHECK(sizeof(with_none) == sizeof(same_members_without_prefetch));
+}
+
+// --- the scenarios of docs/policies.md (the figures there come from these) ----------
+
+namespace {
+
+struct row {
+  std::size_t hits, misses, gib_up, gib_down;
+};
+
+template <class E, class P>
+row scenario(const schedule& s, std::size_t iterations, const E& e, P p,
+             std::size_t budget = ferry::unlimited_bytes) {
+  const auto r = ferry::simulate(s, {8 * ferry::GiB, ferry::unlimited_bytes}, e, std::move(p),
+                                 {.iterations = iterations, .prefetch_budget_bytes = budget});
+  CHECK(r.peak_bytes[0] <= 8 * ferry::GiB);
+  return row{r.hits, r.misses, r.bytes_up[0] / (ferry::GiB / 2), r.bytes_down[0] / (ferry::GiB / 2)};
+}
+
+bool operator==(const row& a, const row& b) {
+  return a.hits == b.hits && a.misses == b.misses && a.gib_up == b.gib_up && a.gib_down == b.gib_down;
+}
+
+}  // namespace
+
+TEST_CASE("docs scenario: 48 layers of 512 MiB through 8 GiB of HBM", "[policy][simulate][docs]") {
+  // Training: forward then backward, two steps. Decoding: forward only, four tokens.
+  // Rows: hits, misses, half-GiB units moved up and down.
+  schedule train;
+  for (int l = 0; l < 48; ++l) {
+    train.record(l, 512 * ferry::MiB);
+  }
+  for (int l = 47; l >= 0; --l) {
+    train.record(l, 512 * ferry::MiB);
+  }
+  schedule decode;
+  for (int l = 0; l < 48; ++l) {
+    decode.record(l, 512 * ferry::MiB);
+  }
+  const std::size_t window = 3 * 512 * ferry::MiB;
+
+  CHECK(scenario(train, 2, ferry::lru<int>{}, ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(train, 2, ferry::belady<int>(train), ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(train, 2, ferry::belady<int>(train), ferry::schedule_replay<int>(train), window) ==
+        row{191, 1, 144, 128});
+
+  CHECK(scenario(decode, 4, ferry::lru<int>{}, ferry::no_prefetch{}) == row{0, 192, 192, 176});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(decode, 4, ferry::lru<int>{}, ferry::schedule_replay<int>(decode), window) ==
+        row{191, 1, 195, 179});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::lookahead<int, 2>(decode)) ==
+        row{191, 1, 144, 128});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::schedule_replay<int>(decode), window) ==
+        row{191, 1, 144, 128});
+  // A window as large as the tier displaces what belady keeps: same misses, more bytes.
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::schedule_replay<int>(decode)) ==
+        row{191, 1, 208, 192});
 }

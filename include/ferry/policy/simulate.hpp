@@ -26,6 +26,7 @@
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/placement.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
+#include "ferry/units.hpp"
 
 #include <algorithm>
 #include <cstddef>
