@@ -19,7 +19,7 @@ namespace ferry::detail {
 template <class Key, class Hash, class KeyEqual, bool MovesOnAccess>
 class recency_queue {
  public:
-  using key_type = Key;
+  using key_type = Key;  ///< the key type
 
   /// Whether an access moves the key to the newest end (LRU) or not (FIFO).
   static constexpr bool moves_on_access = MovesOnAccess;

@@ -72,9 +72,9 @@ struct phase_mark {
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
 class access_schedule {
  public:
-  using key_type = Key;
-  using hasher = Hash;
-  using key_equal = KeyEqual;
+  using key_type = Key;        ///< the key type
+  using hasher = Hash;         ///< the hash of keys
+  using key_equal = KeyEqual;  ///< the equality of keys
   /// Dense id of a distinct key, in order of first appearance: 0, 1, 2, ...
   using key_id = std::uint32_t;
 

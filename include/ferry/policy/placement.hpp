@@ -48,7 +48,7 @@ enum class move_kind : std::uint8_t {
 /// `key` refers to storage of the placement or the caller: valid during the call only.
 template <class Key>
 struct move_event {
-  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
   const Key& key;     ///< the key moved
   std::size_t bytes;  ///< its size in bytes
   std::size_t from;   ///< source tier (`no_tier` for `create`)
@@ -58,7 +58,7 @@ struct move_event {
 
 /// @brief Where an access found its key.
 struct access_outcome {
-  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
   bool hit = false;               ///< the key was in tier 0
   std::size_t found_in = no_tier; ///< the tier it was in, `no_tier` if it existed nowhere
 };
@@ -118,10 +118,10 @@ class placement {
                 "ferry::placement: Eviction must be copyable (each tier gets a copy of the prototype)");
 
  public:
-  using key_type = Key;
-  using eviction_type = Eviction;
-  using prefetch_type = Prefetch;
-  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();
+  using key_type = Key;  ///< the key type
+  using eviction_type = Eviction;  ///< the eviction policy of each tier
+  using prefetch_type = Prefetch;  ///< the prefetch policy
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
 
   /// @brief Tiers with the given capacities in bytes (tier 0 first), each with a copy
   /// of `eviction`, and the prefetch policy `prefetch`.

@@ -77,8 +77,8 @@ namespace ferry {
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
 class belady {
  public:
-  using key_type = Key;
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;
+  using key_type = Key;  ///< the key type
+  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
 
   /// Next use wraps into the next iteration (iterations repeat).
   static constexpr bool wraps = true;

@@ -58,7 +58,7 @@ namespace ferry {
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
 class greedy_dual_size {
  public:
-  using key_type = Key;
+  using key_type = Key;  ///< the key type
 
   /// The cost the two-argument `on_insert` gives a key (GDS(1)).
   static constexpr double default_cost = 1.0;

@@ -50,7 +50,7 @@ namespace ferry {
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
 class lfu {
  public:
-  using key_type = Key;
+  using key_type = Key;  ///< the key type
   /// The type of a use count.
   using count_type = std::uint64_t;
   /// The use count of a key when it becomes resident.

@@ -48,8 +48,8 @@ class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
   using base = detail::schedule_follower<Key, Hash, KeyEqual>;
 
  public:
-  using key_type = Key;
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;
+  using key_type = Key;  ///< the key type
+  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
 
   /// Accesses looked at per `prefetch` call.
   static constexpr std::size_t depth = N;

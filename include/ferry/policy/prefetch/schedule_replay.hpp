@@ -59,8 +59,8 @@ class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
   using base = detail::schedule_follower<Key, Hash, KeyEqual>;
 
  public:
-  using key_type = Key;
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;
+  using key_type = Key;  ///< the key type
+  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
 
   /// @brief A policy following `schedule` from absolute position `start`.
   /// @param schedule the recorded iteration; must outlive the policy
