@@ -79,7 +79,7 @@ struct access_outcome {
 /// `ferry::out_of_capacity` naming the tier; nothing waits or loops.
 ///
 /// Each tier has its own copy of the eviction policy (copied from the prototype given
-/// to the constructor, which must hold no keys). Tier 0's sees `on_insert`,
+/// to the constructor, which must hold no keys). Tier 0's policy sees `on_insert`,
 /// `on_access`, `on_erase`; lower tiers see inserts and erases only. Policies that
 /// model `ferry::schedule_aware_policy` are moved to the current position with
 /// `advance_to` before each use, so a lower tier's `belady` knows the time.
@@ -87,7 +87,7 @@ struct access_outcome {
 /// Prefetch: after each access the prefetch policy's `on_access` and
 /// `prefetch(key, budget, sink)` run; the sink fetches a key to tier 0 if it exists in
 /// a lower tier (`move_kind::prefetch`) and returns `false` when it cannot: the key is
-/// larger than tier 0, a victim is pinned-out, a lower tier is full, or, for a
+/// larger than tier 0, no victim is left (all pinned), a lower tier is full, or, for a
 /// `ferry::guarded_prefetch_policy`, the victim is needed before the key fetched
 /// (`may_evict` is asked before every eviction from tier 0 made for a prefetch).
 /// Prefetch never throws `out_of_capacity`.
