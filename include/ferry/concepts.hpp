@@ -15,7 +15,9 @@
 ///
 /// These are the first definitions; the tiers, policies and codecs issues refine them
 /// (device-side codecs, cost-aware eviction, schedule-driven prefetch) without
-/// breaking types that model these.
+/// breaking types that model these. The policies issue added the optional
+/// refinements `cost_aware_eviction_policy`, `schedule_aware_policy` and
+/// `guarded_prefetch_policy`, and prefetch sinks that return `bool`.
 #pragma once
 
 #include "ferry/config.hpp"
@@ -186,6 +188,36 @@ consteval bool check_eviction_policy() {
   return eviction_policy<P, Key>;
 }
 
+/// @brief An eviction policy that also takes the cost of bringing a key back.
+///
+/// `p.on_insert(k, bytes, cost)`: as `on_insert(k, bytes)`, with `cost` (a finite,
+/// non-negative number in the owner's unit, e.g. nanoseconds of transfer) the price of
+/// a miss on `k`. `ferry::greedy_dual_size` models it; the two-argument `on_insert`
+/// then uses the policy's default cost.
+template <class P, class Key>
+concept cost_aware_eviction_policy = eviction_policy<P, Key> &&
+    requires(P& p, const Key& k, std::size_t bytes, double cost) {
+  p.on_insert(k, bytes, cost);
+};
+
+/// @brief A policy that follows positions in a recorded `ferry::access_schedule`.
+///
+/// - `cp.position()`: `noexcept`, the absolute schedule position of the next access
+///   (position `p` is entry `p % schedule.size()` of iteration `p / schedule.size()`);
+/// - `p.advance_to(pos)`: moves the position forward to `pos` (`pos >= position()`)
+///   without an access, for an owner whose tier sees no accesses (a lower tier) or
+///   skips some.
+///
+/// `on_access` of such a policy is the access at `position()` and advances it by one.
+/// `ferry::belady`, `ferry::lookahead` and `ferry::schedule_replay` model it; an owner
+/// (`ferry::placement`) calls `advance_to` before it asks a lower tier's policy.
+template <class P>
+concept schedule_aware_policy = requires(P& p, const P& cp, std::size_t pos) {
+  { cp.position() }
+  noexcept->std::same_as<std::size_t>;
+  p.advance_to(pos);
+};
+
 // ---------------------------------------------------------------------------------
 // prefetch_policy
 // ---------------------------------------------------------------------------------
@@ -196,6 +228,12 @@ template <class Key>
 struct prefetch_sink_archetype {
   void operator()(const Key&) const noexcept {}
 };
+/// A sink that answers: `false` when it could not fetch the key (the policy then
+/// stops issuing in this call).
+template <class Key>
+struct prefetch_stop_sink_archetype {
+  bool operator()(const Key&) const noexcept { return true; }
+};
 }  // namespace detail
 
 /// @brief Decides which keys to bring in ahead of their use.
@@ -204,12 +242,17 @@ struct prefetch_sink_archetype {
 /// - `p.prefetch(k, budget_bytes, sink)`: calls `sink(key)` for each key to fetch
 ///   ahead of the access to `k`, most urgent first, within `budget_bytes` of fetches;
 ///   `sink` is any callable taking `const Key&` (the policy is a template over it, so
-///   the call inlines). `no_prefetch` calls it never.
+///   the call inlines). `no_prefetch` calls it never. A sink may return `bool`:
+///   `false` means it could not fetch that key (no room without evicting a key needed
+///   sooner, or no room at all), and the policy stops issuing in this call; a sink
+///   returning `void` always succeeds.
 template <class P, class Key>
 concept prefetch_policy = requires(P& p, const Key& k, std::size_t budget_bytes,
-                                   detail::prefetch_sink_archetype<Key> sink) {
+                                   detail::prefetch_sink_archetype<Key> sink,
+                                   detail::prefetch_stop_sink_archetype<Key> stop_sink) {
   p.on_access(k);
   p.prefetch(k, budget_bytes, sink);
+  p.prefetch(k, budget_bytes, stop_sink);
 };
 
 /// @brief Names, in a `static_assert`, the first requirement of
@@ -222,8 +265,26 @@ consteval bool check_prefetch_policy() {
       requires(P & p, const Key& k, std::size_t b, detail::prefetch_sink_archetype<Key> s) { p.prefetch(k, b, s); },
       "ferry::prefetch_policy: P::prefetch(const Key&, std::size_t budget_bytes, Sink) must accept any "
       "callable Sink taking const Key&");
+  static_assert(
+      requires(P & p, const Key& k, std::size_t b, detail::prefetch_stop_sink_archetype<Key> s) {
+        p.prefetch(k, b, s);
+      },
+      "ferry::prefetch_policy: P::prefetch(const Key&, std::size_t budget_bytes, Sink) must accept a Sink "
+      "returning bool (false: stop issuing)");
   return prefetch_policy<P, Key>;
 }
+
+/// @brief A prefetch policy that guards what its fetches may evict.
+///
+/// `cp.may_evict(v)`: asked by the owner, from inside a `sink` call, before it evicts
+/// resident key `v` to make room for the key being fetched; `false` when `v` is needed
+/// before that key (the owner then refuses the fetch: the sink returns `false`).
+/// Outside a sink call it returns `true`. `ferry::lookahead` and
+/// `ferry::schedule_replay` model it.
+template <class P, class Key>
+concept guarded_prefetch_policy = prefetch_policy<P, Key> && requires(const P& cp, const Key& v) {
+  { cp.may_evict(v) } -> std::same_as<bool>;
+};
 
 // ---------------------------------------------------------------------------------
 // codec

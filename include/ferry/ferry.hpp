@@ -10,6 +10,7 @@
 #include "ferry/config.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/policy.hpp"
 #include "ferry/units.hpp"
 #include "ferry/version.hpp"
 

@@ -1,0 +1,210 @@
+/// @file
+/// @brief `ferry::greedy_dual_size`: cost- and size-aware eviction (Cao & Irani, 1997).
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/detail/indexed_heap.hpp"
+#include "ferry/detail/keyed_pool.hpp"
+#include "ferry/error.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+
+namespace ferry {
+
+/// @brief GreedyDual-Size eviction: each key carries a value `H = L + cost / bytes`;
+/// the victim is the unpinned key with the smallest `H`, and evicting it raises the
+/// floor `L` to its `H`.
+///
+/// The algorithm of P. Cao and S. Irani, "Cost-Aware WWW Proxy Caching Algorithms"
+/// (USENIX Symposium on Internet Technologies and Systems, 1997), after N. Young's
+/// GreedyDual (1994). `L` ("inflation") ages every key without touching it: a key not
+/// used since `L` passed its `H` goes first, and a use restores `H = L + cost / bytes`.
+/// With `cost = 1` for every key (GDS(1), the two-argument `on_insert`) it favours
+/// small keys and maximises the hit ratio; with `cost` the time to bring a key back
+/// (e.g. nanoseconds of transfer from the tier below) it minimises the time lost to
+/// misses.
+///
+/// Models `ferry::cost_aware_eviction_policy<greedy_dual_size<Key>, Key>`. An indexed
+/// binary heap of `(H, recency)`: `on_insert`, `on_access`, `on_erase`, `pin`, `unpin`
+/// are O(log n) and `victim` O(1), `n` the unpinned resident keys, with no allocation
+/// per operation once `reserve(n)` covers them. Ties in `H` go to the least recently
+/// used key. `H` and `L` are `double`s: after about 2^52 times the largest
+/// `cost / bytes` of inflation, `L` absorbs small `cost / bytes` differences.
+///
+/// Inflation rule: when a key is erased while unpinned and its `H` is the smallest in
+/// the heap (it is the victim, or ties with it), `L` becomes `max(L, H)`. Erasing any
+/// other key leaves `L` alone. So `L <= H` holds for every unpinned resident key.
+///
+/// When to use it: keys of very different sizes or re-fetch costs (a tier holding
+/// both small norms and large projection weights, or keys coming back from tiers of
+/// different speeds).
+///
+/// Pinning: a pinned key leaves the heap; releasing its last pin counts as a use
+/// (`H = L + cost / bytes`, most recent). `victim()` answers `std::nullopt` at once
+/// when every resident key is pinned.
+///
+/// Errors: `ferry::logic_error` for a resident key inserted again, an absent key
+/// accessed, erased, pinned or unpinned, `bytes == 0`, or a negative or non-finite cost.
+///
+/// @tparam Key      copyable key
+/// @tparam Hash     hash of `Key`
+/// @tparam KeyEqual equality of `Key`
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+class greedy_dual_size {
+ public:
+  using key_type = Key;  ///< the key type
+
+  /// The cost the two-argument `on_insert` gives a key (GDS(1)).
+  static constexpr double default_cost = 1.0;
+
+  greedy_dual_size() = default;
+
+  /// @brief Key `k` of `bytes` bytes became resident with cost `default_cost`.
+  /// O(log n) amortised.
+  /// @throws ferry::logic_error if `k` is resident or `bytes == 0`
+  void on_insert(const Key& k, std::size_t bytes) { on_insert(k, bytes, default_cost); }
+
+  /// @brief Key `k` of `bytes` bytes became resident; a miss on it costs `cost` (any
+  /// unit, the same for every key: e.g. ns of transfer). `H = L + cost / bytes`.
+  /// O(log n) amortised.
+  /// @throws ferry::logic_error if `k` is resident, `bytes == 0`, or `cost` is negative
+  ///         or not finite
+  void on_insert(const Key& k, std::size_t bytes, double cost) {
+    FERRY_EXPECTS(keys_.find(k) == detail::no_node, "the key is already resident", k, bytes);
+    FERRY_EXPECTS(bytes > 0, "greedy_dual_size needs a positive size (H = L + cost / bytes)", k, bytes);
+    FERRY_EXPECTS(cost >= 0.0 && cost <= std::numeric_limits<double>::max(), "the cost must be finite and non-negative",
+                  k, cost);
+    const detail::node_id id = keys_.insert(k);
+    payload& p = keys_[id];
+    p.ratio = cost / static_cast<double>(bytes);
+    p.h = inflation_ + p.ratio;
+    p.stamp = ++clock_;
+    heap_.push(id, priority{p.h, p.stamp});
+  }
+
+  /// @brief Resident key `k` was used: `H = L + cost / bytes`, most recent. O(log n).
+  /// @throws ferry::logic_error if `k` is not resident
+  void on_access(const Key& k) {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "on_access of a key that is not resident", k);
+    payload& p = keys_[id];
+    p.h = inflation_ + p.ratio;
+    p.stamp = ++clock_;
+    if (p.pins == 0) {
+      heap_.update(id, priority{p.h, p.stamp});
+    }
+  }
+
+  /// @brief Key `k` left the tier; raises `L` to its `H` when it had the smallest
+  /// (see the class comment). O(log n).
+  /// @throws ferry::logic_error if `k` is not resident
+  void on_erase(const Key& k) {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "on_erase of a key that is not resident", k);
+    const payload& p = keys_[id];
+    if (p.pins == 0) {
+      if (p.h <= heap_.top_priority().h) {
+        inflation_ = std::max(inflation_, p.h);
+      }
+      heap_.erase(id);
+    }
+    keys_.erase(id);
+  }
+
+  /// @brief Pins resident key `k` (nested pins count). O(log n).
+  /// @throws ferry::logic_error if `k` is not resident
+  void pin(const Key& k) {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "pin of a key that is not resident", k);
+    if (keys_[id].pins++ == 0) {
+      heap_.erase(id);
+    }
+  }
+
+  /// @brief Undoes one `pin(k)`; releasing the last pin counts as a use. O(log n).
+  /// @throws ferry::logic_error if `k` is not resident or not pinned
+  void unpin(const Key& k) {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not resident", k);
+    payload& p = keys_[id];
+    FERRY_EXPECTS(p.pins > 0, "unpin of a key that is not pinned", k);
+    if (--p.pins == 0) {
+      p.h = inflation_ + p.ratio;
+      p.stamp = ++clock_;
+      heap_.push(id, priority{p.h, p.stamp});
+    }
+  }
+
+  /// @brief The unpinned key with the smallest `H` (the least recent among equals), or
+  /// `std::nullopt` at once when none is evictable. O(1); does not evict.
+  [[nodiscard]] std::optional<Key> victim() const {
+    if (heap_.empty()) {
+      return std::nullopt;
+    }
+    return keys_.key(heap_.top());
+  }
+
+  /// @brief Resident keys (pinned or not).
+  [[nodiscard]] std::size_t size() const noexcept { return keys_.size(); }
+  /// @brief The floor `L`: the largest `H` of a key evicted so far (0 at first).
+  [[nodiscard]] double inflation() const noexcept { return inflation_; }
+  /// @brief `H` of resident key `k`.
+  /// @throws ferry::logic_error if `k` is not resident
+  [[nodiscard]] double value(const Key& k) const {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "value of a key that is not resident", k);
+    return keys_[id].h;
+  }
+  /// @brief Whether `k` is resident. O(1) expected.
+  [[nodiscard]] bool contains(const Key& k) const { return keys_.find(k) != detail::no_node; }
+  /// @brief Whether `k` is resident and pinned. O(1) expected.
+  [[nodiscard]] bool pinned(const Key& k) const {
+    const detail::node_id id = keys_.find(k);
+    return id != detail::no_node && keys_[id].pins > 0;
+  }
+  /// @brief Makes room for `n` resident keys: no operation allocates while at most `n`
+  /// keys are resident.
+  void reserve(std::size_t n) {
+    keys_.reserve(n);
+    heap_.reserve(n, n);
+  }
+  /// @brief Forgets every key and resets `L` to 0.
+  void clear() noexcept {
+    heap_.clear();
+    keys_.clear();
+    inflation_ = 0.0;
+  }
+
+ private:
+  struct payload {
+    double ratio = 0.0;  // cost / bytes
+    double h = 0.0;
+    std::uint64_t stamp = 0;
+    std::uint32_t pins = 0;
+  };
+  struct priority {
+    double h;
+    std::uint64_t stamp;
+  };
+  struct before {
+    bool operator()(const priority& a, const priority& b) const noexcept {
+      return a.h < b.h || (a.h == b.h && a.stamp < b.stamp);
+    }
+  };
+
+  detail::keyed_pool<Key, payload, Hash, KeyEqual> keys_;
+  detail::indexed_heap<priority, before> heap_;
+  double inflation_ = 0.0;
+  std::uint64_t clock_ = 0;
+};
+
+}  // namespace ferry
+
+static_assert(ferry::check_eviction_policy<ferry::greedy_dual_size<int>, int>());
+static_assert(ferry::cost_aware_eviction_policy<ferry::greedy_dual_size<int>, int>);

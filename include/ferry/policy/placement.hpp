@@ -1,0 +1,410 @@
+/// @file
+/// @brief `ferry::placement`: which tier each key lives in, and the moves that
+/// keep the accessed key in tier 0, decided by an eviction and a prefetch policy.
+///
+/// This is the decision code of an offload pipeline with the transfers left out: a
+/// pipeline runs it with a mover that issues copies between tiers, and
+/// `ferry::simulate` runs the same code with a mover that only counts bytes.
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/detail/keyed_pool.hpp"
+#include "ferry/error.hpp"
+#include "ferry/policy/access_schedule.hpp"
+#include "ferry/policy/prefetch/no_prefetch.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief A capacity meaning "no limit" (e.g. for the last tier of a simulation).
+inline constexpr std::size_t unlimited_bytes = std::numeric_limits<std::size_t>::max();
+
+/// @brief What a `ferry::move_event` did.
+enum class move_kind : std::uint8_t {
+  fetch,     ///< brought to tier 0 for the access being made (a demand miss)
+  prefetch,  ///< brought to tier 0 ahead of its use, for the prefetch policy
+  evict,     ///< demoted from tier `from` to tier `to == from + 1`, to make room
+  create,    ///< appeared in tier `to` without bytes moving (placed, or written anew)
+  drop,      ///< the copy in tier `from` was discarded without bytes moving (overwritten or erased)
+};
+
+/// @brief One decision of a `ferry::placement`, handed to its mover.
+///
+/// A fetch or prefetch from tier `from` to tier 0 moves `bytes` across every tier
+/// boundary between them (`from - 1`, ..., `0`; bytes pass through the tiers between,
+/// as device <-> NVMe transfers pass through pinned bounce buffers, without residing
+/// there). An eviction moves `bytes` across boundary `from`.
+/// `key` refers to storage of the placement or the caller: valid during the call only.
+template <class Key>
+struct move_event {
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
+  const Key& key;                                                                  ///< the key moved
+  std::size_t bytes;                                                               ///< its size in bytes
+  std::size_t from;  ///< source tier (`no_tier` for `create`)
+  std::size_t to;    ///< destination tier (`no_tier` for `drop`)
+  move_kind kind;    ///< what happened
+};
+
+/// @brief Where an access found its key.
+struct access_outcome {
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
+  bool hit = false;                                                                ///< the key was in tier 0
+  std::size_t found_in = no_tier;  ///< the tier it was in, `no_tier` if it existed nowhere
+};
+
+/// @brief Keys in a hierarchy of tiers (tier 0 the fastest, where accesses happen; the
+/// last tier the home that never evicts), moved by an eviction and a prefetch policy.
+///
+/// Model: each key lives in exactly one tier (exclusive: moves, not copies). An access
+/// needs its key in tier 0:
+/// - in tier 0: a hit;
+/// - in tier `j > 0`: a miss; a read fetches it to tier 0 (`move_kind::fetch`), a
+///   write discards the old copy (`drop`) and creates the key in tier 0 (`create`);
+/// - nowhere: a write creates it in tier 0; a read is an error (place it first).
+/// Room in tier `i` is made by evicting the victims of tier `i`'s eviction policy to
+/// tier `i + 1`, which may in turn evict to `i + 2`; the last tier evicts nothing. A
+/// key being moved out of a tier is pinned there until its destination has room, so a
+/// failed move never loses it. When no victim is left, `access` and `place` throw
+/// `ferry::out_of_capacity` naming the tier; nothing waits or loops.
+///
+/// Each tier has its own copy of the eviction policy (copied from the prototype given
+/// to the constructor, which must hold no keys). Tier 0's policy sees `on_insert`,
+/// `on_access`, `on_erase`; lower tiers see inserts and erases only. Policies that
+/// model `ferry::schedule_aware_policy` are moved to the current position with
+/// `advance_to` before each use, so a lower tier's `belady` knows the time.
+///
+/// Prefetch: after each access the prefetch policy's `on_access` and
+/// `prefetch(key, budget, sink)` run; the sink fetches a key to tier 0 if it exists in
+/// a lower tier (`move_kind::prefetch`) and returns `false` when it cannot: the key is
+/// larger than tier 0, no victim is left (all pinned), a lower tier is full, or, for a
+/// `ferry::guarded_prefetch_policy`, the victim is needed before the key fetched
+/// (`may_evict` is asked before every eviction from tier 0 made for a prefetch).
+/// Prefetch never throws `out_of_capacity`.
+///
+/// Swaps: a key fetched from tier `j` still occupies tier `j` while tier 0 makes room
+/// (its victims may go to tier `j`), so tier `j` needs room for both at once; a home
+/// tier filled to the byte cannot take a victim in exchange for a key it gives up.
+///
+/// Positions: `position()` counts accesses from 0; the schedule-aware policies given
+/// to it must start at position 0 (their default).
+///
+/// Costs: per access, one hash lookup plus the policies' operations for each move.
+/// Not thread-safe: one owner drives it.
+///
+/// @tparam Key      copyable key
+/// @tparam Eviction a `ferry::eviction_policy<Eviction, Key>`, copyable
+/// @tparam Prefetch a `ferry::prefetch_policy<Prefetch, Key>`
+/// @tparam Hash     hash of `Key`
+/// @tparam KeyEqual equality of `Key`
+template <class Key, class Eviction, class Prefetch = no_prefetch, class Hash = std::hash<Key>,
+          class KeyEqual = std::equal_to<Key>>
+class placement {
+  static_assert(check_eviction_policy<Eviction, Key>(),
+                "ferry::placement: Eviction must model ferry::eviction_policy<Eviction, Key>");
+  static_assert(check_prefetch_policy<Prefetch, Key>(),
+                "ferry::placement: Prefetch must model ferry::prefetch_policy<Prefetch, Key>");
+  static_assert(std::is_copy_constructible_v<Eviction>,
+                "ferry::placement: Eviction must be copyable (each tier gets a copy of the prototype)");
+
+ public:
+  using key_type = Key;                                                            ///< the key type
+  using eviction_type = Eviction;                                                  ///< the eviction policy of each tier
+  using prefetch_type = Prefetch;                                                  ///< the prefetch policy
+  static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
+
+  /// @brief Tiers with the given capacities in bytes (tier 0 first), each with a copy
+  /// of `eviction`, and the prefetch policy `prefetch`.
+  /// @throws ferry::logic_error if `capacities` is empty or `eviction` holds keys
+  placement(std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch = Prefetch{})
+      : prefetch_(std::move(prefetch)) {
+    FERRY_EXPECTS(!capacities.empty(), "a placement needs at least one tier", capacities.size());
+    FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
+    tiers_.reserve(capacities.size());
+    for (const std::size_t c : capacities) {
+      tiers_.push_back(tier_state{eviction, c});
+    }
+  }
+
+  /// @brief Number of tiers.
+  [[nodiscard]] std::size_t tiers() const noexcept { return tiers_.size(); }
+  /// @brief Capacity of tier `i` in bytes.
+  [[nodiscard]] std::size_t capacity(std::size_t i) const noexcept { return tiers_[i].capacity; }
+  /// @brief Bytes resident in tier `i`.
+  [[nodiscard]] std::size_t used(std::size_t i) const noexcept { return tiers_[i].used; }
+  /// @brief Most bytes ever resident in tier `i` at once.
+  [[nodiscard]] std::size_t peak(std::size_t i) const noexcept { return tiers_[i].peak; }
+  /// @brief Keys evicted out of tier `i` so far.
+  [[nodiscard]] std::size_t evictions(std::size_t i) const noexcept { return tiers_[i].evictions; }
+  /// @brief Accesses made so far (the schedule position of the next one).
+  [[nodiscard]] std::size_t position() const noexcept { return clock_; }
+  /// @brief Keys held, in all tiers.
+  [[nodiscard]] std::size_t size() const noexcept { return where_.size(); }
+  /// @brief The tier holding `key`, or `std::nullopt`. O(1) expected.
+  [[nodiscard]] std::optional<std::size_t> tier_of(const Key& key) const {
+    const detail::node_id id = where_.find(key);
+    if (id == detail::no_node) {
+      return std::nullopt;
+    }
+    return where_[id].tier;
+  }
+  /// @brief Tier `i`'s eviction policy (read-only: the placement drives it).
+  [[nodiscard]] const Eviction& eviction(std::size_t i) const noexcept { return tiers_[i].policy; }
+  /// @brief The prefetch policy.
+  [[nodiscard]] const Prefetch& prefetcher() const noexcept { return prefetch_; }
+
+  /// @brief Puts a new key of `bytes` bytes in tier `tier` (e.g. weights in their
+  /// home tier), evicting from it as needed. Reports `move_kind::create`.
+  /// @throws ferry::logic_error if `key` is held already or `tier` is out of range
+  /// @throws ferry::out_of_capacity if the tier (or one below it) cannot make room
+  template <class Mover>
+  void place(const Key& key, std::size_t bytes, std::size_t tier, Mover&& mover) {
+    FERRY_EXPECTS(where_.find(key) == detail::no_node, "the key is already placed", key, tier);
+    FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
+    make_room(tier, bytes, false, mover);
+    const detail::node_id id = where_.insert(key);
+    where_[id] = location{tier, bytes};
+    insert_into(tier, key, bytes);
+    mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
+  }
+
+  /// @brief `place` without a mover.
+  void place(const Key& key, std::size_t bytes, std::size_t tier) {
+    place(key, bytes, tier, [](const move_event<Key>&) {});
+  }
+
+  /// @brief Removes `key` from its tier. Reports `move_kind::drop`.
+  /// @throws ferry::logic_error if `key` is not held
+  template <class Mover>
+  void erase(const Key& key, Mover&& mover) {
+    const detail::node_id id = where_.find(key);
+    FERRY_EXPECTS(id != detail::no_node, "erase of a key that is not placed", key);
+    const location loc = where_[id];
+    remove_from(loc.tier, key, loc.bytes);
+    mover(move_event<Key>{key, loc.bytes, loc.tier, move_event<Key>::no_tier, move_kind::drop});
+    where_.erase(id);
+  }
+
+  /// @brief `erase` without a mover.
+  void erase(const Key& key) {
+    erase(key, [](const move_event<Key>&) {});
+  }
+
+  /// @brief Pins `key` in its tier: its tier's policy never evicts it until unpinned.
+  /// @throws ferry::logic_error if `key` is not held
+  void pin(const Key& key) {
+    const detail::node_id id = where_.find(key);
+    FERRY_EXPECTS(id != detail::no_node, "pin of a key that is not placed", key);
+    tiers_[where_[id].tier].policy.pin(key);
+  }
+
+  /// @brief Undoes one `pin(key)`.
+  /// @throws ferry::logic_error if `key` is not held or not pinned
+  void unpin(const Key& key) {
+    const detail::node_id id = where_.find(key);
+    FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not placed", key);
+    tiers_[where_[id].tier].policy.unpin(key);
+  }
+
+  /// @brief Makes `key` (`bytes` bytes, used as `kind`) resident in tier 0 for an
+  /// access, then lets the prefetch policy fetch ahead within `prefetch_budget_bytes`.
+  /// Every move is reported to `mover(const move_event<Key>&)`.
+  /// @return whether it was a hit, and the tier the key was found in
+  /// @throws ferry::logic_error for a read of a key never placed or written, or a read
+  ///         whose `bytes` differ from the key's (a write may change the size)
+  /// @throws ferry::out_of_capacity when a tier cannot make room: every key in it is
+  ///         pinned, or the key is larger than the tier (message: tier, bytes, use,
+  ///         capacity)
+  template <class Mover>
+  access_outcome access(const Key& key, std::size_t bytes, access_kind kind, std::size_t prefetch_budget_bytes,
+                        Mover&& mover) {
+    access_outcome out;
+    detail::node_id id = where_.find(key);
+    if (id != detail::no_node && where_[id].bytes != bytes) {
+      FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
+                    bytes, where_[id].bytes);
+      out.found_in = where_[id].tier;
+      erase(key, mover);
+      id = detail::no_node;
+    }
+    if (id == detail::no_node) {
+      FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
+      make_room(0, bytes, false, mover);
+      id = where_.insert(key);
+      where_[id] = location{0, bytes};
+      insert_into(0, key, bytes);
+      mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
+    } else if (const std::size_t from = where_[id].tier; from == 0) {
+      out.hit = true;
+      out.found_in = 0;
+    } else {
+      out.found_in = from;
+      bring_up(id, from, false, mover);
+      if (kind == access_kind::write) {
+        mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
+        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
+      } else {
+        mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
+      }
+    }
+    // Both policies see the access at position clock_; then the clock moves on.
+    sync(0);
+    tiers_[0].policy.on_access(key);
+    if constexpr (schedule_aware_policy<Prefetch>) {
+      if (prefetch_.position() < clock_) {
+        prefetch_.advance_to(clock_);
+      }
+    }
+    prefetch_.on_access(key);
+    ++clock_;
+
+    prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
+      const detail::node_id aid = where_.find(ahead);
+      if (aid == detail::no_node || where_[aid].tier == 0) {
+        return true;  // not produced yet, or already resident: nothing to fetch
+      }
+      const std::size_t src = where_[aid].tier;
+      const std::size_t b = where_[aid].bytes;
+      if (!bring_up(aid, src, true, mover)) {
+        return false;
+      }
+      mover(move_event<Key>{where_.key(aid), b, src, 0, move_kind::prefetch});
+      return true;
+    });
+    return out;
+  }
+
+  /// @brief `access` without prefetch budget or mover: prefetch gets 0 bytes.
+  access_outcome access(const Key& key, std::size_t bytes, access_kind kind = access_kind::read) {
+    return access(key, bytes, kind, 0, [](const move_event<Key>&) {});
+  }
+
+ private:
+  struct tier_state {
+    Eviction policy;
+    std::size_t capacity;
+    std::size_t used = 0;
+    std::size_t peak = 0;
+    std::size_t evictions = 0;
+  };
+  struct location {
+    std::size_t tier = 0;
+    std::size_t bytes = 0;
+  };
+
+  // Moves the policy of tier i to the current position, if it follows a schedule.
+  void sync(std::size_t i) {
+    if constexpr (schedule_aware_policy<Eviction>) {
+      if (tiers_[i].policy.position() < clock_) {
+        tiers_[i].policy.advance_to(clock_);
+      }
+    }
+  }
+
+  void insert_into(std::size_t i, const Key& key, std::size_t bytes) {
+    sync(i);
+    tier_state& t = tiers_[i];
+    t.policy.on_insert(key, bytes);
+    t.used += bytes;
+    t.peak = std::max(t.peak, t.used);
+  }
+
+  void remove_from(std::size_t i, const Key& key, std::size_t bytes) {
+    tier_state& t = tiers_[i];
+    t.policy.on_erase(key);
+    t.used -= bytes;
+  }
+
+  [[noreturn]] FERRY_COLD void refuse(std::size_t i, std::size_t bytes) const {
+    std::string resource = "ferry::placement tier ";
+    resource += std::to_string(i);
+    resource += " (of ";
+    resource += std::to_string(tiers_.size());
+    resource += ')';
+    FERRY_THROW_OUT_OF_CAPACITY(resource, bytes, tiers_[i].used, tiers_[i].capacity);
+  }
+
+  // Makes `bytes` free in tier i by evicting to i + 1. For a prefetch (`ahead`) it
+  // returns false where a demand throws, and asks the prefetch guard before evicting
+  // from tier 0.
+  template <class Mover>
+  bool make_room(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
+    tier_state& t = tiers_[i];
+    if (bytes > t.capacity) {
+      if (ahead) {
+        return false;
+      }
+      refuse(i, bytes);
+    }
+    while (bytes > t.capacity - t.used) {
+      std::optional<Key> v;
+      if (i + 1 < tiers_.size()) {
+        sync(i);
+        v = t.policy.victim();
+      }
+      if (!v) {
+        if (ahead) {
+          return false;
+        }
+        refuse(i, bytes);
+      }
+      if constexpr (guarded_prefetch_policy<Prefetch, Key>) {
+        if (ahead && i == 0 && !prefetch_.may_evict(*v)) {
+          return false;
+        }
+      }
+      const detail::node_id vid = where_.find(*v);
+      if (!make_room(i + 1, where_[vid].bytes, ahead, mover)) {
+        return false;
+      }
+      const std::size_t vb = where_[vid].bytes;
+      remove_from(i, *v, vb);
+      insert_into(i + 1, *v, vb);
+      where_[vid].tier = i + 1;
+      ++t.evictions;
+      mover(move_event<Key>{where_.key(vid), vb, i, i + 1, move_kind::evict});
+    }
+    return true;
+  }
+
+  // Moves key `id` from tier `from` (> 0) to tier 0. The key stays pinned in `from`
+  // until tier 0 has room, so a failure leaves it where it was.
+  template <class Mover>
+  bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
+    const Key& key = where_.key(id);
+    const std::size_t bytes = where_[id].bytes;
+    struct pin_guard {
+      Eviction& policy;
+      const Key& key;
+      ~pin_guard() { policy.unpin(key); }
+    };
+    {
+      tiers_[from].policy.pin(key);
+      const pin_guard guard{tiers_[from].policy, key};
+      if (!make_room(0, bytes, ahead, mover)) {
+        return false;
+      }
+    }
+    remove_from(from, key, bytes);
+    insert_into(0, key, bytes);
+    where_[id].tier = 0;
+    return true;
+  }
+
+  std::vector<tier_state> tiers_;
+  detail::keyed_pool<Key, location, Hash, KeyEqual> where_;
+  [[no_unique_address]] Prefetch prefetch_;
+  std::size_t clock_ = 0;
+};
+
+}  // namespace ferry

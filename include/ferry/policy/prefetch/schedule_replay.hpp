@@ -1,0 +1,140 @@
+/// @file
+/// @brief `ferry::schedule_replay`: prefetch along the recorded schedule as far ahead
+/// as a byte budget allows, never evicting a key needed sooner.
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/detail/schedule_follower.hpp"
+#include "ferry/error.hpp"
+#include "ferry/policy/access_schedule.hpp"
+
+#include <cstddef>
+#include <functional>
+
+namespace ferry {
+
+/// @brief Replays a recorded `ferry::access_schedule` ahead of the program: keeps a
+/// window of upcoming accesses whose bytes fit in the budget, and issues each read in
+/// the window once, in schedule order.
+///
+/// The window is the absolute positions `[position(), cursor())`: everything the
+/// policy has issued and the program has not reached yet. `window_bytes()` is the sum
+/// of their bytes (reads and writes: both occupy the tier when they happen; a key that
+/// appears twice counts twice, which only errs on the safe side).
+/// - `on_access(k)`: the access at `position()` happened: it leaves the window and the
+///   position advances by one. O(1).
+/// - `prefetch(k, budget_bytes, sink)`: while the next position after the window fits
+///   (`window_bytes() + its bytes <= budget_bytes`) and lies less than one iteration
+///   ahead, calls `sink(key)` for it if it is a read (and the value it reads is not
+///   written earlier in the window: then the program produces it and there is nothing
+///   to fetch), and extends the window over it.
+///   It stops at the first position that does not fit, or whose key the sink refuses
+///   (`false`); that position is tried again on the next call. Amortised O(1) per
+///   access: each position enters and leaves the window once per iteration.
+///
+/// Budget: the bytes issued by one call, and the bytes of the whole window at any
+/// time, never exceed `budget_bytes` (with a budget that does not shrink between
+/// calls; after it shrinks, nothing is issued until the window drains below it). So
+/// "as far ahead as the budget allows" is literal: with the budget set to the bytes a
+/// tier may spend on upcoming data, the window is exactly what fits.
+///
+/// Never evict a key needed sooner: models `ferry::guarded_prefetch_policy`. During
+/// `sink(key)` for the access at absolute position `p`, `may_evict(v)` is `true` only
+/// when `schedule.next_use(v, position()) > p`. An owner (`ferry::placement`) asks it
+/// before each eviction it makes for a prefetch and refuses the fetch (the sink returns
+/// `false`) instead of evicting a key needed before `key`; the policy then stops and
+/// retries later. Paired with `ferry::belady`, whose victim is always the key used
+/// furthest ahead, a refusal means every evictable key is needed sooner.
+///
+/// Backward passes need nothing special: a backward pass recorded in reverse layer
+/// order is replayed in reverse layer order.
+///
+/// Lifetime: holds a pointer to the schedule, which must outlive it and not change.
+///
+/// @tparam Key      copyable key
+/// @tparam Hash     hash of `Key`
+/// @tparam KeyEqual equality of `Key`
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
+  using base = detail::schedule_follower<Key, Hash, KeyEqual>;
+
+ public:
+  using key_type = Key;                                        ///< the key type
+  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
+
+  /// @brief A policy following `schedule` from absolute position `start`.
+  /// @param schedule the recorded iteration; must outlive the policy
+  /// @param start    the absolute position of the first access
+  explicit schedule_replay(const schedule_type& schedule, std::size_t start = 0) noexcept
+      : base(schedule, start), cursor_(start) {}
+
+  /// @brief One past the last position issued (`>= position()`).
+  [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
+  /// @brief Bytes of the window `[position(), cursor())`.
+  [[nodiscard]] std::size_t window_bytes() const noexcept { return window_bytes_; }
+
+  /// @brief The access at `position()` happened: it leaves the window; the position
+  /// advances by one. O(1).
+  void on_access(const Key& /*key*/) noexcept { step(); }
+
+  /// @brief Moves the position forward to `pos` without accesses; positions passed
+  /// leave the window. O(min(pos - position(), window)).
+  /// @throws ferry::logic_error if `pos < position()`
+  void advance_to(std::size_t pos) {
+    FERRY_EXPECTS(pos >= this->position_, "schedule_replay::advance_to cannot move backwards", pos, this->position_);
+    if (cursor_ <= pos) {
+      this->position_ = pos;
+      cursor_ = pos;
+      window_bytes_ = 0;
+      return;
+    }
+    while (this->position_ < pos) {
+      step();
+    }
+  }
+
+  /// @brief Extends the window as far as `budget_bytes` allows, calling `sink(key)`
+  /// for each read entering it (see the class comment). Amortised O(1) per access.
+  template <class Sink>
+  void prefetch(const Key& /*key*/, std::size_t budget_bytes, Sink&& sink) {
+    const schedule_type& s = *this->schedule_;
+    const std::size_t n = s.size();
+    if (n == 0) {
+      return;
+    }
+    while (cursor_ - this->position_ < n) {
+      const std::size_t e = cursor_ % n;
+      const std::size_t bytes = s.bytes_at(e);
+      if (bytes > budget_bytes || window_bytes_ > budget_bytes - bytes) {
+        return;
+      }
+      if (s.kind_at(e) == access_kind::read && !this->produced_ahead(cursor_) &&
+          !this->issue(s.key_at(e), cursor_, sink)) {
+        return;
+      }
+      window_bytes_ += bytes;
+      ++cursor_;
+    }
+  }
+
+ private:
+  void step() noexcept {
+    const schedule_type& s = *this->schedule_;
+    if (cursor_ > this->position_) {
+      window_bytes_ -= s.bytes_at(this->position_ % s.size());
+    }
+    ++this->position_;
+    if (cursor_ < this->position_) {
+      cursor_ = this->position_;
+    }
+  }
+
+  std::size_t cursor_;
+  std::size_t window_bytes_ = 0;
+};
+
+}  // namespace ferry
+
+static_assert(ferry::check_prefetch_policy<ferry::schedule_replay<int>, int>());
+static_assert(ferry::guarded_prefetch_policy<ferry::schedule_replay<int>, int>);
+static_assert(ferry::schedule_aware_policy<ferry::schedule_replay<int>>);

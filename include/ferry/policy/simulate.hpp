@@ -1,0 +1,196 @@
+/// @file
+/// @brief `ferry::simulate`: replay a recorded schedule through a tier hierarchy with
+/// an eviction and a prefetch policy, and count hits, misses, bytes moved and peak
+/// residency, so a policy can be chosen before the program runs.
+///
+/// In the spirit of FlexGen (Sheng et al., ICML 2023), which chose its offload
+/// placement by a cost model before running; here the "model" is the decision code
+/// itself: `simulate` drives a `ferry::placement`, the same code a pipeline runs, with a
+/// mover that counts bytes instead of copying them.
+///
+/// @code
+/// ferry::access_schedule<int> s;
+/// s.begin_phase(ferry::phase::forward);
+/// for (int layer = 0; layer < 48; ++layer) s.record(layer, 512 * ferry::MiB);
+/// s.begin_phase(ferry::phase::backward);
+/// for (int layer = 47; layer >= 0; --layer) s.record(layer, 512 * ferry::MiB);
+/// const std::size_t tiers[] = {8 * ferry::GiB, ferry::unlimited_bytes};  // HBM, host
+/// auto r = ferry::simulate(s, tiers, ferry::belady<int>(s), ferry::schedule_replay<int>(s),
+///                          {.iterations = 2});
+/// // r.misses, r.bytes_up[0] (host -> HBM), r.peak_bytes[0], ...
+/// @endcode
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/error.hpp"
+#include "ferry/policy/access_schedule.hpp"
+#include "ferry/policy/placement.hpp"
+#include "ferry/policy/prefetch/no_prefetch.hpp"
+#include "ferry/units.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <initializer_list>
+#include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief Knobs of `ferry::simulate`.
+struct simulate_options {
+  /// Iterations of the schedule to replay (training steps, decoded tokens); the
+  /// policies carry their state from one to the next.
+  std::size_t iterations = 1;
+  /// Bytes passed as `budget_bytes` to each `prefetch` call, capped at tier 0's
+  /// capacity (the default: the whole of tier 0).
+  std::size_t prefetch_budget_bytes = unlimited_bytes;
+};
+
+/// @brief What `ferry::simulate` counted. Tier 0 is where accesses happen; boundary
+/// `b` lies between tiers `b` and `b + 1`.
+struct simulation_result {
+  std::size_t accesses = 0;  ///< accesses replayed (`iterations * schedule.size()`)
+  std::size_t hits = 0;      ///< accesses that found their key in tier 0
+  std::size_t misses = 0;    ///< accesses that did not (`hits + misses == accesses`)
+  /// `[j]`: misses whose bytes were fetched from tier `j` (`[0]` is always 0).
+  std::vector<std::size_t> fetched_from;
+  /// Misses that were writes: the key was created in tier 0 and nothing was fetched
+  /// (`misses == writes_without_fetch + sum(fetched_from)`).
+  std::size_t writes_without_fetch = 0;
+  /// `[b]`: bytes moved across boundary `b` toward tier 0 (fetches and prefetches).
+  std::vector<std::size_t> bytes_up;
+  /// `[b]`: bytes moved across boundary `b` away from tier 0 (evictions).
+  std::vector<std::size_t> bytes_down;
+  /// `[i]`: the most bytes resident in tier `i` at once (never above its capacity).
+  std::vector<std::size_t> peak_bytes;
+  /// `[i]`: keys evicted out of tier `i`.
+  std::vector<std::size_t> evictions;
+  std::size_t prefetches = 0;      ///< keys brought to tier 0 by the prefetch policy
+  std::size_t prefetch_bytes = 0;  ///< their bytes (included in `bytes_up`)
+
+  /// @brief Bytes moved across all boundaries, both ways.
+  [[nodiscard]] std::size_t bytes_moved() const noexcept {
+    return std::accumulate(bytes_up.begin(), bytes_up.end(), std::size_t{0}) +
+           std::accumulate(bytes_down.begin(), bytes_down.end(), std::size_t{0});
+  }
+  /// @brief `hits / accesses` (0 when nothing was accessed).
+  [[nodiscard]] double hit_ratio() const noexcept {
+    return accesses == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(accesses);
+  }
+};
+
+/// @brief Replays `schedule` through tiers of the given capacities with `eviction` (a
+/// prototype: each tier gets a copy) and `prefetch`, and reports what moved.
+///
+/// Start state: every key whose first access in the schedule is a read (weights,
+/// optimizer states) is placed in the last tier (the home) before the first access;
+/// keys first written (activations, gradients) appear in tier 0 when written. Then
+/// `ferry::placement::access` runs for each entry, `options.iterations` times, with
+/// `min(options.prefetch_budget_bytes, capacities[0])` as the prefetch budget. See
+/// `ferry::placement` for the tier model (exclusive tiers, evictions demote one tier
+/// down, the last tier never evicts).
+///
+/// Schedule-aware policies (`ferry::belady`, `ferry::lookahead`,
+/// `ferry::schedule_replay`) must be built on the same `schedule` and start at
+/// position 0. The caller's policy objects are copied, not changed.
+///
+/// Costs: O(iterations x entries) placement steps, each O(1)-O(log n) in the policies.
+///
+/// @param schedule   the recorded iteration
+/// @param capacities bytes of each tier, tier 0 (where accesses happen) first; use
+///                   `ferry::unlimited_bytes` for a home without limit
+/// @param eviction   eviction policy prototype (holding no keys)
+/// @param prefetch   prefetch policy
+/// @param options    iterations and prefetch budget
+/// @throws ferry::out_of_capacity when a tier cannot hold a key and nothing in it is
+///         evictable (the message names the tier, the bytes asked, the bytes in use and
+///         the capacity), including a key larger than tier 0 or a home tier too small
+///         for the keys placed in it
+/// @throws ferry::logic_error if `capacities` is empty, or the schedule reads a key
+///         with two different sizes
+template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
+simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
+                           std::span<const std::size_t> capacities, const Eviction& eviction,
+                           Prefetch prefetch = Prefetch{}, const simulate_options& options = {}) {
+  // Readable failures first; the body is not instantiated for a type that fails them.
+  constexpr bool eviction_ok = check_eviction_policy<Eviction, Key>();
+  constexpr bool prefetch_ok = check_prefetch_policy<Prefetch, Key>();
+  static_assert(eviction_ok, "ferry::simulate: the eviction policy must model ferry::eviction_policy<P, Key>");
+  static_assert(prefetch_ok, "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
+  if constexpr (eviction_ok && prefetch_ok) {
+    FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
+    const std::size_t tiers = capacities.size();
+    simulation_result r;
+    r.fetched_from.assign(tiers, 0);
+    r.bytes_up.assign(tiers - 1, 0);
+    r.bytes_down.assign(tiers - 1, 0);
+
+    placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(capacities, eviction, std::move(prefetch));
+    auto count = [&r](const move_event<Key>& e) {
+      switch (e.kind) {
+        case move_kind::prefetch:
+          ++r.prefetches;
+          r.prefetch_bytes += e.bytes;
+          [[fallthrough]];
+        case move_kind::fetch:
+          for (std::size_t b = e.to; b < e.from; ++b) {
+            r.bytes_up[b] += e.bytes;
+          }
+          break;
+        case move_kind::evict: r.bytes_down[e.from] += e.bytes; break;
+        case move_kind::create:
+        case move_kind::drop: break;
+      }
+    };
+
+    const std::size_t home = tiers - 1;
+    for (typename access_schedule<Key, Hash, KeyEqual>::key_id id = 0; id < schedule.key_count(); ++id) {
+      const std::size_t first = schedule.uses(id).front();
+      if (schedule.kind_at(first) == access_kind::read) {
+        p.place(schedule.key(id), schedule.bytes_at(first), home, count);
+      }
+    }
+
+    const std::size_t budget = std::min(options.prefetch_budget_bytes, capacities[0]);
+    const std::size_t n = schedule.size();
+    for (std::size_t it = 0; it < options.iterations; ++it) {
+      for (std::size_t e = 0; e < n; ++e) {
+        const access_outcome o = p.access(schedule.key_at(e), schedule.bytes_at(e), schedule.kind_at(e), budget, count);
+        ++r.accesses;
+        if (o.hit) {
+          ++r.hits;
+        } else {
+          ++r.misses;
+          if (schedule.kind_at(e) == access_kind::write) {
+            ++r.writes_without_fetch;
+          } else {
+            ++r.fetched_from[o.found_in];
+          }
+        }
+      }
+    }
+    r.peak_bytes.resize(tiers);
+    r.evictions.resize(tiers);
+    for (std::size_t i = 0; i < tiers; ++i) {
+      r.peak_bytes[i] = p.peak(i);
+      r.evictions[i] = p.evictions(i);
+    }
+    return r;
+  } else {
+    return simulation_result{};
+  }
+}
+
+/// @brief `simulate` with the capacities as a braced list: `simulate(s, {1_GiB,
+/// ferry::unlimited_bytes}, ferry::lru<int>{})`.
+template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
+simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
+                           std::initializer_list<std::size_t> capacities, const Eviction& eviction,
+                           Prefetch prefetch = Prefetch{}, const simulate_options& options = {}) {
+  return simulate(schedule, std::span<const std::size_t>(capacities.begin(), capacities.size()), eviction,
+                  std::move(prefetch), options);
+}
+
+}  // namespace ferry

@@ -1,0 +1,367 @@
+// The simulator and the placement under it: counts that add up, bytes moved against an
+// independent list-based model, peak residency within capacity, and out_of_capacity
+// (never a wait) when nothing can be evicted.
+#include <ferry/policy.hpp>
+#include <ferry/units.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <list>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using schedule = ferry::access_schedule<int>;
+
+schedule random_schedule(std::mt19937& rng, int keys, std::size_t length, bool writes) {
+  schedule s;
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(keys));
+  for (std::size_t& b : bytes) {
+    b = 16 * (1 + rng() % 8);
+  }
+  for (std::size_t i = 0; i < length; ++i) {
+    const int k = static_cast<int>(rng() % static_cast<unsigned>(keys));
+    const bool write = writes && rng() % 4 == 0;
+    s.record(k, bytes[static_cast<std::size_t>(k)], write ? ferry::access_kind::write : ferry::access_kind::read);
+  }
+  return s;
+}
+
+template <class P>
+P make_eviction(const schedule& s) {
+  if constexpr (std::is_constructible_v<P, const schedule&>) {
+    return P(s);
+  } else {
+    return P{};
+  }
+}
+
+// Two tiers, LRU in tier 0, an unlimited home: a std::list model of what simulate counts.
+struct naive_result {
+  std::size_t hits = 0, misses = 0, up = 0, down = 0, peak = 0, writes_without_fetch = 0;
+};
+naive_result naive_lru(const schedule& s, std::size_t capacity, std::size_t iterations) {
+  naive_result r;
+  std::list<int> order;  // front: least recently used
+  std::map<int, std::size_t> resident;
+  std::size_t used = 0;
+  for (std::size_t it = 0; it < iterations; ++it) {
+    for (std::size_t e = 0; e < s.size(); ++e) {
+      const int k = s.key_at(e);
+      const std::size_t b = s.bytes_at(e);
+      if (resident.count(k) != 0) {
+        ++r.hits;
+        order.remove(k);
+        order.push_back(k);
+        continue;
+      }
+      ++r.misses;
+      while (used + b > capacity) {
+        const int v = order.front();
+        order.pop_front();
+        used -= resident[v];
+        r.down += resident[v];
+        resident.erase(v);
+      }
+      if (s.kind_at(e) == ferry::access_kind::read) {
+        r.up += b;
+      } else {
+        ++r.writes_without_fetch;
+      }
+      resident[k] = b;
+      used += b;
+      order.push_back(k);
+      r.peak = std::max(r.peak, used);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("simulate: counts add up and residency stays within capacity", "[policy][simulate]", ferry::lru<int>,
+                   ferry::fifo<int>, ferry::lfu<int>, ferry::greedy_dual_size<int>, ferry::belady<int>) {
+  for (unsigned seed = 1; seed <= 30; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const auto s = random_schedule(rng, 3 + static_cast<int>(seed % 25), 1 + rng() % 100, true);
+    const std::vector<std::size_t> caps = {128 + 16 * (rng() % 20), 256 + 16 * (rng() % 40), ferry::unlimited_bytes};
+    const std::size_t iterations = 1 + rng() % 3;
+    const ferry::simulate_options opts{.iterations = iterations, .prefetch_budget_bytes = 16 * (rng() % 30)};
+    const auto eviction = make_eviction<TestType>(s);
+    const auto check = [&](const ferry::simulation_result& r) {
+      CHECK(r.accesses == iterations * s.size());
+      CHECK(r.hits + r.misses == r.accesses);
+      CHECK(r.fetched_from[0] == 0);
+      CHECK(r.misses ==
+            r.writes_without_fetch + std::accumulate(r.fetched_from.begin(), r.fetched_from.end(), std::size_t{0}));
+      REQUIRE(r.peak_bytes.size() == 3);
+      for (std::size_t i = 0; i < 3; ++i) {
+        CHECK(r.peak_bytes[i] <= caps[i]);
+      }
+      CHECK(r.prefetch_bytes <= r.bytes_up[0]);
+      CHECK(r.bytes_up[1] <= r.bytes_up[0]);
+      CHECK(r.evictions[2] == 0);  // the home never evicts
+      CHECK(r.bytes_moved() == r.bytes_up[0] + r.bytes_up[1] + r.bytes_down[0] + r.bytes_down[1]);
+    };
+    check(ferry::simulate(s, caps, eviction, ferry::no_prefetch{}, opts));
+    check(ferry::simulate(s, caps, eviction, ferry::lookahead<int, 3>(s), opts));
+    const auto replay = ferry::simulate(s, caps, eviction, ferry::schedule_replay<int>(s), opts);
+    check(replay);
+    CHECK(replay.prefetches <= replay.accesses);
+  }
+}
+
+TEST_CASE("simulate with lru matches a list-based model of bytes moved", "[policy][simulate]") {
+  for (unsigned seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const auto s = random_schedule(rng, 2 + static_cast<int>(seed % 30), 1 + rng() % 150, seed % 2 == 0);
+    const std::size_t cap = 128 + 16 * (rng() % 30);
+    const std::size_t iterations = 1 + seed % 2;
+    const auto r = ferry::simulate(s, {cap, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{},
+                                   {.iterations = iterations});
+    const naive_result m = naive_lru(s, cap, iterations);
+    CHECK(r.hits == m.hits);
+    CHECK(r.misses == m.misses);
+    CHECK(r.bytes_up[0] == m.up);
+    CHECK(r.bytes_down[0] == m.down);
+    CHECK(r.peak_bytes[0] == m.peak);
+    CHECK(r.writes_without_fetch == m.writes_without_fetch);
+  }
+}
+
+TEST_CASE("simulate counts every boundary a move crosses (three tiers, by hand)", "[policy][simulate]") {
+  // Keys 1..4 of 100 bytes, read 1 2 3 4 1; tiers 200, 200, home; LRU.
+  schedule s;
+  for (const int k : {1, 2, 3, 4, 1}) {
+    s.record(k, 100);
+  }
+  const auto r = ferry::simulate(s, {200, 200, ferry::unlimited_bytes}, ferry::lru<int>{});
+  CHECK(r.hits == 0);
+  CHECK(r.misses == 5);
+  CHECK(r.fetched_from == std::vector<std::size_t>{0, 1, 4});
+  CHECK(r.bytes_up == std::vector<std::size_t>{500, 400});    // four from home cross both, one from tier 1
+  CHECK(r.bytes_down == std::vector<std::size_t>{300, 100});  // 1, 2, 3 leave tier 0; 2 leaves tier 1
+  CHECK(r.peak_bytes == std::vector<std::size_t>{200, 200, 400});
+  CHECK(r.evictions == std::vector<std::size_t>{3, 1, 0});
+  CHECK(r.bytes_moved() == 1300);
+  CHECK(r.hit_ratio() == 0.0);
+}
+
+TEST_CASE("simulate: keys first written appear in tier 0; writes never fetch", "[policy][simulate]") {
+  // Forward: read weight, write activation; backward: read them back in reverse.
+  schedule s;
+  s.begin_phase(ferry::phase::forward);
+  for (int l = 0; l < 4; ++l) {
+    s.record(l, 100);                                  // weight l
+    s.record(100 + l, 50, ferry::access_kind::write);  // activation l
+  }
+  s.begin_phase(ferry::phase::backward);
+  for (int l = 3; l >= 0; --l) {
+    s.record(100 + l, 50);
+    s.record(l, 100);
+  }
+  const auto r =
+      ferry::simulate(s, {1000, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{}, {.iterations = 2});
+  // Everything fits: 4 weight misses, 4 activation creations, then all hits.
+  CHECK(r.misses == 8);
+  CHECK(r.writes_without_fetch == 4);
+  CHECK(r.bytes_up[0] == 400);
+  CHECK(r.bytes_down[0] == 0);
+  CHECK(r.peak_bytes == std::vector<std::size_t>{600, 400});
+
+  // Tight: 250 bytes of tier 0. Written activations that were evicted are not fetched
+  // back when written again in the next iteration.
+  const auto t =
+      ferry::simulate(s, {250, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{}, {.iterations = 2});
+  const naive_result m = naive_lru(s, 250, 2);
+  CHECK(t.hits + t.misses == 32);
+  CHECK(t.writes_without_fetch >= 4);  // at least every first write
+  CHECK(t.writes_without_fetch == m.writes_without_fetch);
+  CHECK(t.bytes_up[0] == m.up);
+  CHECK(t.bytes_down[0] == m.down);
+  CHECK(t.peak_bytes[0] <= 250);
+}
+
+TEST_CASE("placement fails with out_of_capacity naming the tier when everything is pinned", "[policy][simulate]") {
+  const std::size_t caps[] = {200, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
+  pl.place(1, 100, 0);
+  pl.place(2, 100, 0);
+  pl.place(3, 100, 1);
+  pl.pin(1);
+  pl.pin(2);
+  try {
+    (void)pl.access(4, 100, ferry::access_kind::write);
+    FAIL("expected ferry::out_of_capacity");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == 100);
+    CHECK(e.used() == 200);
+    CHECK(e.capacity() == 200);
+    CHECK_THAT(e.what(), Catch::Contains("ferry::placement tier 0 (of 2) cannot hold 100 more bytes: 200 of 200"));
+  }
+  CHECK_FALSE(pl.tier_of(4).has_value());
+  // A fetch from tier 1 fails the same way and leaves the key where it was, unpinned.
+  CHECK_THROWS_AS(pl.access(3, 100, ferry::access_kind::read), ferry::out_of_capacity);
+  CHECK(pl.tier_of(3) == std::optional<std::size_t>(1));
+  CHECK_FALSE(pl.eviction(1).pinned(3));
+  CHECK(pl.used(0) == 200);
+  CHECK(pl.used(1) == 100);
+  // It is also a std::bad_alloc.
+  CHECK_THROWS_AS(pl.access(3, 100, ferry::access_kind::read), std::bad_alloc);
+  // Once unpinned, the same access succeeds.
+  pl.unpin(1);
+  const auto o = pl.access(3, 100, ferry::access_kind::read);
+  CHECK_FALSE(o.hit);
+  CHECK(o.found_in == 1);
+  CHECK(pl.tier_of(1) == std::optional<std::size_t>(1));
+  CHECK(pl.tier_of(3) == std::optional<std::size_t>(0));
+}
+
+TEST_CASE("simulate fails with out_of_capacity for a key larger than a tier or a full home", "[policy][simulate]") {
+  schedule s;
+  s.record(1, 100);
+  s.record(2, 500);
+  try {
+    (void)ferry::simulate(s, {400, ferry::unlimited_bytes}, ferry::lru<int>{});
+    FAIL("expected ferry::out_of_capacity");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == 500);
+    CHECK(e.capacity() == 400);
+    CHECK_THAT(e.what(), Catch::Contains("tier 0 (of 2)") && Catch::Contains("larger than the whole capacity"));
+  }
+  try {
+    (void)ferry::simulate(s, {1000, 550}, ferry::lru<int>{});
+    FAIL("expected ferry::out_of_capacity");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == 500);
+    CHECK(e.used() == 100);
+    CHECK(e.capacity() == 550);
+    CHECK_THAT(e.what(), Catch::Contains("tier 1 (of 2)"));
+  }
+  // One tier: the home is tier 0.
+  const auto one = ferry::simulate(s, {600}, ferry::fifo<int>{});
+  CHECK(one.hits == 2);
+  CHECK(one.bytes_up.empty());
+}
+
+TEST_CASE("prefetch never throws: it stops when nothing can be evicted", "[policy][simulate]") {
+  schedule s;
+  for (int k = 0; k < 6; ++k) {
+    s.record(k, 100);
+  }
+  const std::size_t caps[] = {300, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::lru<int>, ferry::schedule_replay<int>> pl(caps, ferry::lru<int>{},
+                                                                         ferry::schedule_replay<int>(s));
+  for (int k = 0; k < 6; ++k) {
+    pl.place(k, 100, 1);
+  }
+  std::size_t prefetched = 0;
+  auto mover = [&](const ferry::move_event<int>& e) { prefetched += e.kind == ferry::move_kind::prefetch ? 1 : 0; };
+  (void)pl.access(0, 100, ferry::access_kind::read, 200, mover);
+  CHECK(prefetched == 2);  // keys 1 and 2 fill the window and tier 0
+  pl.pin(0);
+  pl.pin(1);
+  pl.pin(2);
+  (void)pl.access(1, 100, ferry::access_kind::read, 200, mover);  // a hit; the prefetch of 3 is refused
+  CHECK(prefetched == 2);
+  CHECK(pl.prefetcher().cursor() == 3);
+}
+
+TEST_CASE("placement checks its preconditions", "[policy][simulate]") {
+  ferry::lru<int> full;
+  full.on_insert(1, 1);
+  const std::size_t caps[] = {10};
+  CHECK_THROWS_AS((ferry::placement<int, ferry::lru<int>>(caps, full)), ferry::logic_error);
+  CHECK_THROWS_AS((ferry::placement<int, ferry::lru<int>>(std::span<const std::size_t>{}, ferry::lru<int>{})),
+                  ferry::logic_error);
+  ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
+  CHECK_THROWS_AS(pl.access(1, 4, ferry::access_kind::read), ferry::logic_error);  // never placed or written
+  (void)pl.access(1, 4, ferry::access_kind::write);
+  CHECK_THROWS_AS(pl.access(1, 5, ferry::access_kind::read), ferry::logic_error);  // a read cannot resize
+  (void)pl.access(1, 6, ferry::access_kind::write);                                // a write can
+  CHECK(pl.used(0) == 6);
+  CHECK_THROWS_AS(pl.place(1, 4, 0), ferry::logic_error);
+  CHECK_THROWS_AS(pl.place(2, 4, 3), ferry::logic_error);
+  pl.erase(1);
+  CHECK(pl.used(0) == 0);
+  CHECK(pl.size() == 0);
+  CHECK_THROWS_AS(pl.erase(1), ferry::logic_error);
+  CHECK_THROWS_AS(ferry::simulate(schedule{}, std::span<const std::size_t>{}, ferry::lru<int>{}), ferry::logic_error);
+  const auto empty = ferry::simulate(schedule{}, {10}, ferry::lru<int>{});
+  CHECK(empty.accesses == 0);
+}
+
+TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simulate]") {
+  STATIC_REQUIRE(std::is_empty_v<ferry::no_prefetch>);
+  using with_none = ferry::placement<int, ferry::lru<int>, ferry::no_prefetch>;
+  // [[no_unique_address]]: the same size as the placement's other members alone.
+  struct same_members_without_prefetch {
+    std::vector<int> a;
+    ferry::detail::keyed_pool<int, std::pair<std::size_t, std::size_t>> b;
+    std::size_t c;
+  };
+  CHECK(sizeof(with_none) == sizeof(same_members_without_prefetch));
+}
+
+// --- the scenarios of docs/policies.md (the figures there come from these) ----------
+
+namespace {
+
+struct row {
+  std::size_t hits, misses, gib_up, gib_down;
+};
+
+template <class E, class P>
+row scenario(const schedule& s, std::size_t iterations, const E& e, P p, std::size_t budget = ferry::unlimited_bytes) {
+  const auto r = ferry::simulate(s, {8 * ferry::GiB, ferry::unlimited_bytes}, e, std::move(p),
+                                 {.iterations = iterations, .prefetch_budget_bytes = budget});
+  CHECK(r.peak_bytes[0] <= 8 * ferry::GiB);
+  return row{r.hits, r.misses, r.bytes_up[0] / (ferry::GiB / 2), r.bytes_down[0] / (ferry::GiB / 2)};
+}
+
+bool operator==(const row& a, const row& b) {
+  return a.hits == b.hits && a.misses == b.misses && a.gib_up == b.gib_up && a.gib_down == b.gib_down;
+}
+
+}  // namespace
+
+TEST_CASE("docs scenario: 48 layers of 512 MiB through 8 GiB of HBM", "[policy][simulate][docs]") {
+  // Training: forward then backward, two steps. Decoding: forward only, four tokens.
+  // Rows: hits, misses, half-GiB units moved up and down.
+  schedule train;
+  for (int l = 0; l < 48; ++l) {
+    train.record(l, 512 * ferry::MiB);
+  }
+  for (int l = 47; l >= 0; --l) {
+    train.record(l, 512 * ferry::MiB);
+  }
+  schedule decode;
+  for (int l = 0; l < 48; ++l) {
+    decode.record(l, 512 * ferry::MiB);
+  }
+  const std::size_t window = 3 * 512 * ferry::MiB;
+
+  CHECK(scenario(train, 2, ferry::lru<int>{}, ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(train, 2, ferry::belady<int>(train), ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(train, 2, ferry::belady<int>(train), ferry::schedule_replay<int>(train), window) ==
+        row{191, 1, 144, 128});
+
+  CHECK(scenario(decode, 4, ferry::lru<int>{}, ferry::no_prefetch{}) == row{0, 192, 192, 176});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::no_prefetch{}) == row{48, 144, 144, 128});
+  CHECK(scenario(decode, 4, ferry::lru<int>{}, ferry::schedule_replay<int>(decode), window) == row{191, 1, 195, 179});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::lookahead<int, 2>(decode)) == row{191, 1, 144, 128});
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::schedule_replay<int>(decode), window) ==
+        row{191, 1, 144, 128});
+  // A window as large as the tier displaces what belady keeps: same misses, more bytes.
+  CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::schedule_replay<int>(decode)) == row{191, 1, 208, 192});
+}
