@@ -10,7 +10,10 @@
 #include "ferry/config.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/memory/pinned_pool.hpp"
 #include "ferry/policy.hpp"
+#include "ferry/tier/host_tier.hpp"
+#include "ferry/tier/pinned_tier.hpp"
 #include "ferry/units.hpp"
 #include "ferry/version.hpp"
 
@@ -18,4 +21,6 @@
 #include "ferry/cuda/device.hpp"
 #include "ferry/cuda/event.hpp"
 #include "ferry/cuda/stream.hpp"
+#include "ferry/memory/device_arena.hpp"
+#include "ferry/tier/device_tier.hpp"
 #endif

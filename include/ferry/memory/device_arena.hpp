@@ -1,0 +1,167 @@
+/// @file
+/// @brief `ferry::device_arena`: stream-ordered device memory under a byte budget the
+/// user sets.
+///
+/// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise). Plain host C++.
+///
+/// The budget lets a pipeline run, and be tested, as if the GPU were smaller than it
+/// is. Memory comes from a CUDA memory pool (`cudaMemPoolCreate`) owned by the arena,
+/// through `cudaMallocFromPoolAsync` and `cudaFreeAsync` on the caller's stream; the
+/// pool's release threshold is set to the maximum, so freed memory is kept for reuse
+/// instead of going back to the driver at each synchronisation.
+#pragma once
+
+#include "ferry/config.hpp"
+
+#if FERRY_HAS_CUDA
+
+#include "ferry/cuda/device.hpp"
+#include "ferry/error.hpp"
+
+#include <cuda/stream_ref>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+/// @brief How a `device_arena` is set up.
+struct device_arena_options {
+  /// Granularity of the accounting in bytes, a power of two: a request of N bytes
+  /// costs `round_up(N, alignment)`. 256 B is the alignment CUDA's allocators give.
+  std::size_t alignment = 256;
+  /// Device ordinal; -1 means the device current when the arena is made.
+  int device = -1;
+};
+
+/// @brief Device memory under a byte budget, allocated and freed in stream order.
+///
+/// - **Accounting** (exact, bytes): ferry counts each allocation as
+///   `round_up(N, alignment())` against `budget()` with an atomic compare-and-swap,
+///   *before* calling CUDA, so a request past the budget throws `out_of_capacity`
+///   without touching the device. `used() <= budget()` always.
+/// - **Stream semantics**: `allocate(n, s)` returns memory usable by work enqueued on
+///   `s` after the call; `deallocate(p, n, s)` frees it once the work enqueued on `s`
+///   before the call completes. Use on another stream needs an event. The legacy
+///   default stream is rejected. The budget is released at the `deallocate` call
+///   (stream order), so the pool's physical footprint may briefly exceed `used()`
+///   while frees on one stream have not yet completed and another stream allocates.
+/// - **Thread-safety**: `allocate`, `deallocate` and the queries may run concurrently.
+/// - **Lifetime**: every allocation must be freed, and the frees completed (e.g. the
+///   streams synchronised), before the arena is destroyed; the destructor destroys the
+///   pool (`cudaMemPoolDestroy`). Not copyable or movable.
+class device_arena {
+ public:
+  /// @brief An arena of at most `budget_bytes` bytes on a device.
+  /// @throws ferry::logic_error when the alignment is not a power of two
+  /// @throws ferry::cuda_error when the device has no memory-pool support or the pool
+  ///         cannot be made (no device, ...)
+  explicit device_arena(std::size_t budget_bytes, device_arena_options options = {})
+      : budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
+    const std::size_t alignment = alignment_;
+    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two",
+                  alignment);
+    if (device_ < 0) {
+      device_ = current_device();
+    }
+    int supported = 0;
+    FERRY_CUDA_TRY(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device_), device_);
+    const int device = device_;
+    FERRY_EXPECTS(supported != 0, "the device does not support CUDA memory pools", device);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    FERRY_CUDA_TRY(cudaMemPoolCreate(&pool_, &props), device);
+    std::uint64_t threshold = ~std::uint64_t{0};  // keep freed memory for reuse
+    const cudaError_t rc = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (rc != cudaSuccess) {
+      FERRY_ASSERT_CUDA_SUCCESS(cudaMemPoolDestroy(pool_));
+      FERRY_CUDA_TRY(rc, device);
+    }
+  }
+
+  device_arena(const device_arena&) = delete;
+  device_arena& operator=(const device_arena&) = delete;
+
+  /// @brief Destroys the pool. Allocations must have been freed (and the frees completed).
+  ~device_arena() { FERRY_ASSERT_CUDA_SUCCESS(cudaMemPoolDestroy(pool_)); }
+
+  /// @brief Allocates `bytes` bytes of device memory, ordered on `s`.
+  /// @param bytes > 0
+  /// @param s     the stream the memory is first used on; not the legacy default stream
+  /// @return a device pointer aligned to at least 256 bytes
+  /// @throws ferry::out_of_capacity ("device_arena", rounded bytes, `used()`, `budget()`)
+  ///         past the budget (checked before CUDA is called), or when the device itself
+  ///         has no memory left (`cudaErrorMemoryAllocation`)
+  /// @throws ferry::logic_error for 0 bytes or the legacy default stream
+  /// @throws ferry::cuda_error when the allocation fails otherwise
+  [[nodiscard]] void* allocate(std::size_t bytes, ::cuda::stream_ref s) {
+    const void* stream = s.get();
+    FERRY_EXPECTS(!is_legacy_default_stream(s),
+                  "ferry never allocates on the legacy default stream; pass the stream the memory is used on", stream);
+    FERRY_EXPECTS(bytes > 0 && bytes <= ~std::size_t{0} - alignment_, "device_arena request of 0 or too many bytes",
+                  bytes);
+    const std::size_t cost = cost_of(bytes);
+    std::size_t now = used_.load(std::memory_order_relaxed);
+    do {
+      if (cost > budget_ - now) {
+        FERRY_THROW_OUT_OF_CAPACITY("device_arena", cost, now, budget_);
+      }
+    } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
+    void* p = nullptr;
+    const cudaError_t rc = cudaMallocFromPoolAsync(&p, cost, pool_, s.get());
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      const std::size_t before = used_.fetch_sub(cost, std::memory_order_relaxed) - cost;
+      if (rc == cudaErrorMemoryAllocation) {
+        FERRY_THROW_OUT_OF_CAPACITY("device_arena (device memory exhausted)", cost, before, budget_);
+      }
+      FERRY_CUDA_TRY(rc, bytes, stream);
+    }
+    return p;
+  }
+
+  /// @brief Frees an allocation once the work enqueued on `s` so far completes; never throws.
+  /// @param p     a pointer `allocate` returned and not yet freed
+  /// @param bytes the size it was allocated with
+  /// @param s     a stream ordered after every use of the memory; not the legacy default stream
+  ///
+  /// A CUDA failure goes to the destructor error handler (`set_destructor_error_handler`).
+  void deallocate(void* p, std::size_t bytes, ::cuda::stream_ref s) noexcept {
+    if (p == nullptr) {
+      return;
+    }
+    FERRY_ASSERT_CUDA_SUCCESS(cudaFreeAsync(p, s.get()));
+    used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);
+  }
+
+  /// @brief Bytes allocated and not freed, each rounded up to `alignment()`.
+  [[nodiscard]] std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  /// @brief The most bytes `used()` may reach.
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+  /// @brief Accounting granularity in bytes.
+  [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+  /// @brief The device ordinal.
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// @brief The CUDA memory pool (owned by the arena).
+  [[nodiscard]] cudaMemPool_t pool() const noexcept { return pool_; }
+  /// @brief The bytes a request of `bytes` costs.
+  [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept {
+    return (bytes + alignment_ - 1) & ~(alignment_ - 1);
+  }
+
+ private:
+  std::size_t budget_;
+  std::size_t alignment_;
+  int device_;
+  cudaMemPool_t pool_ = nullptr;
+  std::atomic<std::size_t> used_{0};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_HAS_CUDA
