@@ -10,6 +10,13 @@
 #include "ferry/config.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/io/direct_file.hpp"
+#include "ferry/io/extent_allocator.hpp"
+#include "ferry/io/request.hpp"
+#include "ferry/io/syscalls.hpp"
+#include "ferry/io/thread_pool_engine.hpp"
+#include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
+#include "ferry/tier/nvme.hpp"
 #include "ferry/units.hpp"
 #include "ferry/version.hpp"
 
