@@ -37,8 +37,10 @@ static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::thread_po
 
 namespace {
 
-const std::vector<std::size_t> odd_sizes = {1,       4095,         4096,         4097,       MiB + 1,
-                                            3 * MiB + 12345, 2 * MiB - 1, 7 * 4096 + 3, 256 * 1024, 256 * 1024 + 4096};
+// 1 byte, one below, at and above a block, a few blocks and a tail, around the request
+// size (256 KiB in these tests), and larger odd sizes that span several requests.
+const std::vector<std::size_t> odd_sizes = {1,          4095,           4096,    4097,       7 * 4096 + 3,
+                                            256 * 1024, 256 * 1024 + 1, 300001,  MiB + 1,    2 * MiB - 1};
 
 struct stored {
   ferry::nvme_region region;
@@ -56,6 +58,7 @@ void round_trips(Tier& tier) {
   // Phase 1: write every size, with three memory misalignments, at offsets shifted by spacers.
   for (const std::size_t n : odd_sizes) {
     for (const std::size_t misalign : {std::size_t{0}, std::size_t{1}, std::size_t{4000}}) {
+      if (misalign == 4000 && n > 64 * 1024) continue;  // large sizes: aligned and off by one suffice
       const std::size_t spacer = spacer_sizes[seed % 4];
       if (spacer != 0) spacers.push_back(tier.allocate(spacer));
       const ferry::nvme_region r = tier.allocate(n);
@@ -81,7 +84,7 @@ void round_trips(Tier& tier) {
     CHECK(dst.guards_intact());
     // Partial reads at aligned offsets inside the region, exact to the byte.
     for (std::uint64_t off = 4096; off < s.region.size(); off = off * 5 + 4096) {
-      const std::size_t len = std::min<std::size_t>(s.region.size() - off, 70001);
+      const std::size_t len = std::min<std::size_t>(s.region.size() - off, 20001);
       guarded_buffer part(len, 1);
       tier.read(s.region, off, part.span());
       bool same = true;
