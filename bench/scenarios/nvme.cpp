@@ -133,6 +133,7 @@ ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t 
   o.capacity = bytes;
   o.compat = ferry::io::compat_mode::direct;  // as fio's direct=1
   o.queue_depth = depth;
+  o.threads = depth;  // the thread pool engine (builds without liburing): a depth of N is N threads
   o.block_bytes = ferry::MiB;
   o.sizing = ferry::file_sizing::preallocate;
   o.truncate_on_open = false;
