@@ -70,6 +70,7 @@ struct posix_syscalls {
     return fd >= 0 ? fd : -errno;
   }
   /// @brief `close(2)`; 0 or `-errno`.
+  /// @brief `close`; a `close` fault reports `-error` (the fd is closed all the same, as close(2) does).
   int close(int fd) noexcept { return ::close(fd) == 0 ? 0 : -errno; }
   /// @brief `pread(2)`; bytes read or `-errno`.
   std::int64_t pread(int fd, void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
@@ -178,6 +179,7 @@ class faulty_syscalls {
   /// @brief The plan this object injects.
   [[nodiscard]] const std::shared_ptr<fault_plan>& plan() const noexcept { return plan_; }
 
+  /// @brief `open`, unless an `open` fault fires (then `-error`); remembers the fd's path.
   int open(const char* path, int flags, unsigned mode) noexcept {
     if (const auto f = fire(syscall_kind::open, path, 0, flags); f && f->error != 0) {
       return -f->error;
@@ -192,6 +194,7 @@ class faulty_syscalls {
     }
     return fd;
   }
+  /// @brief `close`; a `close` fault reports `-error` (the fd is closed all the same, as close(2) does).
   int close(int fd) noexcept {
     if (const auto f = fire(syscall_kind::close, path_of(fd), 0, 0); f && f->error != 0) {
       (void)base_.close(fd);  // close(2) releases the fd even when it reports an error
@@ -201,6 +204,7 @@ class faulty_syscalls {
     forget(fd);
     return base_.close(fd);
   }
+  /// @brief `pread`; a `pread` fault fails it with `-error` or reads only `short_bytes`.
   std::int64_t pread(int fd, void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
     if (const auto f = fire(syscall_kind::pread, path_of(fd), offset, 0)) {
       if (f->error != 0) return -f->error;
@@ -208,6 +212,7 @@ class faulty_syscalls {
     }
     return base_.pread(fd, buffer, bytes, offset);
   }
+  /// @brief `pwrite`; a `pwrite` fault fails it with `-error` or writes only `short_bytes`.
   std::int64_t pwrite(int fd, const void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
     if (const auto f = fire(syscall_kind::pwrite, path_of(fd), offset, 0)) {
       if (f->error != 0) return -f->error;
@@ -215,14 +220,17 @@ class faulty_syscalls {
     }
     return base_.pwrite(fd, buffer, bytes, offset);
   }
+  /// @brief `fallocate`, unless a `fallocate` fault fires.
   int fallocate(int fd, int mode, std::uint64_t offset, std::uint64_t length) noexcept {
     if (const auto f = fire(syscall_kind::fallocate, path_of(fd), offset, 0); f && f->error != 0) return -f->error;
     return base_.fallocate(fd, mode, offset, length);
   }
+  /// @brief `ftruncate`, unless an `ftruncate` fault fires.
   int ftruncate(int fd, std::uint64_t length) noexcept {
     if (const auto f = fire(syscall_kind::ftruncate, path_of(fd), 0, 0); f && f->error != 0) return -f->error;
     return base_.ftruncate(fd, length);
   }
+  /// @brief `fsync`, unless an `fsync` fault fires.
   int fsync(int fd) noexcept {
     if (const auto f = fire(syscall_kind::fsync, path_of(fd), 0, 0); f && f->error != 0) return -f->error;
     return base_.fsync(fd);

@@ -578,6 +578,9 @@ class basic_nvme_tier {
 
    private:
     void complete(slot& s, std::int64_t result) noexcept {
+      // Once the mutex is released another completion may finish and free this
+      // transfer, so nothing after the unlock may touch `this` unless it finishes it.
+      basic_nvme_tier& tier = tier_;
       std::byte* released = nullptr;
       bool finish = false;
       {
@@ -626,7 +629,7 @@ class basic_nvme_tier {
         }
         finish = finishable_locked();
       }
-      if (released != nullptr) tier_.release_staging(released);
+      if (released != nullptr) tier.release_staging(released);
       if (finish) finish_now();
     }
 
