@@ -24,11 +24,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -153,20 +155,30 @@ double ferry_random_read_kiops(ferry::nvme_tier& tier, const ferry::nvme_region&
     std::atomic<std::size_t> next{0};
     std::atomic<std::size_t> left{0};
     std::atomic<bool> failed{false};
+    std::mutex m{};
+    std::condition_variable cv{};
+    bool all_done = false;
     void issue(std::size_t slot) {
       const std::size_t i = next.fetch_add(1);
       if (i >= offsets->size()) return;
       tier->submit_read(*region, (*offsets)[i], slots.subspan(slot * 4096, 4096), [this, slot](std::exception_ptr e) {
         if (e) failed.store(true);
         issue(slot);
-        if (left.fetch_sub(1) == 1) left.notify_all();
+        if (left.fetch_sub(1) == 1) {  // the last one: nothing touches `this` after the notify
+          std::lock_guard lock(m);
+          all_done = true;
+          cv.notify_all();
+        }
       });
     }
   } s{&tier, &region, &offsets, slots};
   s.left.store(offsets.size());
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t slot = 0; slot < depth; ++slot) s.issue(slot);
-  for (std::size_t seen = s.left.load(); seen > 0; seen = s.left.load()) s.left.wait(seen);
+  {
+    std::unique_lock lock(s.m);
+    s.cv.wait(lock, [&] { return s.all_done; });
+  }
   const double t = seconds_since(t0);
   if (s.failed.load()) throw std::runtime_error("nvme: a ferry random read failed");
   return static_cast<double>(offsets.size()) / t / 1e3;

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cerrno>
 #include <cstdint>
 #include <vector>
@@ -21,23 +23,39 @@ using ferry_test::scratch_path;
 
 namespace {
 
+// Counts completions. The callback updates and notifies under the mutex, so once
+// wait_for() returns no callback touches the counter any more.
 struct counter {
-  std::atomic<std::uint32_t> done{0};
-  std::atomic<std::int64_t> bytes{0};
-  std::atomic<std::int64_t> worst{0};
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint32_t done = 0;
+  std::int64_t bytes = 0;
+  std::int64_t worst = 0;
 
   static void on_complete(void* context, io_request&, std::int64_t result) noexcept {
-    auto* c = static_cast<counter*>(context);
+    static_cast<counter*>(context)->add(result);
+  }
+  void add(std::int64_t result) noexcept {
+    std::lock_guard lock(m);
     if (result < 0) {
-      c->worst.store(result);
+      worst = result;
     } else {
-      c->bytes.fetch_add(result);
+      bytes += result;
     }
-    c->done.fetch_add(1);
-    c->done.notify_all();
+    ++done;
+    cv.notify_all();
   }
   void wait_for(std::uint32_t n) {
-    for (std::uint32_t seen = done.load(); seen < n; seen = done.load()) done.wait(seen);
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done >= n; });
+  }
+  std::int64_t worst_result() {
+    std::lock_guard lock(m);
+    return worst;
+  }
+  std::int64_t total_bytes() {
+    std::lock_guard lock(m);
+    return bytes;
   }
 };
 
@@ -55,8 +73,8 @@ void run_batches(Engine& engine, std::span<std::byte> memory, std::size_t block,
   }
   engine.submit(pointers);  // one batch
   c.wait_for(static_cast<std::uint32_t>(n));
-  REQUIRE(c.worst.load() == 0);
-  CHECK(c.bytes.load() == static_cast<std::int64_t>(memory.size()));
+  REQUIRE(c.worst_result() == 0);
+  CHECK(c.total_bytes() == static_cast<std::int64_t>(memory.size()));
   std::fill(memory.begin(), memory.end(), std::byte{0});
   counter r;
   for (std::size_t i = 0; i < n; ++i) {
@@ -65,7 +83,7 @@ void run_batches(Engine& engine, std::span<std::byte> memory, std::size_t block,
     engine.submit(std::span<io_request* const>(&pointers[i], 1));  // one at a time
   }
   r.wait_for(static_cast<std::uint32_t>(n));
-  REQUIRE(r.worst.load() == 0);
+  REQUIRE(r.worst_result() == 0);
   CHECK(ferry_test::checksum(memory) == sum);
 }
 
@@ -92,22 +110,23 @@ TEMPLATE_TEST_CASE("engines accept submissions from completion callbacks", "[io]
   scratch_path path(ferry_test::disk_dir);
   direct_file file(sys, path.str(), {.mode = compat_mode::direct});
   const int fd = file.fd();
-  ferry::io::engine_options o;
-  o.queue_depth = 2;
-  o.threads = 2;
   using engine_t = typename TestType::template engine<posix_syscalls>;
-  engine_t engine(sys, std::span<const int>(&fd, 1), o);
-  ferry::io::aligned_buffer memory(32 * 4096, 4096);
-  ferry_test::fill(memory.span(), 9);
   struct link {
     engine_t* engine;
     std::vector<io_request>* all;
     std::size_t index;
     counter* c;
   };
+  // Declared before the engine, so they outlive it (its destructor waits for callbacks).
+  ferry::io::aligned_buffer memory(32 * 4096, 4096);
+  ferry_test::fill(memory.span(), 9);
   std::vector<io_request> requests(32);
   std::vector<link> links(32);
   counter c;
+  ferry::io::engine_options o;
+  o.queue_depth = 2;
+  o.threads = 2;
+  engine_t engine(sys, std::span<const int>(&fd, 1), o);
   for (std::size_t i = 0; i < 32; ++i) {
     links[i] = {&engine, &requests, i, &c};
     requests[i] = {op_kind::write,
@@ -117,20 +136,18 @@ TEMPLATE_TEST_CASE("engines accept submissions from completion callbacks", "[io]
                    4096,
                    [](void* context, io_request&, std::int64_t result) noexcept {
                      auto* l = static_cast<link*>(context);
-                     if (result != 4096) l->c->worst.store(result < 0 ? result : -1);
                      if (l->index + 1 < l->all->size()) {
                        io_request* next = &(*l->all)[l->index + 1];
                        l->engine->submit(std::span<io_request* const>(&next, 1));
                      }
-                     l->c->done.fetch_add(1);
-                     l->c->done.notify_all();
+                     l->c->add(result == 4096 ? 0 : (result < 0 ? result : -1));
                    },
                    &links[i]};
   }
   io_request* first = &requests[0];
   engine.submit(std::span<io_request* const>(&first, 1));
   c.wait_for(32);
-  CHECK(c.worst.load() == 0);
+  CHECK(c.worst_result() == 0);
   std::vector<std::byte> back(32 * 4096);
   direct_file plain(sys, path.str(), {.mode = compat_mode::buffered, .create = false});
   plain.read(0, back);
@@ -206,7 +223,7 @@ TEST_CASE("uring_engine passes every result through the syscalls hook", "[io][ur
   io_request* p = &w;
   engine.submit(std::span<io_request* const>(&p, 1));
   c.wait_for(1);
-  CHECK(c.worst.load() == -EIO);
+  CHECK(c.worst_result() == -EIO);
   CHECK(plan->fired(rule) == 1);
 }
 #endif

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cerrno>
 #include <fstream>
 #include <map>
@@ -274,6 +275,27 @@ TEMPLATE_TEST_CASE("nvme_tier checks the ranges of its calls", "[nvme]", FERRY_T
   CHECK_THROWS_AS(ferry::nvme_tier(bad), ferry::logic_error);
 }
 
+namespace {
+// Counts callbacks; the last one notifies under the mutex, so once wait() returns no
+// callback touches this object any more.
+struct callback_count {
+  std::mutex m;
+  std::condition_variable cv;
+  int done = 0;
+  int errors = 0;
+  void add(bool error) {
+    std::lock_guard lock(m);
+    ++done;
+    if (error) ++errors;
+    cv.notify_all();
+  }
+  void wait(int n) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done >= n; });
+  }
+};
+}  // namespace
+
 TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme]", FERRY_TEST_ENGINES) {
   scratch_path path(ferry_test::disk_dir);
   typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 16 * MiB));
@@ -292,18 +314,16 @@ TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme
   for (auto& t : tickets) t.wait();
   for (auto& t : tickets) CHECK(t.ready());
   // Reads with callbacks, counted on the engine's thread.
-  std::atomic<int> done{0};
-  std::atomic<int> errors{0};
+  callback_count reads;
   for (int i = 0; i < count; ++i) {
     tier.submit_read(regions[static_cast<std::size_t>(i)], 0, dst[static_cast<std::size_t>(i)]->span(),
-                     [&](std::exception_ptr e) {
-                       if (e) errors.fetch_add(1);
-                       done.fetch_add(1);
-                       done.notify_all();
-                     });
+                     [&reads](std::exception_ptr e) { reads.add(e != nullptr); });
   }
-  for (int seen = done.load(); seen < count; seen = done.load()) done.wait(seen);
-  CHECK(errors.load() == 0);
+  reads.wait(count);
+  {
+    std::lock_guard lock(reads.m);
+    CHECK(reads.errors == 0);
+  }
   for (int i = 0; i < count; ++i) {
     const auto k = static_cast<std::size_t>(i);
     CHECK(ferry_test::checksum(dst[k]->span()) == ferry_test::checksum(src[k]->span()));
@@ -313,17 +333,16 @@ TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme
     decltype(tier)* t;
     std::vector<ferry::nvme_region>* regions;
     std::vector<std::unique_ptr<guarded_buffer>>* dst;
-    std::atomic<int> left{count};
+    callback_count count;
     void next(std::size_t i) {
-      t->submit_read((*regions)[i], 0, (*dst)[i]->span(), [this, i](std::exception_ptr) {
+      t->submit_read((*regions)[i], 0, (*dst)[i]->span(), [this, i](std::exception_ptr e) {
         if (i + 1 < regions->size()) next(i + 1);
-        left.fetch_sub(1);
-        left.notify_all();
+        count.add(e != nullptr);
       });
     }
-  } chain{&tier, &regions, &dst};
+  } chain{&tier, &regions, &dst, {}};
   chain.next(0);
-  for (int seen = chain.left.load(); seen > 0; seen = chain.left.load()) chain.left.wait(seen);
+  chain.count.wait(count);
   // An empty transfer is ready at once; a ticket's destructor waits for its transfer.
   auto none = tier.submit_read(regions[0], 0, std::span<std::byte>());
   CHECK(none.ready());

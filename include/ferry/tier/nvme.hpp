@@ -70,6 +70,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -170,15 +171,44 @@ struct nvme_stats {
 
 namespace io::detail {
 
+/// What made a transfer fail, kept as plain data: the `io_error` is built in the thread
+/// that asks for it, so no exception object is shared between threads.
+struct transfer_failure {
+  int error = 0;            // errno
+  std::string operation;    // e.g. "io_uring write"
+  std::string path;         // the file
+  std::uint64_t offset = 0;  // file offset of the failed request
+  std::size_t bytes = 0;     // its size
+  source_site site;          // where the failure was detected
+
+  [[nodiscard]] ferry::io_error make() const { return ferry::io_error(error, operation, path, offset, bytes, site); }
+};
+
 /// The part of a transfer a ticket waits on.
 struct transfer_state {
   std::atomic<std::uint32_t> finished{0};
-  std::exception_ptr error;  // written before `finished` is set
+  std::optional<transfer_failure> failure;  // written before `finished` is set
+  bool out_of_memory = false;               // the failure could not be recorded (std::bad_alloc)
 
+  [[nodiscard]] bool failed() const noexcept { return failure.has_value() || out_of_memory; }
   void wait() const noexcept {
     while (finished.load(std::memory_order_acquire) == 0) {
       finished.wait(0, std::memory_order_acquire);
     }
+  }
+  // Throws the failure, if any (after `wait`).
+  void rethrow() const {
+    if (failure) throw failure->make();
+    if (out_of_memory) throw std::bad_alloc();
+  }
+  // The failure as an exception_ptr for a completion callback (null when none).
+  [[nodiscard]] std::exception_ptr exception() const noexcept {
+    try {
+      rethrow();
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
   }
 };
 
@@ -216,11 +246,11 @@ class io_ticket {
     return !state_ || state_->finished.load(std::memory_order_acquire) != 0;
   }
   /// @brief Blocks until the transfer has completed.
-  /// @throws ferry::io_error the transfer's error (each call rethrows it)
+  /// @throws ferry::io_error the transfer's error (each call throws a new copy)
   void wait() const {
     if (!state_) return;
     state_->wait();
-    if (state_->error) std::rethrow_exception(state_->error);
+    state_->rethrow();
   }
 
  private:
@@ -638,19 +668,19 @@ class basic_nvme_tier {
     }
 
     void fail_locked(int err, std::string_view op, const io::io_request& q) noexcept {
-      if (error) return;
+      if (this->failed()) return;
       try {
-        error = std::make_exception_ptr(ferry::io_error(err, op, tier_.files_[q.file].path(), q.offset, q.bytes,
-                                                        FERRY_DETAIL_SITE()));
+        this->failure.emplace(io::detail::transfer_failure{err, std::string(op), tier_.files_[q.file].path(), q.offset,
+                                                           q.bytes, FERRY_DETAIL_SITE()});
       } catch (...) {
-        error = std::current_exception();  // std::bad_alloc while building the message
+        this->out_of_memory = true;
       }
     }
 
     // Submits the next pieces while slots (and staging blocks) allow. Mutex held.
     void pump_locked() noexcept {
       batch_.clear();
-      while (!error && !waiting_ && pos_ < bytes_ && free_ != nullptr) {
+      while (!this->failed() && !waiting_ && pos_ < bytes_ && free_ != nullptr) {
         const std::uint64_t logical = logical_ + pos_;
         const auto [file, file_offset] = tier_.locate(logical);
         std::size_t segment = bytes_ - pos_;
@@ -696,7 +726,7 @@ class basic_nvme_tier {
 
     // True once, for the caller that must finish the transfer. Mutex held.
     bool finishable_locked() noexcept {
-      if (finishing_ || in_flight_ != 0 || waiting_ || (!error && pos_ != bytes_)) return false;
+      if (finishing_ || in_flight_ != 0 || waiting_ || (!this->failed() && pos_ != bytes_)) return false;
       finishing_ = true;
       return true;
     }
@@ -704,8 +734,8 @@ class basic_nvme_tier {
     void finish_now() noexcept {
       std::shared_ptr<transfer> keep = std::move(self_);
       basic_nvme_tier& tier = tier_;
-      if (error) tier.counters_.failed.fetch_add(1, std::memory_order_relaxed);
-      if (done_) done_(error);
+      if (this->failed()) tier.counters_.failed.fetch_add(1, std::memory_order_relaxed);
+      if (done_) done_(this->exception());
       finished.store(1, std::memory_order_release);
       finished.notify_all();
       keep.reset();  // may destroy this transfer; the tier is still alive (active count)
