@@ -59,6 +59,7 @@
 #include "ferry/io/uring.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -569,13 +570,18 @@ class basic_nvme_tier {
       const std::size_t window = tier.depth_ * tier.files_.size();
       const std::size_t unit = std::min(tier.block_, tier.files_.size() == 1 ? tier.block_ : tier.stripe_);
       const std::size_t most = bytes / unit + 2;  // pieces + a tail and a stripe split
-      slots_.resize(std::min(window, most));
-      for (slot& s : slots_) {
-        s.owner = this;
-        s.next_free = free_;
-        free_ = &s;
+      slot_count_ = std::min(window, most);
+      if (slot_count_ <= inline_slots_.size()) {
+        slots_ = inline_slots_.data();  // small transfers (most 4 KiB reads) allocate no slots
+      } else {
+        heap_slots_ = std::make_unique<slot[]>(slot_count_);
+        slots_ = heap_slots_.get();
       }
-      batch_.reserve(slots_.size());
+      for (std::size_t i = 0; i < slot_count_; ++i) {
+        slots_[i].owner = this;
+        slots_[i].next_free = free_;
+        free_ = &slots_[i];
+      }
     }
 
     // Starts the transfer (the caller holds a shared_ptr to it).
@@ -679,7 +685,14 @@ class basic_nvme_tier {
 
     // Submits the next pieces while slots (and staging blocks) allow. Mutex held.
     void pump_locked() noexcept {
-      batch_.clear();
+      std::array<io::io_request*, 32> batch;  // submitted in groups of up to 32
+      std::size_t batched = 0;
+      const auto flush = [&] {
+        if (batched == 0) return;
+        tier_.counters_.requests.fetch_add(batched, std::memory_order_relaxed);
+        tier_.engine_->submit(std::span<io::io_request* const>(batch.data(), batched));
+        batched = 0;
+      };
       while (!this->failed() && !waiting_ && pos_ < bytes_ && free_ != nullptr) {
         const std::uint64_t logical = logical_ + pos_;
         const auto [file, file_offset] = tier_.locate(logical);
@@ -714,14 +727,12 @@ class basic_nvme_tier {
         s.request.bytes = p.io_bytes;
         s.request.complete = &transfer::on_complete;
         s.request.context = &s;
-        batch_.push_back(&s.request);
+        batch[batched++] = &s.request;
         ++in_flight_;
         pos_ += p.bytes;
+        if (batched == batch.size()) flush();
       }
-      if (!batch_.empty()) {
-        tier_.counters_.requests.fetch_add(batch_.size(), std::memory_order_relaxed);
-        tier_.engine_->submit(std::span<io::io_request* const>(batch_));
-      }
+      flush();
     }
 
     // True once, for the caller that must finish the transfer. Mutex held.
@@ -750,8 +761,10 @@ class basic_nvme_tier {
     std::function<void(std::exception_ptr)> done_;
     std::shared_ptr<transfer> self_;
     std::mutex mutex_;
-    std::vector<slot> slots_;
-    std::vector<io::io_request*> batch_;
+    std::array<slot, 2> inline_slots_{};
+    std::unique_ptr<slot[]> heap_slots_;
+    slot* slots_ = nullptr;
+    std::size_t slot_count_ = 0;
     slot* free_ = nullptr;
     std::size_t pos_ = 0;
     std::size_t in_flight_ = 0;
