@@ -356,6 +356,25 @@ TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme
   CHECK(tier.stats().transfers >= 3 * count);
 }
 
+#if FERRY_HAS_URING
+TEST_CASE("nvme_tier on an SQPOLL ring", "[nvme][uring]") {
+  scratch_path path(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({path.path()}, 16 * MiB);
+  o.sqpoll = true;
+  o.sqpoll_idle_ms = 10;
+  ferry::basic_nvme_tier<posix_syscalls, ferry::io::uring_engine> tier(o);
+  CHECK(tier.engine().sqpoll());
+  for (const std::size_t n : {std::size_t{4097}, 3 * MiB + 1}) {
+    guarded_buffer src(n, 0), dst(n, 1);
+    ferry_test::fill(src.span(), n);
+    const auto r = tier.store(src.span());
+    tier.read(r, dst.span());
+    CHECK(ferry_test::checksum(dst.span()) == ferry_test::checksum(src.span()));
+    tier.deallocate(r);
+  }
+}
+#endif
+
 TEMPLATE_TEST_CASE("nvme_tier registers buffers with io_uring for fixed-buffer I/O", "[nvme]", FERRY_TEST_ENGINES) {
   scratch_path path(ferry_test::disk_dir);
   typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 16 * MiB));
