@@ -217,10 +217,13 @@ class extent_allocator {
   void move_free(std::uint64_t offset, std::uint64_t length, std::uint64_t new_offset,
                  std::uint64_t new_length) noexcept {
     auto a = by_offset_.extract(offset);
+    auto b = by_length_.extract({length, offset});
+    if (a.empty() || b.empty()) {
+      fatal("internal: a free extent is missing from an index", extent{offset, length});
+    }
     a.key() = new_offset;
     a.mapped() = new_length;
     by_offset_.insert(std::move(a));
-    auto b = by_length_.extract({length, offset});
     b.value() = {new_length, new_offset};
     by_length_.insert(std::move(b));
   }

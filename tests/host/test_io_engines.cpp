@@ -1,0 +1,229 @@
+// The two I/O engines on raw requests: batches, submission from completion callbacks,
+// the syscalls hook, and (io_uring) registered buffers and SQPOLL.
+#include "io_test_support.hpp"
+
+#include <ferry/io/direct_file.hpp>
+#include <ferry/io/request.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <cerrno>
+#include <cstdint>
+#include <vector>
+
+using ferry::io::compat_mode;
+using ferry::io::direct_file;
+using ferry::io::io_request;
+using ferry::io::op_kind;
+using ferry::io::posix_syscalls;
+using ferry_test::scratch_path;
+
+namespace {
+
+// Counts completions. The callback updates and notifies under the mutex, so once
+// wait_for() returns no callback touches the counter any more.
+struct counter {
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint32_t done = 0;
+  std::int64_t bytes = 0;
+  std::int64_t worst = 0;
+
+  static void on_complete(void* context, io_request&, std::int64_t result) noexcept {
+    static_cast<counter*>(context)->add(result);
+  }
+  void add(std::int64_t result) noexcept {
+    std::lock_guard lock(m);
+    if (result < 0) {
+      worst = result;
+    } else {
+      bytes += result;
+    }
+    ++done;
+    cv.notify_all();
+  }
+  void wait_for(std::uint32_t n) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done >= n; });
+  }
+  std::int64_t worst_result() {
+    std::lock_guard lock(m);
+    return worst;
+  }
+  std::int64_t total_bytes() {
+    std::lock_guard lock(m);
+    return bytes;
+  }
+};
+
+template <class Engine>
+void run_batches(Engine& engine, std::span<std::byte> memory, std::size_t block, std::uint64_t seed) {
+  const std::size_t n = memory.size() / block;
+  ferry_test::fill(memory, seed);
+  const std::uint64_t sum = ferry_test::checksum(memory);
+  std::vector<io_request> requests(n);
+  std::vector<io_request*> pointers;
+  counter c;
+  for (std::size_t i = 0; i < n; ++i) {
+    requests[i] = {op_kind::write, 0, i * block, memory.data() + i * block, block, &counter::on_complete, &c};
+    pointers.push_back(&requests[i]);
+  }
+  engine.submit(pointers);  // one batch
+  c.wait_for(static_cast<std::uint32_t>(n));
+  REQUIRE(c.worst_result() == 0);
+  CHECK(c.total_bytes() == static_cast<std::int64_t>(memory.size()));
+  std::fill(memory.begin(), memory.end(), std::byte{0});
+  counter r;
+  for (std::size_t i = 0; i < n; ++i) {
+    requests[i].kind = op_kind::read;
+    requests[i].context = &r;
+    engine.submit(std::span<io_request* const>(&pointers[i], 1));  // one at a time
+  }
+  r.wait_for(static_cast<std::uint32_t>(n));
+  REQUIRE(r.worst_result() == 0);
+  CHECK(ferry_test::checksum(memory) == sum);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("engines run batches of requests and complete each once", "[io][engine]", FERRY_TEST_ENGINES) {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 4;  // fewer than the requests: the rest wait in the engine's queue
+  o.threads = 2;
+  typename TestType::template engine<posix_syscalls> engine(sys, std::span<const int>(&fd, 1), o);
+  ferry::io::aligned_buffer memory(64 * 4096, 4096);
+  run_batches(engine, memory.span(), 4096, 1);
+  const auto s = engine.stats();
+  CHECK(s.submitted == 128);
+  CHECK(s.completed == 128);
+}
+
+TEMPLATE_TEST_CASE("engines accept submissions from completion callbacks", "[io][engine]", FERRY_TEST_ENGINES) {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  using engine_t = typename TestType::template engine<posix_syscalls>;
+  struct link {
+    engine_t* engine;
+    std::vector<io_request>* all;
+    std::size_t index;
+    counter* c;
+  };
+  // Declared before the engine, so they outlive it (its destructor waits for callbacks).
+  ferry::io::aligned_buffer memory(32 * 4096, 4096);
+  ferry_test::fill(memory.span(), 9);
+  std::vector<io_request> requests(32);
+  std::vector<link> links(32);
+  counter c;
+  ferry::io::engine_options o;
+  o.queue_depth = 2;
+  o.threads = 2;
+  engine_t engine(sys, std::span<const int>(&fd, 1), o);
+  for (std::size_t i = 0; i < 32; ++i) {
+    links[i] = {&engine, &requests, i, &c};
+    requests[i] = {op_kind::write,
+                   0,
+                   i * 4096,
+                   memory.data() + i * 4096,
+                   4096,
+                   [](void* context, io_request&, std::int64_t result) noexcept {
+                     auto* l = static_cast<link*>(context);
+                     if (l->index + 1 < l->all->size()) {
+                       io_request* next = &(*l->all)[l->index + 1];
+                       l->engine->submit(std::span<io_request* const>(&next, 1));
+                     }
+                     l->c->add(result == 4096 ? 0 : (result < 0 ? result : -1));
+                   },
+                   &links[i]};
+  }
+  io_request* first = &requests[0];
+  engine.submit(std::span<io_request* const>(&first, 1));
+  c.wait_for(32);
+  CHECK(c.worst_result() == 0);
+  std::vector<std::byte> back(32 * 4096);
+  direct_file plain(sys, path.str(), {.mode = compat_mode::buffered, .create = false});
+  plain.read(0, back);
+  CHECK(ferry_test::checksum(back) == ferry_test::checksum(memory.span()));
+}
+
+#if FERRY_HAS_URING
+TEST_CASE("uring_engine uses registered files and buffers", "[io][uring]") {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 8;
+  o.buffer_slots = 4;
+  ferry::io::uring_engine<> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(engine.fixed_files());
+  REQUIRE(engine.fixed_buffers());  // Linux 5.19+; this machine runs 6.x
+  CHECK(engine.queue_depth() == 8);
+  ferry::io::aligned_buffer memory(16 * 4096, 4096);
+
+  run_batches(engine, memory.span(), 4096, 2);
+  CHECK(engine.stats().fixed_buffer == 0);  // nothing registered yet
+  CHECK(engine.stats().submit_calls >= 1);
+
+  REQUIRE(engine.register_buffer(memory.span()));
+  run_batches(engine, memory.span(), 4096, 3);
+  CHECK(engine.stats().fixed_buffer == 32);  // every request inside the registered range
+
+  engine.unregister_buffer(memory.span());
+  run_batches(engine, memory.span(), 4096, 4);
+  CHECK(engine.stats().fixed_buffer == 32);
+
+  // The table has 4 slots: a fifth registration is refused, and I/O still works.
+  std::vector<ferry::io::aligned_buffer> more;
+  for (int i = 0; i < 4; ++i) {
+    more.emplace_back(4096, 4096);
+    CHECK(engine.register_buffer(more.back().span()));
+  }
+  CHECK_FALSE(engine.register_buffer(memory.span()));
+  run_batches(engine, memory.span(), 4096, 5);
+  for (auto& m : more) engine.unregister_buffer(m.span());
+}
+
+TEST_CASE("uring_engine with SQPOLL", "[io][uring]") {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 8;
+  o.sqpoll = true;
+  o.sqpoll_idle_ms = 10;
+  ferry::io::uring_engine<> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(engine.sqpoll());
+  ferry::io::aligned_buffer memory(32 * 4096, 4096);
+  run_batches(engine, memory.span(), 4096, 6);
+  CHECK(engine.stats().completed == 64);
+}
+
+TEST_CASE("uring_engine passes every result through the syscalls hook", "[io][uring]") {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  ferry::io::faulty_syscalls<> sys(plan);
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::uring_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), {});
+  ferry::io::aligned_buffer memory(4096, 4096);
+  const auto rule = plan->add({.call = ferry::io::syscall_kind::pwrite, .error = EIO, .path_contains = path.str()});
+  io_request w{op_kind::write, 0, 0, memory.data(), 4096, &counter::on_complete, nullptr};
+  counter c;
+  w.context = &c;
+  io_request* p = &w;
+  engine.submit(std::span<io_request* const>(&p, 1));
+  c.wait_for(1);
+  CHECK(c.worst_result() == -EIO);
+  CHECK(plan->fired(rule) == 1);
+}
+#endif

@@ -1,0 +1,476 @@
+// ferry::nvme_tier on both engines: exact round trips of odd sizes at many offsets on
+// the disk and on tmpfs, striping, reuse of freed space, the asynchronous API, the
+// compat mode, registered buffers, and 8 threads allocating, writing, reading and
+// freeing with the accounting checked throughout.
+#include "io_test_support.hpp"
+
+#include <ferry/concepts.hpp>
+#include <ferry/tier/nvme.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cerrno>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+using ferry::MiB;
+using ferry::io::posix_syscalls;
+using ferry_test::guarded_buffer;
+using ferry_test::scratch_path;
+
+static_assert(ferry::tier<ferry::nvme_tier>);
+static_assert(ferry::nvme_tier::traits.file_backed);
+static_assert(!ferry::nvme_tier::traits.host_accessible && !ferry::nvme_tier::traits.device_accessible);
+static_assert(ferry::tier<ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>>);
+#if FERRY_HAS_URING
+static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::uring_engine<>>);
+#else
+static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::thread_pool_engine<>>);
+#endif
+
+namespace {
+
+// 1 byte, one below, at and above a block, a few blocks and a tail, around the request
+// size (256 KiB in these tests), and larger odd sizes that span several requests.
+const std::vector<std::size_t> odd_sizes = {1,          4095,           4096,    4097,       7 * 4096 + 3,
+                                            256 * 1024, 256 * 1024 + 1, 300001,  MiB + 1,    2 * MiB - 1};
+
+struct stored {
+  ferry::nvme_region region;
+  std::size_t misalign;
+  std::uint64_t seed;
+  std::uint64_t sum;
+};
+
+template <class Tier>
+void round_trips(Tier& tier) {
+  std::vector<stored> all;
+  std::vector<ferry::nvme_region> spacers;
+  std::uint64_t seed = 1;
+  const std::size_t spacer_sizes[] = {0, 4096, 3 * 4096 + 1, 100000};
+  // Phase 1: write every size, with three memory misalignments, at offsets shifted by spacers.
+  for (const std::size_t n : odd_sizes) {
+    for (const std::size_t misalign : {std::size_t{0}, std::size_t{1}, std::size_t{4000}}) {
+      if (misalign == 4000 && n > 64 * 1024) continue;  // large sizes: aligned and off by one suffice
+      const std::size_t spacer = spacer_sizes[seed % 4];
+      if (spacer != 0) spacers.push_back(tier.allocate(spacer));
+      const ferry::nvme_region r = tier.allocate(n);
+      REQUIRE(r.size() == n);
+      REQUIRE(r.offset % tier.alignment() == 0);
+      REQUIRE(r.reserved == (n + 4095) / 4096 * 4096);
+      guarded_buffer src(n, misalign);
+      ferry_test::fill(src.span(), seed);
+      const std::uint64_t sum = ferry_test::checksum(src.span());
+      tier.write(r, src.span());
+      CHECK(ferry_test::checksum(src.span()) == sum);  // the source is only read
+      CHECK(src.guards_intact());
+      all.push_back({r, misalign, seed, sum});
+      ++seed;
+    }
+  }
+  // Phase 2: read everything back after all writes (a tail that spilt would show here).
+  for (const stored& s : all) {
+    INFO("size " << s.region.size() << " at " << s.region.offset << " misalign " << s.misalign);
+    guarded_buffer dst(s.region.size(), (s.misalign * 3 + 5) % 4096);
+    tier.read(s.region, dst.span());
+    CHECK(ferry_test::checksum(dst.span()) == s.sum);
+    CHECK(dst.guards_intact());
+    // Partial reads at aligned offsets inside the region, exact to the byte.
+    for (std::uint64_t off = 4096; off < s.region.size(); off = off * 5 + 4096) {
+      const std::size_t len = std::min<std::size_t>(s.region.size() - off, 20001);
+      guarded_buffer part(len, 1);
+      tier.read(s.region, off, part.span());
+      bool same = true;
+      for (std::size_t i = 0; i < len && same; ++i) {
+        same = part.span()[i] == ferry_test::pattern_byte(s.seed, static_cast<std::size_t>(off) + i);
+      }
+      CHECK(same);
+      CHECK(part.guards_intact());
+    }
+  }
+  for (const stored& s : all) tier.deallocate(s.region);
+  for (const auto& r : spacers) tier.deallocate(r);
+  CHECK(tier.used() == 0);
+  CHECK(tier.check());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("nvme_tier round trips odd sizes exactly at many offsets, on disk and tmpfs", "[nvme]",
+                   FERRY_TEST_ENGINES) {
+  for (const std::string& dir : {ferry_test::disk_dir, ferry_test::tmpfs_dir}) {
+    INFO(dir);
+    scratch_path path(dir);
+    typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 48 * MiB));
+    CHECK(tier.capacity() == 48 * MiB);
+    CHECK(tier.queue_depth() == 4);
+    CHECK(tier.block_bytes() == 256 * 1024);
+    REQUIRE(tier.files().size() == 1);
+    if (dir == ferry_test::disk_dir) CHECK(tier.files()[0].mode == ferry::io::io_mode::direct);
+    round_trips(tier);
+    const auto s = tier.stats();
+    CHECK(s.failed == 0);
+    if (tier.files()[0].mode == ferry::io::io_mode::direct) {
+      CHECK(s.staged > 0);  // tails and misaligned memory went through staging
+      CHECK(s.staged < s.requests);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("nvme_tier in buffered compat mode round trips without staging", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({path.path()}, 48 * MiB);
+  o.compat = ferry::io::compat_mode::buffered;
+  typename TestType::template tier<posix_syscalls> tier(o);
+  CHECK(tier.files()[0].mode == ferry::io::io_mode::buffered);
+  CHECK_FALSE(tier.fell_back());
+  round_trips(tier);
+  CHECK(tier.stats().staged == 0);
+}
+
+TEMPLATE_TEST_CASE("nvme_tier falls back to buffered I/O where O_DIRECT is refused, and reports it", "[nvme]",
+                   FERRY_TEST_ENGINES) {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  // tmpfs before Linux 6.6 answered EINVAL to O_DIRECT; so does this plan for /dev/shm.
+  plan->add({.call = ferry::io::syscall_kind::open,
+             .error = EINVAL,
+             .path_contains = ferry_test::tmpfs_dir,
+             .open_flags = O_DIRECT,
+             .times = ferry::io::fault::forever});
+  scratch_path disk(ferry_test::disk_dir);
+  scratch_path shm(ferry_test::tmpfs_dir);
+  using tier_t = typename TestType::template tier<ferry::io::faulty_syscalls<>>;
+  auto o = ferry_test::small_options({disk.path(), shm.path()}, 16 * MiB);
+  o.stripe_bytes = 64 * 1024;
+  tier_t tier(o, ferry::io::faulty_syscalls<>(plan));
+  CHECK(tier.fell_back());
+  const auto files = tier.files();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].mode == ferry::io::io_mode::direct);
+  CHECK(files[0].fallback_reason.empty());
+  CHECK(files[1].mode == ferry::io::io_mode::buffered);
+  CHECK(files[1].fallback_reason.find("EINVAL") != std::string::npos);
+  // One transfer crosses both files: direct stripes and buffered stripes alike.
+  for (const std::size_t n : {std::size_t{1}, std::size_t{4097}, MiB + 1, std::size_t{3 * 64 * 1024 + 17}}) {
+    guarded_buffer src(n, 0), dst(n, 3);
+    ferry_test::fill(src.span(), n);
+    const auto r = tier.store(src.span());
+    tier.read(r, dst.span());
+    CHECK(ferry_test::checksum(dst.span()) == ferry_test::checksum(src.span()));
+    CHECK(dst.guards_intact());
+    tier.deallocate(r);
+  }
+  // compat_mode::direct refuses instead.
+  o.compat = ferry::io::compat_mode::direct;
+  CHECK_THROWS_AS(tier_t(o, ferry::io::faulty_syscalls<>(plan)), ferry::io_error);
+}
+
+TEMPLATE_TEST_CASE("nvme_tier stripes over several files like RAID-0", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path a(ferry_test::disk_dir), b(ferry_test::disk_dir), c(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({a.path(), b.path(), c.path()}, 8 * MiB);
+  o.stripe_bytes = 64 * 1024;  // smaller than block_bytes: requests are cut at stripe units
+  o.remove_on_close = false;
+  std::vector<std::byte> expected_file[3];
+  std::uint64_t file_bytes = 0;
+  {
+    typename TestType::template tier<posix_syscalls> tier(o);
+    file_bytes = tier.files()[0].size;
+    CHECK(file_bytes == (8 * MiB + 3 * 64 * 1024 - 1) / (3 * 64 * 1024) * 64 * 1024);
+    CHECK(tier.locate(0) == std::pair<std::size_t, std::uint64_t>{0, 0});
+    CHECK(tier.locate(64 * 1024) == std::pair<std::size_t, std::uint64_t>{1, 0});
+    CHECK(tier.locate(3 * 64 * 1024 + 5) == std::pair<std::size_t, std::uint64_t>{0, 64 * 1024 + 5});
+    const auto spacer = tier.allocate(3 * 4096);  // so the region starts inside a stripe unit
+    guarded_buffer src(MiB + 12345, 0);
+    ferry_test::fill(src.span(), 77);
+    const auto r = tier.store(src.span());
+    guarded_buffer dst(r.size(), 9);
+    tier.read(r, dst.span());
+    CHECK(ferry_test::checksum(dst.span()) == ferry_test::checksum(src.span()));
+    // Where each byte must be, by the stripe map.
+    for (auto& f : expected_file) f.assign(file_bytes, std::byte{0});
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      const auto [file, offset] = tier.locate(r.offset + i);
+      expected_file[file][offset] = src.span()[i];
+    }
+    CHECK(tier.engine().stats().completed >= 3);
+    tier.deallocate(r);
+    tier.deallocate(spacer);
+  }
+  const scratch_path* paths[] = {&a, &b, &c};
+  for (int f = 0; f < 3; ++f) {
+    std::ifstream in(paths[f]->path(), std::ios::binary);
+    std::vector<std::byte> got(file_bytes);
+    in.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size()));
+    CHECK(in.gcount() == static_cast<std::streamsize>(file_bytes));
+    CHECK(ferry_test::checksum(got) == ferry_test::checksum(expected_file[f]));
+  }
+}
+
+TEMPLATE_TEST_CASE("nvme_tier reuses freed space and keeps exact accounting", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 4 * MiB));
+  const auto a = tier.allocate(MiB + 1);
+  const auto b = tier.allocate(5000);
+  CHECK(tier.used() == a.reserved + b.reserved);
+  CHECK(a.reserved == MiB + 4096);
+  guarded_buffer first(a.size(), 0);
+  ferry_test::fill(first.span(), 1);
+  tier.write(a, first.span());
+  tier.deallocate(a);
+  CHECK(tier.used() == b.reserved);
+  // The freed extent is reused by the next request that fits it.
+  const auto again = tier.allocate(MiB);
+  CHECK(again.offset == a.offset);
+  guarded_buffer second(again.size(), 0), back(again.size(), 0);
+  ferry_test::fill(second.span(), 2);
+  tier.write(again, second.span());
+  tier.read(again, back.span());
+  CHECK(ferry_test::checksum(back.span()) == ferry_test::checksum(second.span()));
+  // Full: out_of_capacity names the request, the use and the capacity.
+  try {
+    (void)tier.allocate(4 * MiB);
+    FAIL("allocated past the capacity");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == 4 * MiB);
+    CHECK(e.used() == tier.used());
+    CHECK(e.capacity() == 4 * MiB);
+  }
+  const auto empty = tier.allocate(0);
+  CHECK(empty.size() == 0);
+  tier.write(empty, {});
+  tier.deallocate(empty);
+  tier.deallocate(again);
+  tier.deallocate(b);
+  CHECK(tier.used() == 0);
+  CHECK(tier.check());
+}
+
+TEMPLATE_TEST_CASE("nvme_tier checks the ranges of its calls", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 4 * MiB));
+  const auto r = tier.allocate(3 * 4096 + 10);
+  std::vector<std::byte> buf(3 * 4096 + 10);
+  CHECK_THROWS_AS(tier.write(r, std::span<const std::byte>(buf).first(100)), ferry::logic_error);
+  CHECK_THROWS_AS(tier.read(r, std::span<std::byte>(buf).first(100)), ferry::logic_error);
+  CHECK_THROWS_AS(tier.read(r, 100, std::span<std::byte>(buf).first(10)), ferry::logic_error);  // misaligned
+  CHECK_THROWS_AS(tier.read(r, 4096, std::span<std::byte>(buf)), ferry::logic_error);           // past the end
+  // A partial block in the middle would pad over the bytes after it.
+  CHECK_THROWS_AS(tier.write(r, 0, std::span<const std::byte>(buf).first(100)), ferry::logic_error);
+  // Whole blocks in the middle and a tail that ends the region are fine.
+  tier.write(r, 4096, std::span<const std::byte>(buf).first(4096));
+  tier.write(r, 8192, std::span<const std::byte>(buf).first(4096 + 10));
+  tier.deallocate(r);
+  auto bad = ferry_test::small_options({path.path()}, 4 * MiB);
+  bad.block_bytes = 5000;
+  CHECK_THROWS_AS(ferry::nvme_tier(bad), ferry::logic_error);
+  bad = ferry_test::small_options({}, 4 * MiB);
+  CHECK_THROWS_AS(ferry::nvme_tier(bad), ferry::logic_error);
+}
+
+namespace {
+// Counts callbacks; the last one notifies under the mutex, so once wait() returns no
+// callback touches this object any more.
+struct callback_count {
+  std::mutex m;
+  std::condition_variable cv;
+  int done = 0;
+  int errors = 0;
+  void add(bool error) {
+    std::lock_guard lock(m);
+    ++done;
+    if (error) ++errors;
+    cv.notify_all();
+  }
+  void wait(int n) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done >= n; });
+  }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  constexpr int count = 24;
+  std::vector<std::unique_ptr<guarded_buffer>> src, dst;
+  std::vector<ferry::nvme_region> regions;
+  std::vector<ferry::io_ticket> tickets;
+  for (int i = 0; i < count; ++i) {
+    const std::size_t n = 4096 * static_cast<std::size_t>(i % 5) + static_cast<std::size_t>(i * 37 + 1);
+    src.push_back(std::make_unique<guarded_buffer>(n, static_cast<std::size_t>(i % 2)));
+    dst.push_back(std::make_unique<guarded_buffer>(n, 0));
+    ferry_test::fill(src.back()->span(), static_cast<std::uint64_t>(i));
+    regions.push_back(tier.allocate(n));
+    tickets.push_back(tier.submit_write(regions.back(), 0, src.back()->span()));
+  }
+  for (auto& t : tickets) t.wait();
+  for (auto& t : tickets) CHECK(t.ready());
+  // Reads with callbacks, counted on the engine's thread.
+  callback_count reads;
+  for (int i = 0; i < count; ++i) {
+    tier.submit_read(regions[static_cast<std::size_t>(i)], 0, dst[static_cast<std::size_t>(i)]->span(),
+                     [&reads](std::exception_ptr e) { reads.add(e != nullptr); });
+  }
+  reads.wait(count);
+  {
+    std::lock_guard lock(reads.m);
+    CHECK(reads.errors == 0);
+  }
+  for (int i = 0; i < count; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    CHECK(ferry_test::checksum(dst[k]->span()) == ferry_test::checksum(src[k]->span()));
+  }
+  // A callback may start the next transfer: a chain of reads, each from the previous callback.
+  struct chain_state {
+    decltype(tier)* t;
+    std::vector<ferry::nvme_region>* regions;
+    std::vector<std::unique_ptr<guarded_buffer>>* dst;
+    callback_count count;
+    void next(std::size_t i) {
+      t->submit_read((*regions)[i], 0, (*dst)[i]->span(), [this, i](std::exception_ptr e) {
+        if (i + 1 < regions->size()) next(i + 1);
+        count.add(e != nullptr);
+      });
+    }
+  } chain{&tier, &regions, &dst, {}};
+  chain.next(0);
+  chain.count.wait(count);
+  // An empty transfer is ready at once; a ticket's destructor waits for its transfer.
+  auto none = tier.submit_read(regions[0], 0, std::span<std::byte>());
+  CHECK(none.ready());
+  { auto pending = tier.submit_read(regions[1], 0, dst[1]->span()); }
+  ferry::io_ticket moved = tier.submit_read(regions[2], 0, dst[2]->span());
+  ferry::io_ticket other = std::move(moved);
+  CHECK_FALSE(moved.valid());
+  other.wait();
+  for (const auto& r : regions) tier.deallocate(r);
+  CHECK(tier.used() == 0);
+  CHECK(tier.stats().transfers >= 3 * count);
+}
+
+#if FERRY_HAS_URING
+TEST_CASE("nvme_tier on an SQPOLL ring", "[nvme][uring]") {
+  scratch_path path(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({path.path()}, 16 * MiB);
+  o.sqpoll = true;
+  o.sqpoll_idle_ms = 10;
+  ferry::basic_nvme_tier<posix_syscalls, ferry::io::uring_engine> tier(o);
+  CHECK(tier.engine().sqpoll());
+  for (const std::size_t n : {std::size_t{4097}, 3 * MiB + 1}) {
+    guarded_buffer src(n, 0), dst(n, 1);
+    ferry_test::fill(src.span(), n);
+    const auto r = tier.store(src.span());
+    tier.read(r, dst.span());
+    CHECK(ferry_test::checksum(dst.span()) == ferry_test::checksum(src.span()));
+    tier.deallocate(r);
+  }
+}
+#endif
+
+TEMPLATE_TEST_CASE("nvme_tier registers buffers with io_uring for fixed-buffer I/O", "[nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  ferry::io::aligned_buffer slab(2 * MiB, 4096);  // stands for a pinned-pool slab
+  ferry_test::fill(slab.span(), 5);
+  const bool registered = tier.register_buffer(slab.span());
+  CHECK(registered == TestType::is_uring);
+  CHECK(tier.staging_registered() == TestType::is_uring);
+  const auto before = tier.engine().stats().fixed_buffer;
+  const auto r = tier.store(slab.span());
+  if constexpr (TestType::is_uring) {
+    CHECK(tier.engine().stats().fixed_buffer - before == 8);  // 2 MiB in 256 KiB requests
+  }
+  std::vector<std::byte> back(r.size());
+  tier.read(r, back);
+  CHECK(ferry_test::checksum(back) == ferry_test::checksum(slab.span()));
+  tier.unregister_buffer(slab.span());
+  tier.deallocate(r);
+}
+
+TEMPLATE_TEST_CASE("nvme_tier: 8 threads allocate, write, read and free with exact accounting throughout",
+                   "[nvme][threads]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({path.path()}, 6 * MiB);  // small: allocations fail and space is reused
+  o.queue_depth = 8;
+  typename TestType::template tier<posix_syscalls> tier(o);
+  // Allocation and bookkeeping run under a shared lock; the checker takes it exclusively,
+  // so it sees the tier and the list of live regions at one instant.
+  std::shared_mutex world;
+  std::mutex live_mutex;
+  std::map<std::uint64_t, ferry::nvme_region> live;  // offset -> region
+  std::atomic<int> failures{0};
+  std::atomic<int> full{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> checks{0};
+
+  const auto worker = [&](unsigned id) {
+    std::mt19937_64 rng(1000 + id);
+    for (int op = 0; op < 40; ++op) {
+      const std::size_t n = 1 + rng() % (rng() % 4 == 0 ? 600000 : 20000);
+      ferry::nvme_region r;
+      try {
+        std::shared_lock lock(world);
+        r = tier.allocate(n);
+        std::lock_guard g(live_mutex);
+        live[r.offset] = r;
+      } catch (const ferry::out_of_capacity&) {
+        full.fetch_add(1);
+        continue;
+      }
+      guarded_buffer src(n, rng() % 2 == 0 ? 0 : 1 + rng() % 4095);
+      guarded_buffer dst(n, rng() % 2 == 0 ? 0 : 1 + rng() % 4095);
+      ferry_test::fill(src.span(), rng());
+      try {
+        tier.write(r, src.span());
+        tier.read(r, dst.span());
+        if (ferry_test::checksum(dst.span()) != ferry_test::checksum(src.span()) || !dst.guards_intact()) {
+          failures.fetch_add(1);
+        }
+      } catch (const std::exception&) {
+        failures.fetch_add(1);
+      }
+      std::shared_lock lock(world);
+      {
+        std::lock_guard g(live_mutex);
+        live.erase(r.offset);
+      }
+      tier.deallocate(r);
+    }
+  };
+  std::thread checker([&] {
+    while (!stop.load()) {
+      {
+        std::unique_lock lock(world);
+        std::uint64_t live_bytes = 0;
+        std::uint64_t end = 0;
+        bool disjoint = true;
+        for (const auto& [offset, r] : live) {
+          disjoint = disjoint && offset >= end;
+          end = offset + r.reserved;
+          live_bytes += r.reserved;
+        }
+        if (!disjoint || live_bytes != tier.used() || !tier.check()) failures.fetch_add(1000);
+        checks.fetch_add(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < 8; ++i) threads.emplace_back(worker, i);
+  for (auto& t : threads) t.join();
+  stop.store(true);
+  checker.join();
+  CHECK(failures.load() == 0);
+  CHECK(checks.load() > 0);
+  CHECK(tier.used() == 0);
+  CHECK(tier.check());
+  INFO("allocations refused while full: " << full.load());
+}
