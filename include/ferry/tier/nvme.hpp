@@ -44,8 +44,9 @@
 /// region gives unspecified contents (as with `pwrite`). Memory passed to a transfer
 /// must stay valid until it completes (`wait()`, the callback, or the end of a
 /// synchronous call). The destructor waits for every transfer, then closes the files
-/// (and removes them, with `remove_on_close`). Regions are plain values: using one
-/// after `deallocate`, or with another tier, is undefined.
+/// (and removes them, with `remove_on_close`); it must not run inside a completion
+/// callback of the same tier (it would wait for itself). Regions are plain values: using
+/// one after `deallocate`, or with another tier, is undefined.
 #pragma once
 
 #include "ferry/concepts.hpp"
