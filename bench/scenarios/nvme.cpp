@@ -52,6 +52,7 @@ struct nvme_settings {
   std::size_t random_depth = 64;
   std::string fio;  // "": /usr/bin/fio, else `fio` on PATH
   std::vector<std::string> cases{"seq-write", "seq-read", "rand-read"};
+  std::string fio_extra;  // appended to every fio command line, e.g. "--fixedbufs --registerfiles"
   bool samples = false;  // print every sample
 };
 
@@ -204,7 +205,8 @@ std::vector<row> run_nvme(const run_options& options) {
     std::memcpy(memory.data() + i, &v, std::min<std::size_t>(8, size - i));
   }
   const std::string common = "--name=ferry-reference --filename=" + shell_quote(file.string()) +
-                             " --size=" + std::to_string(size) + " --ioengine=io_uring --direct=1";
+                             " --size=" + std::to_string(size) + " --ioengine=io_uring --direct=1" +
+                             (cfg.fio_extra.empty() ? "" : " " + cfg.fio_extra);
   {
     // Lay the file out once (written blocks, so reads read the device, not holes).
     ferry::nvme_tier tier(tier_options(file, size, 8));
@@ -213,6 +215,9 @@ std::vector<row> run_nvme(const run_options& options) {
     if (tier.fell_back()) throw std::runtime_error("nvme: the scratch file system refuses O_DIRECT");
   }
 
+  const std::string reference =
+      cfg.fio_extra.empty() ? std::string(reference_name)
+                            : std::string("fio (io_uring, direct=1, ") + cfg.fio_extra + ")";
   std::vector<row> rows;
   const auto seq = [&](bool write, std::size_t depth) {
     ferry::nvme_tier tier(tier_options(file, size, depth));
@@ -236,8 +241,7 @@ std::vector<row> run_nvme(const run_options& options) {
         });
     tier.unregister_buffer(memory.span());
     rows.push_back({"nvme", std::string(write ? "seq-write" : "seq-read") + " bs=1MiB qd=" + std::to_string(depth),
-                    "throughput", "GB/s", ferry::bench::better::higher, result.ferry, result.reference,
-                    reference_name});
+                    "throughput", "GB/s", ferry::bench::better::higher, result.ferry, result.reference, reference});
     std::printf("  %-28s ferry %7.3f GB/s   fio %7.3f GB/s   ratio %.3f\n", rows.back().case_name.c_str(),
                 result.ferry, result.reference, rows.back().ratio());
     print_samples(result);
@@ -271,7 +275,7 @@ std::vector<row> run_nvme(const run_options& options) {
         [&] { return run_fio(fio, args).at("read").at("iops").get<double>() / 1e3; });
     tier.unregister_buffer(slots.span());
     rows.push_back({"nvme", "rand-read bs=4KiB qd=" + std::to_string(depth), "iops", "kIOPS",
-                    ferry::bench::better::higher, result.ferry, result.reference, reference_name});
+                    ferry::bench::better::higher, result.ferry, result.reference, reference});
     std::printf("  %-28s ferry %7.1f kIOPS  fio %7.1f kIOPS  ratio %.3f\n", rows.back().case_name.c_str(),
                 result.ferry, result.reference, rows.back().ratio());
     print_samples(result);
@@ -298,6 +302,9 @@ const ferry::bench::registrar nvme_scenario({
           app.add_option("--cases", settings().cases, "cases to run: seq-write, seq-read, rand-read (default: all)")
               ->check(CLI::IsMember({"seq-write", "seq-read", "rand-read"}));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
+          app.add_option("--fio-extra", settings().fio_extra,
+                         "more fio options for every run, e.g. \"--fixedbufs --registerfiles\" (fio's io_uring "
+                         "engine then also uses registered buffers and files, as ferry does)");
           app.add_option("--fio", settings().fio, "the fio executable (default: /usr/bin/fio, else fio on PATH)");
         },
     .run = run_nvme,

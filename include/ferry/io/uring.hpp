@@ -17,12 +17,14 @@
 /// 2. submit them and wait for at least one completion in **one** system call
 ///    (`io_uring_submit_and_wait`);
 /// 3. run the callbacks of every completion that is ready (`io_uring_peek_batch_cqe`);
-///    requests they submit go straight into the next batch.
+///    requests a callback submits are handed to the kernel right after it returns (one
+///    `io_uring_submit` for all the requests of that callback), or, with
+///    `engine_options::coalesce_submissions`, together after the whole batch.
 /// `submit` from another thread appends to the FIFO and, only when the ring thread is
 /// asleep in step 2, wakes it by writing to an eventfd on which the ring thread keeps
 /// a read armed. So submitters never block on I/O or on reaping, and a transfer whose
 /// follow-up requests are submitted from completion callbacks (all of ferry's) runs
-/// entirely on the ring thread, one system call per batch, as fio does.
+/// entirely on the ring thread, as fio's loop does.
 ///
 /// - **Fixed files**: the descriptors are registered at start (`io_uring_register_files`)
 ///   and requests use `IOSQE_FIXED_FILE`.
@@ -372,6 +374,7 @@ class uring_engine {
       }
     }
     if (r < 0) return -r;
+    coalesce_ = options.coalesce_submissions;
     if (!fds_.empty()) {
       fixed_files_ = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size())) == 0;
     }
@@ -501,6 +504,13 @@ class uring_engine {
           const std::int64_t result = sys_->completed(req->kind, fds_[req->file], req->offset, req->bytes, res);
           completed_.fetch_add(1, std::memory_order_relaxed);
           req->complete(req->context, *req, result);
+          if (!coalesce_ && !local_.empty()) {
+            fill();  // submit what the callback queued now, not after the whole batch
+            if (io_uring_sq_ready(&ring_) > 0) {
+              (void)io_uring_submit(&ring_);  // EAGAIN/EBUSY: they go with the next submit_and_wait
+              submit_calls_.fetch_add(1, std::memory_order_relaxed);
+            }
+          }
         }
         io_uring_cq_advance(&ring_, n);
         if (n < batch) break;
@@ -530,6 +540,7 @@ class uring_engine {
   bool init_sqpoll_ = false;
   bool sqpoll_ = false;
   bool defer_taskrun_ = false;
+  bool coalesce_ = false;
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
   std::vector<bool> slots_;  // registered-buffer slots in use (ring thread)

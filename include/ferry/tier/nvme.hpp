@@ -44,8 +44,9 @@
 /// region gives unspecified contents (as with `pwrite`). Memory passed to a transfer
 /// must stay valid until it completes (`wait()`, the callback, or the end of a
 /// synchronous call). The destructor waits for every transfer, then closes the files
-/// (and removes them, with `remove_on_close`). Regions are plain values: using one
-/// after `deallocate`, or with another tier, is undefined.
+/// (and removes them, with `remove_on_close`); it must not run inside a completion
+/// callback of the same tier (it would wait for itself). Regions are plain values: using
+/// one after `deallocate`, or with another tier, is undefined.
 #pragma once
 
 #include "ferry/concepts.hpp"
@@ -137,6 +138,9 @@ struct nvme_options {
   bool sqpoll = false;
   /// io_uring engine with `sqpoll`: idle milliseconds before the poller sleeps.
   unsigned sqpoll_idle_ms = 1000;
+  /// io_uring engine: coalesce the requests queued by a batch of completions into one
+  /// submission (see `io::engine_options::coalesce_submissions`).
+  bool coalesce_submissions = false;
   /// Staging blocks of `block_bytes` for tails and misaligned memory (registered with
   /// the engine); at least 1. Transfers that need more wait for one to be free.
   std::size_t staging_blocks = 8;
@@ -332,6 +336,7 @@ class basic_nvme_tier {
       eo.threads = options_.threads;
       eo.sqpoll = options_.sqpoll;
       eo.sqpoll_idle_ms = options_.sqpoll_idle_ms;
+      eo.coalesce_submissions = options_.coalesce_submissions;
       engine_ = std::make_unique<engine_type>(sys_, std::span<const int>(fds), eo);
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
       staging_free_.reserve(options_.staging_blocks);
