@@ -2,16 +2,14 @@
 // the disk and on tmpfs, striping, reuse of freed space, the asynchronous API, the
 // compat mode, registered buffers, and 8 threads allocating, writing, reading and
 // freeing with the accounting checked throughout.
-#include "io_test_support.hpp"
-
 #include <ferry/concepts.hpp>
 #include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <condition_variable>
 #include <cerrno>
+#include <condition_variable>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -20,6 +18,8 @@
 #include <shared_mutex>
 #include <thread>
 #include <vector>
+
+#include "io_test_support.hpp"
 
 using ferry::MiB;
 using ferry::io::posix_syscalls;
@@ -40,8 +40,8 @@ namespace {
 
 // 1 byte, one below, at and above a block, a few blocks and a tail, around the request
 // size (256 KiB in these tests), and larger odd sizes that span several requests.
-const std::vector<std::size_t> odd_sizes = {1,          4095,           4096,    4097,       7 * 4096 + 3,
-                                            256 * 1024, 256 * 1024 + 1, 300001,  MiB + 1,    2 * MiB - 1};
+const std::vector<std::size_t> odd_sizes = {1,          4095,           4096,   4097,    7 * 4096 + 3,
+                                            256 * 1024, 256 * 1024 + 1, 300001, MiB + 1, 2 * MiB - 1};
 
 struct stored {
   ferry::nvme_region region;
@@ -473,4 +473,44 @@ TEMPLATE_TEST_CASE("nvme_tier: 8 threads allocate, write, read and free with exa
   CHECK(tier.used() == 0);
   CHECK(tier.check());
   INFO("allocations refused while full: " << full.load());
+}
+
+TEST_CASE("nvme_tier refuses the same file named twice, before opening anything", "[nvme]") {
+  scratch_path a(ferry_test::disk_dir);
+  const std::filesystem::path same = a.path();
+  const std::filesystem::path other_spelling = same.parent_path() / "." / same.filename();
+  {
+    ferry::nvme_tier tier(ferry_test::small_options({same}, 1 * MiB));  // creates the file
+  }
+  auto o = ferry_test::small_options({same, other_spelling}, 1 * MiB);
+  o.stripe_bytes = 4096;
+  try {
+    ferry::nvme_tier tier(o);
+    FAIL("accepted");
+  } catch (const ferry::logic_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("two backing paths name the same file"));
+    CHECK_THAT(e.what(), Catch::Contains(same.string()));
+  }
+  // Not yet existing files are compared by their canonical spelling.
+  scratch_path fresh(ferry_test::disk_dir);
+  auto o2 =
+      ferry_test::small_options({fresh.path(), fresh.path().parent_path() / "." / fresh.path().filename()}, 1 * MiB);
+  CHECK_THROWS_AS(ferry::nvme_tier(o2), ferry::logic_error);
+}
+
+TEST_CASE("nvme_tier rejects stripe sizes and capacities that would overflow its file layout", "[nvme]") {
+  scratch_path a(ferry_test::disk_dir), b(ferry_test::disk_dir);
+  auto huge_stripe = ferry_test::small_options({a.path(), b.path()}, 1 * MiB);
+  huge_stripe.stripe_bytes = std::size_t{1} << 63;
+  CHECK_THROWS_AS(ferry::nvme_tier(huge_stripe), ferry::logic_error);
+  auto huge_capacity = ferry_test::small_options({a.path(), b.path()}, 1 * MiB);
+  huge_capacity.capacity = ~std::uint64_t{0};
+  try {
+    ferry::nvme_tier tier(huge_capacity);
+    FAIL("accepted a capacity whose files would exceed 2^63 bytes");
+  } catch (const ferry::logic_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("too large"));
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() != 0);  // or the file system refuses the size: also a clear error
+  }
 }

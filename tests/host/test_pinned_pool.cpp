@@ -3,24 +3,23 @@
 // they run without a GPU), and 8 threads checking the accounting invariant.
 #include <ferry/memory/pinned_pool.hpp>
 
-#include "memory_test_util.hpp"
-
 #include <catch2/catch.hpp>
-
-#include <sys/mman.h>
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
-#include <string>
-#include <tuple>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include "memory_test_util.hpp"
+#include <sys/mman.h>
 
 namespace {
 
@@ -147,8 +146,8 @@ TEST_CASE("pinned_pool: past the budget throws out_of_capacity naming request, u
     CHECK(e.requested() == 3 * MiB);
     CHECK(e.used() == 6 * MiB);
     CHECK(e.capacity() == 8 * MiB);
-    CHECK_THAT(e.what(), Catch::Contains("pinned_pool") && Catch::Contains("3145728") &&
-                             Catch::Contains("6291456 of 8388608"));
+    CHECK_THAT(e.what(),
+               Catch::Contains("pinned_pool") && Catch::Contains("3145728") && Catch::Contains("6291456 of 8388608"));
   }
   CHECK_THROWS_AS(pool.allocate(9 * MiB), std::bad_alloc);
   CHECK(pool.used() == 6 * MiB);
@@ -305,7 +304,8 @@ TEST_CASE("pinned_pool: bad options are rejected", "[pinned_pool]") {
   CHECK_THROWS_AS(pool.allocate(0), ferry::logic_error);
 }
 
-TEST_CASE("pinned_pool: 8 threads allocate, write, read and free; accounting invariant holds", "[pinned_pool][threads]") {
+TEST_CASE("pinned_pool: 8 threads allocate, write, read and free; accounting invariant holds",
+          "[pinned_pool][threads]") {
   auto o = small_options();
   o.budget_bytes = 48 * MiB;
   o.slab_bytes = 2 * MiB;
@@ -358,4 +358,26 @@ TEST_CASE("pinned_pool: 8 threads allocate, write, read and free; accounting inv
   CHECK(pool.used() == 0);
   CHECK(pool.reserved() <= pool.budget());
   INFO("refused " << refused.load());
+}
+
+TEST_CASE("pinned_pool: a request near SIZE_MAX is refused by the pool before any slab is made", "[pinned_pool]") {
+  ferry::pinned_pool_options o;
+  o.budget_bytes = 1 * MiB;
+  o.slab_bytes = 4096;
+  ferry::pinned_pool pool(o);
+  const std::size_t reserved_before = pool.reserved();
+  for (const std::size_t bytes : {~std::size_t{0} - 4000, ~std::size_t{0} / 2, std::size_t{2} * MiB}) {
+    INFO(bytes);
+    try {
+      (void)pool.allocate(bytes);
+      FAIL("accepted");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("pinned_pool"));
+      CHECK(e.capacity() == 1 * MiB);
+    } catch (const ferry::logic_error&) {
+      // too large even to align: also refused before mapping
+    }
+    CHECK(pool.reserved() == reserved_before);
+    CHECK(pool.slab_count() == 0);
+  }
 }

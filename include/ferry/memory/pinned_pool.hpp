@@ -24,9 +24,6 @@
 #include "ferry/error.hpp"
 #include "ferry/io/extent_allocator.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +38,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #if FERRY_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -316,10 +316,11 @@ class pinned_pool {
     }
     const std::size_t held = reserved_.load(std::memory_order_relaxed);
     const std::size_t left = budget_ >= held ? (budget_ - held) / page_ * page_ : 0;
-    const std::size_t need = round_up(cost, page_);
-    if (need > left) {
+    // `cost > left` first: round_up of a cost near SIZE_MAX would wrap to 0.
+    if (cost > left || round_up(cost, page_) > left) {
       FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", cost, used(), budget_);
     }
+    const std::size_t need = round_up(cost, page_);
     slab& s = make_slab(std::min(std::max(need, slab_bytes_), left), report);
     last_ = &s;
     return hand_out(s, s.extents.allocate(cost));

@@ -70,6 +70,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -179,9 +180,9 @@ namespace io::detail {
 /// What made a transfer fail, kept as plain data: the `io_error` is built in the thread
 /// that asks for it, so no exception object is shared between threads.
 struct transfer_failure {
-  int error = 0;            // errno
-  std::string operation;    // e.g. "io_uring write"
-  std::string path;         // the file
+  int error = 0;             // errno
+  std::string operation;     // e.g. "io_uring write"
+  std::string path;          // the file
   std::uint64_t offset = 0;  // file offset of the failed request
   std::size_t bytes = 0;     // its size
   source_site site;          // where the failure was detected
@@ -247,9 +248,7 @@ class io_ticket {
   /// @brief Whether the ticket refers to a transfer.
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
   /// @brief Whether the transfer has completed (successfully or not); never blocks.
-  [[nodiscard]] bool ready() const noexcept {
-    return !state_ || state_->finished.load(std::memory_order_acquire) != 0;
-  }
+  [[nodiscard]] bool ready() const noexcept { return !state_ || state_->finished.load(std::memory_order_acquire) != 0; }
   /// @brief Blocks until the transfer has completed.
   /// @throws ferry::io_error the transfer's error (each call throws a new copy)
   void wait() const {
@@ -289,8 +288,7 @@ class basic_nvme_tier {
   ///         `compat_mode::direct`, or when the engine cannot start
   /// @throws ferry::logic_error for inconsistent options; ferry::config_error for a
   ///         malformed FERRY_* variable
-  explicit basic_nvme_tier(nvme_options options, S sys = S{})
-      : options_(std::move(options)), sys_(std::move(sys)) {
+  explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
     const defaults::settings* knobs = nullptr;
     const auto knob = [&](std::size_t given, std::size_t defaults::settings::*field) {
       if (given != 0) return given;
@@ -308,13 +306,33 @@ class basic_nvme_tier {
                   "block_bytes must be a multiple of the alignment, at most 1 GiB", block_, a);
     FERRY_EXPECTS(depth_ >= 1 && depth_ <= 4096, "queue_depth must be 1 to 4096", depth_);
     stripe_ = options_.stripe_bytes != 0 ? options_.stripe_bytes : block_;
-    FERRY_EXPECTS(stripe_ % a == 0, "stripe_bytes must be a multiple of the alignment", stripe_, a);
+    FERRY_EXPECTS(stripe_ % a == 0 && stripe_ <= (std::size_t{1} << 30),
+                  "stripe_bytes must be a multiple of the alignment, at most 1 GiB", stripe_, a);
     const std::uint64_t capacity = options_.capacity / a * a;
+    const std::uint64_t n = options_.paths.size();
+    // Each file holds ceil(units / n) stripe units; computed without overflow.
+    const std::uint64_t stripe = stripe_;
+    const std::uint64_t units = capacity / stripe + (capacity % stripe != 0 ? 1 : 0);
+    const std::uint64_t rows = units / n + (units % n != 0 ? 1 : 0);
+    const std::uint64_t max_file_bytes = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    FERRY_EXPECTS(n == 1 || rows <= max_file_bytes / stripe,
+                  "the capacity is too large for the files (each file must stay below 2^63 bytes)", capacity, n,
+                  stripe);
+    file_bytes_ = n == 1 ? capacity : rows * stripe;
+    // The same file named twice (or by two spellings, or two hard links) would put two
+    // stripe units at one place: refuse it before anything is opened or truncated.
+    for (std::size_t i = 0; i < options_.paths.size(); ++i) {
+      for (std::size_t j = i + 1; j < options_.paths.size(); ++j) {
+        const std::filesystem::path& first = options_.paths[i];
+        const std::filesystem::path& second = options_.paths[j];
+        std::error_code ec;
+        const bool same = std::filesystem::equivalent(first, second, ec) ||
+                          std::filesystem::weakly_canonical(first, ec) == std::filesystem::weakly_canonical(second, ec);
+        FERRY_EXPECTS(!same, "two backing paths name the same file", first.string(), second.string());
+      }
+    }
     allocator_.emplace(capacity, a);
 
-    const std::uint64_t n = options_.paths.size();
-    const std::uint64_t row = static_cast<std::uint64_t>(stripe_) * n;
-    file_bytes_ = n == 1 ? capacity : (capacity + row - 1) / row * stripe_;
     files_.reserve(options_.paths.size());
     std::vector<int> fds;
     try {
@@ -562,9 +580,9 @@ class basic_nvme_tier {
     struct slot {
       io::io_request request;
       transfer* owner = nullptr;
-      std::byte* memory = nullptr;   // the caller's bytes of this piece
-      std::size_t bytes = 0;         // caller's bytes of this piece
-      std::byte* stage = nullptr;    // staging block, or nullptr
+      std::byte* memory = nullptr;  // the caller's bytes of this piece
+      std::size_t bytes = 0;        // caller's bytes of this piece
+      std::byte* stage = nullptr;   // staging block, or nullptr
       std::uint32_t retries = 0;
       slot* next_free = nullptr;
     };
@@ -652,8 +670,9 @@ class basic_nvme_tier {
             break;
           case io::detail::step::failed: fail_locked(static_cast<int>(-result), operation(), q); break;
           case io::detail::step::no_progress:
-            fail_locked(io::detail::no_progress_errno, std::string(operation()) + " (short: " +
-                                                           (kind_ == io::op_kind::read ? "end of file)" : "nothing written)"),
+            fail_locked(io::detail::no_progress_errno,
+                        std::string(operation()) +
+                            " (short: " + (kind_ == io::op_kind::read ? "end of file)" : "nothing written)"),
                         q);
             break;
         }
@@ -788,14 +807,14 @@ class basic_nvme_tier {
   void check_write(const region_type& r, std::uint64_t offset, std::size_t bytes) const {
     check_read(r, offset, bytes);
     FERRY_EXPECTS(bytes % options_.alignment == 0 || offset + bytes == r.size(),
-                  "a write of a partial block must end at the region's end (its padding would overwrite bytes)",
-                  offset, bytes, r.size());
+                  "a write of a partial block must end at the region's end (its padding would overwrite bytes)", offset,
+                  bytes, r.size());
   }
 
   // Starts a transfer; the state is what a ticket waits on (callers of the callback
   // overloads drop it: the transfer keeps itself alive until it finishes).
-  std::shared_ptr<const io::detail::transfer_state> start(io::op_kind kind, const region_type& r,
-                                                          std::uint64_t offset, std::byte* memory, std::size_t bytes,
+  std::shared_ptr<const io::detail::transfer_state> start(io::op_kind kind, const region_type& r, std::uint64_t offset,
+                                                          std::byte* memory, std::size_t bytes,
                                                           std::function<void(std::exception_ptr)> done) {
     counters_.transfers.fetch_add(1, std::memory_order_relaxed);
     if (bytes == 0) {
