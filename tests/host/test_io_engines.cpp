@@ -192,15 +192,16 @@ TEST_CASE("uring_engine uses registered files and buffers", "[io][uring]") {
   for (auto& m : more) engine.unregister_buffer(m.span());
 }
 
-TEST_CASE("uring_engine with coalesced submissions", "[io][uring]") {
+TEST_CASE("uring_engine with submissions coalesced over a whole batch of completions", "[io][uring]") {
   posix_syscalls sys;
   scratch_path path(ferry_test::disk_dir);
   direct_file file(sys, path.str(), {.mode = compat_mode::direct});
   const int fd = file.fd();
   ferry::io::engine_options o;
   o.queue_depth = 4;
-  o.coalesce_submissions = true;
+  o.submit_batch = 1000;
   ferry::io::uring_engine<> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(engine.submit_batch() == 1000);
   CHECK(engine.defer_taskrun());  // Linux 6.1+ (this machine runs 6.x)
   ferry::io::aligned_buffer memory(32 * 4096, 4096);
   run_batches(engine, memory.span(), 4096, 7);

@@ -17,9 +17,9 @@
 /// 2. submit them and wait for at least one completion in **one** system call
 ///    (`io_uring_submit_and_wait`);
 /// 3. run the callbacks of every completion that is ready (`io_uring_peek_batch_cqe`);
-///    requests a callback submits are handed to the kernel right after it returns (one
-///    `io_uring_submit` for all the requests of that callback), or, with
-///    `engine_options::coalesce_submissions`, together after the whole batch.
+///    requests the callbacks submit are handed to the kernel as soon as
+///    `engine_options::submit_batch` of them are waiting (by default a quarter of the
+///    queue depth), and the rest with the next `io_uring_submit_and_wait`.
 /// `submit` from another thread appends to the FIFO and, only when the ring thread is
 /// asleep in step 2, wakes it by writing to an eventfd on which the ring thread keeps
 /// a read armed. So submitters never block on I/O or on reaping, and a transfer whose
@@ -151,6 +151,7 @@ class uring_engine {
     if (requests.empty()) return;
     if (current_ring_thread() == this) {
       for (io_request* r : requests) local_.push(r);
+      queued_since_submit_ += requests.size();
       return;
     }
     {
@@ -187,6 +188,8 @@ class uring_engine {
   [[nodiscard]] bool defer_taskrun() const noexcept { return defer_taskrun_; }
   /// @brief The queue depth: requests in the kernel at once, at most.
   [[nodiscard]] std::size_t queue_depth() const noexcept { return depth_; }
+  /// @brief Requests queued by callbacks that trigger a submission (engine_options::submit_batch).
+  [[nodiscard]] std::size_t submit_batch() const noexcept { return submit_batch_; }
 
   /// @brief The counters (relaxed reads).
   [[nodiscard]] engine_stats stats() const noexcept {
@@ -374,7 +377,7 @@ class uring_engine {
       }
     }
     if (r < 0) return -r;
-    coalesce_ = options.coalesce_submissions;
+    submit_batch_ = options.submit_batch != 0 ? options.submit_batch : std::max<std::size_t>(1, depth_ / 4);
     if (!fds_.empty()) {
       fixed_files_ = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size())) == 0;
     }
@@ -483,6 +486,7 @@ class uring_engine {
       }
       const unsigned wait_for = more || (!local_.empty() && in_flight_ < depth_) ? 0 : 1;
       if (wait_for == 0) sleeping_.store(false, std::memory_order_relaxed);
+      queued_since_submit_ = 0;
       const int r = io_uring_submit_and_wait(&ring_, wait_for);
       submit_calls_.fetch_add(1, std::memory_order_relaxed);
       sleeping_.store(false, std::memory_order_relaxed);
@@ -504,8 +508,9 @@ class uring_engine {
           const std::int64_t result = sys_->completed(req->kind, fds_[req->file], req->offset, req->bytes, res);
           completed_.fetch_add(1, std::memory_order_relaxed);
           req->complete(req->context, *req, result);
-          if (!coalesce_ && !local_.empty()) {
-            fill();  // submit what the callback queued now, not after the whole batch
+          if (queued_since_submit_ >= submit_batch_) {
+            queued_since_submit_ = 0;
+            fill();  // hand them over now, not after the whole batch of completions
             if (io_uring_sq_ready(&ring_) > 0) {
               (void)io_uring_submit(&ring_);  // EAGAIN/EBUSY: they go with the next submit_and_wait
               submit_calls_.fetch_add(1, std::memory_order_relaxed);
@@ -540,7 +545,6 @@ class uring_engine {
   bool init_sqpoll_ = false;
   bool sqpoll_ = false;
   bool defer_taskrun_ = false;
-  bool coalesce_ = false;
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
   std::vector<bool> slots_;  // registered-buffer slots in use (ring thread)
@@ -549,6 +553,8 @@ class uring_engine {
   io_uring ring_{};
   fifo local_;
   std::size_t in_flight_ = 0;
+  std::size_t submit_batch_ = 1;
+  std::size_t queued_since_submit_ = 0;  // requests callbacks queued since the last submission
   std::uint64_t wake_value_ = 0;
   std::map<std::uintptr_t, registered> by_address_;  // base address -> registered range
 

@@ -139,9 +139,9 @@ struct nvme_options {
   bool sqpoll = false;
   /// io_uring engine with `sqpoll`: idle milliseconds before the poller sleeps.
   unsigned sqpoll_idle_ms = 1000;
-  /// io_uring engine: coalesce the requests queued by a batch of completions into one
-  /// submission (see `io::engine_options::coalesce_submissions`).
-  bool coalesce_submissions = false;
+  /// io_uring engine: requests queued by completion callbacks that trigger a submission;
+  /// 0: a quarter of the queue depth (see `io::engine_options::submit_batch`).
+  std::size_t submit_batch = 0;
   /// Staging blocks of `block_bytes` for tails and misaligned memory (registered with
   /// the engine); at least 1. Transfers that need more wait for one to be free.
   std::size_t staging_blocks = 8;
@@ -354,7 +354,7 @@ class basic_nvme_tier {
       eo.threads = options_.threads;
       eo.sqpoll = options_.sqpoll;
       eo.sqpoll_idle_ms = options_.sqpoll_idle_ms;
-      eo.coalesce_submissions = options_.coalesce_submissions;
+      eo.submit_batch = options_.submit_batch;
       engine_ = std::make_unique<engine_type>(sys_, std::span<const int>(fds), eo);
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
       staging_free_.reserve(options_.staging_blocks);
