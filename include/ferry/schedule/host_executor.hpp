@@ -1,0 +1,120 @@
+/// @file
+/// @brief `ferry::host_executor`: the scheduler of schedule/scheduler.hpp run by host
+/// threads instead of CUDA streams — for pipelines with no GPU, and so that the
+/// ordering, chunking, bounce-ring, cancellation and error logic that the GPU runs is
+/// tested on machines without one.
+///
+/// "Device memory" is ordinary host memory here; the H2D and D2H lanes are two
+/// `host_stream`s (a thread each, so both directions progress at once) whose copies are
+/// `std::memcpy`; markers are `host_marker`s; completion callbacks run on the lane that
+/// finished the work; a stream waits for a disk move by blocking a queued item on the
+/// move's completion.
+///
+/// ```cpp
+/// ferry::host_stream compute;
+/// ferry::host_executor ex(compute);
+/// compute.enqueue([&] { produce(activations); });
+/// auto t = ex.device_to_nvme(tier, region, 0, activations, bytes, compute);  // after produce()
+/// t.wait();
+/// ```
+#pragma once
+
+#include "ferry/error.hpp"
+#include "ferry/schedule/host_stream.hpp"
+#include "ferry/schedule/scheduler.hpp"
+#include "ferry/transfer/ticket.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+
+namespace ferry {
+
+/// @brief The backend of `host_executor`: two `host_stream` lanes and `memcpy`.
+///
+/// Implements the backend interface `basic_scheduler` uses (see stream_scheduler.hpp's
+/// `cuda_backend` for the CUDA one): lanes, chunk copies, markers, completion callbacks
+/// and stream waits for disk moves.
+class host_backend {
+ public:
+  /// @brief Streams are passed as `host_stream_ref`.
+  using stream_type = host_stream_ref;
+  /// @brief Markers are `host_marker`s (plain values; nothing to release).
+  using marker_type = host_marker;
+  /// @brief Disk moves need no signal object: a waiting stream blocks on `finished`.
+  struct signal_type {};
+
+  /// @brief Starts the two lane threads.
+  explicit host_backend(const scheduler_options& /*options*/) {}
+  host_backend(const host_backend&) = delete;
+  host_backend& operator=(const host_backend&) = delete;
+
+  /// @brief The stream of lane `l`.
+  [[nodiscard]] stream_type lane(ferry::lane l) noexcept { return l == ferry::lane::h2d ? h2d_ : d2h_; }
+
+  /// @brief Enqueues `memcpy(dst, src, n)` on `s`.
+  void copy(stream_type s, void* dst, const void* src, std::size_t n, copy_direction /*direction*/) {
+    s->enqueue([dst, src, n] { std::memcpy(dst, src, n); });
+  }
+  /// @brief A marker covering what is enqueued on `s` so far.
+  [[nodiscard]] marker_type record(stream_type s) noexcept { return s->record(); }
+  /// @brief Makes `s` wait for `m`.
+  void wait(stream_type s, const marker_type& m) { s->wait(m); }
+  /// @brief Whether `m` has completed.
+  [[nodiscard]] bool query(const marker_type& m) const noexcept { return m.stream == nullptr || m.stream->done(m); }
+  /// @brief Blocks until `m` has completed; throws the error of its stream.
+  void synchronize(const marker_type& m) const {
+    if (m.stream != nullptr) m.stream->synchronize(m);
+  }
+  /// @brief Nothing to release.
+  void release(marker_type& /*m*/) noexcept {}
+  /// @brief Calls `fn(context, error)` after the work enqueued on `s` so far, on `s`'s
+  /// thread; `error` is the stream's error if it failed by then.
+  void notify(stream_type s, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
+    host_stream* stream = &s.get();
+    s->enqueue([fn, context, stream] { fn(context, stream->error()); });
+  }
+  /// @brief Nothing to arm.
+  void arm(signal_type& /*s*/) noexcept {}
+  /// @brief Nothing to disarm.
+  void disarm(signal_type& /*s*/) noexcept {}
+  /// @brief Nothing to raise: waiting streams watch `finished`.
+  void raise(signal_type& /*s*/) noexcept {}
+  /// @brief Makes `s` wait, without blocking the caller, until `state->finished` is set:
+  /// a queued item blocks `s`'s thread on it.
+  template <class State>
+  void wait_signal(stream_type s, signal_type& /*signal*/, State* state) {
+    detail::add_ref(state);
+    try {
+      s->enqueue([state] {
+        while (state->finished.load(std::memory_order_acquire) == 0) state->finished.wait(0);
+        detail::drop_ref(state);
+      });
+    } catch (...) {
+      detail::drop_ref(state);
+      throw;
+    }
+  }
+  /// @brief Blocks until lane `l` is idle (errors ignored).
+  void drain_lane(ferry::lane l) noexcept {
+    host_stream& s = lane(l).get();
+    s.block(s.record());
+  }
+  /// @brief Blocks until both lanes are idle.
+  void drain() noexcept {
+    drain_lane(ferry::lane::h2d);
+    drain_lane(ferry::lane::d2h);
+  }
+  /// @brief Nothing to stop: the lanes stop when the backend is destroyed.
+  void shutdown() noexcept {}
+
+ private:
+  host_stream h2d_;
+  host_stream d2h_;
+};
+
+/// @brief A scheduler on host threads (see the file comment and `basic_scheduler`).
+using host_executor = basic_scheduler<host_backend>;
+
+}  // namespace ferry
