@@ -1,0 +1,431 @@
+/// @file
+/// @brief `ferry::stream_scheduler`: the scheduler of schedule/scheduler.hpp on CUDA
+/// streams — an H2D and a D2H stream of its own, events recorded on the stream that
+/// produced the bytes, completion threads that carry disk moves from the copy engines to
+/// the I/O engine and back, and host-signalled stream waits for disk moves.
+///
+/// ```cpp
+/// ferry::stream compute;
+/// ferry::stream_scheduler sched(compute);
+/// kernel<<<g, b, 0, compute.get()>>>(activations);
+/// auto t = sched.to_host(pinned, activations, bytes, compute);  // D2H after the kernel
+/// t.enqueue_wait(compute);                                        // free only after the copy:
+/// arena.deallocate(activations, bytes, compute);                  // stream-ordered
+/// auto w = sched.nvme_to_device(tier, region, 0, weights, bytes); // NVMe -> bounce -> H2D
+/// w.enqueue_wait(compute);                                        // no host block
+/// ```
+///
+/// ## How a stream waits for a disk move
+/// A disk move completes on a host thread, after the stream that will consume it may
+/// already have been told to wait. The backend gives each such move a 32-bit flag in
+/// mapped pinned memory and a target value; `enqueue_wait(s)` enqueues
+/// `cuStreamWaitValue32(s, flag, target, GEQ)` (the driver entry point, found at run time
+/// with `cudaGetDriverEntryPointByVersion`, so nothing links libcuda), and completion
+/// stores the target into the flag. Flags are reused with increasing targets, so a
+/// stream still waiting on an old move is never stranded. Where stream memory
+/// operations are unavailable, the wait is a host function (`cudaLaunchHostFunc`) that
+/// blocks until the move completes — correct, but it holds CUDA's callback thread.
+///
+/// ## Threads
+/// Two completion threads (one per lane, since events on one stream complete in order)
+/// block in `cudaEventSynchronize` on blocking-sync events and run the continuations of
+/// disk moves: submitting the disk write of a chunk that landed in a bounce buffer,
+/// returning a slot whose H2D copy finished. No continuation runs inside a CUDA
+/// callback, so none can deadlock the runtime.
+///
+/// ## Testing without a GPU
+/// Every CUDA call goes through the `Api` policy (`cuda_runtime_api` by default).
+/// tests/host/test_stream_scheduler.cpp substitutes a recording API to check, on a
+/// machine without a GPU, which calls are made on which streams in which order.
+#pragma once
+
+#include "ferry/config.hpp"
+
+#if FERRY_HAS_CUDA
+
+#include "ferry/cuda/device.hpp"
+#include "ferry/error.hpp"
+#include "ferry/schedule/scheduler.hpp"
+#include "ferry/transfer/ticket.hpp"
+
+#include <cuda.h>
+#include <cuda/stream_ref>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief The CUDA runtime calls the CUDA backend makes: the real ones. A stateless
+/// policy; tests substitute one that records calls.
+struct cuda_runtime_api {
+  /// @brief `cudaMemcpyAsync`.
+  cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t s) const {
+    return cudaMemcpyAsync(dst, src, n, kind, s);
+  }
+  /// @brief `cudaEventCreateWithFlags`.
+  cudaError_t event_create(cudaEvent_t* e, unsigned flags) const { return cudaEventCreateWithFlags(e, flags); }
+  /// @brief `cudaEventDestroy`.
+  cudaError_t event_destroy(cudaEvent_t e) const { return cudaEventDestroy(e); }
+  /// @brief `cudaEventRecord`.
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) const { return cudaEventRecord(e, s); }
+  /// @brief `cudaEventQuery`.
+  cudaError_t event_query(cudaEvent_t e) const { return cudaEventQuery(e); }
+  /// @brief `cudaEventSynchronize`.
+  cudaError_t event_synchronize(cudaEvent_t e) const { return cudaEventSynchronize(e); }
+  /// @brief `cudaStreamWaitEvent`.
+  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) const { return cudaStreamWaitEvent(s, e, 0); }
+  /// @brief `cudaStreamCreateWithPriority`.
+  cudaError_t stream_create(cudaStream_t* s, unsigned flags, int priority) const {
+    return cudaStreamCreateWithPriority(s, flags, priority);
+  }
+  /// @brief `cudaStreamDestroy`.
+  cudaError_t stream_destroy(cudaStream_t s) const { return cudaStreamDestroy(s); }
+  /// @brief `cudaStreamSynchronize`.
+  cudaError_t stream_synchronize(cudaStream_t s) const { return cudaStreamSynchronize(s); }
+  /// @brief `cudaLaunchHostFunc`.
+  cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t fn, void* data) const {
+    return cudaLaunchHostFunc(s, fn, data);
+  }
+  /// @brief `cudaHostAlloc` with `cudaHostAllocMapped | cudaHostAllocPortable`.
+  cudaError_t host_alloc_mapped(void** p, std::size_t n) const {
+    return cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable);
+  }
+  /// @brief `cudaFreeHost`.
+  cudaError_t free_host(void* p) const { return cudaFreeHost(p); }
+  /// @brief `cudaHostGetDevicePointer`.
+  cudaError_t device_pointer(void** d, void* h) const { return cudaHostGetDevicePointer(d, h, 0); }
+  /// @brief `cudaGetDevice`.
+  cudaError_t get_device(int* d) const { return cudaGetDevice(d); }
+  /// @brief `cudaSetDevice`.
+  cudaError_t set_device(int d) const { return cudaSetDevice(d); }
+  /// @brief `cuStreamWaitValue32(s, address, value, CU_STREAM_WAIT_VALUE_GEQ)` through
+  /// the driver entry point; `cudaErrorNotSupported` where it is unavailable.
+  cudaError_t wait_value32(cudaStream_t s, void* device_address, std::uint32_t value) const {
+    using fn_t = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    static const fn_t fn = [] {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return fn_t{nullptr};
+      }
+      return reinterpret_cast<fn_t>(p);
+    }();
+    if (fn == nullptr) return cudaErrorNotSupported;
+    const CUresult r = fn(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(device_address), value,
+                          CU_STREAM_WAIT_VALUE_GEQ);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
+  }
+};
+
+/// @brief The CUDA backend of `basic_scheduler` (see the file comment).
+/// @tparam Api the CUDA calls (`cuda_runtime_api`; a recording fake in tests)
+template <class Api = cuda_runtime_api>
+class cuda_backend {
+ public:
+  /// @brief Streams are passed as `cuda::stream_ref`.
+  using stream_type = ::cuda::stream_ref;
+  /// @brief Markers are pooled events (disabled timing, blocking sync).
+  using marker_type = cudaEvent_t;
+  /// @brief A flag slot and the value that means "complete".
+  struct signal_type {
+    std::uint32_t slot = 0;
+    std::uint32_t target = 0;
+  };
+
+  /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities)
+  /// on the current device, the flag page and the completion threads.
+  /// @throws ferry::cuda_error
+  explicit cuda_backend(const scheduler_options& options, Api api = {}) : api_(std::move(api)) {
+    FERRY_CUDA_TRY(api_.get_device(&device_));
+    const int h2d_priority = options.h2d_priority;
+    const int d2h_priority = options.d2h_priority;
+    try {
+      FERRY_CUDA_TRY(api_.stream_create(&streams_[0], cudaStreamNonBlocking, h2d_priority), h2d_priority);
+      FERRY_CUDA_TRY(api_.stream_create(&streams_[1], cudaStreamNonBlocking, d2h_priority), d2h_priority);
+      grow_flags();
+      for (auto& q : queues_) q.thread = std::thread([this, &q] { complete(q); });
+    } catch (...) {
+      release_all();
+      throw;
+    }
+  }
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+  /// @brief Stops the completion threads, destroys the streams, events and flags.
+  ~cuda_backend() { release_all(); }
+
+  /// @brief The stream of lane `l`.
+  [[nodiscard]] stream_type lane(ferry::lane l) const noexcept {
+    return ::cuda::stream_ref{streams_[static_cast<std::size_t>(l)]};
+  }
+
+  /// @brief `cudaMemcpyAsync` of one chunk on `s`.
+  /// @throws ferry::logic_error on the legacy default stream; ferry::cuda_error
+  void copy(stream_type s, void* dst, const void* src, std::size_t n, copy_direction direction) {
+    refuse_legacy(s);
+    const cudaMemcpyKind kind =
+        direction == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    FERRY_CUDA_TRY(api_.memcpy_async(dst, src, n, kind, s.get()), dst, src, n);
+  }
+
+  /// @brief Records a pooled event on `s`.
+  /// @throws ferry::logic_error on the legacy default stream; ferry::cuda_error
+  [[nodiscard]] marker_type record(stream_type s) {
+    refuse_legacy(s);
+    cudaEvent_t e = acquire_event();
+    const cudaError_t status = api_.event_record(e, s.get());
+    if (status != cudaSuccess) {
+      release(e);
+      FERRY_CUDA_TRY(status);
+    }
+    return e;
+  }
+
+  /// @brief `cudaStreamWaitEvent(s, m)`.
+  void wait(stream_type s, const marker_type& m) {
+    refuse_legacy(s);
+    FERRY_CUDA_TRY(api_.stream_wait_event(s.get(), m));
+  }
+
+  /// @brief Whether the work before `m` has completed.
+  [[nodiscard]] bool query(const marker_type& m) const {
+    const cudaError_t status = api_.event_query(m);
+    if (status == cudaErrorNotReady) return false;
+    FERRY_CUDA_TRY(status);
+    return true;
+  }
+
+  /// @brief Blocks until `m` has completed.
+  void synchronize(const marker_type& m) const { FERRY_CUDA_TRY(api_.event_synchronize(m)); }
+
+  /// @brief Returns an event to the pool (its last record may still be pending: the
+  /// pool reuses it only for a new record, which CUDA allows).
+  void release(marker_type& m) noexcept {
+    if (m == nullptr) return;
+    std::lock_guard lock(events_mutex_);
+    free_events_.push_back(m);  // capacity reserved in acquire_event
+    m = nullptr;
+  }
+
+  /// @brief Calls `fn(context, error)` on a completion thread once the work enqueued on
+  /// `s` so far has completed (`error`: a `cuda_error` if the wait failed).
+  void notify(stream_type s, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
+    cudaEvent_t e = record(s);
+    queue& q = queues_[s.get() == streams_[0] ? 0 : 1];
+    {
+      std::lock_guard lock(q.mutex);
+      q.items.push_back({e, fn, context});
+    }
+    q.cv.notify_one();
+  }
+
+  /// @brief Gives a disk move a flag slot and its next target value.
+  void arm(signal_type& sig) {
+    std::lock_guard lock(flags_mutex_);
+    if (free_flags_.empty()) grow_flags();
+    sig.slot = free_flags_.back();
+    free_flags_.pop_back();
+    sig.target = ++targets_[sig.slot];
+  }
+  /// @brief Returns the slot (its flag keeps its value; the next target is higher).
+  void disarm(signal_type& sig) noexcept {
+    std::lock_guard lock(flags_mutex_);
+    free_flags_.push_back(sig.slot);  // capacity reserved in grow_flags
+  }
+  /// @brief Stores the target: streams waiting on it proceed.
+  void raise(signal_type& sig) noexcept {
+    std::atomic_ref<std::uint32_t>(*flag_host(sig.slot)).store(sig.target, std::memory_order_release);
+  }
+  /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`), or
+  /// for the move to finish (a blocking host function) where that is unsupported.
+  template <class State>
+  void wait_signal(stream_type s, signal_type& sig, State* state) {
+    refuse_legacy(s);
+    if (wait_value_ok_.load(std::memory_order_relaxed)) {
+      if (api_.wait_value32(s.get(), flag_device(sig.slot), sig.target) == cudaSuccess) return;
+      wait_value_ok_.store(false, std::memory_order_relaxed);
+    }
+    detail::add_ref(state);
+    const cudaError_t status = api_.launch_host_func(
+        s.get(),
+        [](void* p) {
+          auto* st = static_cast<State*>(p);
+          while (st->finished.load(std::memory_order_acquire) == 0) st->finished.wait(0);
+          detail::drop_ref(st);
+        },
+        state);
+    if (status != cudaSuccess) {
+      detail::drop_ref(state);
+      FERRY_CUDA_TRY(status);
+    }
+  }
+  /// @brief Whether stream waits on disk moves use `cuStreamWaitValue32` (true until a
+  /// call is refused; then the host-function fallback is used).
+  [[nodiscard]] bool stream_memory_waits() const noexcept { return wait_value_ok_.load(std::memory_order_relaxed); }
+
+  /// @brief Blocks until lane `l`'s stream is idle (errors ignored).
+  void drain_lane(ferry::lane l) noexcept { (void)api_.stream_synchronize(streams_[static_cast<std::size_t>(l)]); }
+  /// @brief Blocks until both streams are idle and every queued continuation has run.
+  void drain() noexcept {
+    drain_lane(ferry::lane::h2d);
+    drain_lane(ferry::lane::d2h);
+    for (auto& q : queues_) {
+      std::unique_lock lock(q.mutex);
+      q.idle_cv.wait(lock, [&] { return q.items.empty() && !q.busy; });
+    }
+  }
+  /// @brief Stops the completion threads after they have run what is queued.
+  void shutdown() noexcept {
+    for (auto& q : queues_) {
+      {
+        std::lock_guard lock(q.mutex);
+        q.stopping = true;
+      }
+      q.cv.notify_all();
+      if (q.thread.joinable()) q.thread.join();
+    }
+  }
+  /// @brief The API object (for tests).
+  [[nodiscard]] Api& api() noexcept { return api_; }
+
+ private:
+  struct item {
+    cudaEvent_t event;
+    void (*fn)(void*, std::exception_ptr) noexcept;
+    void* context;
+  };
+  struct queue {
+    std::mutex mutex;
+    std::condition_variable cv;       // items or stopping
+    std::condition_variable idle_cv;  // drained
+    std::deque<item> items;
+    bool busy = false;
+    bool stopping = false;
+    std::thread thread;
+  };
+  static constexpr std::size_t flags_per_page = 1024;
+
+  static void refuse_legacy(stream_type s) {
+    const void* stream = s.get();
+    FERRY_EXPECTS(!is_legacy_default_stream(s),
+                  "ferry never issues work on the legacy default stream; pass a stream made with cudaStreamCreate*",
+                  stream);
+  }
+
+  cudaEvent_t acquire_event() {
+    {
+      std::lock_guard lock(events_mutex_);
+      if (!free_events_.empty()) {
+        cudaEvent_t e = free_events_.back();
+        free_events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_TRY(api_.event_create(&e, cudaEventDisableTiming | cudaEventBlockingSync));
+    std::lock_guard lock(events_mutex_);
+    all_events_.push_back(e);
+    free_events_.reserve(all_events_.size());  // so that release never allocates
+    return e;
+  }
+
+  void complete(queue& q) noexcept {
+    (void)api_.set_device(device_);
+    std::unique_lock lock(q.mutex);
+    for (;;) {
+      q.cv.wait(lock, [&] { return q.stopping || !q.items.empty(); });
+      if (q.items.empty()) return;
+      const item it = q.items.front();
+      q.items.pop_front();
+      q.busy = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        FERRY_CUDA_TRY(api_.event_synchronize(it.event));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      cudaEvent_t e = it.event;
+      release(e);
+      it.fn(it.context, std::move(error));
+      lock.lock();
+      q.busy = false;
+      if (q.items.empty()) q.idle_cv.notify_all();
+    }
+  }
+
+  void grow_flags() {
+    void* page = nullptr;
+    FERRY_CUDA_TRY(api_.host_alloc_mapped(&page, flags_per_page * sizeof(std::uint32_t)));
+    void* device = nullptr;
+    const cudaError_t status = api_.device_pointer(&device, page);
+    if (status != cudaSuccess) {
+      (void)api_.free_host(page);
+      FERRY_CUDA_TRY(status);
+    }
+    std::memset(page, 0, flags_per_page * sizeof(std::uint32_t));
+    pages_.push_back({static_cast<std::uint32_t*>(page), static_cast<std::byte*>(device)});
+    targets_.resize(pages_.size() * flags_per_page, 0);
+    free_flags_.reserve(targets_.size());
+    for (std::size_t i = 0; i < flags_per_page; ++i) {
+      free_flags_.push_back(static_cast<std::uint32_t>(targets_.size() - 1 - i));
+    }
+  }
+  std::uint32_t* flag_host(std::uint32_t slot) noexcept {
+    return pages_[slot / flags_per_page].host + slot % flags_per_page;
+  }
+  void* flag_device(std::uint32_t slot) noexcept {
+    return pages_[slot / flags_per_page].device + (slot % flags_per_page) * sizeof(std::uint32_t);
+  }
+
+  void release_all() noexcept {
+    shutdown();
+    for (cudaStream_t& s : streams_) {
+      if (s != nullptr) FERRY_ASSERT_CUDA_SUCCESS(api_.stream_destroy(s));
+      s = nullptr;
+    }
+    for (cudaEvent_t e : all_events_) FERRY_ASSERT_CUDA_SUCCESS(api_.event_destroy(e));
+    all_events_.clear();
+    free_events_.clear();
+    for (const auto& p : pages_) FERRY_ASSERT_CUDA_SUCCESS(api_.free_host(p.host));
+    pages_.clear();
+  }
+
+  struct flag_page {
+    std::uint32_t* host;
+    std::byte* device;
+  };
+
+  [[no_unique_address]] Api api_;
+  int device_ = 0;
+  cudaStream_t streams_[2] = {nullptr, nullptr};
+  std::mutex events_mutex_;
+  std::vector<cudaEvent_t> all_events_;
+  std::vector<cudaEvent_t> free_events_;
+  std::mutex flags_mutex_;
+  std::vector<flag_page> pages_;
+  std::vector<std::uint32_t> targets_;
+  std::vector<std::uint32_t> free_flags_;
+  std::atomic<bool> wait_value_ok_{true};
+  queue queues_[2];
+};
+
+/// @brief A scheduler on CUDA streams (see the file comment and `basic_scheduler`).
+using stream_scheduler = basic_scheduler<cuda_backend<>>;
+
+}  // namespace ferry
+
+#endif  // FERRY_HAS_CUDA
