@@ -18,9 +18,13 @@
 #include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/policy.hpp"
+#include "ferry/schedule/host_executor.hpp"
+#include "ferry/schedule/host_stream.hpp"
+#include "ferry/schedule/scheduler.hpp"
 #include "ferry/tier/host_tier.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"
+#include "ferry/transfer/ticket.hpp"
 #include "ferry/units.hpp"
 #include "ferry/version.hpp"
 
@@ -29,5 +33,6 @@
 #include "ferry/cuda/event.hpp"
 #include "ferry/cuda/stream.hpp"
 #include "ferry/memory/device_arena.hpp"
+#include "ferry/schedule/stream_scheduler.hpp"
 #include "ferry/tier/device_tier.hpp"
 #endif
