@@ -370,7 +370,8 @@ TEST_CASE("host_executor: then() runs once per move, with its error", "[schedule
     had_error = had_error || e != nullptr;
   });
   const auto r = tier.allocate(n);
-  auto t2 = ex.device_to_nvme(tier, r, 0, dev.data(), n, compute);
+  // `dev` was produced by the H2D lane: that is the stream the offload is ordered after.
+  auto t2 = ex.device_to_nvme(tier, r, 0, dev.data(), n, ex.h2d());
   ex.then(t2, [&](std::exception_ptr e) {
     ++calls;
     had_error = had_error || e != nullptr;
