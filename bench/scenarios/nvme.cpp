@@ -12,6 +12,7 @@
 // 64 reads of 4 KiB in flight with completion callbacks that start the next read.
 // fio side: `fio --ioengine=io_uring --direct=1` with fio's defaults otherwise (no fixed
 // buffers, no registered files, no SQPOLL), `--output-format=json`, run with popen.
+#include "harness/fio.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -63,59 +64,13 @@ nvme_settings& settings() {
 
 const char* const reference_name = "fio (io_uring, direct=1)";
 
-std::string find_fio() {
-  if (!settings().fio.empty()) {
-    if (::access(settings().fio.c_str(), X_OK) == 0) return settings().fio;
-    throw std::runtime_error("nvme: --fio " + settings().fio + " is not an executable file");
-  }
-  if (::access("/usr/bin/fio", X_OK) == 0) return "/usr/bin/fio";
-  if (const char* path = std::getenv("PATH")) {  // NOLINT(concurrency-mt-unsafe): read once, single-threaded
-    std::string p = path;
-    std::size_t start = 0;
-    while (start <= p.size()) {
-      const std::size_t end = std::min(p.find(':', start), p.size());
-      const std::string candidate = p.substr(start, end - start) + "/fio";
-      if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-      start = end + 1;
-    }
-  }
-  throw std::runtime_error(
-      "nvme: fio was not found (looked for /usr/bin/fio and fio on PATH); the nvme scenario compares ferry with "
-      "fio and needs it: install fio (e.g. `apt-get install fio`) or pass --fio /path/to/fio");
-}
+std::string find_fio() { return ferry::bench::find_fio("nvme", settings().fio); }
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs fio with `args`; returns its JSON job object.
 nlohmann::json run_fio(const std::string& fio, const std::string& args) {
-  const std::string command = shell_quote(fio) + " --output-format=json " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error("nvme: cannot start fio: " + command);
-  std::string out;
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (status != 0 || out.find('{') == std::string::npos) {
-    throw std::runtime_error("nvme: fio failed (status " + std::to_string(status) + "): " + command + "\n" + out);
-  }
-  const nlohmann::json doc = nlohmann::json::parse(out.substr(out.find('{')));
-  const auto& job = doc.at("jobs").at(0);
-  if (job.at("error").get<int>() != 0) {
-    throw std::runtime_error("nvme: fio reported error " + job.at("error").dump() + ": " + command);
-  }
-  return job;
+  return ferry::bench::run_fio("nvme", fio, args);
 }
+
+using ferry::bench::shell_quote;
 
 void print_samples(const ferry::bench::paired_result& r) {
   if (!settings().samples) return;

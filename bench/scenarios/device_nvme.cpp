@@ -1,0 +1,222 @@
+// ferry-bench device-nvme: moves between device memory and NVMe through the scheduler's
+// ring of K pinned bounce buffers, against the slower of the two hops they are made of,
+// each measured alone in the same invocation (alternating, harness/stats.hpp):
+//   link: raw cudaMemcpyAsync of the whole buffer between pinned memory and the device
+//         (D2H for device->nvme, H2D for nvme->device), one call on a non-blocking stream;
+//   fio:  `fio --ioengine=io_uring --direct=1` writing or reading a file of the same size
+//         (the very file ferry uses) with bs = the chunk size and iodepth = K.
+// The reference of a sample is min(link, fio) of that sample: a staged move can at best
+// run at the speed of its slower hop, which it reaches only if the ring overlaps the two.
+// ferry side: `stream_scheduler::device_to_nvme` (after an idle producer stream) and
+// `nvme_to_device` of the whole buffer to/from one region of an `nvme_tier` on
+// --scratch (O_DIRECT, one request per chunk, K requests in flight), then `wait()`.
+#include "harness/fio.hpp"
+#include "harness/gpu.hpp"
+#include "harness/report.hpp"
+#include "harness/scenario.hpp"
+#include "harness/stats.hpp"
+
+#include <ferry/config.hpp>
+#include <ferry/tier/nvme.hpp>
+#include <ferry/units.hpp>
+
+#if FERRY_HAS_CUDA
+#include <ferry/cuda/stream.hpp>
+#include <ferry/schedule/stream_scheduler.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+using ferry::bench::row;
+using ferry::bench::run_options;
+
+struct device_nvme_settings {
+  std::size_t size_mib = 0;  // 0: 1024, or 256 with --quick
+  std::size_t slots = 4;
+  std::size_t chunk_kib = 4096;
+  std::vector<std::string> cases{"to-nvme", "from-nvme"};
+  std::string fio;  // "": /usr/bin/fio, else fio on PATH
+  bool samples = false;
+};
+
+device_nvme_settings& settings() {
+  static device_nvme_settings s;
+  return s;
+}
+
+const char* const reference_name = "min(link, fio)";
+
+#if FERRY_HAS_CUDA
+
+ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t bytes, std::size_t slots,
+                                 std::size_t chunk) {
+  ferry::nvme_options o;
+  o.paths = {file};
+  o.capacity = bytes;
+  o.compat = ferry::io::compat_mode::direct;  // as fio's direct=1
+  o.queue_depth = slots;
+  o.threads = slots;  // the thread pool engine (builds without liburing)
+  o.block_bytes = chunk;  // one request per chunk, as fio's bs
+  o.sizing = ferry::file_sizing::preallocate;
+  o.truncate_on_open = false;
+  o.remove_on_close = false;
+  return o;
+}
+
+void compare(const std::byte* got, const std::byte* want, std::size_t n, const char* what) {
+  if (std::memcmp(got, want, n) != 0) {
+    throw std::runtime_error(std::string("device-nvme: ") + what + " came back different");
+  }
+}
+
+std::vector<row> run_device_nvme(const run_options& options) {
+  const device_nvme_settings& cfg = settings();
+  const std::string fio = ferry::bench::find_fio("device-nvme", cfg.fio);
+  const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
+  const std::size_t chunk = cfg.chunk_kib * ferry::KiB;
+  const std::size_t slots = cfg.slots;
+  if (chunk > size) {
+    throw std::runtime_error("device-nvme: --chunk-kib " + std::to_string(cfg.chunk_kib) +
+                             " is larger than the buffer (--size-mib " + std::to_string(size / ferry::MiB) + ")");
+  }
+  const std::filesystem::path file =
+      options.scratch / ("ferry-bench-device-nvme-" + std::to_string(::getpid()) + ".bin");
+  struct remover {
+    std::filesystem::path p;
+    ~remover() {
+      std::error_code ignored;
+      std::filesystem::remove(p, ignored);
+    }
+  } cleanup{file};
+
+  ferry::stream producer;  // idle: device->nvme moves are ordered after it
+  ferry::stream link;      // the link reference's stream
+  ferry::bench::pinned_buffer host(size);
+  ferry::bench::device_buffer dev(size);
+  ferry::bench::fill_pattern(host.data(), size, 3);
+  FERRY_CUDA_TRY(cudaMemcpy(dev.data(), host.data(), size, cudaMemcpyHostToDevice));
+
+  ferry::nvme_tier tier(tier_options(file, size, slots, chunk));
+  if (tier.fell_back()) throw std::runtime_error("device-nvme: the scratch file system refuses O_DIRECT");
+  const auto region = tier.allocate(size);
+  ferry::scheduler_options so;
+  so.chunk_bytes = chunk;
+  so.bounce_slots = slots;
+  ferry::stream_scheduler sched(producer, so);
+
+  // The file is laid out by ferry's first move, and both directions land right.
+  {
+    sched.device_to_nvme(tier, region, 0, dev.data(), size, producer).wait();
+    const std::size_t v = std::min(size, 4 * chunk + 4096);
+    ferry::io::aligned_buffer check(v, 4096);
+    tier.read(region, 0, check.span());
+    compare(check.data(), host.data(), v, "the head of device_to_nvme");
+    tier.read(region, size - v, check.span());
+    compare(check.data(), host.data() + (size - v), v, "the tail of device_to_nvme");
+    FERRY_CUDA_TRY(cudaMemset(dev.data(), 0, size));
+    sched.nvme_to_device(tier, region, 0, dev.data(), size).wait();
+    FERRY_CUDA_TRY(cudaMemcpy(check.data(), dev.data() + (size - v), v, cudaMemcpyDeviceToHost));
+    compare(check.data(), host.data() + (size - v), v, "the tail of nvme_to_device");
+    FERRY_CUDA_TRY(cudaMemcpy(check.data(), dev.data(), v, cudaMemcpyDeviceToHost));
+    compare(check.data(), host.data(), v, "the head of nvme_to_device");
+  }
+
+  const std::string fio_common = "--name=ferry-reference --filename=" + ferry::bench::shell_quote(file.string()) +
+                                 " --size=" + std::to_string(size) + " --ioengine=io_uring --direct=1 --bs=" +
+                                 std::to_string(chunk) + " --iodepth=" + std::to_string(slots);
+  std::vector<row> rows;
+  const auto measure = [&](bool to_nvme) {
+    std::vector<double> link_gbs;
+    std::vector<double> fio_gbs;
+    const auto res = ferry::bench::alternate(
+        options.repetitions, 1,
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (to_nvme) {
+            sched.device_to_nvme(tier, region, 0, dev.data(), size, producer).wait();
+          } else {
+            sched.nvme_to_device(tier, region, 0, dev.data(), size).wait();
+          }
+          return static_cast<double>(size) / ferry::bench::seconds_since(t0) / 1e9;
+        },
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (to_nvme) {
+            FERRY_CUDA_TRY(cudaMemcpyAsync(host.data(), dev.data(), size, cudaMemcpyDeviceToHost, link.get()));
+          } else {
+            FERRY_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), size, cudaMemcpyHostToDevice, link.get()));
+          }
+          FERRY_CUDA_TRY(cudaStreamSynchronize(link.get()));
+          link_gbs.push_back(static_cast<double>(size) / ferry::bench::seconds_since(t0) / 1e9);
+          const auto job =
+              ferry::bench::run_fio("device-nvme", fio, fio_common + (to_nvme ? " --rw=write" : " --rw=read"));
+          fio_gbs.push_back(job.at(to_nvme ? "write" : "read").at("bw_bytes").get<double>() / 1e9);
+          return std::min(link_gbs.back(), fio_gbs.back());
+        });
+    const std::string label = std::string(to_nvme ? "device->nvme" : "nvme->device") +
+                              " size=" + ferry::bench::size_name(size) + " chunk=" + ferry::bench::size_name(chunk) +
+                              " slots=" + std::to_string(slots);
+    rows.push_back({"device-nvme", label, "throughput", "GB/s", ferry::bench::better::higher, res.ferry, res.reference,
+                    reference_name});
+    std::printf("  %-44s ferry %7.3f GB/s   min(link, fio) %7.3f GB/s   ratio %.3f  (link %.2f, fio %.3f GB/s)\n",
+                label.c_str(), res.ferry, res.reference, rows.back().ratio(), ferry::bench::median(link_gbs),
+                ferry::bench::median(fio_gbs));
+    if (cfg.samples) {
+      std::printf("    samples (run order) ferry:");
+      for (const double v : res.ferry_samples) std::printf(" %.3f", v);
+      std::printf("  link:");
+      for (const double v : link_gbs) std::printf(" %.2f", v);
+      std::printf("  fio:");
+      for (const double v : fio_gbs) std::printf(" %.3f", v);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  };
+  for (const std::string& c : cfg.cases) measure(c == "to-nvme");
+  tier.deallocate(region);
+  return rows;
+}
+
+#else  // FERRY_HAS_CUDA
+
+std::vector<row> run_device_nvme(const run_options& /*options*/) {
+  throw std::runtime_error("device-nvme: this ferry-bench was built without CUDA");
+}
+
+#endif  // FERRY_HAS_CUDA
+
+const ferry::bench::registrar device_nvme_scenario({
+    .name = "device-nvme",
+    .description = "device <-> NVMe through the scheduler's K pinned bounce buffers (device_to_nvme, nvme_to_device)",
+    .reference = reference_name,
+    .needs_gpu = true,
+    .order = 40,
+    .add_options =
+        [](CLI::App& app) {
+          app.add_option("--size-mib", settings().size_mib, "buffer and file size in MiB (default 1024; 256 with --quick)")
+              ->check(CLI::Range(1, 1 << 20));
+          app.add_option("--slots", settings().slots, "bounce buffers K, also fio's iodepth (default 4)")
+              ->check(CLI::Range(1, 1024));
+          app.add_option("--chunk-kib", settings().chunk_kib,
+                         "chunk and bounce buffer size in KiB, also fio's bs (default 4096)")
+              ->check(ferry::bench::chunk_kib_check());
+          app.add_option("--cases", settings().cases, "to-nvme, from-nvme (default: both)")
+              ->check(CLI::IsMember({"to-nvme", "from-nvme"}));
+          app.add_option("--fio", settings().fio, "the fio executable (default: /usr/bin/fio, else fio on PATH)");
+          app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
+        },
+    .run = run_device_nvme,
+});
+
+}  // namespace
