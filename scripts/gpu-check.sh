@@ -70,6 +70,9 @@ build/release/bench/ferry-bench --quick --json "$out/bench.json" 2>&1 | tee "$ou
 step "micro-benchmarks"
 build/release/bench/ferry-micro --benchmark_min_time=0.05 --benchmark_format=json \
   --benchmark_out="$out/micro.json" > "$out/micro.log" 2>&1 || status=1
+# Host-side cost per scheduled move, with the real CUDA runtime (BM_gpu_*) and a no-op API.
+build/release/bench/ferry-micro-schedule --benchmark_min_time=0.05 --benchmark_format=json \
+  --benchmark_out="$out/micro-schedule.json" > "$out/micro-schedule.log" 2>&1 || status=1
 
 step "done, status $status"
 exit $status
