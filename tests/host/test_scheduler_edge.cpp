@@ -336,6 +336,40 @@ TEST_CASE("scheduler edge: one ticket waited from several threads", "[scheduler]
   tier.deallocate(r);
 }
 
+TEST_CASE("scheduler edge: every continuation of a move runs, each once", "[scheduler][edge][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  gate g;  // outlives the streams whose items pass it
+  host_stream compute;
+  host_executor ex(compute, options(2));
+  const std::size_t n = 4 * chunk;
+  const auto src = pattern(n, 10);
+  const auto r = tier.allocate(n);
+  compute.enqueue([&] { g.pass(); });
+  auto t = ex.device_to_nvme(tier, r, 0, src.data(), n, compute);
+  std::atomic<int> first{0}, second{0};
+  ex.then(t, [&](std::exception_ptr) { ++first; });
+  ex.then(t, [&](std::exception_ptr) { ++second; });
+  g.open();
+  t.wait();
+  ex.synchronize();
+  CHECK(first == 1);
+  CHECK(second == 1);
+  tier.deallocate(r);
+}
+
+TEST_CASE("scheduler edge: a ticket of another scheduler is refused by then()", "[scheduler][edge]") {
+  host_stream compute;
+  host_executor a(compute, options());
+  host_executor b(compute, options());
+  std::vector<std::byte> src(chunk), dst(chunk);
+  auto t = a.to_device(dst.data(), src.data(), src.size());
+  CHECK_THROWS_AS(b.then(t, [](std::exception_ptr) {}), ferry::logic_error);
+  ferry::basic_ticket<ferry::host_backend> empty;
+  CHECK_THROWS_AS(a.then(empty, [](std::exception_ptr) {}), ferry::logic_error);
+  t.wait();
+}
+
 TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outlive it", "[scheduler][edge][nvme]") {
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));

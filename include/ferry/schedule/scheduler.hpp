@@ -299,13 +299,19 @@ class basic_scheduler {
   /// @brief Calls `f(std::exception_ptr error)` once the move of `t` has completed (null
   /// on success), on one of the scheduler's threads (or at once, here, when it already
   /// has). `f` must not block and must not throw; it may start moves. Allocates once
-  /// (the callable is stored).
-  /// @throws std::bad_alloc, ferry::cuda_error
+  /// (the callable is stored). Several continuations of one move all run, in the order
+  /// they were given.
+  /// @throws ferry::logic_error for an empty ticket or a ticket of another scheduler;
+  ///         std::bad_alloc, ferry::cuda_error
   template <class F>
   requires std::is_invocable_v<F&, std::exception_ptr>
   void then(const ticket_type& t, F&& f) {
     auto* s = t.state();
     FERRY_EXPECTS(s != nullptr, "then() on an empty ticket");
+    // Another scheduler's lanes would say nothing about this move's completion.
+    const void* ticket_core = s->pool.get();
+    const void* own_core = core_.get();
+    FERRY_EXPECTS(ticket_core == own_core, "then() on a ticket of another scheduler", ticket_core, own_core);
     if (s->kind == detail::move_kind::copy) {
       if (!s->has_marker || s->finished.load(std::memory_order_acquire) != 0) {
         f(s->error);
@@ -326,7 +332,14 @@ class basic_scheduler {
     }
     std::unique_lock lock(s->mutex);
     if (s->finished.load(std::memory_order_acquire) == 0) {
-      s->then = std::function<void(std::exception_ptr)>(std::forward<F>(f));
+      std::function<void(std::exception_ptr)> next(std::forward<F>(f));
+      if (s->then) {  // a continuation already: run both, in the order given
+        next = [first = std::move(s->then), second = std::move(next)](std::exception_ptr e) {
+          first(e);
+          second(std::move(e));
+        };
+      }
+      s->then = std::move(next);
       return;
     }
     lock.unlock();
