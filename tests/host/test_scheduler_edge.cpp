@@ -370,6 +370,27 @@ TEST_CASE("scheduler edge: a ticket of another scheduler is refused by then()", 
   t.wait();
 }
 
+TEST_CASE("scheduler edge: a move ordered after a failed producer item fails with its error",
+          "[scheduler][edge][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  host_stream compute;
+  host_executor ex(compute, options(2));
+  const std::size_t n = 3 * chunk;
+  std::vector<std::byte> device(n), host(n);
+  compute.enqueue([] { throw std::runtime_error("kernel failed"); });  // the producer of `device`
+  const auto r = tier.allocate(n);
+  auto copy = ex.to_host(host.data(), device.data(), n, compute);
+  auto disk = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);
+  CHECK_THROWS_WITH(copy.wait(), "kernel failed");
+  CHECK_THROWS_WITH(disk.wait(), "kernel failed");
+  CHECK(copy.ready());
+  CHECK(copy.error() != nullptr);  // what wait() throws, also without waiting
+  CHECK(disk.error() != nullptr);
+  ex.synchronize();
+  tier.deallocate(r);
+}
+
 TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outlive it", "[scheduler][edge][nvme]") {
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
