@@ -12,6 +12,8 @@
 /// An item that throws makes the stream *failed* from that item on, like a sticky CUDA
 /// error: later items still run (so that waits enqueued behind it are released), and
 /// `synchronize()` and the markers recorded after the failure rethrow the first error.
+/// The error spreads along waits: a stream that waits for a marker recorded after the
+/// failure fails too, at its wait (as a sticky CUDA error reaches every stream).
 ///
 /// ## Thread-safety and lifetime
 /// Every member function may be called from any thread, including from work running on
@@ -109,12 +111,15 @@ class host_stream {
   void synchronize() const { synchronize(record()); }
 
   /// @brief Makes this stream wait for `m` (a marker of another stream) before running
-  /// anything enqueued after this call; never blocks the caller. A marker of this very
-  /// stream is already ordered, so nothing is enqueued for it.
+  /// anything enqueued after this call; never blocks the caller. If the other stream
+  /// failed at or before `m`, this stream fails with that error where it waits (so work
+  /// ordered after a failed item never reports success). A marker of this very stream
+  /// is already ordered, so nothing is enqueued for it.
   /// @throws std::bad_alloc
   void wait(const host_marker& m) {
-    if (m.stream == nullptr || m.stream == this || m.stream->done(m)) return;
-    enqueue([m] { m.stream->block(m); });
+    if (m.stream == nullptr || m.stream == this) return;
+    if (m.stream->done(m) && m.stream->error_at(m) == nullptr) return;
+    enqueue([m] { m.stream->synchronize(m); });  // the other stream's error fails this one
   }
 
   /// @brief The first error of the stream (null when it has not failed).
@@ -130,6 +135,12 @@ class host_stream {
   }
 
  private:
+  // The stream's error if it failed at or before `m` (null otherwise).
+  [[nodiscard]] std::exception_ptr error_at(const host_marker& m) const noexcept {
+    std::lock_guard lock(mutex_);
+    return error_ && failed_at_ <= m.seq ? error_ : nullptr;
+  }
+
   void run() noexcept {
     std::unique_lock lock(mutex_);
     for (;;) {

@@ -33,8 +33,9 @@
 /// 5. `copy_on` issues only copies on the caller's stream: capturable in a CUDA graph.
 ///
 /// ## Errors
-/// Argument errors (null pointers, a range outside a region, a misaligned disk offset)
-/// throw `ferry::logic_error` and start nothing. An error in a chunk fails the ticket
+/// Argument errors (null pointers, a range outside a region, a misaligned disk offset, a
+/// chunk size that is not a multiple of the tier's alignment for a move through the
+/// bounce ring) throw `ferry::logic_error` and start nothing. An error in a chunk fails the ticket
 /// with that chunk's error (`io_error` naming file, offset and errno; `cuda_error`),
 /// the chunks not yet started are cancelled, those in flight finish, and the source is
 /// never written (a failed move leaves its destination unspecified, never its source).
@@ -228,12 +229,14 @@ class basic_scheduler {
   /// region `r` of `tier`, after everything enqueued on `producer` so far. Each chunk is
   /// copied D2H into a bounce buffer, then written by the tier; up to K chunks are in
   /// flight. `offset` must be a multiple of the tier's alignment, and `bytes` too unless
-  /// the move ends at the region's end.
-  /// @throws ferry::logic_error for a range breaking those rules (nothing started)
+  /// the move ends at the region's end; the chunk size must be a multiple of the tier's
+  /// alignment (each chunk is a disk request at a chunk boundary).
+  /// @throws ferry::logic_error for a range or tier breaking those rules (nothing started)
   template <class Tier>
   [[nodiscard]] ticket_type device_to_nvme(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                            const void* src, std::size_t bytes, stream_type producer) {
     check_disk_range(tier, r, offset, bytes, true);
+    check_chunk_alignment(tier);
     FERRY_EXPECTS(src != nullptr || bytes == 0, "device_to_nvme from a null pointer", bytes);
     auto& b = core_->backend();
     const auto m = b.record(producer);
@@ -249,6 +252,7 @@ class basic_scheduler {
   [[nodiscard]] ticket_type nvme_to_device(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                            void* dst, std::size_t bytes) {
     check_disk_range(tier, r, offset, bytes, false);
+    check_chunk_alignment(tier);
     FERRY_EXPECTS(dst != nullptr || bytes == 0, "nvme_to_device into a null pointer", bytes);
     return staged_move(tier, r, offset, static_cast<std::byte*>(dst), bytes, false);
   }
@@ -259,6 +263,7 @@ class basic_scheduler {
   [[nodiscard]] ticket_type nvme_to_device(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                            void* dst, std::size_t bytes, stream_type after) {
     check_disk_range(tier, r, offset, bytes, false);
+    check_chunk_alignment(tier);
     FERRY_EXPECTS(dst != nullptr || bytes == 0, "nvme_to_device into a null pointer", bytes);
     auto& b = core_->backend();
     const auto m = b.record(after);
@@ -276,6 +281,7 @@ class basic_scheduler {
   [[nodiscard]] ticket_type host_to_nvme(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                          std::span<const std::byte> src) {
     check_disk_range(tier, r, offset, src.size(), true);
+    FERRY_EXPECTS(src.data() != nullptr || src.empty(), "host_to_nvme from a null pointer", src.size());
     return io_move(tier, r, offset, const_cast<std::byte*>(src.data()), src.size(), true);  // NOLINT
   }
 
@@ -284,6 +290,7 @@ class basic_scheduler {
   [[nodiscard]] ticket_type nvme_to_host(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                          std::span<std::byte> dst) {
     check_disk_range(tier, r, offset, dst.size(), false);
+    FERRY_EXPECTS(dst.data() != nullptr || dst.empty(), "nvme_to_host into a null pointer", dst.size());
     return io_move(tier, r, offset, dst.data(), dst.size(), false);
   }
 
@@ -292,13 +299,19 @@ class basic_scheduler {
   /// @brief Calls `f(std::exception_ptr error)` once the move of `t` has completed (null
   /// on success), on one of the scheduler's threads (or at once, here, when it already
   /// has). `f` must not block and must not throw; it may start moves. Allocates once
-  /// (the callable is stored).
-  /// @throws std::bad_alloc, ferry::cuda_error
+  /// (the callable is stored). Several continuations of one move all run, in the order
+  /// they were given.
+  /// @throws ferry::logic_error for an empty ticket or a ticket of another scheduler;
+  ///         std::bad_alloc, ferry::cuda_error
   template <class F>
   requires std::is_invocable_v<F&, std::exception_ptr>
   void then(const ticket_type& t, F&& f) {
     auto* s = t.state();
     FERRY_EXPECTS(s != nullptr, "then() on an empty ticket");
+    // Another scheduler's lanes would say nothing about this move's completion.
+    const void* ticket_core = s->pool.get();
+    const void* own_core = core_.get();
+    FERRY_EXPECTS(ticket_core == own_core, "then() on a ticket of another scheduler", ticket_core, own_core);
     if (s->kind == detail::move_kind::copy) {
       if (!s->has_marker || s->finished.load(std::memory_order_acquire) != 0) {
         f(s->error);
@@ -319,7 +332,14 @@ class basic_scheduler {
     }
     std::unique_lock lock(s->mutex);
     if (s->finished.load(std::memory_order_acquire) == 0) {
-      s->then = std::function<void(std::exception_ptr)>(std::forward<F>(f));
+      std::function<void(std::exception_ptr)> next(std::forward<F>(f));
+      if (s->then) {  // a continuation already: run both, in the order given
+        next = [first = std::move(s->then), second = std::move(next)](std::exception_ptr e) {
+          first(e);
+          second(std::move(e));
+        };
+      }
+      s->then = std::move(next);
       return;
     }
     lock.unlock();
@@ -403,6 +423,17 @@ class basic_scheduler {
       FERRY_EXPECTS(bytes % alignment == 0 || offset + bytes == region_bytes,
                     "a disk write of a partial block must end at the region's end", offset, bytes, region_bytes);
     }
+  }
+
+  // Chunk i of a move through the bounce ring is a disk request at `offset + i *
+  // chunk_bytes`: every one must be aligned, not only the first.
+  template <class Tier>
+  void check_chunk_alignment(const Tier& tier) const {
+    const std::size_t chunk_bytes = options_.chunk_bytes;
+    const std::size_t alignment = tier.alignment();
+    FERRY_EXPECTS(chunk_bytes % alignment == 0,
+                  "a move through the bounce ring needs a chunk size that is a multiple of the tier's alignment",
+                  chunk_bytes, alignment);
   }
 
   void begin_move() {

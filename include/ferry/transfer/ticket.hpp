@@ -266,9 +266,17 @@ class basic_ticket {
     b.wait_signal(s, s_->signal, s_);
   }
 
-  /// @brief The move's error once it is `ready()`; null while running or on success.
+  /// @brief The move's error once it is `ready()` (what `wait()` would throw); null
+  /// while running or on success.
   [[nodiscard]] std::exception_ptr error() const {
     if (s_ == nullptr || !ready()) return nullptr;
+    if (s_->error == nullptr && s_->kind == detail::move_kind::copy && s_->has_marker) {
+      try {  // a copy that failed on its lane after it was issued: the marker carries the error
+        s_->pool->backend().synchronize(s_->marker);  // complete: returns at once
+      } catch (...) {
+        return std::current_exception();
+      }
+    }
     return s_->error;
   }
 
