@@ -469,3 +469,25 @@ TEST_CASE("scheduler edge: many threads, many moves, a ring of one slot", "[sche
   CHECK(s.moves == 2 * threads * per_thread);
   CHECK(s.failed_moves == 0);
 }
+
+TEST_CASE("scheduler edge: a disk move cannot be waited for on its scheduler's own lane", "[scheduler][edge][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  host_stream compute, consumer;
+  ferry::scheduler_options o;
+  o.chunk_bytes = 64 * 1024;
+  host_executor ex(compute, o);
+  const std::size_t n = 4 * 64 * 1024;
+  std::vector<std::byte> device(n, std::byte{7});
+  const auto r = tier.allocate(n);
+  gate g;
+  compute.enqueue([&] { g.pass(); });
+  auto t = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);  // held behind the gate
+  CHECK_THROWS_AS(t.enqueue_wait(ex.d2h()), ferry::logic_error);
+  CHECK_THROWS_AS(t.enqueue_wait(ex.h2d()), ferry::logic_error);
+  CHECK_NOTHROW(t.enqueue_wait(consumer));
+  g.open();
+  t.wait();
+  consumer.synchronize();
+  tier.deallocate(r);
+}

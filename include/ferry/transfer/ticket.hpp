@@ -254,7 +254,10 @@ class basic_ticket {
   /// @brief Makes `s` wait for the move before it runs anything enqueued after this
   /// call, without blocking the host. A failed move also releases the stream (so
   /// nothing hangs): check `wait()` or `ready()`/`error()` before trusting the bytes.
-  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream)
+  /// A disk move cannot be waited for on one of its own scheduler's lanes (the move
+  /// needs that lane to finish: it would wait for itself).
+  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream; a lane
+  ///         of the scheduler for a disk move)
   void enqueue_wait(stream_type s) const {
     if (s_ == nullptr) return;
     auto& b = s_->pool->backend();
@@ -263,6 +266,10 @@ class basic_ticket {
       return;
     }
     if (s_->finished.load(std::memory_order_acquire) != 0) return;
+    const bool own_lane = s == b.lane(lane::h2d) || s == b.lane(lane::d2h);
+    FERRY_EXPECTS(!own_lane,
+                  "a disk move cannot be waited for on its scheduler's own H2D or D2H lane (it needs the lane to "
+                  "finish); wait on the compute stream or another stream");
     b.wait_signal(s, s_->signal, s_);
   }
 
