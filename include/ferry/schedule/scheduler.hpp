@@ -209,6 +209,12 @@ class basic_scheduler {
     return copy_move(lane::h2d, dst, src, bytes, copy_direction::host_to_device, &after);
   }
 
+  /// @brief A ticket for everything enqueued on lane `l` so far (e.g. a decode kernel a
+  /// pipeline ran on the H2D stream after a copy): ready when that work has completed;
+  /// streams wait for it with `enqueue_wait` (an event).
+  /// @throws ferry::cuda_error
+  [[nodiscard]] ticket_type mark(lane l) { return copy_move(l, nullptr, nullptr, 0, copy_direction::host_to_device, nullptr); }
+
   /// @brief Enqueues the chunked copy on the caller's stream `s` and nothing else (no
   /// marker, no lane): stream order is the synchronisation, and the calls can be
   /// captured in a CUDA graph.

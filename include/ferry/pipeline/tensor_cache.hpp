@@ -1,0 +1,697 @@
+/// @file
+/// @brief `ferry::tensor_cache`: activation offload. Store a device tensor when the
+/// forward pass produces it; it is encoded and copied to pinned memory in the
+/// background (spilling to NVMe when pinned memory runs out) and its device memory is
+/// returned as soon as the copy has read it; get it back on the device for the backward
+/// pass, prefetched ahead of time from the iteration the cache recorded.
+///
+/// ```cpp
+/// using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>>;
+/// ferry::tensor_cache<P> cache(sched, arena, pool, &tier);
+/// // forward, layer i
+/// void* act = cache.allocate(bytes, compute);          // device memory the cache may own
+/// gelu<<<..., compute.get()>>>(act, ...);
+/// cache.store(i, act, bytes, compute);                 // D2H in the background; `act` is the cache's now
+/// // backward, layer i
+/// const void* a = cache.get(i, compute);               // compute waits for it on the GPU
+/// grad<<<..., compute.get()>>>(a, ...);
+/// cache.erase(i, compute);                             // device memory freed after the kernel
+/// cache.end_iteration();                               // the first one is recorded and replayed after
+/// ```
+///
+/// ## Where a tensor lives
+/// - **On the device only**: tensors under `resident_below_bytes`, and the last
+///   `keep_last` stored (the backward pass needs them first) stay where they are; a
+///   tensor leaving the `keep_last` window is offloaded then.
+/// - **Pinned memory**: every other stored tensor, encoded by the pipeline's codec, in a
+///   block of the `pinned_pool`. The D2H copy runs on the scheduler's D2H stream after
+///   an event on the producer stream; the device memory is freed on the D2H stream
+///   behind the copy (stream-ordered, so the producer never waits).
+/// - **NVMe** (pipelines with an NVMe tier): when a pinned block cannot be had
+///   (`out_of_capacity` from the pool), the eviction policy names a tensor in pinned
+///   memory to spill; it is written to the NVMe tier (the calling thread waits for that
+///   write: it is what makes room) and its pinned block freed.
+/// - **Back on the device**: `get` (or a prefetch) allocates device memory on the H2D
+///   stream, copies the encoded bytes H2D (after the D2H that filled them), decodes them
+///   on the H2D stream, and the consumer stream waits on an event. A tensor on NVMe is
+///   first read back into pinned memory (asynchronously when prefetched; `get` waits for
+///   that read). The fetched device copy stays until `erase`.
+///
+/// The same device buffer stored under several keys is kept once (`store` of a pointer
+/// the cache already holds adds a key to it).
+///
+/// ## Iterations
+/// Calls in the first iteration (up to `end_iteration()`) are recorded in an
+/// `access_schedule`; then schedule-driven policies (`belady`, `schedule_replay`,
+/// `lookahead`) are made from it and replay it in every later iteration: spills go to the
+/// tensor needed furthest in the future, and prefetches bring back the next reads within
+/// `prefetch_budget_bytes` of device memory.
+///
+/// ## Errors and guarantees
+/// Nothing is lost: a tensor stays where it was until its new copy is confirmed. If no
+/// pinned block can be had and nothing can spill, `store` throws `out_of_capacity`
+/// and the tensor stays on the device, still owned by the cache (retrievable with `get`,
+/// freed by `erase`). A failed spill write leaves the tensor in pinned memory. A failed
+/// D2H or H2D surfaces from `get` (the ticket's error) and the other copy is kept.
+/// Unknown keys, a null pointer, a size that is not a multiple of the element size:
+/// `ferry::logic_error`.
+///
+/// ## Threads
+/// A cache is used from one thread at a time (the training loop). Its moves run on the
+/// scheduler's streams and threads.
+#pragma once
+
+#include "ferry/error.hpp"
+#include "ferry/memory/pinned_pool.hpp"
+#include "ferry/pipeline/offload_pipeline.hpp"
+#include "ferry/policy/access_schedule.hpp"
+#include "ferry/schedule/host_executor.hpp"
+#include "ferry/schedule/scheduler.hpp"
+#include "ferry/tier/nvme.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <new>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#if FERRY_HAS_CUDA
+#include "ferry/memory/device_arena.hpp"
+#include "ferry/schedule/stream_scheduler.hpp"
+#endif
+
+namespace ferry {
+
+/// @brief Settings of a `tensor_cache`.
+struct tensor_cache_options {
+  /// Tensors smaller than this stay on the device (offloading them costs more than it
+  /// frees). Bytes.
+  std::size_t resident_below_bytes = std::size_t{1} << 20;
+  /// The last N tensors stored stay on the device (the backward pass reads them first).
+  std::size_t keep_last = 1;
+  /// Device bytes that prefetched tensors may hold at once (schedule-driven prefetch).
+  std::size_t prefetch_budget_bytes = std::size_t{1} << 30;
+};
+
+/// @brief Counters of a `tensor_cache` (bytes are encoded bytes where they moved encoded).
+struct tensor_cache_stats {
+  std::uint64_t stored = 0;          ///< `store` calls
+  std::uint64_t deduplicated = 0;    ///< stores of a buffer the cache already held
+  std::uint64_t kept_resident = 0;   ///< stores under `resident_below_bytes` (never offloaded)
+  std::uint64_t offloaded = 0;       ///< tensors copied to pinned memory
+  std::uint64_t offloaded_bytes = 0; ///< bytes copied D2H (encoded)
+  std::uint64_t spilled = 0;         ///< tensors written from pinned memory to NVMe
+  std::uint64_t spilled_bytes = 0;   ///< bytes written to NVMe
+  std::uint64_t fetched = 0;         ///< tensors brought back to the device
+  std::uint64_t fetched_bytes = 0;   ///< bytes copied H2D (encoded)
+  std::uint64_t prefetched = 0;      ///< of those, started by a prefetch
+  std::uint64_t read_back = 0;       ///< tensors read from NVMe into pinned memory
+};
+
+/// @brief Device memory for the host backend: host memory, allocated at once and
+/// freed in stream order (an item on the stream). Models what `tensor_cache` needs from
+/// its device memory (`allocate(bytes, stream)`, `deallocate(p, bytes, stream)`), with a
+/// byte budget standing for the GPU's capacity.
+class host_device_memory {
+ public:
+  /// @param budget_bytes the most bytes allocated at once
+  explicit host_device_memory(std::size_t budget_bytes) : budget_(budget_bytes) {}
+  host_device_memory(const host_device_memory&) = delete;
+  host_device_memory& operator=(const host_device_memory&) = delete;
+
+  /// @brief `bytes` bytes (256-byte aligned), usable by work enqueued after the call.
+  /// @throws ferry::out_of_capacity past the budget
+  [[nodiscard]] void* allocate(std::size_t bytes, host_stream_ref /*s*/) {
+    const std::size_t cost = round(bytes);
+    std::size_t now = used_.load(std::memory_order_relaxed);
+    do {
+      if (cost > budget_ - std::min(now, budget_)) FERRY_THROW_OUT_OF_CAPACITY("host_device_memory", cost, now, budget_);
+    } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
+    return ::operator new(cost, std::align_val_t{256});
+  }
+  /// @brief Frees `p` once the work enqueued on `s` before the call has run.
+  void deallocate(void* p, std::size_t bytes, host_stream_ref s) noexcept {
+    if (p == nullptr) return;
+    const std::size_t cost = round(bytes);
+    try {
+      s->enqueue([p, cost, this] {
+        ::operator delete(p, std::align_val_t{256});
+        used_.fetch_sub(cost, std::memory_order_relaxed);
+      });
+    } catch (...) {  // could not enqueue: wait for the stream, then free here
+      s->block(s->record());
+      ::operator delete(p, std::align_val_t{256});
+      used_.fetch_sub(cost, std::memory_order_relaxed);
+    }
+  }
+  /// @brief Bytes allocated (frees count once they have run).
+  [[nodiscard]] std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  /// @brief The budget.
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+
+ private:
+  static std::size_t round(std::size_t n) noexcept { return (std::max<std::size_t>(n, 1) + 255) & ~std::size_t{255}; }
+  std::size_t budget_;
+  std::atomic<std::size_t> used_{0};
+};
+
+namespace detail {
+// Runs the codec on a stream of the backend: kernels on a CUDA stream, a queued item
+// on a host stream.
+template <class Codec>
+struct codec_on_stream {
+  using T = typename Codec::value_type;
+  static void encode(const Codec& c, host_stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t out_bytes) {
+    s->enqueue([c, in, n, out, out_bytes] {
+      (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
+    });
+  }
+  static void decode(const Codec& c, host_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
+                     std::size_t n) {
+    s->enqueue([c, in, in_bytes, out, n] {
+      c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));
+    });
+  }
+#if FERRY_HAS_CUDA
+  static void encode(const Codec& c, ::cuda::stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t /*out_bytes*/) {
+    (void)c.encode(static_cast<const T*>(in), n, out, s);
+  }
+  static void decode(const Codec& c, ::cuda::stream_ref s, const std::byte* in, std::size_t /*in_bytes*/, void* out,
+                     std::size_t n) {
+    c.decode(in, n, static_cast<T*>(out), s);
+  }
+#endif
+};
+
+template <class C>
+inline constexpr bool is_identity_codec = false;
+template <class T>
+inline constexpr bool is_identity_codec<identity<T>> = true;
+}  // namespace detail
+
+/// @brief Activation offload over a pipeline's tiers and policies (see the file comment).
+///
+/// @tparam Pipeline     an `offload_pipeline` (usually from `make_pipeline`)
+/// @tparam Backend      the scheduler's backend: `cuda_backend<>` or `host_backend`
+/// @tparam DeviceMemory where device copies live: `device_arena` (CUDA) or
+///                      `host_device_memory` (host backend)
+/// @tparam Nvme         the NVMe tier type (used when the pipeline has one)
+template <class Pipeline, class Backend, class DeviceMemory, class Nvme = nvme_tier>
+class basic_tensor_cache {
+ public:
+  using key_type = typename Pipeline::key_type;            ///< the key
+  using element_type = typename Pipeline::element_type;    ///< tensors' element type (the codec's)
+  using codec_type = typename Pipeline::codec_type;        ///< the codec
+  using eviction_type = typename Pipeline::eviction_type;  ///< which pinned tensor spills
+  using prefetch_type = typename Pipeline::prefetch_type;  ///< which tensors come back early
+  using stream_type = typename Backend::stream_type;       ///< the backend's stream
+  using scheduler_type = basic_scheduler<Backend>;         ///< the scheduler
+  using ticket_type = basic_ticket<Backend>;               ///< a move's ticket
+  using schedule_type = access_schedule<key_type>;         ///< the recorded iteration
+
+  /// @brief A cache moving through `sched`, with device copies in `device`, pinned
+  /// copies in `host`, spills in `*nvme` (required when the pipeline has an NVMe tier,
+  /// ignored otherwise). All must outlive the cache.
+  /// @throws ferry::logic_error for a missing NVMe tier in a pipeline that has one
+  basic_tensor_cache(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme = nullptr,
+                     tensor_cache_options options = {})
+      : sched_(&sched), device_(&device), host_(&host), nvme_(nvme), options_(options) {
+    const bool has_nvme = Pipeline::has_nvme;
+    const void* tier = nvme;
+    FERRY_EXPECTS(!has_nvme || nvme != nullptr, "this pipeline has an NVMe tier: pass one", has_nvme, tier);
+    if constexpr (!Pipeline::has_nvme) nvme_ = nullptr;
+    make_policies();
+  }
+  basic_tensor_cache(const basic_tensor_cache&) = delete;
+  basic_tensor_cache& operator=(const basic_tensor_cache&) = delete;
+
+  /// @brief Waits for every move of the cache, then frees every copy (device copies on
+  /// the scheduler's H2D stream). Never throws.
+  ~basic_tensor_cache() {
+    std::vector<record*> unique;
+    for (auto& [k, r] : records_) {
+      if (std::find(unique.begin(), unique.end(), r.get()) == unique.end()) unique.push_back(r.get());
+    }
+    for (record* r : unique) quiesce(*r);
+    for (record* r : unique) release_all(*r, sched_->h2d());
+    sched_->synchronize();
+  }
+
+  /// @brief Device memory of `bytes` bytes that `store` may take ownership of, usable on
+  /// `s` (the producer) after the call.
+  /// @throws ferry::out_of_capacity
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_type s) { return device_->allocate(bytes, s); }
+
+  /// @brief Takes ownership of the device tensor `p` (`bytes` bytes, written by work
+  /// enqueued on `producer`, allocated with `allocate`) under `key`; offloads it in the
+  /// background unless it stays resident (see the file comment). Returns at once.
+  /// @throws ferry::logic_error (a key already stored, null `p`, `bytes` not a multiple of
+  ///         the element size); ferry::out_of_capacity (nothing could make room: the
+  ///         tensor stays on the device, owned by the cache); the scheduler's errors
+  void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
+    const std::size_t element = sizeof(element_type);
+    FERRY_EXPECTS(p != nullptr && bytes > 0, "store of a null or empty tensor", p, bytes);
+    FERRY_EXPECTS(bytes % element == 0, "the tensor's bytes must be a multiple of the codec's element size", bytes,
+                  element);
+    FERRY_EXPECTS(records_.find(key) == records_.end(), "this key is already stored (erase it first)");
+    ++stats_.stored;
+    record_access(key, bytes, access_kind::write);
+    if (auto same = by_pointer_.find(p); same != by_pointer_.end()) {  // the same buffer: kept once
+      auto rec = same->second;
+      FERRY_EXPECTS(rec->bytes == bytes, "the same buffer stored again with another size", bytes, rec->bytes);
+      ++rec->keys;
+      records_.emplace(key, rec);
+      ++stats_.deduplicated;
+      return;
+    }
+    auto rec = std::make_shared<record>();
+    rec->key = key;
+    rec->bytes = bytes;
+    rec->encoded = codec_.encoded_bytes(bytes / element);
+    rec->device = p;
+    rec->producer = producer;
+    records_.emplace(key, rec);
+    by_pointer_.emplace(p, rec);
+    if (bytes < options_.resident_below_bytes) {
+      rec->small = true;
+      ++stats_.kept_resident;
+      return;
+    }
+    window_.push_back(rec);
+    while (window_.size() > options_.keep_last) {
+      auto leaving = window_.front();
+      window_.pop_front();
+      if (leaving->device != nullptr && leaving->keys > 0 && leaving->host == nullptr && !leaving->disk) {
+        offload(*leaving, *leaving->producer);
+      }
+    }
+  }
+
+  /// @brief The device copy of `key`, ready for work enqueued on `consumer` after the
+  /// call (the consumer waits on the GPU; the host does not, except for a tensor that
+  /// must first be read back from NVMe). Valid until `erase`.
+  /// @throws ferry::logic_error for an unknown key; the error of a failed move;
+  ///         ferry::out_of_capacity when device memory cannot be had
+  [[nodiscard]] void* get(const key_type& key, stream_type consumer) {
+    record& r = find(key);
+    record_access(key, r.bytes, access_kind::read);
+    if (r.tracked) eviction_->on_access(r.key);
+    if (r.device == nullptr) fetch(r, false);
+    if (r.in.valid()) {
+      if (r.in.ready()) {
+        try {
+          r.in.wait();
+        } catch (...) {  // the fetched copy is garbage: drop it, keep the other copy
+          device_->deallocate(r.device, r.bytes, sched_->h2d());
+          r.device = nullptr;
+          r.in = ticket_type{};
+          throw;
+        }
+      }
+      r.in.enqueue_wait(consumer);
+    }
+    run_prefetch(key);
+    return r.device;
+  }
+
+  /// @brief Starts bringing `key` back to the device now (it will be ready for `get`).
+  /// A tensor on NVMe is first read into pinned memory, asynchronously.
+  /// @throws ferry::logic_error for an unknown key
+  void prefetch(const key_type& key) {
+    record& r = find(key);
+    poll_read_backs();
+    if (r.device != nullptr) return;
+    if (r.disk && r.host == nullptr) {
+      start_read_back(r);
+      return;
+    }
+    fetch(r, true);
+  }
+
+  /// @brief Forgets `key`; when it was the buffer's last key, frees the device copy on
+  /// `last_user` (after the work enqueued on it so far), the pinned block and the NVMe
+  /// extent once no move uses them.
+  /// @throws ferry::logic_error for an unknown key
+  void erase(const key_type& key, stream_type last_user) {
+    auto it = records_.find(key);
+    FERRY_EXPECTS(it != records_.end(), "erase of a key the cache does not hold");
+    auto rec = it->second;
+    records_.erase(it);
+    if (--rec->keys > 0) {
+      if (rec->key == key) rekey(rec);  // policies know the buffer by a key still stored
+      return;
+    }
+    window_.erase(std::remove(window_.begin(), window_.end(), rec), window_.end());
+    if (auto p = by_pointer_.find(rec->device); p != by_pointer_.end() && p->second == rec) by_pointer_.erase(p);
+    quiesce(*rec);
+    release_all(*rec, last_user);
+  }
+
+  /// @brief Ends an iteration. After the first, the recorded schedule drives the
+  /// schedule-aware policies from the start of each iteration.
+  void end_iteration() {
+    if (!recorded_) {
+      recorded_ = true;
+      make_policies();
+    }
+    ++iteration_;
+    const std::size_t start = iteration_ * schedule_.size();
+    if constexpr (schedule_aware_policy<eviction_type>) {
+      eviction_->advance_to(std::max(start, eviction_->position()));
+    }
+    if constexpr (schedule_aware_policy<prefetch_type>) {
+      prefetch_->advance_to(std::max(start, prefetch_->position()));
+    }
+    position_ = start;
+  }
+
+  /// @brief Whether `key` is stored.
+  [[nodiscard]] bool contains(const key_type& key) const { return records_.find(key) != records_.end(); }
+  /// @brief Keys stored.
+  [[nodiscard]] std::size_t size() const noexcept { return records_.size(); }
+  /// @brief Where `key`'s bytes are: 0 device, 1 pinned, 2 NVMe (the fastest copy).
+  /// @throws ferry::logic_error for an unknown key
+  [[nodiscard]] std::size_t tier_of(const key_type& key) {
+    const record& r = find(key);
+    return r.device != nullptr ? 0 : r.host != nullptr ? 1 : 2;
+  }
+  /// @brief Counters since construction.
+  [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return stats_; }
+  /// @brief The recorded iteration (empty until the first `end_iteration`... recorded as it runs).
+  [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_; }
+
+ private:
+  struct record {
+    key_type key{};
+    std::size_t keys = 1;         // keys naming this buffer
+    std::size_t bytes = 0;        // raw bytes
+    std::size_t encoded = 0;      // encoded bytes
+    void* device = nullptr;       // device copy
+    std::byte* host = nullptr;    // pinned copy (encoded)
+    std::optional<nvme_region> disk;  // NVMe copy (encoded); stays valid while the bytes do
+    std::optional<stream_type> producer;
+    ticket_type out;              // D2H into `host`
+    ticket_type in;               // H2D (+ decode) into `device`
+    ticket_type read_back;        // NVMe -> `host`
+    bool small = false;
+    bool prefetched = false;
+    bool tracked = false;         // known to the eviction policy (its pinned copy is complete or coming)
+  };
+
+  // The buffer's key in the policies was erased while other keys name it: use another.
+  void rekey(const std::shared_ptr<record>& rec) {
+    for (auto& [k, r] : records_) {
+      if (r != rec) continue;
+      if (rec->tracked) {
+        eviction_->on_erase(rec->key);
+        eviction_->on_insert(k, rec->encoded);
+      }
+      rec->key = k;
+      return;
+    }
+  }
+
+  void track(record& r) {
+    if (r.tracked) return;
+    eviction_->on_insert(r.key, r.encoded);
+    r.tracked = true;
+  }
+  void untrack(record& r) noexcept {
+    if (!r.tracked) return;
+    eviction_->on_erase(r.key);
+    r.tracked = false;
+  }
+
+  record& find(const key_type& key) {
+    auto it = records_.find(key);
+    FERRY_EXPECTS(it != records_.end(), "the cache does not hold this key");
+    return *it->second;
+  }
+
+  void make_policies() {
+    if constexpr (schedule_driven<eviction_type, key_type>) {
+      eviction_.emplace(schedule_, position_);
+      // The new policy starts empty: tell it what is in pinned memory.
+      std::vector<record*> seen;
+      for (auto& [k, r] : records_) {
+        if (!r->tracked || std::find(seen.begin(), seen.end(), r.get()) != seen.end()) continue;
+        seen.push_back(r.get());
+        eviction_->on_insert(r->key, r->encoded);
+      }
+    } else {
+      if (!eviction_) eviction_.emplace();
+    }
+    if constexpr (schedule_driven<prefetch_type, key_type>) {
+      prefetch_.emplace(schedule_, position_);
+    } else {
+      if (!prefetch_) prefetch_.emplace();
+    }
+  }
+
+  void record_access(const key_type& key, std::size_t bytes, access_kind kind) {
+    if (!recorded_) (void)schedule_.record(key, bytes, kind);
+    ++position_;
+    if constexpr (schedule_aware_policy<eviction_type>) {
+      if (eviction_->position() < position_) eviction_->advance_to(position_);
+    }
+    prefetch_->on_access(key);
+  }
+
+  // D2H of a device tensor into a new pinned block (encoded); its device memory is freed
+  // on the D2H stream behind the copy.
+  void offload(record& r, stream_type producer) {
+    std::byte* block = take_host_block(r.encoded);
+    const stream_type d2h = sched_->d2h();
+    try {
+      if constexpr (detail::is_identity_codec<codec_type>) {
+        r.out = sched_->to_host(block, r.device, r.bytes, producer);
+      } else {
+        auto* staging = static_cast<std::byte*>(device_->allocate(r.encoded, producer));
+        detail::codec_on_stream<codec_type>::encode(codec_, producer, r.device, r.bytes / sizeof(element_type), staging,
+                                                    r.encoded);
+        r.out = sched_->to_host(block, staging, r.encoded, producer);
+        device_->deallocate(staging, r.encoded, d2h);  // behind the copy, on the D2H stream
+      }
+    } catch (...) {
+      host_->deallocate(block, r.encoded);
+      throw;
+    }
+    if (auto p = by_pointer_.find(r.device); p != by_pointer_.end()) by_pointer_.erase(p);  // the buffer is gone
+    device_->deallocate(r.device, r.bytes, d2h);  // returned once the copy has read it
+    r.device = nullptr;
+    r.host = block;
+    track(r);
+    ++stats_.offloaded;
+    stats_.offloaded_bytes += r.encoded;
+  }
+
+  // A pinned block of `bytes`, spilling tensors to NVMe while the pool refuses.
+  std::byte* take_host_block(std::size_t bytes) {
+    for (;;) {
+      try {
+        return static_cast<std::byte*>(host_->allocate(bytes));
+      } catch (const out_of_capacity&) {
+        if (nvme_ == nullptr || !spill_one()) throw;
+      }
+    }
+  }
+
+  // Writes the eviction policy's victim to NVMe and frees its pinned block; false when
+  // nothing can spill.
+  bool spill_one() {
+    const std::optional<key_type> victim = eviction_->victim();
+    if (!victim) return false;
+    record& v = *by_key_primary(*victim);
+    v.out.wait();                  // the block is complete (throws a failed D2H's error)
+    if (v.in.valid()) {
+      try {
+        v.in.wait();               // and no H2D still reads it
+      } catch (...) {              // a failed fetch does not matter to the pinned copy
+      }
+    }
+    if (!v.disk) {                 // an NVMe copy read back earlier is still valid
+      const nvme_region region = nvme_->allocate(v.encoded);
+      try {
+        sched_->host_to_nvme(*nvme_, region, 0, std::span<const std::byte>(v.host, v.encoded)).wait();
+      } catch (...) {
+        nvme_->deallocate(region);
+        throw;  // the tensor stays in pinned memory
+      }
+      v.disk = region;
+      ++stats_.spilled;
+      stats_.spilled_bytes += v.encoded;
+    }
+    untrack(v);
+    host_->deallocate(v.host, v.encoded);
+    v.host = nullptr;
+    v.out = ticket_type{};
+    return true;
+  }
+
+  std::shared_ptr<record> by_key_primary(const key_type& key) {
+    auto it = records_.find(key);
+    FERRY_EXPECTS(it != records_.end(), "the eviction policy named a key the cache does not hold");
+    return it->second;
+  }
+
+  void start_read_back(record& r) {
+    std::byte* block = take_host_block(r.encoded);
+    try {
+      r.read_back = sched_->nvme_to_host(*nvme_, *r.disk, 0, std::span<std::byte>(block, r.encoded));
+    } catch (...) {
+      host_->deallocate(block, r.encoded);
+      throw;
+    }
+    r.host = block;
+    reading_.push_back(r.key);
+    ++stats_.read_back;
+  }
+
+  // Finishes read-backs that completed: the tensor is in pinned memory again.
+  void poll_read_backs() {
+    for (auto it = reading_.begin(); it != reading_.end();) {
+      auto rit = records_.find(*it);
+      if (rit == records_.end() || !rit->second->read_back.valid()) {
+        it = reading_.erase(it);
+        continue;
+      }
+      record& r = *rit->second;
+      if (!r.read_back.ready()) {
+        ++it;
+        continue;
+      }
+      finish_read_back(r);
+      it = reading_.erase(it);
+      if (r.prefetched && r.device == nullptr) fetch(r, true);
+    }
+  }
+
+  void finish_read_back(record& r) {
+    try {
+      r.read_back.wait();
+    } catch (...) {
+      host_->deallocate(r.host, r.encoded);  // the NVMe copy is still there
+      r.host = nullptr;
+      r.read_back = ticket_type{};
+      throw;
+    }
+    r.read_back = ticket_type{};
+    track(r);
+  }
+
+  // H2D (+ decode on the H2D stream) into new device memory.
+  void fetch(record& r, bool ahead) {
+    if (r.host == nullptr) start_read_back(r);
+    if (r.read_back.valid()) {
+      if (ahead && !r.read_back.ready()) {
+        r.prefetched = true;  // finished by poll_read_backs
+        return;
+      }
+      finish_read_back(r);
+    }
+    const stream_type h2d = sched_->h2d();
+    r.out.enqueue_wait(h2d);  // the block is complete before it is read
+    void* dst = device_->allocate(r.bytes, h2d);
+    try {
+      if constexpr (detail::is_identity_codec<codec_type>) {
+        r.in = sched_->to_device(dst, r.host, r.bytes);
+      } else {
+        auto* staging = static_cast<std::byte*>(device_->allocate(r.encoded, h2d));
+        auto copy = sched_->to_device(staging, r.host, r.encoded);
+        detail::codec_on_stream<codec_type>::decode(codec_, h2d, staging, r.encoded, dst,
+                                                    r.bytes / sizeof(element_type));
+        device_->deallocate(staging, r.encoded, h2d);
+        r.in = sched_->mark(lane::h2d);  // copy and decode
+      }
+    } catch (...) {
+      device_->deallocate(dst, r.bytes, h2d);
+      throw;
+    }
+    r.device = dst;
+    r.prefetched = ahead;
+    ++stats_.fetched;
+    stats_.fetched_bytes += r.encoded;
+    if (ahead) ++stats_.prefetched;
+  }
+
+  void run_prefetch(const key_type& key) {
+    poll_read_backs();
+    prefetch_->prefetch(key, options_.prefetch_budget_bytes, [&](const key_type& ahead) {
+      auto it = records_.find(ahead);
+      if (it == records_.end()) return true;  // not stored (yet): nothing to bring
+      record& r = *it->second;
+      if (r.device != nullptr) return true;
+      try {
+        if (r.disk && r.host == nullptr) {
+          r.prefetched = true;
+          start_read_back(r);
+        } else {
+          fetch(r, true);
+        }
+      } catch (const out_of_capacity&) {
+        return false;  // no room now: stop prefetching
+      }
+      return true;
+    });
+  }
+
+  // Waits for every move touching `r` (quietly: errors stay with the tickets).
+  void quiesce(record& r) noexcept {
+    for (ticket_type* t : {&r.out, &r.in, &r.read_back}) {
+      if (!t->valid()) continue;
+      try {
+        t->wait();
+      } catch (...) {
+      }
+    }
+  }
+
+  void release_all(record& r, stream_type last_user) noexcept {
+    if (r.device != nullptr) device_->deallocate(r.device, r.bytes, last_user);
+    untrack(r);
+    if (r.host != nullptr) host_->deallocate(r.host, r.encoded);
+    if (r.disk && nvme_ != nullptr) nvme_->deallocate(*r.disk);
+    r.device = nullptr;
+    r.host = nullptr;
+    r.disk.reset();
+  }
+
+  scheduler_type* sched_;
+  DeviceMemory* device_;
+  pinned_pool* host_;
+  Nvme* nvme_;
+  tensor_cache_options options_;
+  [[no_unique_address]] codec_type codec_{};
+  std::unordered_map<key_type, std::shared_ptr<record>> records_;
+  std::unordered_map<void*, std::shared_ptr<record>> by_pointer_;
+  std::deque<std::shared_ptr<record>> window_;
+  std::vector<key_type> reading_;
+  schedule_type schedule_;
+  bool recorded_ = false;
+  std::size_t iteration_ = 0;
+  std::size_t position_ = 0;
+  std::optional<eviction_type> eviction_;
+  std::optional<prefetch_type> prefetch_;
+  tensor_cache_stats stats_;
+};
+
+/// @brief A tensor cache on the host backend (no GPU): "device" memory is host memory.
+template <class Pipeline, class Nvme = nvme_tier>
+using host_tensor_cache = basic_tensor_cache<Pipeline, host_backend, host_device_memory, Nvme>;
+
+#if FERRY_HAS_CUDA
+/// @brief A tensor cache on CUDA streams, with device copies in a `device_arena`.
+template <class Pipeline, class Nvme = nvme_tier>
+using tensor_cache = basic_tensor_cache<Pipeline, cuda_backend<>, device_arena, Nvme>;
+#endif
+
+}  // namespace ferry

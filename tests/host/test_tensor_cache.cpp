@@ -1,0 +1,322 @@
+// tensor_cache on the host backend (no GPU): the same code the CUDA backend runs, with
+// "device" memory in host memory. Round trips bit for bit, residency rules, dedup,
+// spill to NVMe under a pinned budget, out_of_capacity without losing the tensor, an
+// injected ENOSPC in the middle of a step, schedule-driven prefetch, a lossy codec.
+#include "io_test_support.hpp"
+
+#include <ferry/codec/bf16.hpp>
+#include <ferry/pipeline/tensor_cache.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+using ferry::host_executor;
+using ferry::host_stream;
+using ferry::MiB;
+using ferry_test::checksum;
+using ferry_test::fill;
+using ferry_test::scratch_path;
+
+using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+using with_nvme = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>>;
+using with_lru = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
+                                      ferry::no_prefetch>;
+
+template <class Syscalls>
+using pool_tier = ferry::basic_nvme_tier<Syscalls, ferry::io::thread_pool_engine>;
+
+ferry::pinned_pool_options unpinned(std::size_t budget) {
+  ferry::pinned_pool_options o;
+  o.pin = false;
+  o.budget_bytes = budget;
+  o.slab_bytes = 4 * MiB;
+  o.keep_empty_slabs = false;
+  return o;
+}
+
+ferry::scheduler_options sched_options() {
+  ferry::scheduler_options o;
+  o.chunk_bytes = 256 * 1024;
+  o.bounce_slots = 2;
+  return o;
+}
+
+// A tensor the "forward pass" produced: pattern bytes written on the compute stream.
+struct producer {
+  host_stream& compute;
+  template <class Cache>
+  void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
+    void* p = cache.allocate(bytes, compute);
+    compute.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
+    return p;
+  }
+};
+
+std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
+  std::vector<std::byte> v(bytes);
+  fill(v, seed);
+  return checksum(v);
+}
+
+// Reads `bytes` at `p` on `s` after everything before (as a kernel would).
+std::uint64_t sum_on(host_stream& s, const void* p, std::size_t bytes) {
+  std::uint64_t out = 0;
+  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
+  s.synchronize();
+  return out;
+}
+
+const std::vector<std::size_t> sizes = {MiB + 1, 3 * MiB + 5, 2 * MiB, MiB + 4095, 5 * MiB + 17, MiB + 3};
+
+}  // namespace
+
+TEST_CASE("tensor_cache: stored tensors come back bit for bit; device memory is returned", "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(256 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  producer prod{compute};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    cache.store(static_cast<int>(i), prod.make(cache, sizes[i], i), sizes[i], compute);
+  }
+  CHECK(cache.stats().offloaded == sizes.size() - 1);  // all but the last one stored
+  CHECK(cache.tier_of(static_cast<int>(sizes.size() - 1)) == 0);
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) CHECK(cache.tier_of(static_cast<int>(i)) == 1);
+  sched.synchronize();
+  compute.synchronize();
+  // Only the last tensor is on the device now.
+  CHECK(device.used() == (sizes.back() + 255) / 256 * 256);
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    const void* p = cache.get(static_cast<int>(i), compute);
+    CHECK(sum_on(compute, p, sizes[i]) == expected_sum(sizes[i], i));
+    cache.erase(static_cast<int>(i), compute);
+  }
+  compute.synchronize();
+  sched.synchronize();
+  compute.synchronize();
+  CHECK(device.used() == 0);
+  CHECK(pool.used() == 0);
+  CHECK(cache.size() == 0);
+}
+
+TEST_CASE("tensor_cache: small tensors and the last N stored stay on the device", "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(256 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr,
+                                              {.resident_below_bytes = 64 * 1024, .keep_last = 3});
+  producer prod{compute};
+  cache.store(100, prod.make(cache, 1000, 100), 1000, compute);  // small
+  for (int i = 0; i < 5; ++i) cache.store(i, prod.make(cache, MiB + 8, static_cast<std::uint64_t>(i)), MiB + 8, compute);
+  CHECK(cache.tier_of(100) == 0);
+  CHECK(cache.tier_of(0) == 1);
+  CHECK(cache.tier_of(1) == 1);
+  CHECK(cache.tier_of(2) == 0);
+  CHECK(cache.tier_of(3) == 0);
+  CHECK(cache.tier_of(4) == 0);
+  CHECK(cache.stats().kept_resident == 1);
+  CHECK(cache.stats().offloaded == 2);
+  CHECK(sum_on(compute, cache.get(100, compute), 1000) == expected_sum(1000, 100));
+  CHECK(sum_on(compute, cache.get(0, compute), MiB + 8) == expected_sum(MiB + 8, 0));
+}
+
+TEST_CASE("tensor_cache: the same buffer stored under two keys is kept once", "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(256 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  producer prod{compute};
+  void* p = prod.make(cache, 2 * MiB, 7);
+  cache.store(1, p, 2 * MiB, compute);
+  cache.store(2, p, 2 * MiB, compute);  // same buffer
+  CHECK(cache.stats().deduplicated == 1);
+  cache.store(3, prod.make(cache, MiB + 1, 8), MiB + 1, compute);  // pushes the buffer out
+  CHECK(cache.stats().offloaded == 1);
+  CHECK(cache.get(1, compute) == cache.get(2, compute));
+  cache.erase(1, compute);
+  CHECK(sum_on(compute, cache.get(2, compute), 2 * MiB) == expected_sum(2 * MiB, 7));
+  cache.erase(2, compute);
+  cache.erase(3, compute);
+  sched.synchronize();
+  compute.synchronize();
+  CHECK(pool.used() == 0);
+}
+
+TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe and come back intact",
+          "[pipeline][tensor_cache][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 128 * MiB));
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(12 * MiB));  // room for three or so
+  ferry::host_tensor_cache<with_lru> cache(sched, device, pool, &tier, {.keep_last = 1});
+  producer prod{compute};
+  constexpr int n = 10;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t bytes = 3 * MiB + static_cast<std::size_t>(i) * 4099;
+    cache.store(i, prod.make(cache, bytes, static_cast<std::uint64_t>(i)), bytes, compute);
+  }
+  CHECK(cache.stats().spilled > 0);
+  CHECK(tier.used() > 0);
+  CHECK(cache.tier_of(0) == 2);  // LRU spilled the oldest
+  for (int i = n; i-- > 0;) {
+    const std::size_t bytes = 3 * MiB + static_cast<std::size_t>(i) * 4099;
+    CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(i)));
+    cache.erase(i, compute);
+  }
+  sched.synchronize();
+  compute.synchronize();
+  CHECK(tier.used() == 0);
+  CHECK(pool.used() == 0);
+}
+
+TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and the tensor stays retrievable",
+          "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(4 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  producer prod{compute};
+  cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);  // fits
+  CHECK_THROWS_AS(cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute), ferry::out_of_capacity);
+  CHECK(cache.contains(1));
+  CHECK(cache.tier_of(1) == 0);  // still on the device, owned by the cache
+  CHECK(sum_on(compute, cache.get(1, compute), 3 * MiB) == expected_sum(3 * MiB, 1));
+  CHECK(sum_on(compute, cache.get(0, compute), 3 * MiB) == expected_sum(3 * MiB, 0));
+}
+
+TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and every tensor stays retrievable",
+          "[pipeline][tensor_cache][nvme][faults]") {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  scratch_path path(ferry_test::disk_dir);
+  pool_tier<ferry::io::faulty_syscalls<>> tier(ferry_test::small_options({path.path()}, 128 * MiB),
+                                               ferry::io::faulty_syscalls<>(plan));
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
+                                 ferry::no_prefetch>;
+  ferry::basic_tensor_cache<P, ferry::host_backend, ferry::host_device_memory, decltype(tier)> cache(
+      sched, device, pool, &tier, {.keep_last = 0});
+  producer prod{compute};
+  cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);
+  cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute);
+  plan->add({.call = ferry::io::syscall_kind::pwrite, .error = ENOSPC, .times = ferry::io::fault::forever});
+  CHECK_THROWS_AS(cache.store(2, prod.make(cache, 3 * MiB, 2), 3 * MiB, compute), ferry::io_error);
+  plan->clear();
+  for (int i = 0; i < 3; ++i) {
+    CHECK(sum_on(compute, cache.get(i, compute), 3 * MiB) == expected_sum(3 * MiB, static_cast<std::uint64_t>(i)));
+  }
+}
+
+TEST_CASE("tensor_cache: a store waits for its producer before the copy reads the tensor", "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  void* p = cache.allocate(2 * MiB, compute);
+  std::memset(p, 0, 2 * MiB);
+  compute.enqueue([&, p] {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return open; });
+    fill(std::span<std::byte>(static_cast<std::byte*>(p), 2 * MiB), 42);
+  });
+  cache.store(9, p, 2 * MiB, compute);  // offloaded at once (keep_last = 0), behind the gate
+  {
+    std::lock_guard lock(m);
+    open = true;
+  }
+  cv.notify_all();
+  CHECK(sum_on(compute, cache.get(9, compute), 2 * MiB) == expected_sum(2 * MiB, 42));
+}
+
+TEST_CASE("tensor_cache: later iterations prefetch from the recorded schedule and stay bit exact",
+          "[pipeline][tensor_cache][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 256 * MiB));
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(256 * MiB);
+  ferry::pinned_pool pool(unpinned(16 * MiB));
+  ferry::host_tensor_cache<with_nvme> cache(sched, device, pool, &tier,
+                                            {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
+  producer prod{compute};
+  constexpr int layers = 8;
+  const auto bytes_of = [](int i) { return 2 * MiB + static_cast<std::size_t>(i) * 8191; };
+  for (int it = 0; it < 3; ++it) {
+    for (int i = 0; i < layers; ++i) {
+      cache.store(i, prod.make(cache, bytes_of(i), static_cast<std::uint64_t>(it * 100 + i)), bytes_of(i), compute);
+    }
+    for (int i = layers; i-- > 0;) {
+      const void* p = cache.get(i, compute);
+      CHECK(sum_on(compute, p, bytes_of(i)) == expected_sum(bytes_of(i), static_cast<std::uint64_t>(it * 100 + i)));
+      cache.erase(i, compute);
+    }
+    cache.end_iteration();
+  }
+  CHECK(cache.schedule().size() == 2 * layers);
+  CHECK(cache.stats().prefetched > 0);
+  CHECK(cache.stats().spilled > 0);
+  sched.synchronize();
+  compute.synchronize();
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+}
+
+TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-trips within its bound",
+          "[pipeline][tensor_cache][codec]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
+                                 ferry::bf16>;
+  ferry::host_tensor_cache<P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  const std::size_t n = 1'000'003;
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = std::sin(static_cast<float>(i) * 0.001f) * 1000.0f;
+  auto* p = static_cast<float*>(cache.allocate(n * sizeof(float), compute));
+  std::memcpy(p, want.data(), n * sizeof(float));
+  cache.store(0, p, n * sizeof(float), compute);
+  CHECK(cache.stats().offloaded_bytes == n * 2);
+  const auto* back = static_cast<const float*>(cache.get(0, compute));
+  compute.synchronize();
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (want[i] == 0.0f) continue;
+    worst = std::max(worst, std::abs(static_cast<double>(back[i]) - want[i]) / std::abs(static_cast<double>(want[i])));
+  }
+  CHECK(worst <= 1.0 / 256);  // bf16 keeps 8 significant bits: relative error <= 2^-9 rounded to nearest
+}
+
+TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor_cache]") {
+  host_stream compute;
+  host_executor sched(compute, sched_options());
+  ferry::host_device_memory device(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool);
+  void* p = cache.allocate(4096, compute);
+  CHECK_THROWS_AS(cache.store(1, nullptr, 10, compute), ferry::logic_error);
+  CHECK_THROWS_AS(cache.get(5, compute), ferry::logic_error);
+  CHECK_THROWS_AS(cache.erase(5, compute), ferry::logic_error);
+  cache.store(1, p, 4096, compute);
+  CHECK_THROWS_AS(cache.store(1, p, 4096, compute), ferry::logic_error);
+  CHECK_THROWS_AS((ferry::host_tensor_cache<with_nvme>(sched, device, pool, nullptr)), ferry::logic_error);
+}
