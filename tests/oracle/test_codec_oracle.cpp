@@ -231,3 +231,20 @@ TEMPLATE_TEST_CASE_SIG("oracle: the scaled codecs on every bf16 and fp16 pattern
   check_scaled<F, float, ferry::per_block<128>>(f, same, same);
   check_scaled<F, float, ferry::per_tensor>(f, same, same);
 }
+
+// Every one of the 2^32 fp32 patterns (about a minute at -O2; hidden: run it with
+// `ferry-tests-oracle "[exhaustive]"`).
+TEST_CASE("oracle: every fp32 pattern to FP8, bf16 and fp16 as CUDA's host conversions",
+          "[codec][oracle][exhaustive][.]") {
+  std::size_t mismatches = 0;
+  for (std::uint64_t b = 0; b <= 0xFFFFFFFFull; ++b) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(b));
+    if (ferry::to_fp8<fp8_format::e4m3>(x) != __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) ||
+        ferry::to_fp8<fp8_format::e5m2>(x) != __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2) ||
+        ferry::to_bfloat16(x).bits != bits_of(__float2bfloat16_rn(x)) ||
+        ferry::to_half(x).bits != bits_of(__float2half_rn(x))) {
+      if (++mismatches < 10) UNSCOPED_INFO("fp32 0x" << std::hex << b);
+    }
+  }
+  CHECK(mismatches == 0);
+}

@@ -247,34 +247,43 @@ inline const std::array<float, 256>& fp8_decode_table() noexcept {
   const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
   const std::uint32_t a = b & 0x7FFFFFFFu;
   const auto sign = static_cast<std::uint16_t>((b >> 16) & 0x8000u);
-  if (a > 0x7F800000u) {
-    return half{0x7FFF};
+  if (a >= 0x47800000u) {  // |x| >= 2^16, inf or NaN
+    return half{a > 0x7F800000u ? std::uint16_t{0x7FFF} : static_cast<std::uint16_t>(sign | 0x7C00u)};
   }
-  std::uint32_t m = detail::round_magnitude<10, 15>(a);
-  if (m > 0x7C00u) {
-    m = 0x7C00u;  // overflow rounds to infinity (no saturation in IEEE conversion)
+  if (a >= 0x38800000u) {  // a normal binary16 (or 65520..65535, which rounds to inf below)
+    // Rebias the exponent (127 -> 15), then drop 13 mantissa bits rounding to nearest
+    // even; a carry into the exponent field is the right result, up to infinity.
+    std::uint32_t r = a - (std::uint32_t{127 - 15} << 23);
+    r += 0xFFFu + ((r >> 13) & 1u);
+    return half{static_cast<std::uint16_t>(sign | (r >> 13))};
   }
-  return half{static_cast<std::uint16_t>(sign | m)};
+  if (a <= 0x33000000u) {  // at most half the smallest subnormal (2^-25): ties to even, zero
+    return half{sign};
+  }
+  // Subnormal result: the count of 2^-24 steps, round to nearest even.
+  const std::uint32_t significand = (a & 0x007FFFFFu) | 0x00800000u;
+  const std::uint32_t drop = 126u - (a >> 23);  // 14..24
+  std::uint32_t q = significand >> drop;
+  const std::uint32_t rest = significand & ((1u << drop) - 1u);
+  const std::uint32_t halfway = 1u << (drop - 1u);
+  if (rest > halfway || (rest == halfway && (q & 1u) != 0u)) {
+    ++q;
+  }
+  return half{static_cast<std::uint16_t>(sign | q)};
 }
 
 /// @brief The exact binary32 value of a binary16; NaN gives the canonical `0x7FFFFFFF`.
 [[nodiscard]] constexpr float to_float(half x) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
   const std::uint32_t exponent = (x.bits >> 10) & 0x1Fu;
-  std::uint32_t mantissa = x.bits & 0x3FFu;
+  const std::uint32_t mantissa = x.bits & 0x3FFu;
   if (exponent == 0x1Fu) {
     return mantissa != 0 ? std::bit_cast<float>(0x7FFFFFFFu) : std::bit_cast<float>(sign | 0x7F800000u);
   }
   if (exponent == 0) {
-    if (mantissa == 0) {
-      return std::bit_cast<float>(sign);
-    }
-    std::uint32_t e32 = 127 - 15 + 1;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      --e32;
-    }
-    return std::bit_cast<float>(sign | (e32 << 23) | ((mantissa & 0x3FFu) << 13));
+    // Zero or subnormal: mantissa * 2^-24, exact in binary32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));
   }
   return std::bit_cast<float>(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
 }
