@@ -17,7 +17,8 @@
 /// (device-side codecs, cost-aware eviction, schedule-driven prefetch) without
 /// breaking types that model these. The policies issue added the optional
 /// refinements `cost_aware_eviction_policy`, `schedule_aware_policy` and
-/// `guarded_prefetch_policy`, and prefetch sinks that return `bool`.
+/// `guarded_prefetch_policy`, and prefetch sinks that return `bool`; the codecs issue
+/// added `device_codec` (encode and decode on a CUDA stream; with `FERRY_HAS_CUDA`).
 #pragma once
 
 #include "ferry/config.hpp"
@@ -27,6 +28,10 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+
+#if FERRY_HAS_CUDA
+#include <cuda/stream_ref>
+#endif
 
 namespace ferry {
 
@@ -300,7 +305,9 @@ concept guarded_prefetch_policy = prefetch_policy<P, Key> && requires(const P& c
 /// - `c.encode(in, out)`: encodes `in.size()` elements into `out` (at least
 ///   `encoded_bytes(in.size())` bytes), returns the bytes written;
 /// - `c.decode(in, out)`: decodes `out.size()` elements from `in`.
-/// The device side (encode and decode on a CUDA stream) is added by the codecs issue.
+///
+/// The device side (encode and decode on a CUDA stream) is `ferry::device_codec`.
+/// ferry's codecs (`identity`, `bf16`, `fp8_e4m3`, `fp8_e5m2`; docs/codecs.md) model both.
 template <class C>
 concept codec = requires {
   typename C::value_type;
@@ -339,5 +346,49 @@ consteval bool check_codec() {
   }
   return codec<C>;
 }
+
+#if FERRY_HAS_CUDA
+/// @brief A codec that also encodes and decodes on a CUDA stream.
+///
+/// For `const C c`, `const C::value_type* in`, `C::value_type* out`, `std::size_t n`,
+/// `std::byte* encoded`, `const std::byte* encoded_in`, `cuda::stream_ref s`:
+/// - `c.encode(in, n, encoded, s)`: encodes `n` elements from device-accessible `in`
+///   into `c.encoded_bytes(n)` bytes at `encoded`, asynchronously, ordered on `s`, with
+///   no host synchronisation and no allocation; the bytes equal those of the host
+///   `encode`, so either side can decode them;
+/// - `c.decode(encoded_in, n, out, s)`: the reverse, likewise.
+/// Present when `FERRY_HAS_CUDA` is 1. Calling the functions needs the codec's kernels
+/// (`ferry/codec/device.cuh`, under nvcc); declaring them is enough to model the concept.
+template <class C>
+concept device_codec = codec<C> && requires(const C& c, const typename C::value_type* in, typename C::value_type* out,
+                                            std::size_t n, std::byte* encoded, const std::byte* encoded_in,
+                                            ::cuda::stream_ref s) {
+  c.encode(in, n, encoded, s);
+  c.decode(encoded_in, n, out, s);
+};
+
+/// @brief Names, in a `static_assert`, the first requirement of `ferry::device_codec`
+/// that `C` misses; `true` when `C` models it.
+template <class C>
+consteval bool check_device_codec() {
+  static_assert(check_codec<C>());
+  if constexpr (codec<C>) {
+    using V = typename C::value_type;
+    static_assert(
+        requires(const C& c, const V* in, std::size_t n, std::byte* out, ::cuda::stream_ref s) {
+          c.encode(in, n, out, s);
+        },
+        "ferry::device_codec: C::encode(const value_type*, std::size_t, std::byte*, cuda::stream_ref) const is "
+        "missing");
+    static_assert(
+        requires(const C& c, const std::byte* in, std::size_t n, V* out, ::cuda::stream_ref s) {
+          c.decode(in, n, out, s);
+        },
+        "ferry::device_codec: C::decode(const std::byte*, std::size_t, value_type*, cuda::stream_ref) const is "
+        "missing");
+  }
+  return device_codec<C>;
+}
+#endif
 
 }  // namespace ferry

@@ -1,6 +1,7 @@
 /// @file
 /// @brief Everything of ferry, for translation units compiled by a CUDA compiler:
-/// `ferry/ferry.hpp` plus the headers that define kernels (`*.cuh`).
+/// `ferry/ferry.hpp` plus the headers that define kernels (`*.cuh`): the codecs' kernels
+/// (`ferry/codec/device.cuh`).
 #pragma once
 
 #include "ferry/config.hpp"
@@ -12,4 +13,5 @@
 #error "ferry/ferry.cuh needs FERRY_HAS_CUDA=1 (link ferry::ferry with its cuda component)"
 #endif
 
+#include "ferry/codec/device.cuh"
 #include "ferry/ferry.hpp"

@@ -6,6 +6,7 @@
 /// nvcc, include `ferry/ferry.cuh` for the kernels as well.
 #pragma once
 
+#include "ferry/codec.hpp"
 #include "ferry/concepts.hpp"
 #include "ferry/config.hpp"
 #include "ferry/defaults.hpp"

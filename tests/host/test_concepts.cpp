@@ -119,6 +119,18 @@ struct throwing_size : byte_copy {
 struct encode_returns_void : byte_copy {
   void encode(std::span<const std::byte>, std::span<std::byte>) const {}
 };
+#if FERRY_HAS_CUDA
+struct device_byte_copy : byte_copy {
+  using byte_copy::decode;
+  using byte_copy::encode;
+  std::size_t encode(const std::byte*, std::size_t n, std::byte*, cuda::stream_ref) const { return n; }
+  void decode(const std::byte*, std::size_t, std::byte*, cuda::stream_ref) const {}
+};
+struct device_encode_only : byte_copy {
+  using byte_copy::encode;
+  std::size_t encode(const std::byte*, std::size_t n, std::byte*, cuda::stream_ref) const { return n; }
+};
+#endif
 
 }  // namespace
 
@@ -176,3 +188,13 @@ TEMPLATE_TEST_CASE("types that miss a requirement of ferry::codec do not model i
                    encode_returns_void) {
   STATIC_REQUIRE_FALSE(ferry::codec<TestType>);
 }
+
+#if FERRY_HAS_CUDA
+TEST_CASE("types that model ferry::device_codec") {
+  STATIC_REQUIRE(ferry::device_codec<device_byte_copy>);
+  STATIC_REQUIRE(ferry::check_device_codec<device_byte_copy>());
+  STATIC_REQUIRE_FALSE(ferry::device_codec<byte_copy>);           // host side only
+  STATIC_REQUIRE_FALSE(ferry::device_codec<device_encode_only>);  // no stream decode
+  STATIC_REQUIRE_FALSE(ferry::device_codec<throwing_size>);       // not a codec at all
+}
+#endif

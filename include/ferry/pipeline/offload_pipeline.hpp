@@ -29,6 +29,7 @@
 /// default-constructed.
 #pragma once
 
+#include "ferry/codec/identity.hpp"
 #include "ferry/concepts.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/eviction/belady.hpp"
@@ -37,13 +38,6 @@
 
 #include <cstddef>
 #include <type_traits>
-
-// The identity codec is defined by the codecs' headers; declared here so that a
-// pipeline without codecs installed still names it.
-namespace ferry {
-template <class T>
-class identity;
-}  // namespace ferry
 
 namespace ferry {
 
