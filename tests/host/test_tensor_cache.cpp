@@ -301,7 +301,7 @@ TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-trips wit
   double worst = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (want[i] == 0.0f) continue;
-    worst = std::max(worst, std::abs(static_cast<double>(back[i]) - want[i]) / std::abs(static_cast<double>(want[i])));
+    worst = std::max(worst, std::abs(static_cast<double>(back[i]) - static_cast<double>(want[i])) / std::abs(static_cast<double>(want[i])));
   }
   CHECK(worst <= 1.0 / 256);  // bf16 keeps 8 significant bits: relative error <= 2^-9 rounded to nearest
 }

@@ -32,9 +32,9 @@
 #include "ferry/codec/identity.hpp"
 #include "ferry/concepts.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/eviction/belady.hpp"
+#include "ferry/policy/eviction.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
-#include "ferry/policy/prefetch/schedule_replay.hpp"
+#include "ferry/policy/prefetch.hpp"
 
 #include <cstddef>
 #include <type_traits>
