@@ -295,10 +295,18 @@ TEST_CASE("stream_scheduler (recorded): device <-> NVMe through the bounce ring,
     CHECK(calls[0].op == "record");
     CHECK(calls[0].stream == sched.compute().get());
     CHECK(calls[1].op == "wait");
-    CHECK(calls[1].stream == sched.d2h().get());
+    CHECK(calls[1].event == calls[0].event);
+    // The move's chunks run on a stream of its own (not the D2H lane, where later waits
+    // of other moves could sit in front of them), ordered after the producer's event.
+    const auto own = calls[1].stream;
+    CHECK(own != sched.d2h().get());
+    CHECK(own != sched.compute().get());
     const auto first_copy = std::find_if(calls.begin(), calls.end(), [](const call& c) { return c.op == "copy"; });
     REQUIRE(first_copy != calls.end());
     CHECK(first_copy - calls.begin() > 1);  // after the wait
+    for (const auto& c : calls) {
+      if (c.op == "copy") CHECK(c.stream == own);
+    }
     const auto waits = std::count_if(calls.begin(), calls.end(), [&](const call& c) {
       return c.op == "wait_value" && c.stream == consumer.get() && c.value != 0;
     });
@@ -309,8 +317,10 @@ TEST_CASE("stream_scheduler (recorded): device <-> NVMe through the bounce ring,
     CHECK(checksum(back) == checksum(device));
     calls = api.st->calls();
     for (const auto& c : calls) {
-      if (c.op == "copy" && c.kind == cudaMemcpyHostToDevice) CHECK(c.stream == sched.h2d().get());
-      if (c.op == "copy" && c.kind == cudaMemcpyDeviceToHost) CHECK(c.stream == sched.d2h().get());
+      if (c.op != "copy") continue;
+      CHECK(c.stream != sched.compute().get());
+      if (c.kind == cudaMemcpyHostToDevice) CHECK(c.stream != sched.d2h().get());
+      if (c.kind == cudaMemcpyDeviceToHost) CHECK(c.stream != sched.h2d().get());
     }
     CHECK(std::none_of(calls.begin(), calls.end(), on_legacy));
     tier.deallocate(r);

@@ -28,6 +28,9 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 namespace ferry {
 
@@ -70,8 +73,9 @@ class host_backend {
   /// @brief Nothing to release.
   void release(marker_type& /*m*/) noexcept {}
   /// @brief Calls `fn(context, error)` after the work enqueued on `s` so far, on `s`'s
-  /// thread; `error` is the stream's error if it failed by then.
-  void notify(stream_type s, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
+  /// thread; `error` is the stream's error if it failed by then. (`l`: the lane the
+  /// work belongs to; unused here.)
+  void notify(stream_type s, ferry::lane /*l*/, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
     host_stream* stream = &s.get();
     s->enqueue([fn, context, stream] { fn(context, stream->error()); });
   }
@@ -109,9 +113,35 @@ class host_backend {
   /// @brief Nothing to stop: the lanes stop when the backend is destroyed.
   void shutdown() noexcept {}
 
+  /// @brief A stream of its own for a staged move in direction `l` (from a pool; a new
+  /// thread the first time more are in use at once than ever before).
+  /// @throws std::bad_alloc, std::system_error
+  [[nodiscard]] stream_type acquire_stream(ferry::lane l) {
+    std::lock_guard lock(pool_mutex_);
+    auto& free = free_[static_cast<std::size_t>(l)];
+    if (!free.empty()) {
+      host_stream* s = free.back();
+      free.pop_back();
+      return *s;
+    }
+    all_.push_back(std::make_unique<host_stream>());
+    for (auto& f : free_) f.reserve(all_.size());  // so that release never allocates
+    return *all_.back();
+  }
+  /// @brief Returns an idle stream from `acquire_stream`.
+  void release_stream(ferry::lane l, stream_type s) noexcept {
+    std::lock_guard lock(pool_mutex_);
+    free_[static_cast<std::size_t>(l)].push_back(&s.get());
+  }
+  /// @brief Blocks until `s` is idle (errors ignored).
+  void drain_stream(stream_type s) noexcept { s->block(s->record()); }
+
  private:
   host_stream h2d_;
   host_stream d2h_;
+  std::mutex pool_mutex_;
+  std::vector<std::unique_ptr<host_stream>> all_;
+  std::vector<host_stream*> free_[2];
 };
 
 /// @brief A scheduler on host threads (see the file comment and `basic_scheduler`).

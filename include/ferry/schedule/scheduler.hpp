@@ -244,12 +244,8 @@ class basic_scheduler {
     check_disk_range(tier, r, offset, bytes, true);
     check_chunk_alignment(tier);
     FERRY_EXPECTS(src != nullptr || bytes == 0, "device_to_nvme from a null pointer", bytes);
-    auto& b = core_->backend();
-    const auto m = b.record(producer);
-    marker_guard g{b, m};
-    b.wait(b.lane(lane::d2h), m);
     return staged_move(tier, r, offset, const_cast<std::byte*>(static_cast<const std::byte*>(src)), bytes,  // NOLINT
-                       true);
+                       true, &producer);
   }
 
   /// @brief NVMe -> device: reads `bytes` from byte `offset` of region `r` into device
@@ -260,7 +256,7 @@ class basic_scheduler {
     check_disk_range(tier, r, offset, bytes, false);
     check_chunk_alignment(tier);
     FERRY_EXPECTS(dst != nullptr || bytes == 0, "nvme_to_device into a null pointer", bytes);
-    return staged_move(tier, r, offset, static_cast<std::byte*>(dst), bytes, false);
+    return staged_move(tier, r, offset, static_cast<std::byte*>(dst), bytes, false, nullptr);
   }
 
   /// @brief NVMe -> device, with the H2D copies after everything enqueued on `after`
@@ -271,11 +267,7 @@ class basic_scheduler {
     check_disk_range(tier, r, offset, bytes, false);
     check_chunk_alignment(tier);
     FERRY_EXPECTS(dst != nullptr || bytes == 0, "nvme_to_device into a null pointer", bytes);
-    auto& b = core_->backend();
-    const auto m = b.record(after);
-    marker_guard g{b, m};
-    b.wait(b.lane(lane::h2d), m);
-    return staged_move(tier, r, offset, static_cast<std::byte*>(dst), bytes, false);
+    return staged_move(tier, r, offset, static_cast<std::byte*>(dst), bytes, false, &after);
   }
 
   // --- host <-> NVMe -------------------------------------------------------------------
@@ -327,7 +319,7 @@ class basic_scheduler {
       detail::add_ref(s);
       begin_move();
       try {
-        core_->backend().notify(core_->backend().lane(s->which), &run_continuation, box);
+        core_->backend().notify(core_->backend().lane(s->which), s->which, &run_continuation, box);
       } catch (...) {
         detail::drop_ref(s);
         delete box;
@@ -589,10 +581,34 @@ class basic_scheduler {
 
   // --- staged moves -------------------------------------------------------------------
 
+  // A staged move copies its chunks on a stream of its own (from the backend's pool),
+  // ordered once after `after` (the producer of a device -> NVMe move): a wait that
+  // another move puts on a lane later (which may depend on this move, through a stream
+  // that waits for its ticket) can never sit in front of this move's later chunks.
   template <class Tier>
   ticket_type staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* device,
-                          std::size_t bytes, bool to_nvme) {
-    state* s = prepare_disk_state(tier, r, offset, device, bytes, to_nvme, detail::move_kind::staged);
+                          std::size_t bytes, bool to_nvme, const stream_type* after) {
+    auto& b = core_->backend();
+    const lane l = to_nvme ? lane::d2h : lane::h2d;
+    const stream_type own = b.acquire_stream(l);
+    try {
+      if (after != nullptr) {
+        const auto m = b.record(*after);
+        marker_guard g{b, m};
+        b.wait(own, m);
+      }
+    } catch (...) {
+      b.release_stream(l, own);
+      throw;
+    }
+    state* s = nullptr;
+    try {
+      s = prepare_disk_state(tier, r, offset, device, bytes, to_nvme, detail::move_kind::staged);
+    } catch (...) {
+      b.release_stream(l, own);
+      throw;
+    }
+    s->stream.emplace(own);
     ticket_type t(s);
     s->owner_context = this;
     s->chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
@@ -602,8 +618,37 @@ class basic_scheduler {
       finish(s, nullptr);
       return t;
     }
-    pump(s);
+    if (after == nullptr) {
+      pump(s);
+      return t;
+    }
+    // A move ordered after a stream takes no bounce buffer before that stream has got
+    // there: a slot held by a chunk stuck behind the wait could starve the very move the
+    // stream is waiting for (all slots held, no progress).
+    try {
+      b.notify(own, l, &start_when_ordered, s);
+    } catch (...) {
+      pump(s);  // could not be told: start now
+    }
     return t;
+  }
+
+  // The staged move's stream has passed its wait: start taking bounce buffers.
+  static void start_when_ordered(void* context, std::exception_ptr e) noexcept {
+    auto* s = static_cast<state*>(context);
+    auto& self = *static_cast<basic_scheduler*>(s->owner_context);
+    const callback_scope scope(self);
+    if (!e) {
+      self.pump(s);
+      return;
+    }
+    bool done = false;
+    {
+      std::lock_guard lock(s->mutex);
+      self.stop_locked(s, std::move(e));
+      done = s->in_flight == 0;
+    }
+    if (done) self.finish(s, nullptr);
   }
 
   // Starts chunks of `s` while bounce slots are free; queues `s` for a slot otherwise.
@@ -703,15 +748,15 @@ class basic_scheduler {
     state* s = sl->move;
     auto& b = core_->backend();
     if (s->to_nvme) {
-      const stream_type d2h = b.lane(lane::d2h);
+      const stream_type own = *s->stream;
       bool enqueued = false;
       try {
-        b.copy(d2h, sl->memory, s->memory + sl->offset, sl->bytes, copy_direction::device_to_host);
+        b.copy(own, sl->memory, s->memory + sl->offset, sl->bytes, copy_direction::device_to_host);
         enqueued = true;
         count_chunk(lane::d2h, sl->bytes);
-        b.notify(d2h, &after_d2h, sl);
+        b.notify(own, lane::d2h, &after_d2h, sl);
       } catch (...) {
-        if (enqueued) b.drain_lane(lane::d2h);  // the copy must not land in a reused slot
+        if (enqueued) b.drain_stream(own);  // the copy must not land in a reused slot
         chunk_done(sl, std::current_exception());
       }
       return;
@@ -760,15 +805,15 @@ class basic_scheduler {
       return;
     }
     auto& b = self.core_->backend();
-    const stream_type h2d = b.lane(lane::h2d);
+    const stream_type own = *s->stream;
     bool enqueued = false;
     try {
-      b.copy(h2d, s->memory + sl->offset, sl->memory, sl->bytes, copy_direction::host_to_device);
+      b.copy(own, s->memory + sl->offset, sl->memory, sl->bytes, copy_direction::host_to_device);
       enqueued = true;
       self.count_chunk(lane::h2d, sl->bytes);
-      b.notify(h2d, &after_h2d, sl);
+      b.notify(own, lane::h2d, &after_h2d, sl);
     } catch (...) {
-      if (enqueued) b.drain_lane(lane::h2d);
+      if (enqueued) b.drain_stream(own);
       self.chunk_done(sl, std::current_exception());
     }
   }
@@ -833,6 +878,10 @@ class basic_scheduler {
       then = std::move(s->then);
       s->then = nullptr;
       s->finished.store(1, std::memory_order_release);
+    }
+    if (s->stream) {  // idle: its last chunk's completion is what got us here
+      core_->backend().release_stream(s->to_nvme ? lane::d2h : lane::h2d, *s->stream);
+      s->stream.reset();
     }
     if (s->error) counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
     s->finished.notify_all();

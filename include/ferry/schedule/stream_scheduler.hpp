@@ -152,6 +152,8 @@ class cuda_backend {
     FERRY_CUDA_TRY(api_.get_device(&device_));
     const int h2d_priority = options.h2d_priority;
     const int d2h_priority = options.d2h_priority;
+    priorities_[0] = h2d_priority;
+    priorities_[1] = d2h_priority;
     try {
       FERRY_CUDA_TRY(api_.stream_create(&streams_[0], cudaStreamNonBlocking, h2d_priority), h2d_priority);
       FERRY_CUDA_TRY(api_.stream_create(&streams_[1], cudaStreamNonBlocking, d2h_priority), d2h_priority);
@@ -220,11 +222,11 @@ class cuda_backend {
     m = nullptr;
   }
 
-  /// @brief Calls `fn(context, error)` on a completion thread once the work enqueued on
-  /// `s` so far has completed (`error`: a `cuda_error` if the wait failed).
-  void notify(stream_type s, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
+  /// @brief Calls `fn(context, error)` on lane `l`'s completion thread once the work
+  /// enqueued on `s` so far has completed (`error`: a `cuda_error` if the wait failed).
+  void notify(stream_type s, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
     cudaEvent_t e = record(s);
-    queue& q = queues_[s.get() == streams_[0] ? 0 : 1];
+    queue& q = queues_[static_cast<std::size_t>(l)];
     {
       std::lock_guard lock(q.mutex);
       q.items.push_back({e, fn, context});
@@ -276,12 +278,43 @@ class cuda_backend {
   /// call is refused; then the host-function fallback is used).
   [[nodiscard]] bool stream_memory_waits() const noexcept { return wait_value_ok_.load(std::memory_order_relaxed); }
 
+  /// @brief A stream of its own for a staged move in direction `l` (non-blocking, the
+  /// lane's priority; from a pool, made the first time more are in use at once than
+  /// ever before).
+  /// @throws ferry::cuda_error
+  [[nodiscard]] stream_type acquire_stream(ferry::lane l) {
+    std::lock_guard lock(pool_mutex_);
+    auto& free = free_streams_[static_cast<std::size_t>(l)];
+    if (!free.empty()) {
+      cudaStream_t s = free.back();
+      free.pop_back();
+      return ::cuda::stream_ref{s};
+    }
+    const int priority = priorities_[static_cast<std::size_t>(l)];
+    cudaStream_t s = nullptr;
+    FERRY_CUDA_TRY(api_.stream_create(&s, cudaStreamNonBlocking, priority), priority);
+    extra_streams_.push_back(s);
+    for (auto& f : free_streams_) f.reserve(extra_streams_.size());  // so that release never allocates
+    return ::cuda::stream_ref{s};
+  }
+  /// @brief Returns an idle stream from `acquire_stream`.
+  void release_stream(ferry::lane l, stream_type s) noexcept {
+    std::lock_guard lock(pool_mutex_);
+    free_streams_[static_cast<std::size_t>(l)].push_back(s.get());
+  }
+  /// @brief Blocks until `s` is idle (errors ignored).
+  void drain_stream(stream_type s) noexcept { (void)api_.stream_synchronize(s.get()); }
+
   /// @brief Blocks until lane `l`'s stream is idle (errors ignored).
   void drain_lane(ferry::lane l) noexcept { (void)api_.stream_synchronize(streams_[static_cast<std::size_t>(l)]); }
   /// @brief Blocks until both streams are idle and every queued continuation has run.
   void drain() noexcept {
     drain_lane(ferry::lane::h2d);
     drain_lane(ferry::lane::d2h);
+    {
+      std::lock_guard lock(pool_mutex_);
+      for (cudaStream_t s : extra_streams_) (void)api_.stream_synchronize(s);
+    }
     for (auto& q : queues_) {
       std::unique_lock lock(q.mutex);
       q.idle_cv.wait(lock, [&] { return q.items.empty() && !q.busy; });
@@ -397,6 +430,9 @@ class cuda_backend {
       if (s != nullptr) FERRY_ASSERT_CUDA_SUCCESS(api_.stream_destroy(s));
       s = nullptr;
     }
+    for (cudaStream_t s : extra_streams_) FERRY_ASSERT_CUDA_SUCCESS(api_.stream_destroy(s));
+    extra_streams_.clear();
+    for (auto& f : free_streams_) f.clear();
     for (cudaEvent_t e : all_events_) FERRY_ASSERT_CUDA_SUCCESS(api_.event_destroy(e));
     all_events_.clear();
     free_events_.clear();
@@ -412,6 +448,10 @@ class cuda_backend {
   [[no_unique_address]] Api api_;
   int device_ = 0;
   cudaStream_t streams_[2] = {nullptr, nullptr};
+  int priorities_[2] = {0, 0};
+  std::mutex pool_mutex_;
+  std::vector<cudaStream_t> extra_streams_;          // staged moves' own streams
+  std::vector<cudaStream_t> free_streams_[2];
   std::mutex events_mutex_;
   std::vector<cudaEvent_t> all_events_;
   std::vector<cudaEvent_t> free_events_;

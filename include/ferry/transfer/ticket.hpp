@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,9 @@ struct move_state {
                  void (*)(void*, std::exception_ptr) noexcept, void*) = nullptr;
   move_state* next_waiter = nullptr;    // intrusive queue of moves waiting for a bounce slot
   void* owner_context = nullptr;        // the scheduler running the move
+  // A staged move's own stream for its chunk copies (from the backend's pool): waits
+  // other moves put on the lanes never sit in front of its later chunks.
+  std::optional<typename Backend::stream_type> stream;
 
   // Progress of a staged move (guarded by `mutex`).
   std::size_t chunks = 0;     // chunks in all
@@ -161,6 +165,7 @@ class state_pool : public std::enable_shared_from_this<state_pool<Backend>> {
     s->submit = nullptr;
     s->next_waiter = nullptr;
     s->owner_context = nullptr;
+    s->stream.reset();
     {
       std::lock_guard lock(p.mutex_);
       p.free_.push_back(s);  // capacity reserved in acquire
@@ -254,10 +259,7 @@ class basic_ticket {
   /// @brief Makes `s` wait for the move before it runs anything enqueued after this
   /// call, without blocking the host. A failed move also releases the stream (so
   /// nothing hangs): check `wait()` or `ready()`/`error()` before trusting the bytes.
-  /// A disk move cannot be waited for on one of its own scheduler's lanes (the move
-  /// needs that lane to finish: it would wait for itself).
-  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream; a lane
-  ///         of the scheduler for a disk move)
+  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream)
   void enqueue_wait(stream_type s) const {
     if (s_ == nullptr) return;
     auto& b = s_->pool->backend();
@@ -266,10 +268,6 @@ class basic_ticket {
       return;
     }
     if (s_->finished.load(std::memory_order_acquire) != 0) return;
-    const bool own_lane = s == b.lane(lane::h2d) || s == b.lane(lane::d2h);
-    FERRY_EXPECTS(!own_lane,
-                  "a disk move cannot be waited for on its scheduler's own H2D or D2H lane (it needs the lane to "
-                  "finish); wait on the compute stream or another stream");
     b.wait_signal(s, s_->signal, s_);
   }
 
