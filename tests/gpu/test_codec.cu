@@ -132,8 +132,9 @@ TEMPLATE_TEST_CASE("codec kernels equal the host implementation bit for bit", "[
   STATIC_REQUIRE(ferry::check_device_codec<TestType>());
   ferry::stream s;
   for (const std::size_t n : lengths) {
+    // Every misalignment for the short lengths; aligned and 3 off for the long ones.
     for (const std::size_t offset : {0, 1, 2, 3}) {
-      check_against_host<TestType>(n, offset, s);
+      if (n < 100000 || offset == 0 || offset == 3) check_against_host<TestType>(n, offset, s);
     }
   }
 }

@@ -110,7 +110,8 @@ __device__ __forceinline__ void float2_to_raw(float2 f, raw_t<K>& a, raw_t<K>& b
   }
 }
 
-/// |x| when finite, else 0 (as `ferry::detail::finite_abs`).
+/// |x| when finite, else 0: infinities and NaNs take no part in amax (as the host's
+/// `ferry::detail::finite_amax`).
 __device__ __forceinline__ float finite_abs(float x) {
   const float a = fabsf(x);
   return a <= FLT_MAX ? a : 0.0f;

@@ -242,50 +242,48 @@ inline const std::array<float, 256>& fp8_decode_table() noexcept {
 
 /// @brief Binary32 to binary16, round to nearest even. NaN becomes `0x7FFF` (sign and
 /// payload dropped), values from 65520 up round to +-inf, subnormals are kept.
-/// Equals CUDA's host-side `__float2half_rn` bit for bit.
+/// Equals CUDA's host-side `__float2half_rn` bit for bit (all 2^32 inputs checked).
+///
+/// Branch-free (mask selects), so decoding loops run at one speed whatever the data: the
+/// normal result rebiases the exponent and rounds the mantissa with integer arithmetic;
+/// the subnormal one adds 0.5f, whose unit in the last place is 2^-24, the binary16
+/// subnormal step, so the fp32 addition itself rounds to nearest even (default rounding
+/// mode, no denormals-are-zero).
 [[nodiscard]] constexpr half to_half(float x) noexcept {
   const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
   const std::uint32_t a = b & 0x7FFFFFFFu;
-  const auto sign = static_cast<std::uint16_t>((b >> 16) & 0x8000u);
-  if (a >= 0x47800000u) {  // |x| >= 2^16, inf or NaN
-    return half{a > 0x7F800000u ? std::uint16_t{0x7FFF} : static_cast<std::uint16_t>(sign | 0x7C00u)};
-  }
-  if (a >= 0x38800000u) {  // a normal binary16 (or 65520..65535, which rounds to inf below)
-    // Rebias the exponent (127 -> 15), then drop 13 mantissa bits rounding to nearest
-    // even; a carry into the exponent field is the right result, up to infinity.
-    std::uint32_t r = a - (std::uint32_t{127 - 15} << 23);
-    r += 0xFFFu + ((r >> 13) & 1u);
-    return half{static_cast<std::uint16_t>(sign | (r >> 13))};
-  }
-  if (a <= 0x33000000u) {  // at most half the smallest subnormal (2^-25): ties to even, zero
-    return half{sign};
-  }
-  // Subnormal result: the count of 2^-24 steps, round to nearest even.
-  const std::uint32_t significand = (a & 0x007FFFFFu) | 0x00800000u;
-  const std::uint32_t drop = 126u - (a >> 23);  // 14..24
-  std::uint32_t q = significand >> drop;
-  const std::uint32_t rest = significand & ((1u << drop) - 1u);
-  const std::uint32_t halfway = 1u << (drop - 1u);
-  if (rest > halfway || (rest == halfway && (q & 1u) != 0u)) {
-    ++q;
-  }
-  return half{static_cast<std::uint16_t>(sign | q)};
+  const std::uint32_t sign = (b >> 16) & 0x8000u;
+  // Normal: exponent 127 -> 15, drop 13 mantissa bits (ties to even); a carry into the
+  // exponent field is the right result, up to infinity (from 65520).
+  std::uint32_t normal = a - (std::uint32_t{127 - 15} << 23);
+  normal = (normal + 0xFFFu + ((normal >> 13) & 1u)) >> 13;
+  const std::uint32_t subnormal =
+      std::bit_cast<std::uint32_t>(std::bit_cast<float>(a) + 0.5f) - std::bit_cast<std::uint32_t>(0.5f);
+  // Selects as masks (all ones or zero), which g++ keeps branch-free.
+  const std::uint32_t tiny = 0u - static_cast<std::uint32_t>(a < 0x38800000u);     // below 2^-14
+  const std::uint32_t huge = 0u - static_cast<std::uint32_t>(a >= 0x47800000u);    // 2^16 and up, inf
+  const std::uint32_t not_a_number = 0u - static_cast<std::uint32_t>(a > 0x7F800000u);
+  std::uint32_t m = (subnormal & tiny) | (normal & ~tiny);
+  m = (0x7C00u & huge) | (m & ~huge);
+  m = (0x7FFFu & not_a_number) | ((sign | m) & ~not_a_number);
+  return half{static_cast<std::uint16_t>(m)};
 }
 
 /// @brief The exact binary32 value of a binary16; NaN gives the canonical `0x7FFFFFFF`.
+/// Branch-free (mask selects).
 [[nodiscard]] constexpr float to_float(half x) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(x.bits & 0x8000u) << 16;
-  const std::uint32_t exponent = (x.bits >> 10) & 0x1Fu;
-  const std::uint32_t mantissa = x.bits & 0x3FFu;
-  if (exponent == 0x1Fu) {
-    return mantissa != 0 ? std::bit_cast<float>(0x7FFFFFFFu) : std::bit_cast<float>(sign | 0x7F800000u);
-  }
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in binary32.
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));
-  }
-  return std::bit_cast<float>(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+  const std::uint32_t em = x.bits & 0x7FFFu;  // exponent and mantissa
+  const std::uint32_t normal = (em << 13) + (std::uint32_t{127 - 15} << 23);
+  // Zero or subnormal: em * 2^-24, exact in binary32.
+  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(static_cast<float>(em) * 0x1p-24f);
+  const std::uint32_t tiny = 0u - static_cast<std::uint32_t>(em < 0x0400u);
+  const std::uint32_t special = 0u - static_cast<std::uint32_t>(em >= 0x7C00u);  // inf or NaN
+  const std::uint32_t not_a_number = 0u - static_cast<std::uint32_t>(em > 0x7C00u);
+  std::uint32_t r = (subnormal & tiny) | (normal & ~tiny);
+  r = (0x7F800000u & special) | (r & ~special);
+  r = (0x7FFFFFFFu & not_a_number) | ((sign | r) & ~not_a_number);
+  return std::bit_cast<float>(r);
 }
 
 /// @brief Binary32 to FP8, round to nearest even, saturating: finite values past the

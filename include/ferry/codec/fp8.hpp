@@ -103,12 +103,6 @@ static_assert(sizeof(fp8_tensor_trailer) == 16 && std::is_trivially_copyable_v<f
 
 namespace detail {
 
-/// |x| when finite, else 0 (infinities and NaNs take no part in the scale).
-[[nodiscard]] inline float finite_abs(float x) noexcept {
-  const std::uint32_t a = std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
-  return a < 0x7F800000u ? std::bit_cast<float>(a) : 0.0f;
-}
-
 /// Elements the host loops stage at a time: copied into a local array of their bits
 /// (so the loops work on plain integers, which g++ vectorises), then converted.
 inline constexpr std::size_t host_batch = 256;
@@ -221,7 +215,8 @@ inline void check_stored_scale(float scale, std::size_t index) {
 /// normal value to `max`), |decoded - x| <= (2^-4 (E4M3) or 2^-3 (E5M2) + u + 2^-20) |x|,
 /// with `u` the unit roundoff of `Source` (2^-24 for fp32, 2^-8 bf16, 2^-11 fp16).
 /// Smaller values land in the FP8 subnormals: |decoded - x| <= 2^-10 amax / 448 (E4M3),
-/// 2^-17 amax / 57344 (E5M2), plus `u |x|`.
+/// 2^-17 amax / 57344 (E5M2), plus `(u + 2^-20) |x|`. (A scale capped at `FLT_MAX`,
+/// for amax below about 1.3e-36 (E4M3), loosens these.)
 ///
 /// Encoded layout of `n` elements, native byte order (little-endian on x86-64, AArch64
 /// and GPUs); `align16(n)` is `n` rounded up to a multiple of 16:
