@@ -76,9 +76,12 @@ struct file_remover {
   }
 };
 
+// Bytes to the nearest MiB (GiB when whole): the states are `--total-mib` less what
+// equal groups of whole elements leave over.
 std::string mib_text(std::size_t bytes) {
-  if (bytes % ferry::GiB == 0) return std::to_string(bytes / ferry::GiB) + "GiB";
-  return std::to_string(bytes / ferry::MiB) + "MiB";
+  const std::size_t mib = (bytes + ferry::MiB / 2) / ferry::MiB;
+  if (mib % 1024 == 0) return std::to_string(mib / 1024) + "GiB";
+  return std::to_string(mib) + "MiB";
 }
 
 std::vector<row> run_adam_nvme(const run_options& options) {

@@ -414,7 +414,7 @@ TEST_CASE("state_swapper: spills the groups a RAM budget cannot hold, with resul
 
 // --- errors in the middle of a step --------------------------------------------------------
 
-TEMPLATE_TEST_CASE("state_swapper: ENOSPC on a write in the middle of a step loses nothing; the step resumes",
+TEMPLATE_TEST_CASE("state_swapper: ENOSPC on a write in the middle of a step loses nothing, and the step resumes",
                    "[state_swapper]", FERRY_TEST_ENGINES) {
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path file(ferry_test::disk_dir, "ferry-swap");
@@ -511,7 +511,7 @@ TEMPLATE_TEST_CASE("state_swapper: EIO on the read of g+1 stops the step with ev
   for (std::size_t g = 0; g < sizes.size(); ++g) CHECK(holds(swapper, g, new_states));
 }
 
-TEST_CASE("state_swapper: an exception from compute stops the step; the spilled group keeps its states",
+TEST_CASE("state_swapper: an exception from compute stops the step, and the spilled group keeps its states",
           "[state_swapper]") {
   scratch_path file(ferry_test::disk_dir, "ferry-swap");
   ferry_test::pool_engine::tier<ferry::io::posix_syscalls> tier(disk_options(file));
