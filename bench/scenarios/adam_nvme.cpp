@@ -11,7 +11,7 @@
 // in RAM, with no I/O. I/O reference: one fio invocation with two jobs at once, a
 // sequential reader and a sequential writer of the states' bytes each
 // (`--ioengine=io_uring --direct=1`, the tier's block size and queue depth), its time the
-// longer job's (io_bytes / bw_bytes). The three are run in rotating order after one
+// longer job's (io_bytes / bw_bytes); each run reads the file the previous run wrote. The three are run in rotating order after one
 // warm-up round of each; medians. Before measuring, the first step's master weights of the
 // first and last group are checked bit for bit against the in-RAM step.
 #include "harness/fio.hpp"
@@ -147,12 +147,18 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     for (std::size_t g = 0; g < groups; ++g) opt.step(p[g], grad, m[g], v[g], t);
     return seconds_since(t0);
   };
-  const std::string fio_args = "--ioengine=io_uring --direct=1 --bs=" + std::to_string(block) +
-                               " --iodepth=" + std::to_string(depth) + " --size=" + std::to_string(moved) +
-                               " --name=read --rw=read --filename=" + ferry::bench::shell_quote(fio_read.string()) +
-                               " --name=write --rw=write --filename=" + ferry::bench::shell_quote(fio_write.string());
+  // fio reads what its previous run wrote (the two files swap roles every run), as the
+  // swapper reads what its previous step wrote: the same recency for the device's caches.
+  std::size_t fio_runs = 0;
   const auto fio_once = [&] {
-    const nlohmann::json jobs = ferry::bench::run_fio_jobs("adam-nvme", fio, fio_args);
+    const bool swap = fio_runs++ % 2 == 1;
+    const std::string args = "--ioengine=io_uring --direct=1 --bs=" + std::to_string(block) +
+                             " --iodepth=" + std::to_string(depth) + " --size=" + std::to_string(moved) +
+                             " --name=read --rw=read --filename=" +
+                             ferry::bench::shell_quote((swap ? fio_write : fio_read).string()) +
+                             " --name=write --rw=write --filename=" +
+                             ferry::bench::shell_quote((swap ? fio_read : fio_write).string());
+    const nlohmann::json jobs = ferry::bench::run_fio_jobs("adam-nvme", fio, args);
     const auto seconds = [](const nlohmann::json& side) {
       const double bw = side.at("bw_bytes").get<double>();
       return bw > 0 ? side.at("io_bytes").get<double>() / bw : 0.0;
@@ -160,7 +166,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     return std::max(seconds(jobs.at(0).at("read")), seconds(jobs.at(1).at("write")));
   };
 
-  // Warm-up round (fio lays its files out), and the check of the first step.
+  // Warm-up round (fio lays its files out: two runs), and the check of the first step.
   (void)ferry_once();
   (void)ram_once();
   for (const std::size_t g : {std::size_t{0}, groups - 1}) {
@@ -172,7 +178,9 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     }
   }
   (void)fio_once();
+  (void)fio_once();
 
+  const ferry::state_swapper_stats before = swapper.stats();
   std::vector<double> ferry_s, ram_s, fio_s;
   const std::array<std::function<void()>, 3> runs = {[&] { ferry_s.push_back(ferry_once()); },
                                                      [&] { ram_s.push_back(ram_once()); },
@@ -180,6 +188,8 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   for (std::size_t r = 0; r < options.repetitions; ++r) {
     for (std::size_t k = 0; k < runs.size(); ++k) runs[(r + k) % runs.size()]();
   }
+  const ferry::state_swapper_stats& after = swapper.stats();
+  const double steps = static_cast<double>(after.steps - before.steps);
   const double ferry_med = ferry::bench::median(ferry_s);
   const double ram_med = ferry::bench::median(ram_s);
   const double fio_med = ferry::bench::median(fio_s);
@@ -198,6 +208,10 @@ std::vector<row> run_adam_nvme(const run_options& options) {
               "ferry/max %.3f\n",
               name.c_str(), ferry_med, ram_med, fio_med, fio_med > 0 ? static_cast<double>(moved) / fio_med / 1e9 : 0.0,
               rows.front().ratio());
+  std::printf("    per ferry step: %.0f MiB read, %.0f MiB written (state_swapper stats); fio: %.0f MiB each way\n",
+              static_cast<double>(after.bytes_read - before.bytes_read) / steps / ferry::MiB,
+              static_cast<double>(after.bytes_written - before.bytes_written) / steps / ferry::MiB,
+              static_cast<double>(moved) / ferry::MiB);
   if (cfg.samples) {
     const auto print = [](const char* what, const std::vector<double>& xs) {
       std::printf("    %s samples (s):", what);
