@@ -53,6 +53,8 @@ struct adam_settings {
   std::size_t block_kib = 0;    // bytes per request in KiB; 0: the io_block_bytes knob
   std::string fio;              // "": /usr/bin/fio, else fio on PATH
   bool samples = false;         // print every sample
+  bool no_huge_pages = false;   // the swapper's ring without transparent huge pages
+  bool no_register = false;     // the ring not registered with io_uring
 };
 
 adam_settings& settings() {
@@ -117,7 +119,8 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   o.sizing = ferry::file_sizing::preallocate;
   ferry::nvme_tier tier(o);
   if (tier.fell_back()) throw std::runtime_error("adam-nvme: the scratch file system refuses O_DIRECT");
-  ferry::state_swapper swapper(tier, sizes, {.spill_all = true});
+  ferry::state_swapper swapper(
+      tier, sizes, {.huge_pages = !cfg.no_huge_pages, .spill_all = true, .register_ring = !cfg.no_register});
   const std::size_t moved = groups * copy;  // bytes read, and bytes written, per step
 
   // The states in RAM (the compute reference) and the gradients (one buffer, every group).
@@ -197,7 +200,8 @@ std::vector<row> run_adam_nvme(const run_options& options) {
 
   const std::string name = "step G=" + std::to_string(groups) + " states=" + mib_text(groups * 3 * elements * 4) +
                            " threads=" + std::to_string(threads) + " qd=" + std::to_string(depth) +
-                           " bs=" + std::to_string(block / ferry::KiB) + "KiB";
+                           " bs=" + std::to_string(block / ferry::KiB) + "KiB" +
+                           (cfg.no_huge_pages ? " no-huge-pages" : "") + (cfg.no_register ? " no-register" : "");
   std::vector<row> rows;
   rows.push_back({"adam-nvme", name, "step time", "s", ferry::bench::better::lower, ferry_med, limit, reference_name});
   rows.push_back({"adam-nvme", name + " vs compute", "step time", "s", ferry::bench::better::lower, ferry_med, ram_med,
@@ -250,6 +254,10 @@ const ferry::bench::registrar adam_nvme_scenario({
                 return std::stoul(s) % 4 == 0 ? std::string() : std::string("a block must be a multiple of 4 KiB");
               });
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
+          app.add_flag("--no-huge-pages", settings().no_huge_pages,
+                       "no transparent huge pages for the swapper's ring (fio's buffers have none either)");
+          app.add_flag("--no-register", settings().no_register,
+                       "do not register the ring with io_uring (fixed buffers)");
           app.add_option("--fio", settings().fio, "the fio executable (default: /usr/bin/fio, else fio on PATH)");
         },
     .run = run_adam_nvme,
