@@ -53,10 +53,12 @@ namespace ferry::bench {
                            "or pass --fio /path/to/fio");
 }
 
-/// @brief Runs `fio --output-format=json ARGS` and returns its first job object.
+/// @brief Runs `fio --output-format=json ARGS` and returns its `jobs` array (one object
+/// per job, in the order the jobs were given: `--name=a ... --name=b ...` runs them at
+/// once).
 /// @throws std::runtime_error when fio cannot start, fails, or reports a job error
-[[nodiscard]] inline nlohmann::json run_fio(const std::string& scenario, const std::string& fio,
-                                            const std::string& args) {
+[[nodiscard]] inline nlohmann::json run_fio_jobs(const std::string& scenario, const std::string& fio,
+                                                 const std::string& args) {
   const std::string command = shell_quote(fio) + " --output-format=json " + args + " 2>&1";
   std::FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw std::runtime_error(scenario + ": cannot start fio: " + command);
@@ -69,11 +71,21 @@ namespace ferry::bench {
     throw std::runtime_error(scenario + ": fio failed (status " + std::to_string(status) + "): " + command + "\n" + out);
   }
   const nlohmann::json doc = nlohmann::json::parse(out.substr(out.find('{')));
-  const auto& job = doc.at("jobs").at(0);
-  if (job.at("error").get<int>() != 0) {
-    throw std::runtime_error(scenario + ": fio reported error " + job.at("error").dump() + ": " + command);
+  const auto& jobs = doc.at("jobs");
+  if (jobs.empty()) throw std::runtime_error(scenario + ": fio reported no job: " + command);
+  for (const auto& job : jobs) {
+    if (job.at("error").get<int>() != 0) {
+      throw std::runtime_error(scenario + ": fio reported error " + job.at("error").dump() + ": " + command);
+    }
   }
-  return job;
+  return jobs;
+}
+
+/// @brief Runs `fio --output-format=json ARGS` and returns its first job object.
+/// @throws std::runtime_error when fio cannot start, fails, or reports a job error
+[[nodiscard]] inline nlohmann::json run_fio(const std::string& scenario, const std::string& fio,
+                                            const std::string& args) {
+  return run_fio_jobs(scenario, fio, args).at(0);
 }
 
 }  // namespace ferry::bench

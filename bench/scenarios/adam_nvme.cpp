@@ -1,0 +1,280 @@
+// ferry-bench adam-nvme: one AdamW step over G parameter groups whose optimizer states
+// (fp32 master weights, first and second moments) live on NVMe, against the physical
+// limit of the machine: max(the same step with the states in RAM, the time fio needs to
+// read and write the same bytes).
+//
+// ferry side: `ferry::state_swapper` over `ferry::nvme_tier` (io_uring engine when built
+// with liburing; O_DIRECT, preallocated file in --scratch), every group spilled
+// (`spill_all`): each step reads every group's current copy and writes its new states to
+// the other copy, through the ring of three host buffers, while `ferry::adamw` computes.
+// Compute reference: the same `ferry::adamw` step (same threads) over the same states held
+// in RAM, with no I/O. I/O reference: one fio invocation with two jobs at once, a
+// sequential reader and a sequential writer of the states' bytes each
+// (`--ioengine=io_uring --direct=1`, the tier's block size and queue depth), its time the
+// longer job's (io_bytes / bw_bytes); each run reads the file the previous run wrote.
+// A fourth measurement, the same swapper step with an empty compute, shows how much of
+// the compute the pipeline hides (row "vs own I/O"). The four run in rotating order after
+// a warm-up round; medians. Before measuring, the first step's master weights of the
+// first and last group are checked bit for bit against the in-RAM step. Flags
+// --no-huge-pages and --no-register give the swapper's ring 4 KiB pages and no io_uring
+// registration, as fio's buffers have.
+#include "harness/fio.hpp"
+#include "harness/report.hpp"
+#include "harness/scenario.hpp"
+#include "harness/stats.hpp"
+
+#include <ferry/optim/adamw.hpp>
+#include <ferry/pipeline/state_swapper.hpp>
+#include <ferry/tier/nvme.hpp>
+#include <ferry/units.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+using ferry::bench::row;
+using ferry::bench::run_options;
+
+struct adam_settings {
+  std::size_t total_mib = 0;    // states (master + m + v) in MiB; 0: 4096, or 512 with --quick
+  std::size_t groups = 16;      // parameter groups
+  std::size_t threads = 0;      // AdamW threads; 0: the hardware threads
+  std::size_t queue_depth = 0;  // requests in flight per transfer; 0: the io_queue_depth knob
+  std::size_t block_kib = 0;    // bytes per request in KiB; 0: the io_block_bytes knob
+  std::string fio;              // "": /usr/bin/fio, else fio on PATH
+  bool samples = false;         // print every sample
+  bool no_huge_pages = false;   // the swapper's ring without transparent huge pages
+  bool no_register = false;     // the ring not registered with io_uring
+};
+
+adam_settings& settings() {
+  static adam_settings s;
+  return s;
+}
+
+const char* const reference_name = "max(AdamW step in RAM, fio read+write of the states)";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct file_remover {
+  std::vector<std::filesystem::path> paths;
+  ~file_remover() {
+    for (const auto& p : paths) {
+      std::error_code ignored;
+      std::filesystem::remove(p, ignored);
+    }
+  }
+};
+
+// Bytes to the nearest MiB (GiB when whole): the states are `--total-mib` less what
+// equal groups of whole elements leave over.
+std::string mib_text(std::size_t bytes) {
+  const std::size_t mib = (bytes + ferry::MiB / 2) / ferry::MiB;
+  if (mib % 1024 == 0) return std::to_string(mib / 1024) + "GiB";
+  return std::to_string(mib) + "MiB";
+}
+
+std::vector<row> run_adam_nvme(const run_options& options) {
+  const adam_settings& cfg = settings();
+  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);  // fail before any work
+  const std::size_t total = (cfg.total_mib != 0 ? cfg.total_mib : (options.quick ? 512 : 4096)) * ferry::MiB;
+  const std::size_t groups = cfg.groups;
+  const std::size_t elements = total / (3 * sizeof(float)) / groups;
+  if (elements == 0) throw std::runtime_error("adam-nvme: --total-mib is too small for --groups");
+  const std::size_t threads =
+      cfg.threads != 0 ? cfg.threads : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  const ferry::defaults::settings& knobs = ferry::defaults::current();
+  const std::size_t depth = cfg.queue_depth != 0 ? cfg.queue_depth : knobs.io_queue_depth;
+  const std::size_t block = cfg.block_kib != 0 ? cfg.block_kib * ferry::KiB : knobs.io_block_bytes;
+  const std::vector<std::size_t> sizes(groups, elements);
+
+  const std::string stem = "ferry-bench-adam-nvme-" + std::to_string(::getpid());
+  const std::filesystem::path states_file = options.scratch / (stem + ".bin");
+  const std::filesystem::path fio_read = options.scratch / (stem + "-fio-read.bin");
+  const std::filesystem::path fio_write = options.scratch / (stem + "-fio-write.bin");
+  file_remover cleanup{{states_file, fio_read, fio_write}};
+
+  // The tier: two copies of every group (the swapper's double buffering).
+  const std::size_t section = (elements * sizeof(float) + 4095) / 4096 * 4096;
+  const std::size_t copy = 3 * section;
+  ferry::nvme_options o;
+  o.paths = {states_file};
+  o.capacity = groups * 2 * copy;
+  o.compat = ferry::io::compat_mode::direct;  // as fio's direct=1
+  o.queue_depth = depth;
+  o.block_bytes = block;
+  o.threads = depth;  // the thread pool engine (builds without liburing): N threads = depth N
+  o.sizing = ferry::file_sizing::preallocate;
+  ferry::nvme_tier tier(o);
+  if (tier.fell_back()) throw std::runtime_error("adam-nvme: the scratch file system refuses O_DIRECT");
+  ferry::state_swapper swapper(
+      tier, sizes, {.huge_pages = !cfg.no_huge_pages, .spill_all = true, .register_ring = !cfg.no_register});
+  const std::size_t moved = groups * copy;  // bytes read, and bytes written, per step
+
+  // The states in RAM (the compute reference) and the gradients (one buffer, every group).
+  std::vector<std::vector<float>> p(groups), m(groups), v(groups);
+  std::vector<float> grad(elements);
+  for (std::size_t i = 0; i < elements; ++i) grad[i] = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
+  for (std::size_t g = 0; g < groups; ++g) {
+    p[g].resize(elements);
+    for (std::size_t i = 0; i < elements; ++i) p[g][i] = static_cast<float>((i * 7 + g) % 1000) * 1e-3f - 0.5f;
+    m[g].assign(elements, 0.0f);
+    v[g].assign(elements, 0.0f);
+    swapper.initialize(g, p[g]);
+  }
+  ferry::adamw opt({.lr = 1e-3f}, {.threads = threads});
+
+  std::uint64_t ferry_t = 0;
+  std::uint64_t ram_t = 0;
+  const auto ferry_once = [&] {
+    const std::uint64_t t = ++ferry_t;
+    const auto t0 = std::chrono::steady_clock::now();
+    swapper.step([&](std::size_t, ferry::group_view s) { opt.step(s.master, grad, s.m, s.v, t); });
+    return seconds_since(t0);
+  };
+  // The same pipeline with nothing to compute: the swapper's own I/O time.
+  const auto io_only_once = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    swapper.step([](std::size_t, ferry::group_view) {});
+    return seconds_since(t0);
+  };
+  const auto ram_once = [&] {
+    const std::uint64_t t = ++ram_t;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t g = 0; g < groups; ++g) opt.step(p[g], grad, m[g], v[g], t);
+    return seconds_since(t0);
+  };
+  // fio reads what its previous run wrote (the two files swap roles every run), as the
+  // swapper reads what its previous step wrote: the same recency for the device's caches.
+  std::size_t fio_runs = 0;
+  const auto fio_once = [&] {
+    const bool swap = fio_runs++ % 2 == 1;
+    const std::string args = "--ioengine=io_uring --direct=1 --bs=" + std::to_string(block) +
+                             " --iodepth=" + std::to_string(depth) + " --size=" + std::to_string(moved) +
+                             " --name=read --rw=read --filename=" +
+                             ferry::bench::shell_quote((swap ? fio_write : fio_read).string()) +
+                             " --name=write --rw=write --filename=" +
+                             ferry::bench::shell_quote((swap ? fio_read : fio_write).string());
+    const nlohmann::json jobs = ferry::bench::run_fio_jobs("adam-nvme", fio, args);
+    const auto seconds = [](const nlohmann::json& side) {
+      const double bw = side.at("bw_bytes").get<double>();
+      return bw > 0 ? side.at("io_bytes").get<double>() / bw : 0.0;
+    };
+    return std::max(seconds(jobs.at(0).at("read")), seconds(jobs.at(1).at("write")));
+  };
+
+  // Warm-up round (fio lays its files out: two runs), and the check of the first step.
+  (void)ferry_once();
+  (void)ram_once();
+  for (const std::size_t g : {std::size_t{0}, groups - 1}) {
+    std::vector<float> got(elements);
+    swapper.read_master(g, got);
+    if (std::memcmp(got.data(), p[g].data(), elements * sizeof(float)) != 0) {
+      throw std::runtime_error("adam-nvme: the step over NVMe differs from the step in RAM (group " +
+                               std::to_string(g) + ")");
+    }
+  }
+  (void)fio_once();
+  (void)fio_once();
+
+  const ferry::state_swapper_stats before = swapper.stats();
+  std::vector<double> ferry_s, ram_s, fio_s, io_only_s;
+  const std::array<std::function<void()>, 4> runs = {
+      [&] { ferry_s.push_back(ferry_once()); }, [&] { ram_s.push_back(ram_once()); },
+      [&] { fio_s.push_back(fio_once()); }, [&] { io_only_s.push_back(io_only_once()); }};
+  for (std::size_t r = 0; r < options.repetitions; ++r) {
+    for (std::size_t k = 0; k < runs.size(); ++k) runs[(r + k) % runs.size()]();
+  }
+  const ferry::state_swapper_stats& after = swapper.stats();
+  const double steps = static_cast<double>(after.steps - before.steps);
+  const double ferry_med = ferry::bench::median(ferry_s);
+  const double ram_med = ferry::bench::median(ram_s);
+  const double fio_med = ferry::bench::median(fio_s);
+  const double io_only_med = ferry::bench::median(io_only_s);
+  const double limit = std::max(ram_med, fio_med);
+
+  const std::string name = "step G=" + std::to_string(groups) + " states=" + mib_text(groups * 3 * elements * 4) +
+                           " threads=" + std::to_string(threads) + " qd=" + std::to_string(depth) +
+                           " bs=" + std::to_string(block / ferry::KiB) + "KiB" +
+                           (cfg.no_huge_pages ? " no-huge-pages" : "") + (cfg.no_register ? " no-register" : "");
+  std::vector<row> rows;
+  rows.push_back({"adam-nvme", name, "step time", "s", ferry::bench::better::lower, ferry_med, limit, reference_name});
+  rows.push_back({"adam-nvme", name + " vs compute", "step time", "s", ferry::bench::better::lower, ferry_med, ram_med,
+                  "AdamW step in RAM (same threads)"});
+  rows.push_back({"adam-nvme", name + " vs I/O", "step time", "s", ferry::bench::better::lower, ferry_med, fio_med,
+                  "fio (io_uring, direct=1): read + write of the states at once"});
+  rows.push_back({"adam-nvme", name + " vs own I/O", "step time", "s", ferry::bench::better::lower, ferry_med,
+                  std::max(ram_med, io_only_med), "max(AdamW step in RAM, the same swapper step with no compute)"});
+  std::printf("  %s\n    ferry %.3f s   in RAM %.3f s   fio read+write %.3f s (%.2f GB/s each way)   ratio "
+              "ferry/max %.3f\n    swapper step with no compute %.3f s (overlap: ferry/max(in RAM, that) %.3f)\n",
+              name.c_str(), ferry_med, ram_med, fio_med, fio_med > 0 ? static_cast<double>(moved) / fio_med / 1e9 : 0.0,
+              rows.front().ratio(), io_only_med, rows.back().ratio());
+  std::printf("    per ferry step: %.0f MiB read, %.0f MiB written (state_swapper stats); fio: %.0f MiB each way\n",
+              static_cast<double>(after.bytes_read - before.bytes_read) / steps / ferry::MiB,
+              static_cast<double>(after.bytes_written - before.bytes_written) / steps / ferry::MiB,
+              static_cast<double>(moved) / ferry::MiB);
+  if (cfg.samples) {
+    const auto print = [](const char* what, const std::vector<double>& xs) {
+      std::printf("    %s samples (s):", what);
+      for (const double x : xs) std::printf(" %.3f", x);
+      std::printf("\n");
+    };
+    print("ferry", ferry_s);
+    print("in RAM", ram_s);
+    print("fio", fio_s);
+    print("no compute", io_only_s);
+  }
+  std::fflush(stdout);
+  return rows;
+}
+
+const ferry::bench::registrar adam_nvme_scenario({
+    .name = "adam-nvme",
+    .description = "one AdamW step over G groups whose optimizer states live on NVMe (state_swapper)",
+    .reference = reference_name,
+    .needs_gpu = false,
+    .order = 50,
+    .add_options =
+        [](CLI::App& app) {
+          app.add_option("--total-mib", settings().total_mib,
+                         "states (master + m + v, fp32) in MiB (default 4096; 512 with --quick)")
+              ->check(CLI::Range(1, 1 << 24));
+          app.add_option("--groups", settings().groups, "parameter groups (default 16)")->check(CLI::Range(1, 1 << 16));
+          app.add_option("--threads", settings().threads, "AdamW threads (default: the hardware threads)")
+              ->check(CLI::Range(1, 1024));
+          app.add_option("--queue-depth", settings().queue_depth,
+                         "NVMe requests in flight per transfer, and fio's iodepth (default: FERRY_IO_QUEUE_DEPTH, 16)")
+              ->check(CLI::Range(1, 4096));
+          app.add_option("--block-kib", settings().block_kib,
+                         "bytes per request in KiB, and fio's bs (default: FERRY_IO_BLOCK_BYTES, 1024)")
+              ->check(CLI::Range(4, 1 << 18))
+              ->check([](const std::string& s) {
+                return std::stoul(s) % 4 == 0 ? std::string() : std::string("a block must be a multiple of 4 KiB");
+              });
+          app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
+          app.add_flag("--no-huge-pages", settings().no_huge_pages,
+                       "no transparent huge pages for the swapper's ring (fio's buffers have none either)");
+          app.add_flag("--no-register", settings().no_register,
+                       "do not register the ring with io_uring (fixed buffers)");
+          app.add_option("--fio", settings().fio, "the fio executable (default: /usr/bin/fio, else fio on PATH)");
+        },
+    .run = run_adam_nvme,
+});
+
+}  // namespace

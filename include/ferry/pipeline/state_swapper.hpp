@@ -1,0 +1,697 @@
+/// @file
+/// @brief `ferry::state_swapper`: optimizer states (fp32 master weights, first and second
+/// moments) of G parameter groups kept on NVMe, streamed through a ring of three host
+/// buffers so that a CPU optimizer steps over every group while group g+1 is read and
+/// group g-1 is written (ZeRO-Infinity's optimizer offload to NVMe, for one process).
+///
+/// ```cpp
+/// ferry::nvme_tier tier(nvme_options);
+/// const std::vector<std::size_t> sizes = {4096, 1000000, 1000000, 1};   // elements per group
+/// ferry::state_swapper swapper(tier, sizes, {.ram_budget_bytes = 256 * ferry::MiB});
+/// for (std::size_t g = 0; g < sizes.size(); ++g) swapper.initialize(g, masters[g]);  // m = v = 0
+/// ferry::adamw opt({.lr = 1e-3f});
+/// for (std::uint64_t t = 1; t <= steps; ++t) {
+///   swapper.step([&](std::size_t g, ferry::group_view s) { opt.step(s.master, grads[g], s.m, s.v, t); });
+/// }
+/// swapper.read_master(0, out);
+/// ```
+///
+/// ## Layout
+/// Group g has `n_g` elements. Each of its three arrays is a *section* of `4 n_g` bytes
+/// padded with zeros to `section_bytes = round_up(4 n_g, A)`, where A is the tier's
+/// alignment (`nvme_options::alignment`, 4096 by default); a *copy* of the group's
+/// states is the three sections in the order `[master | m | v]`, `copy_bytes = 3 x
+/// section_bytes`. A spilled group owns one region of the tier of `2 x copy_bytes`:
+/// two copies, `[copy 0 | copy 1]`, of which one is *current* (`group_layout`). Host
+/// buffers (ring slots, resident groups) use the same layout, so a transfer moves one
+/// whole copy, aligned, with no staging.
+///
+/// ## Pipelining
+/// `step(compute)` visits the groups in index order and calls `compute(g, view)` on the
+/// calling thread for each. For the spilled ones (in order s_0, s_1, ...), ring slot
+/// `j % 3` holds s_j: before `compute(s_j)` runs, the read of s_j has completed and the
+/// read of s_{j+1} has been issued (into the slot of s_{j-2}, once the write of s_{j-2}
+/// has completed); after it, the write of s_j is issued and left in flight. So while s_j
+/// is computed, s_{j+1} is being read and s_{j-1} written: at most three groups' states
+/// are in host memory, and the disk sees one read and one write stream at once. Every
+/// transfer is the tier's asynchronous I/O (`submit_read`/`submit_write`, one ticket per
+/// copy; the tier splits it into `block_bytes` requests, `queue_depth` in flight). The
+/// ring is registered with the tier's engine (io_uring fixed buffers) when it can be.
+///
+/// ## Budget and spilling
+/// Host memory for states comes from one allocation of a `pinned_pool` (the caller's,
+/// or the swapper's own), charged against `ram_budget_bytes` (default: the
+/// `pinned_budget_bytes` knob, half of RAM). If every group fits, every group is
+/// *resident*: computed in place, never written to the tier. Otherwise the ring (3 x the
+/// largest `copy_bytes`) is taken first and groups are kept resident in index order while
+/// they still fit (first fit); the rest are *spilled* to the tier. If the ring alone does
+/// not fit, the constructor throws `ferry::out_of_capacity` naming the ring's bytes and
+/// the budget. `spill_all` keeps no group resident. A tier whose regions the CPU can
+/// address (`host_tier`, `pinned_tier`: the in-RAM case) holds every group itself and
+/// computes it in place: no ring, no budget, no copies.
+///
+/// ## Errors: nothing is lost
+/// New states are always written to the copy that is *not* current; a group's current
+/// copy flips only when that write has completed successfully, so a failed write never
+/// touches the only good copy. An I/O error in a step (a read of s_{j+1}, a write of
+/// s_{j-1}) stops the step: no further `compute` runs, the transfers in flight are
+/// waited for (a write among them that succeeds still flips its group), and the first
+/// error is thrown (`ferry::io_error`, naming file, offset, size and errno). Afterwards
+/// every group holds exactly one of two states, told by `updated(g)`: the states after
+/// its `compute` of this step (`true`), or the states from before the step (`false`).
+/// `resume_step(compute)` then runs `compute` on the groups with `updated(g) == false`
+/// only, completing the step; a plain `step` starts a new one. An exception thrown by
+/// `compute` stops the step the same way and is rethrown; the spilled group it was
+/// computing keeps its previous states, a resident one keeps what `compute` left in it.
+///
+/// ## Threads and lifetime
+/// Not thread-safe: one member call at a time, and `compute` must not call the swapper.
+/// `compute` runs on the thread that called `step` (it may use threads of its own, as
+/// `ferry::adamw` does); the spans it gets are valid only during that call. The tier (and
+/// a caller's pool) must outlive the swapper; the destructor frees the regions and the
+/// host memory (no transfer is in flight outside `step`).
+#pragma once
+
+#include "ferry/concepts.hpp"
+#include "ferry/defaults.hpp"
+#include "ferry/error.hpp"
+#include "ferry/memory/pinned_pool.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief One of the three fp32 arrays of a group's optimizer states.
+enum class state_part : std::uint8_t {
+  master = 0,  ///< fp32 master weights (parameters)
+  m = 1,       ///< first moment (Adam's `exp_avg`)
+  v = 2,       ///< second moment (Adam's `exp_avg_sq`)
+};
+
+/// @brief What `compute` gets for one group: its index and its three arrays of
+/// `size()` elements each, in host memory, writable, valid during the call only.
+struct group_view {
+  std::size_t index = 0;    ///< the group's index
+  std::span<float> master;  ///< master weights
+  std::span<float> m;       ///< first moments
+  std::span<float> v;       ///< second moments
+  /// @brief Elements of each array.
+  [[nodiscard]] std::size_t size() const noexcept { return master.size(); }
+};
+
+/// @brief A tier a `state_swapper` streams groups through: a `ferry::tier` whose bytes
+/// live in files, with asynchronous `submit_read` / `submit_write` returning tickets
+/// with `wait()`, and an `alignment()` (e.g. `basic_nvme_tier<...>`).
+template <class T>
+concept streamed_state_tier =
+    tier<T> && T::traits.file_backed &&
+    requires(T& t, const typename T::region_type& r, std::uint64_t offset, std::span<std::byte> dst,
+             std::span<const std::byte> src) {
+  t.submit_read(r, offset, dst).wait();
+  t.submit_write(r, offset, src).wait();
+  { t.alignment() } -> std::convertible_to<std::size_t>;
+};
+
+/// @brief A tier a `state_swapper` keeps groups in, computed in place: a `ferry::tier`
+/// the CPU can address whose regions have `data()` (`host_tier`, `pinned_tier`).
+template <class T>
+concept resident_state_tier = tier<T> && T::traits.host_accessible && requires(const typename T::region_type& r) {
+  { r.data() } -> std::convertible_to<std::byte*>;
+};
+
+/// @brief Settings of a `state_swapper`. Zero means "from ferry::defaults".
+struct state_swapper_options {
+  /// Host bytes the states may occupy (the ring plus resident groups, as one pool
+  /// allocation rounded up to the page); 0: `pool->budget()` with a caller's pool, else
+  /// the `pinned_budget_bytes` knob (FERRY_PINNED_BUDGET_BYTES, half of RAM). Unused with a
+  /// resident tier.
+  std::size_t ram_budget_bytes = 0;
+  /// Where the host memory comes from; null: a pool of the swapper's own, with the
+  /// budget above, holding exactly one slab. The pool must outlive the swapper.
+  pinned_pool* pool = nullptr;
+  /// With the swapper's own pool: pin its slab (ignored with a caller's pool). Pinned
+  /// states are what a GPU can copy asynchronously; the CPU optimizer does not need it.
+  bool pin = true;
+  /// With the swapper's own pool: ask for transparent huge pages on its slab
+  /// (`pinned_pool_options::huge_pages`). On the development VM's virtio disk a step ran
+  /// about 2x faster with them (docs/benchmarks.md, adam-nvme).
+  bool huge_pages = true;
+  /// Keep no group resident even if the budget allows: every group lives on the tier.
+  bool spill_all = false;
+  /// Register the ring with the tier's engine (`register_buffer`, io_uring fixed buffers).
+  bool register_ring = true;
+};
+
+/// @brief Where and how a group's states are kept.
+struct group_layout {
+  std::size_t elements = 0;       ///< elements of each array
+  std::size_t section_bytes = 0;  ///< bytes of one array, padded to the alignment
+  std::size_t copy_bytes = 0;     ///< bytes of one copy: 3 x section_bytes, `[master | m | v]`
+  bool resident = false;          ///< in host memory (computed in place) rather than on the tier
+  std::size_t current_copy = 0;   ///< spilled groups: the copy (0 or 1) holding the states; 0 when resident
+  /// @brief Byte offset of copy `c` in the group's region (spilled groups).
+  [[nodiscard]] std::uint64_t copy_offset(std::size_t c) const noexcept {
+    return static_cast<std::uint64_t>(c) * copy_bytes;
+  }
+  /// @brief Byte offset of `part` in a copy.
+  [[nodiscard]] std::uint64_t part_offset(state_part part) const noexcept {
+    return static_cast<std::uint64_t>(part) * section_bytes;
+  }
+};
+
+/// @brief Counters of a `state_swapper` (monotonic).
+struct state_swapper_stats {
+  std::uint64_t steps = 0;            ///< `step`/`resume_step` calls that completed
+  std::uint64_t failed_steps = 0;     ///< ... that threw
+  std::uint64_t groups_computed = 0;  ///< `compute` calls that returned
+  std::uint64_t reads = 0;            ///< group copies read from the tier and computed on (in steps)
+  std::uint64_t writes = 0;           ///< group copies written to the tier (in steps, successful)
+  std::uint64_t bytes_read = 0;       ///< bytes of those reads
+  std::uint64_t bytes_written = 0;    ///< bytes of those writes
+};
+
+/// @brief Optimizer states of G groups on a tier, stepped through a 3-buffer ring (see
+/// the file comment).
+///
+/// @tparam Tier a `streamed_state_tier` (`ferry::nvme_tier`, any `basic_nvme_tier<S, E>`)
+///         or a `resident_state_tier` (`ferry::host_tier`, `ferry::pinned_tier`: every
+///         group in RAM, computed in place — the in-RAM baseline)
+template <class Tier>
+class state_swapper {
+  static_assert(streamed_state_tier<Tier> || resident_state_tier<Tier>,
+                "ferry::state_swapper: Tier must be a file-backed tier with submit_read/submit_write returning "
+                "tickets and alignment() (basic_nvme_tier), or a host-accessible tier whose regions have data() "
+                "(host_tier, pinned_tier)");
+
+ public:
+  /// @brief The tier.
+  using tier_type = Tier;
+  /// @brief Its region handle.
+  using region_type = typename Tier::region_type;
+  /// @brief Whether groups are computed in place in the tier's own memory.
+  static constexpr bool in_place = resident_state_tier<Tier>;
+  /// @brief Buffers of the ring: the group read, the group computed, the group written.
+  static constexpr std::size_t ring_slots = 3;
+
+  /// @brief Lays out the groups, decides which are resident, allocates the tier's
+  /// regions (two copies per spilled group) and the host memory (ring and resident
+  /// groups, zeroed). The groups' contents are undefined until `initialize`.
+  /// @param tier           where spilled groups live; must outlive the swapper
+  /// @param group_elements elements of each group (G = its size, >= 1; each 1 .. 2^40)
+  /// @param options        budget, pool, spilling
+  /// @throws ferry::out_of_capacity when the ring does not fit the budget ("state_swapper
+  ///         ring", its bytes, the budget), or from the tier (its regions) or the pool
+  /// @throws ferry::logic_error for no groups or a group of 0 elements;
+  ///         ferry::config_error for a malformed FERRY_PINNED_BUDGET_BYTES
+  state_swapper(Tier& tier, std::span<const std::size_t> group_elements, state_swapper_options options = {})
+      : tier_(tier), options_(options) {
+    const std::size_t groups = group_elements.size();
+    FERRY_EXPECTS(groups >= 1, "a state_swapper needs at least one group", groups);
+    std::size_t a = 64;  // cache line: sections of in-place groups
+    if constexpr (!in_place) a = static_cast<std::size_t>(tier.alignment());
+    FERRY_EXPECTS(a > 0 && (a & (a - 1)) == 0, "the tier's alignment must be a power of two", a);
+    alignment_ = a;
+    groups_.resize(groups);
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::size_t elements = group_elements[g];
+      FERRY_EXPECTS(elements >= 1 && elements <= (std::size_t{1} << 40), "a group has 1 to 2^40 elements", g,
+                    elements);
+      group& gr = groups_[g];
+      gr.layout.elements = elements;
+      gr.layout.section_bytes = round_up(elements * sizeof(float), a);
+      gr.layout.copy_bytes = 3 * gr.layout.section_bytes;
+    }
+    try {
+      if constexpr (in_place) {
+        for (group& gr : groups_) {
+          gr.region = tier_.allocate(gr.layout.copy_bytes);
+          gr.has_region = true;
+          gr.layout.resident = true;
+          gr.host = gr.region.data();
+          std::memset(gr.host, 0, gr.layout.copy_bytes);
+        }
+      } else {
+        plan_host_memory();
+        for (group& gr : groups_) {
+          if (gr.layout.resident) continue;
+          gr.region = tier_.allocate(2 * gr.layout.copy_bytes);
+          gr.has_region = true;
+        }
+        if (ring_bytes_ != 0 && options_.register_ring) {
+          if constexpr (requires { tier_.register_buffer(std::span<std::byte>()); }) {
+            ring_registered_ = tier_.register_buffer(std::span<std::byte>(ring_, ring_bytes_));
+          }
+        }
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+    updated_.assign(groups, false);
+  }
+
+  state_swapper(const state_swapper&) = delete;
+  state_swapper& operator=(const state_swapper&) = delete;
+
+  /// @brief Frees the tier's regions and the host memory. Never throws.
+  ~state_swapper() { release(); }
+
+  // --- states -----------------------------------------------------------------------
+
+  /// @brief Sets group g's master weights to `master` and both moments to 0.
+  ///
+  /// Resident: copied in place. Spilled: written to the group's non-current copy
+  /// through ring slot 0 (synchronously), which becomes current on success; on an
+  /// `io_error` the previous states are untouched.
+  /// @throws ferry::logic_error for g out of range or `master.size()` != the group's
+  ///         elements; ferry::io_error from the write
+  void initialize(std::size_t g, std::span<const float> master) { initialize(g, master, {}, {}); }
+
+  /// @brief Sets all three arrays of group g (e.g. from a checkpoint); an empty `m` or
+  /// `v` means zeros. Same rules as the overload above.
+  /// @throws ferry::logic_error for g out of range or sizes != the group's elements
+  void initialize(std::size_t g, std::span<const float> master, std::span<const float> m, std::span<const float> v) {
+    check_idle();
+    check_group(g);
+    group& gr = groups_[g];
+    const std::size_t n = gr.layout.elements;
+    FERRY_EXPECTS(master.size() == n, "initialize needs the group's elements of master weights", g, master.size(), n);
+    FERRY_EXPECTS(m.empty() || m.size() == n, "m must be empty (zeros) or have the group's elements", g, m.size(), n);
+    FERRY_EXPECTS(v.empty() || v.size() == n, "v must be empty (zeros) or have the group's elements", g, v.size(), n);
+    std::byte* base = gr.layout.resident ? gr.host : ring_;
+    fill_copy(base, gr.layout, master, m, v);
+    if constexpr (!in_place) {
+      if (!gr.layout.resident) {
+        const std::size_t next = 1 - gr.layout.current_copy;
+        tier_.submit_write(gr.region, gr.layout.copy_offset(next), std::span<const std::byte>(ring_, gr.layout.copy_bytes))
+            .wait();
+        gr.layout.current_copy = next;
+      }
+    }
+    gr.initialized = true;
+  }
+
+  /// @brief Copies array `part` of group g into `out` (`out.size()` = the group's
+  /// elements): from host memory, or read from the group's current copy on the tier
+  /// (synchronously; `out` needs no alignment).
+  /// @throws ferry::logic_error for g out of range, a wrong size, or a group never
+  ///         initialized; ferry::io_error from the read
+  void read(std::size_t g, state_part part, std::span<float> out) {
+    check_idle();
+    check_group(g);
+    const group& gr = groups_[g];
+    const std::size_t n = gr.layout.elements;
+    FERRY_EXPECTS(out.size() == n, "read needs room for the group's elements", g, out.size(), n);
+    FERRY_EXPECTS(gr.initialized, "read of a group never initialized", g);
+    if (gr.layout.resident) {
+      std::memcpy(out.data(), gr.host + gr.layout.part_offset(part), n * sizeof(float));
+      return;
+    }
+    if constexpr (!in_place) {
+      tier_.submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy) + gr.layout.part_offset(part),
+                        std::as_writable_bytes(out))
+          .wait();
+    }
+  }
+
+  /// @brief `read(g, state_part::master, out)`: the master weights of group g.
+  void read_master(std::size_t g, std::span<float> out) { read(g, state_part::master, out); }
+
+  // --- steps -------------------------------------------------------------------------
+
+  /// @brief One pass over every group, in index order: `compute(g, group_view)` on the
+  /// calling thread for each, with the reads and writes of the neighbouring spilled
+  /// groups in flight meanwhile (see the file comment). Returns when every new state is
+  /// on the tier (or in RAM).
+  /// @param compute callable as `compute(std::size_t g, ferry::group_view states)`;
+  ///        updates `states` in place
+  /// @throws ferry::io_error the first I/O error (the step stops; see "Errors" in the
+  ///         file comment: `updated(g)` tells each group's state, `resume_step` finishes)
+  /// @throws whatever `compute` throws (likewise)
+  /// @throws ferry::logic_error when a group was never initialized, or when called from
+  ///         inside `compute` (nothing runs then)
+  template <class F>
+  requires std::is_invocable_v<F&, std::size_t, group_view>
+  void step(F&& compute) {
+    run(compute, true);
+  }
+
+  /// @brief Completes a step that threw: runs `compute` (as `step` does) on the groups
+  /// with `updated(g) == false` only. After a step that succeeded it does nothing.
+  /// @throws as `step`
+  template <class F>
+  requires std::is_invocable_v<F&, std::size_t, group_view>
+  void resume_step(F&& compute) {
+    run(compute, false);
+  }
+
+  /// @brief Whether group g holds the result of the current step's `compute` (all true
+  /// after a step that succeeded; after one that threw, see the file comment).
+  /// @throws ferry::logic_error for g out of range
+  [[nodiscard]] bool updated(std::size_t g) const {
+    check_group(g);
+    return updated_[g];
+  }
+
+  // --- queries -----------------------------------------------------------------------
+
+  /// @brief Number of groups (G).
+  [[nodiscard]] std::size_t groups() const noexcept { return groups_.size(); }
+  /// @brief Layout and residency of group g.
+  /// @throws ferry::logic_error for g out of range
+  [[nodiscard]] group_layout layout(std::size_t g) const {
+    check_group(g);
+    return groups_[g].layout;
+  }
+  /// @brief The tier region of group g (two copies); for spilled groups and in-place tiers.
+  /// @throws ferry::logic_error for g out of range or a group kept in pool memory
+  [[nodiscard]] const region_type& region(std::size_t g) const {
+    check_group(g);
+    FERRY_EXPECTS(groups_[g].has_region, "the group has no tier region (it is resident in the swapper's memory)", g);
+    return groups_[g].region;
+  }
+  /// @brief Groups kept in host memory (all of them with an in-place tier).
+  [[nodiscard]] std::size_t resident_groups() const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(groups_.begin(), groups_.end(), [](const group& gr) { return gr.layout.resident; }));
+  }
+  /// @brief Bytes of the ring (3 x the largest copy); 0 when no group is spilled.
+  [[nodiscard]] std::size_t ring_bytes() const noexcept { return ring_bytes_; }
+  /// @brief Host bytes charged to the budget: the pool allocation rounded up to the page
+  /// (0 with an in-place tier).
+  [[nodiscard]] std::size_t host_bytes() const noexcept { return charged_; }
+  /// @brief The budget host memory was planned against (0 with an in-place tier).
+  [[nodiscard]] std::size_t budget_bytes() const noexcept { return budget_; }
+  /// @brief Whether the ring is registered with the tier's engine.
+  [[nodiscard]] bool ring_registered() const noexcept { return ring_registered_; }
+  /// @brief Counters.
+  [[nodiscard]] const state_swapper_stats& stats() const noexcept { return stats_; }
+  /// @brief The tier.
+  [[nodiscard]] Tier& tier() noexcept { return tier_; }
+
+ private:
+  struct group {
+    group_layout layout;
+    region_type region{};
+    bool has_region = false;
+    std::byte* host = nullptr;  // resident groups: the copy in host memory
+    bool initialized = false;
+  };
+
+  static constexpr std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
+
+  void check_group(std::size_t g) const {
+    const std::size_t groups = groups_.size();
+    FERRY_EXPECTS(g < groups, "group index out of range", g, groups);
+  }
+  void check_idle() const {
+    const bool busy = busy_;
+    FERRY_EXPECTS(!busy, "a state_swapper member was called from inside a step's compute", busy);
+  }
+
+  // Budget, residency, and the one host allocation (ring first, then resident groups).
+  void plan_host_memory() {
+    pinned_pool* pool = options_.pool;
+    budget_ = options_.ram_budget_bytes != 0 ? options_.ram_budget_bytes
+              : pool != nullptr              ? pool->budget()
+                                             : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
+    const std::size_t page = 4096;
+    const std::size_t pool_alignment = pool != nullptr ? pool->alignment() : page;
+    const std::size_t slack = alignment_ > pool_alignment ? alignment_ : 0;  // to align the block's start
+    const auto charge = [&](std::size_t bytes) { return round_up(bytes + slack, page); };
+    std::size_t all = 0;
+    std::size_t largest = 0;
+    for (const group& gr : groups_) {
+      all += gr.layout.copy_bytes;
+      largest = std::max(largest, gr.layout.copy_bytes);
+    }
+    std::size_t total = 0;
+    if (!options_.spill_all && charge(all) <= budget_) {
+      for (group& gr : groups_) gr.layout.resident = true;
+      total = all;
+    } else {
+      ring_bytes_ = ring_slots * largest;
+      if (charge(ring_bytes_) > budget_) {
+        FERRY_THROW_OUT_OF_CAPACITY("state_swapper ring (3 buffers of the largest group's states)",
+                                    charge(ring_bytes_), 0, budget_);
+      }
+      total = ring_bytes_;
+      if (!options_.spill_all) {
+        for (group& gr : groups_) {
+          if (charge(total + gr.layout.copy_bytes) <= budget_) {
+            gr.layout.resident = true;
+            total += gr.layout.copy_bytes;
+          }
+        }
+      }
+    }
+    charged_ = charge(total);
+    if (pool == nullptr) {
+      pinned_pool_options po;
+      po.budget_bytes = charged_;
+      po.slab_bytes = charged_;
+      po.alignment = page;
+      po.pin = options_.pin;
+      po.huge_pages = options_.huge_pages;
+      own_pool_.emplace(std::move(po));
+      pool = &*own_pool_;
+    }
+    pool_ = pool;
+    block_bytes_ = total + slack;
+    block_ = static_cast<std::byte*>(pool_->allocate(block_bytes_));
+    const auto base = reinterpret_cast<std::uintptr_t>(block_);
+    std::byte* aligned = block_ + (alignment_ - base % alignment_) % alignment_;
+    std::memset(aligned, 0, total);
+    ring_ = aligned;
+    std::byte* next = aligned + ring_bytes_;
+    for (group& gr : groups_) {
+      if (!gr.layout.resident) continue;
+      gr.host = next;
+      next += gr.layout.copy_bytes;
+    }
+  }
+
+  void release() noexcept {
+    if constexpr (!in_place) {
+      if (ring_registered_) {
+        if constexpr (requires { tier_.unregister_buffer(std::span<std::byte>()); }) {
+          tier_.unregister_buffer(std::span<std::byte>(ring_, ring_bytes_));
+        }
+        ring_registered_ = false;
+      }
+    }
+    for (group& gr : groups_) {
+      if (gr.has_region) tier_.deallocate(gr.region);
+      gr.has_region = false;
+    }
+    if (block_ != nullptr) pool_->deallocate(block_, block_bytes_);
+    block_ = nullptr;
+  }
+
+  // Writes one copy of a group's states at `base` (padding stays zero).
+  static void fill_copy(std::byte* base, const group_layout& l, std::span<const float> master,
+                        std::span<const float> m, std::span<const float> v) noexcept {
+    const std::size_t bytes = l.elements * sizeof(float);
+    std::memset(base, 0, l.copy_bytes);
+    std::memcpy(base + l.part_offset(state_part::master), master.data(), bytes);
+    if (!m.empty()) std::memcpy(base + l.part_offset(state_part::m), m.data(), bytes);
+    if (!v.empty()) std::memcpy(base + l.part_offset(state_part::v), v.data(), bytes);
+  }
+
+  static group_view view(std::size_t g, std::byte* base, const group_layout& l) noexcept {
+    const auto part = [&](state_part p) {
+      return std::span<float>(reinterpret_cast<float*>(base + l.part_offset(p)), l.elements);  // NOLINT
+    };
+    return group_view{g, part(state_part::master), part(state_part::m), part(state_part::v)};
+  }
+
+  struct busy_guard {
+    bool& flag;
+    explicit busy_guard(bool& f) noexcept : flag(f) { flag = true; }
+    ~busy_guard() { flag = false; }
+    busy_guard(const busy_guard&) = delete;
+    busy_guard& operator=(const busy_guard&) = delete;
+  };
+
+  template <class F>
+  void run(F& compute, bool all) {
+    check_idle();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const bool initialized = groups_[g].initialized;
+      FERRY_EXPECTS(initialized, "every group must be initialized before a step", g);
+    }
+    if (all) std::fill(updated_.begin(), updated_.end(), false);
+    busy_guard busy(busy_);
+    std::exception_ptr error;
+    if constexpr (in_place) {
+      run_resident(compute, error);
+    } else {
+      run_streamed(compute, error);
+    }
+    if (error) {
+      ++stats_.failed_steps;
+      std::rethrow_exception(error);
+    }
+    ++stats_.steps;
+  }
+
+  // Calls compute on group g in host memory at `base`; records an exception in `error`.
+  template <class F>
+  bool compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept {
+    try {
+      compute(g, view(g, base, groups_[g].layout));
+    } catch (...) {
+      error = std::current_exception();
+      return false;
+    }
+    ++stats_.groups_computed;
+    return true;
+  }
+
+  template <class F>
+  void run_resident(F& compute, std::exception_ptr& error) {
+    for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
+      if (updated_[g]) continue;
+      if (compute_one(compute, g, groups_[g].host, error)) updated_[g] = true;
+    }
+  }
+
+  template <class F>
+  void run_streamed(F& compute, std::exception_ptr& error) {
+    using read_ticket = decltype(tier_.submit_read(std::declval<const region_type&>(), std::uint64_t{},
+                                                   std::span<std::byte>()));
+    using write_ticket = decltype(tier_.submit_write(std::declval<const region_type&>(), std::uint64_t{},
+                                                     std::span<const std::byte>()));
+    struct slot {
+      std::byte* memory = nullptr;
+      std::size_t group = 0;
+      std::optional<read_ticket> read;
+      std::optional<write_ticket> write;
+      std::size_t write_group = 0;
+      std::uint64_t write_order = std::numeric_limits<std::uint64_t>::max();
+    };
+    // Tickets wait in their destructors, so even an unexpected exception leaves no
+    // transfer running on the ring.
+    std::array<slot, ring_slots> slots;
+    for (std::size_t i = 0; i < ring_slots; ++i) slots[i].memory = ring_ + i * (ring_bytes_ / ring_slots);
+
+    std::vector<std::size_t> spilled;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (!updated_[g] && !groups_[g].layout.resident) spilled.push_back(g);
+    }
+    std::uint64_t writes_issued = 0;
+    const auto record = [&error]() noexcept {
+      if (!error) error = std::current_exception();
+    };
+    // Waits for the write of slot s (if any): flips its group on success.
+    const auto finish_write = [&](slot& s) noexcept {
+      if (!s.write) return;
+      group& gr = groups_[s.write_group];
+      try {
+        s.write->wait();
+        gr.layout.current_copy = 1 - gr.layout.current_copy;
+        updated_[s.write_group] = true;
+        ++stats_.writes;
+        stats_.bytes_written += gr.layout.copy_bytes;
+      } catch (...) {
+        record();
+      }
+      s.write.reset();
+    };
+    // Issues the read of spilled[j] into its slot, after that slot's write is done.
+    const auto issue_read = [&](std::size_t j) noexcept {
+      slot& s = slots[j % ring_slots];
+      finish_write(s);
+      if (error) return;
+      const group& gr = groups_[spilled[j]];
+      s.group = spilled[j];
+      try {
+        s.read.emplace(tier_.submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy),
+                                         std::span<std::byte>(s.memory, gr.layout.copy_bytes)));
+      } catch (...) {
+        record();
+      }
+    };
+
+    if (!spilled.empty()) issue_read(0);
+    std::size_t j = 0;  // position in `spilled` of the next spilled group
+    for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
+      if (updated_[g]) continue;
+      group& gr = groups_[g];
+      if (gr.layout.resident) {
+        if (compute_one(compute, g, gr.host, error)) updated_[g] = true;
+        continue;
+      }
+      slot& s = slots[j % ring_slots];
+      try {
+        s.read->wait();
+        ++stats_.reads;
+        stats_.bytes_read += gr.layout.copy_bytes;
+      } catch (...) {
+        record();
+      }
+      s.read.reset();
+      if (error) break;
+      if (j + 1 < spilled.size()) {
+        issue_read(j + 1);
+        if (error) break;
+      }
+      if (!compute_one(compute, g, s.memory, error)) break;
+      try {
+        s.write.emplace(tier_.submit_write(gr.region, gr.layout.copy_offset(1 - gr.layout.current_copy),
+                                           std::span<const std::byte>(s.memory, gr.layout.copy_bytes)));
+        s.write_group = g;
+        s.write_order = writes_issued++;
+      } catch (...) {
+        record();
+      }
+      ++j;
+    }
+    // Drain: reads never consumed (their result no longer matters), then the writes in
+    // the order they were issued.
+    for (slot& s : slots) {
+      if (s.read) {
+        try {
+          s.read->wait();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the step already stopped
+        }
+        s.read.reset();
+      }
+    }
+    std::array<slot*, ring_slots> by_order{};
+    for (std::size_t i = 0; i < ring_slots; ++i) by_order[i] = &slots[i];
+    std::sort(by_order.begin(), by_order.end(),
+              [](const slot* a, const slot* b) { return a->write_order < b->write_order; });
+    for (slot* s : by_order) finish_write(*s);
+  }
+
+  Tier& tier_;
+  state_swapper_options options_;
+  std::size_t alignment_ = 64;
+  std::vector<group> groups_;
+  std::vector<bool> updated_;
+  std::optional<pinned_pool> own_pool_;
+  pinned_pool* pool_ = nullptr;
+  std::byte* block_ = nullptr;  // the pool allocation (unaligned start)
+  std::size_t block_bytes_ = 0;
+  std::byte* ring_ = nullptr;  // aligned: ring slots, then resident groups
+  std::size_t ring_bytes_ = 0;
+  std::size_t charged_ = 0;
+  std::size_t budget_ = 0;
+  bool ring_registered_ = false;
+  bool busy_ = false;
+  state_swapper_stats stats_;
+};
+
+}  // namespace ferry

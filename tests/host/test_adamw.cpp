@@ -1,0 +1,220 @@
+// ferry::adamw: the update formula bit for bit against a scalar reference written from
+// the documentation, at odd sizes and 1..8 threads; independence of the thread count and
+// block size; the first step's known behaviour; argument errors.
+#include <ferry/optim/adamw.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// A deterministic float in [lo, hi) for (seed, i).
+float value(std::uint64_t seed, std::size_t i, float lo, float hi) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  const double unit = static_cast<double>(x >> 11) / static_cast<double>(std::uint64_t{1} << 53);
+  return lo + static_cast<float>(unit) * (hi - lo);
+}
+
+struct states {
+  std::vector<float> p, g, m, v;
+  explicit states(std::size_t n, std::uint64_t seed) : p(n), g(n), m(n), v(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = value(seed, i, -2.0f, 2.0f);
+      g[i] = value(seed + 1, i, -1.0f, 1.0f);
+      m[i] = value(seed + 2, i, -0.1f, 0.1f);
+      v[i] = value(seed + 3, i, 0.0f, 0.01f);
+    }
+    if (n > 2) {
+      g[1] = 0.0f;  // a zero gradient
+      v[1] = 0.0f;  // and a zero second moment: sqrt(0) / bc2 + eps
+    }
+  }
+  void new_gradients(std::uint64_t seed) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = value(seed, i, -1.0f, 1.0f);
+  }
+};
+
+// The reference: the documented constants and update, one element at a time.
+void reference_step(const ferry::adamw_params& h, std::uint64_t t, states& s) {
+  const double td = static_cast<double>(t);
+  const float c1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  const float c2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  const float step_size =
+      static_cast<float>(static_cast<double>(h.lr) / (1.0 - std::pow(static_cast<double>(h.beta1), td)));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), td)));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  for (std::size_t i = 0; i < s.p.size(); ++i) {
+    const float g = s.g[i];
+    const float m = h.beta1 * s.m[i] + c1 * g;
+    const float v = h.beta2 * s.v[i] + c2 * (g * g);
+    const float denom = std::sqrt(v) / bc2_sqrt + h.eps;
+    const float p = s.p[i] * decay - step_size * (m / denom);
+    s.m[i] = m;
+    s.v[i] = v;
+    s.p[i] = p;
+  }
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Matches an exception of type E whose message contains every one of `parts`.
+template <class E>
+Catch::Matchers::Generic::PredicateMatcher<E> message_has(std::vector<std::string> parts) {
+  std::string description = "message contains";
+  for (const auto& part : parts) description += " \"" + part + "\"";
+  return Catch::Matchers::Predicate<E>(
+      [parts](const E& e) {
+        const std::string what = e.what();
+        for (const auto& part : parts) {
+          if (what.find(part) == std::string::npos) return false;
+        }
+        return true;
+      },
+      description);
+}
+
+const std::vector<std::size_t> sizes = {0, 1, 3, 1023, 1024, 1025, 4097, 2 * 1024 * 8 + 5, 70001};
+
+}  // namespace
+
+TEST_CASE("adamw_constants follow the documented formulas", "[adamw]") {
+  const ferry::adamw_params h{.lr = 3e-4f, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f, .weight_decay = 0.1f};
+  const auto c = ferry::adamw_constants::make(h, 1);
+  CHECK(c.beta1 == 0.8f);
+  CHECK(c.beta2 == 0.95f);
+  CHECK(c.eps == 1e-6f);
+  CHECK(c.c1 == static_cast<float>(1.0 - static_cast<double>(0.8f)));
+  CHECK(c.c2 == static_cast<float>(1.0 - static_cast<double>(0.95f)));
+  // t = 1: 1 - beta^1 = 1 - beta.
+  CHECK(c.step_size == static_cast<float>(static_cast<double>(3e-4f) / (1.0 - static_cast<double>(0.8f))));
+  CHECK(c.bc2_sqrt == static_cast<float>(std::sqrt(1.0 - static_cast<double>(0.95f))));
+  CHECK(c.decay == static_cast<float>(1.0 - static_cast<double>(3e-4f) * static_cast<double>(0.1f)));
+  // Late steps: the bias corrections vanish.
+  const auto late = ferry::adamw_constants::make(h, 100000);
+  CHECK(late.step_size == 3e-4f);
+  CHECK(late.bc2_sqrt == 1.0f);
+}
+
+TEST_CASE("adamw: bitwise equal to the scalar reference at odd sizes and 1..8 threads", "[adamw]") {
+  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+  for (std::size_t threads = 1; threads <= 8; ++threads) {
+    // Small blocks, so that several threads share even the middle sizes.
+    ferry::adamw opt(h, {.threads = threads, .block_elements = 2 * ferry::adamw_tile_elements});
+    REQUIRE(opt.threads() == threads);
+    for (const std::size_t n : sizes) {
+      CAPTURE(threads, n);
+      states mine(n, n + 17);
+      states ref(n, n + 17);
+      for (std::uint64_t t = 1; t <= 3; ++t) {
+        mine.new_gradients(100 + t);
+        ref.new_gradients(100 + t);
+        opt.step(mine.p, mine.g, mine.m, mine.v, t);
+        reference_step(h, t, ref);
+      }
+      CHECK(bitwise_equal(mine.p, ref.p));
+      CHECK(bitwise_equal(mine.m, ref.m));
+      CHECK(bitwise_equal(mine.v, ref.v));
+      CHECK(bitwise_equal(mine.g, ref.g));  // gradients are only read
+    }
+  }
+}
+
+TEST_CASE("adamw: results do not depend on the thread count or the block size", "[adamw]") {
+  // Holds even where a compiler contracts into FMAs: tiles start at fixed positions.
+  const std::size_t n = 50 * 1024 + 77;
+  states first(n, 5);
+  ferry::adamw one({}, {.threads = 1, .block_elements = 1024});
+  one.step(first.p, first.g, first.m, first.v, 7);
+  for (const auto& [threads, block] : std::vector<std::pair<std::size_t, std::size_t>>{{2, 1024}, {3, 3072}, {8, 16384}}) {
+    CAPTURE(threads, block);
+    states other(n, 5);
+    ferry::adamw opt({}, {.threads = threads, .block_elements = block});
+    opt.step(other.p, other.g, other.m, other.v, 7);
+    CHECK(bitwise_equal(first.p, other.p));
+    CHECK(bitwise_equal(first.m, other.m));
+    CHECK(bitwise_equal(first.v, other.v));
+  }
+}
+
+TEST_CASE("adamw: the first step moves each parameter by about lr against its gradient's sign", "[adamw]") {
+  // With m = v = 0, m / (sqrt(v) / bc2_sqrt) = sign(g) (1 - b1) / (1 - b1) exactly in
+  // real numbers; weight decay first scales p by 1 - lr * wd.
+  const float lr = 0.01f;
+  const float wd = 0.1f;
+  ferry::adamw opt({.lr = lr, .eps = 1e-12f, .weight_decay = wd}, {.threads = 2});
+  const std::size_t n = 3000;
+  std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = value(1, i, -1.0f, 1.0f);
+    g[i] = value(2, i, -1.0f, 1.0f);
+  }
+  const std::vector<float> p0 = p;
+  opt.step(p, g, m, v, 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double expected = static_cast<double>(p0[i]) * (1.0 - static_cast<double>(lr * wd)) -
+                            static_cast<double>(lr) * (g[i] > 0 ? 1.0 : -1.0);
+    REQUIRE(std::abs(static_cast<double>(p[i]) - expected) < 1e-5);
+    REQUIRE(m[i] == static_cast<float>(1.0 - static_cast<double>(0.9f)) * g[i]);
+  }
+}
+
+TEST_CASE("adamw: one step from several threads at once runs them one after another", "[adamw]") {
+  ferry::adamw opt({}, {.threads = 2, .block_elements = 1024});
+  const std::size_t n = 20000;
+  states a(n, 1), b(n, 2), ra(n, 1), rb(n, 2);
+  std::thread other([&] { opt.step(b.p, b.g, b.m, b.v, 1); });
+  opt.step(a.p, a.g, a.m, a.v, 1);
+  other.join();
+  reference_step(opt.params(), 1, ra);
+  reference_step(opt.params(), 1, rb);
+  CHECK(bitwise_equal(a.p, ra.p));
+  CHECK(bitwise_equal(b.p, rb.p));
+}
+
+TEST_CASE("adamw: argument errors name the values and write nothing", "[adamw]") {
+  ferry::adamw opt({}, {.threads = 2});
+  std::vector<float> p(10, 1.0f), g(10, 1.0f), m(10, 0.0f), v(10, 0.0f), shorter(9, 0.0f);
+  CHECK_THROWS_MATCHES(opt.step(p, g, m, shorter, 1), ferry::logic_error,
+                       message_has<ferry::logic_error>({"one length", "9"}));
+  CHECK_THROWS_MATCHES(opt.step(p, g, m, v, 0), ferry::logic_error, message_has<ferry::logic_error>({"step_number = 0"}));
+  // Overlapping arrays: m and v share memory.
+  std::vector<float> both(20, 0.0f);
+  CHECK_THROWS_MATCHES(opt.step(p, g, std::span<float>(both).first(10), std::span<float>(both).subspan(5, 10), 1),
+                       ferry::logic_error, message_has<ferry::logic_error>({"must not overlap"}));
+  CHECK(p == std::vector<float>(10, 1.0f));
+  CHECK(m == std::vector<float>(10, 0.0f));
+
+  CHECK_THROWS_MATCHES(ferry::adamw({.lr = -1.0f}), ferry::logic_error, message_has<ferry::logic_error>({"lr = -1"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.lr = NAN}), ferry::logic_error, message_has<ferry::logic_error>({"learning rate"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.beta1 = 1.0f}), ferry::logic_error, message_has<ferry::logic_error>({"beta1 = 1"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.beta2 = -0.5f}), ferry::logic_error, message_has<ferry::logic_error>({"beta2 = -0.5"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.eps = 0.0f}), ferry::logic_error, message_has<ferry::logic_error>({"eps = 0"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.weight_decay = -0.1f}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"weight_decay = -0.1"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({}, {.threads = 2000}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"threads = 2000"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({}, {.threads = 1, .block_elements = 1000}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"block_elements = 1000"}));
+  CHECK_THROWS_AS(opt.set_params({.eps = -1.0f}), ferry::logic_error);
+  CHECK(opt.params().eps == 1e-8f);  // unchanged
+  opt.set_params({.lr = 0.5f});
+  CHECK(opt.params().lr == 0.5f);
+}
+
+TEST_CASE("adamw: the default thread count is the io_threads knob", "[adamw]") {
+  ferry::adamw opt;
+  CHECK(opt.threads() == ferry::defaults::current().io_threads);
+  CHECK(opt.block_elements() == 16 * ferry::adamw_tile_elements);
+}
