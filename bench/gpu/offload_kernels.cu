@@ -165,7 +165,7 @@ void checksum(const void* p, std::size_t n, unsigned long long* sum, cudaStream_
 
 void max_abs_diff(const void* a, const void* b, std::size_t n, float* out, cudaStream_t s) {
   max_abs_diff_kernel<<<grid_for(n), threads, 0, s>>>(static_cast<const __nv_bfloat16*>(a),
-                                                       static_cast<const __nv_bfloat16*>(b), n, out);
+                                                      static_cast<const __nv_bfloat16*>(b), n, out);
   FERRY_CUDA_TRY(cudaGetLastError(), n);
 }
 

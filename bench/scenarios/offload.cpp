@@ -54,7 +54,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -251,8 +250,7 @@ struct model {
     for (std::size_t i = 0; i < layers; ++i) {
       gpu::max_abs_diff(ref[i].data(), dw[i].data(), hidden * hidden, d + 2 * i, compute.get());
     }
-    FERRY_CUDA_TRY(
-        cudaMemcpyAsync(out.data(), d, out.size() * sizeof(float), cudaMemcpyDeviceToHost, compute.get()));
+    FERRY_CUDA_TRY(cudaMemcpyAsync(out.data(), d, out.size() * sizeof(float), cudaMemcpyDeviceToHost, compute.get()));
     FERRY_CUDA_TRY(cudaFreeAsync(d, compute.get()));
     compute.synchronize();
     double worst = 0;
@@ -377,10 +375,11 @@ std::vector<row> run_offload(const run_options& options) {
 
   model m(layers, hidden, tokens);
   const std::size_t saved = m.saved_bytes();
-  std::printf("  model: %zu x (Linear %zux%zu + GELU), bf16, %zu tokens; saved activations %.2f GiB per step "
-              "(%zu tensors of %s), %.1f TFLOP per step\n",
-              layers, hidden, hidden, tokens, gib(saved), 2 * layers, ferry::bench::size_name(m.act_bytes).c_str(),
-              m.flops() / 1e12);
+  std::printf(
+      "  model: %zu x (Linear %zux%zu + GELU), bf16, %zu tokens; saved activations %.2f GiB per step "
+      "(%zu tensors of %s), %.1f TFLOP per step\n",
+      layers, hidden, hidden, tokens, gib(saved), 2 * layers, ferry::bench::size_name(m.act_bytes).c_str(),
+      m.flops() / 1e12);
   std::fflush(stdout);
 
   // The caches' memory: pinned slabs of four tensors each (seven FP8 encodings),
@@ -417,8 +416,8 @@ std::vector<row> run_offload(const run_options& options) {
   if (fp8) {
     for (std::size_t i = 0; i < layers; ++i) {
       reference.emplace_back(m.dw[i].size());
-      FERRY_CUDA_TRY(cudaMemcpyAsync(reference.back().data(), m.dw[i].data(), m.dw[i].size(),
-                                     cudaMemcpyDeviceToDevice, m.compute.get()));
+      FERRY_CUDA_TRY(cudaMemcpyAsync(reference.back().data(), m.dw[i].data(), m.dw[i].size(), cudaMemcpyDeviceToDevice,
+                                     m.compute.get()));
     }
   }
   (void)m.step(sync);
@@ -442,14 +441,15 @@ std::vector<row> run_offload(const run_options& options) {
 
   // The timed steps, every variant in turn.
   std::vector<double> forward_ms, backward_ms;
-  std::vector<std::function<double()>> variants = {
-      [&] {
-        const double ms = m.step(none);
-        forward_ms.push_back(m.last_forward_ms);
-        backward_ms.push_back(m.last_backward_ms);
-        return ms;
-      },
-      [&] { return m.step(sync); }, [&] { return m.step(ferry_identity); }};
+  std::vector<std::function<double()>> variants;
+  variants.emplace_back([&] {
+    const double ms = m.step(none);
+    forward_ms.push_back(m.last_forward_ms);
+    backward_ms.push_back(m.last_backward_ms);
+    return ms;
+  });
+  variants.emplace_back([&] { return m.step(sync); });
+  variants.emplace_back([&] { return m.step(ferry_identity); });
   if (fp8) variants.emplace_back([&] { return m.step(*ferry_fp8); });
   const ferry::tensor_cache_stats id_before = ferry_identity.stats();
   const ferry::tensor_cache_stats fp8_before = fp8 ? ferry_fp8->stats() : ferry::tensor_cache_stats{};
@@ -465,18 +465,17 @@ std::vector<row> run_offload(const run_options& options) {
            static_cast<double>(steps);
   };
   std::printf("  none  %9.2f ms (%.0f TFLOP/s; forward %.2f ms, backward %.2f ms), 0 bytes moved\n", none_ms,
-              m.flops() / (none_ms * 1e-3) / 1e12, ferry::bench::median(forward_ms),
-              ferry::bench::median(backward_ms));
-  std::printf("  sync  %9.2f ms (%.2fx none), %.2f GiB moved per step\n", sync_ms, sync_ms / none_ms,
-              gib(2 * saved));
-  std::printf("  link floor %9.2f ms = none + %.2f ms (%.2fx none); per-pass bound max(fwd, out) + max(bwd, in) "
-              "= %.2f ms\n",
-              floor_ms, link_ms, floor_ms / none_ms,
-              std::max(ferry::bench::median(forward_ms), link.d2h_ms) +
-                  std::max(ferry::bench::median(backward_ms), link.h2d_ms));
+              m.flops() / (none_ms * 1e-3) / 1e12, ferry::bench::median(forward_ms), ferry::bench::median(backward_ms));
+  std::printf("  sync  %9.2f ms (%.2fx none), %.2f GiB moved per step\n", sync_ms, sync_ms / none_ms, gib(2 * saved));
+  std::printf(
+      "  link floor %9.2f ms = none + %.2f ms (%.2fx none); per-pass bound max(fwd, out) + max(bwd, in) "
+      "= %.2f ms\n",
+      floor_ms, link_ms, floor_ms / none_ms,
+      std::max(ferry::bench::median(forward_ms), link.d2h_ms) +
+          std::max(ferry::bench::median(backward_ms), link.h2d_ms));
 
-  const std::string shape = "L=" + std::to_string(layers) + " H=" + std::to_string(hidden) +
-                            " T=" + std::to_string(tokens);
+  const std::string shape =
+      "L=" + std::to_string(layers) + " H=" + std::to_string(hidden) + " T=" + std::to_string(tokens);
   std::vector<row> rows;
   const auto add_rows = [&](const char* name, double ms, double moved) {
     std::printf("  %-5s %9.2f ms (%.2fx none, %.2fx sync, %.2fx link floor), %.2f GiB moved per step\n", name, ms,

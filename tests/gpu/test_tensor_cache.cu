@@ -210,7 +210,7 @@ TEST_CASE("tensor_cache on a GPU: forward/backward with the cache equals the one
   CHECK(pool.used() == 0);
 }
 
-TEST_CASE("tensor_cache on a GPU: a small pinned budget spills to NVMe; results stay bit exact over iterations",
+TEST_CASE("tensor_cache on a GPU: a small pinned budget spills to NVMe and results stay bit exact over iterations",
           "[gpu][tensor_cache][nvme]") {
   ferry::stream compute;
   ferry::stream_scheduler sched(compute, small_chunks());
