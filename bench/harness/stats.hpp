@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace ferry::bench {
@@ -64,6 +65,41 @@ template <class Ferry, class Reference>
   }
   out.ferry = median(out.ferry_samples);
   out.reference = median(out.reference_samples);
+  return out;
+}
+
+/// @brief Medians of several variants measured in turn (`round_robin`).
+struct rotated_result {
+  std::vector<double> medians;               ///< one per variant, in the order given
+  std::vector<std::vector<double>> samples;  ///< per variant, in run order
+};
+
+/// @brief Runs `k` variants in turn, `repetitions` rounds of one sample each, after
+/// `warmup` unmeasured rounds. Round `i` runs variant `i mod k` first and the others
+/// after it in cyclic order, so over `k` rounds each variant runs first once, and drift
+/// (clocks, temperature, other load) hits every variant alike.
+/// @param repetitions measured samples of each variant (>= 1)
+/// @param warmup      unmeasured rounds of every variant before measuring
+/// @param variants    callables returning one sample each (a double, in the row's unit); at least one
+/// @throws ferry::logic_error for zero repetitions or no variants; whatever the callables throw
+[[nodiscard]] inline rotated_result round_robin(std::size_t repetitions, std::size_t warmup,
+                                                const std::vector<std::function<double()>>& variants) {
+  const std::size_t k = variants.size();
+  FERRY_EXPECTS(repetitions > 0 && k > 0, "a measurement needs at least one repetition and one variant", repetitions,
+                k);
+  for (std::size_t i = 0; i < warmup; ++i) {
+    for (const auto& v : variants) (void)v();
+  }
+  rotated_result out;
+  out.samples.resize(k);
+  for (auto& s : out.samples) s.reserve(repetitions);
+  for (std::size_t i = 0; i < repetitions; ++i) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t which = (i + j) % k;
+      out.samples[which].push_back(variants[which]());
+    }
+  }
+  for (const auto& s : out.samples) out.medians.push_back(median(s));
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +66,31 @@ TEST_CASE("alternate runs ferry and the reference in alternating order after war
   CHECK_THROWS_AS(fb::alternate(
                       0, 0, [] { return 1; }, [] { return 1; }),
                   ferry::logic_error);
+}
+
+TEST_CASE("round_robin rotates which variant runs first, after warm-up rounds") {
+  std::string order;
+  std::vector<int> calls(3, 0);
+  std::vector<std::function<double()>> variants;
+  for (int v = 0; v < 3; ++v) {
+    variants.emplace_back([&, v] {
+      order += static_cast<char>('A' + v);
+      return 10.0 * v + ++calls[static_cast<std::size_t>(v)];
+    });
+  }
+  const auto result = fb::round_robin(4, 1, variants);
+  CHECK(order ==
+        "ABC"   // warm-up
+        "ABC"
+        "BCA"
+        "CAB"
+        "ABC");
+  REQUIRE(result.samples.size() == 3);
+  CHECK(result.samples[0] == std::vector<double>{2, 3, 4, 5});
+  CHECK(result.samples[2] == std::vector<double>{22, 23, 24, 25});
+  CHECK(result.medians == std::vector<double>{3.5, 13.5, 23.5});
+  CHECK_THROWS_AS(fb::round_robin(0, 0, variants), ferry::logic_error);
+  CHECK_THROWS_AS(fb::round_robin(1, 0, {}), ferry::logic_error);
 }
 
 TEST_CASE("rows become the JSON schema of docs/design.md, ratio = ferry / reference") {

@@ -1,0 +1,16 @@
+// The FP8 variant's tensor cache of `ferry-bench offload` (see offload_cache.hpp): the
+// pipeline's codec encodes on the compute stream and decodes on the scheduler's H2D
+// stream with the kernels of ferry/codec/device.cuh, which need nvcc.
+#include "gpu/offload_cache.hpp"
+
+#include <ferry/codec/device.cuh>
+
+namespace ferry::bench::offload_gpu {
+
+std::unique_ptr<activation_cache> make_fp8_cache(stream_scheduler& sched, device_arena& arena, pinned_pool& pool,
+                                                 tensor_cache_options options) {
+  using pipeline = make_pipeline<int, tiers<device, pinned>, automatic, automatic, fp8_e4m3<bfloat16, per_block<128>>>;
+  return std::make_unique<cache_adapter<tensor_cache<pipeline>>>(sched, arena, pool, nullptr, options);
+}
+
+}  // namespace ferry::bench::offload_gpu
