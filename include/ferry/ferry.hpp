@@ -18,6 +18,12 @@
 #include "ferry/io/thread_pool_engine.hpp"
 #include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/optim/adamw.hpp"
+#include "ferry/pipeline/layer_streamer.hpp"
+#include "ferry/pipeline/offload_pipeline.hpp"
+#include "ferry/pipeline/stage_ring.hpp"
+#include "ferry/pipeline/state_swapper.hpp"
+#include "ferry/pipeline/tensor_cache.hpp"
 #include "ferry/policy.hpp"
 #include "ferry/schedule/host_executor.hpp"
 #include "ferry/schedule/host_stream.hpp"

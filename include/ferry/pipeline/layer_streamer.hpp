@@ -51,16 +51,14 @@
 ///   enqueued at once behind the marker wait).
 /// - Weights on NVMe: each load is one `nvme_to_device` through the scheduler's
 ///   bounce ring. These loads are started one after the other — the next when the
-///   previous has completed (a `then` continuation) — because a marker wait placed on the
-///   H2D lane while an earlier staged load still has chunks to copy would hold those
-///   chunks behind it, and the compute stream may need them to reach the marker. So on
-///   NVMe `acquire` blocks the host until its layer's load has *started* (until the
-///   previous layer's load completed): the host runs at most about one layer ahead of
-///   the disk, which is the slower side there anyway.
-/// - Sharing the scheduler: a marker wait on the H2D lane delays every H2D move issued
-///   after it. Other staged moves (`nvme_to_device` of another component) that are in
-///   flight while this streamer releases a slot, and that the compute stream waits for
-///   before that release, can deadlock behind it: give such work a scheduler of its own.
+///   previous has completed (a `then` continuation). This was needed while the scheduler
+///   ran staged chunks on its H2D lane (a marker wait could sit in front of an earlier
+///   load's chunks); it now gives each disk move a stream of its own, so issuing them K
+///   ahead is possible and left for later. So on NVMe `acquire` blocks the host until its
+///   layer's load has *started* (until the previous layer's load completed): the host
+///   runs at most about one layer ahead of the disk, which is the slower side there anyway.
+/// - Sharing the scheduler: a marker wait on the H2D lane delays every H2D copy move
+///   issued after it (disk moves run on their own streams and are not delayed).
 ///
 /// ## Updating weights
 /// A CPU optimizer writes updated weights into the host copy the next pass reads: into
