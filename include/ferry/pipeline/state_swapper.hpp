@@ -175,7 +175,7 @@ struct state_swapper_stats {
   std::uint64_t steps = 0;            ///< `step`/`resume_step` calls that completed
   std::uint64_t failed_steps = 0;     ///< ... that threw
   std::uint64_t groups_computed = 0;  ///< `compute` calls that returned
-  std::uint64_t reads = 0;            ///< group copies read from the tier and computed on (in steps)
+  std::uint64_t reads = 0;            ///< group copies read from the tier (in steps, successful)
   std::uint64_t writes = 0;           ///< group copies written to the tier (in steps, successful)
   std::uint64_t bytes_read = 0;       ///< bytes of those reads
   std::uint64_t bytes_written = 0;    ///< bytes of those writes
