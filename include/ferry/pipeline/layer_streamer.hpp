@@ -421,7 +421,9 @@ class basic_layer_streamer {
     regions_ = std::move(weights);
     tier_ = &tier;
     nvme_load_ = [](scheduler_type& s, void* t, const nvme_region& r, std::byte* dst, std::size_t n) {
-      return s.nvme_to_device(*static_cast<Tier*>(t), r, 0, dst, n);
+      // A disk move copies on a stream of its own: order it after the H2D lane, which
+      // holds the wait for the slot's last release (start_load).
+      return s.nvme_to_device(*static_cast<Tier*>(t), r, 0, dst, n, s.h2d());
     };
     setup();
   }
@@ -887,7 +889,8 @@ class basic_layer_streamer {
     }
   }
 
-  // The load of `s`: the H2D lane waits for the slot's last release, then the copy.
+  // The load of `s`: the H2D lane waits for the slot's last release, then the copy (a
+  // pinned load's copy is on the lane; an NVMe load's stream is ordered after the lane).
   ticket_type start_load(slot& s) {
     auto& b = sched_->backend();
     if (s.has_marker) {
