@@ -45,16 +45,25 @@
 /// `access_schedule`; then schedule-driven policies (`belady`, `schedule_replay`,
 /// `lookahead`) are made from it and replay it in every later iteration: spills go to the
 /// tensor needed furthest in the future, and prefetches bring back the next reads within
-/// `prefetch_budget_bytes` of device memory.
+/// `prefetch_budget_bytes` of device memory. A prefetch's read-back spills no tensor the
+/// schedule needs before the prefetched one. Each `end_iteration()` moves the replay to
+/// the start of the recorded iteration again, also after an iteration with more or fewer
+/// accesses than the recorded one.
 ///
 /// ## Errors and guarantees
 /// Nothing is lost: a tensor stays where it was until its new copy is confirmed. If no
 /// pinned block can be had and nothing can spill, `store` throws `out_of_capacity`
 /// and the tensor stays on the device, still owned by the cache (retrievable with `get`,
 /// freed by `erase`). A failed spill write leaves the tensor in pinned memory. A failed
-/// D2H or H2D surfaces from `get` (the ticket's error) and the other copy is kept.
+/// D2H or H2D surfaces from `get` (the ticket's error) and the other copy is kept. A
+/// prefetch that fails (its read from NVMe, or no device memory for its H2D) is dropped
+/// quietly: the tensor keeps its other copy, and its own `get` tries again and throws
+/// the error if it persists; no other key's `get` sees it. Reading a tensor back from
+/// NVMe needs a pinned block: with the pool full and the NVMe tier too full to spill
+/// into, `get` of a tensor on NVMe throws `out_of_capacity` until something is erased.
 /// Unknown keys, a null pointer, a size that is not a multiple of the element size:
-/// `ferry::logic_error`.
+/// `ferry::logic_error` (a refused `store` leaves the buffer the caller's: free it with
+/// the device memory's `deallocate`).
 ///
 /// ## Threads
 /// A cache is used from one thread at a time (the training loop). Its moves run on the
@@ -234,15 +243,22 @@ class basic_tensor_cache {
   basic_tensor_cache(const basic_tensor_cache&) = delete;
   basic_tensor_cache& operator=(const basic_tensor_cache&) = delete;
 
-  /// @brief Waits for every move of the cache, then frees every copy (device copies on
-  /// the scheduler's H2D stream). Never throws.
+  /// @brief Waits for every move of the cache, then frees every copy: a stored buffer
+  /// still on the device on its producer stream (after the work enqueued there, which
+  /// may still be writing it), a device copy the cache fetched on the scheduler's H2D
+  /// stream. The producer streams must still exist; work of other streams still reading
+  /// a tensor from `get` must have completed (`erase` with that stream as `last_user`
+  /// orders it). Never throws.
   ~basic_tensor_cache() {
     std::vector<record*> unique;
     for (auto& [k, r] : records_) {
       if (std::find(unique.begin(), unique.end(), r.get()) == unique.end()) unique.push_back(r.get());
     }
     for (record* r : unique) quiesce(*r);
-    for (record* r : unique) release_all(*r, sched_->h2d());
+    for (record* r : unique) {
+      const bool stored_buffer = r->host == nullptr && !r->disk && r->producer.has_value();  // never offloaded
+      release_all(*r, stored_buffer ? *r->producer : sched_->h2d());
+    }
     sched_->synchronize();
   }
 
@@ -303,8 +319,7 @@ class basic_tensor_cache {
   ///         ferry::out_of_capacity when device memory cannot be had
   [[nodiscard]] void* get(const key_type& key, stream_type consumer) {
     record& r = find(key);
-    record_access(key, r.bytes, access_kind::read);
-    if (r.tracked) eviction_->on_access(r.key);
+    record_access(key, r.bytes, access_kind::read, &r);
     if (r.device == nullptr) fetch(r, false);
     if (r.in.valid()) {
       if (r.in.ready()) {
@@ -324,13 +339,16 @@ class basic_tensor_cache {
   }
 
   /// @brief Starts bringing `key` back to the device now (it will be ready for `get`).
-  /// A tensor on NVMe is first read into pinned memory, asynchronously.
+  /// A tensor on NVMe is first read into pinned memory, asynchronously; its H2D starts
+  /// at the first call of the cache after the read has landed. A failed read is dropped
+  /// (the `get` of `key` reads again and reports).
   /// @throws ferry::logic_error for an unknown key
   void prefetch(const key_type& key) {
     record& r = find(key);
     poll_read_backs();
     if (r.device != nullptr) return;
     if (r.disk && r.host == nullptr) {
+      r.prefetched = true;  // the H2D follows when the read has landed (poll_read_backs)
       start_read_back(r);
       return;
     }
@@ -357,20 +375,23 @@ class basic_tensor_cache {
   }
 
   /// @brief Ends an iteration. After the first, the recorded schedule drives the
-  /// schedule-aware policies from the start of each iteration.
+  /// schedule-aware policies from the start of each iteration: the cache and the
+  /// policies move to the next absolute position that starts an iteration (a multiple
+  /// of the schedule's size), also after an iteration with more or fewer accesses than
+  /// the recorded one.
   void end_iteration() {
     if (!recorded_) {
       recorded_ = true;
       make_policies();
     }
-    ++iteration_;
-    const std::size_t start = iteration_ * schedule_.size();
-    if constexpr (schedule_aware_policy<eviction_type>) {
-      eviction_->advance_to(std::max(start, eviction_->position()));
-    }
-    if constexpr (schedule_aware_policy<prefetch_type>) {
-      prefetch_->advance_to(std::max(start, prefetch_->position()));
-    }
+    const std::size_t n = schedule_.size();
+    if (n == 0) return;  // nothing recorded: the policies have no schedule to follow
+    std::size_t reached = position_;
+    if constexpr (schedule_aware_policy<eviction_type>) reached = std::max(reached, eviction_->position());
+    if constexpr (schedule_aware_policy<prefetch_type>) reached = std::max(reached, prefetch_->position());
+    const std::size_t start = (reached + n - 1) / n * n;  // positions only grow; what counts is position % n
+    if constexpr (schedule_aware_policy<eviction_type>) eviction_->advance_to(start);
+    if constexpr (schedule_aware_policy<prefetch_type>) prefetch_->advance_to(start);
     position_ = start;
   }
 
@@ -386,7 +407,8 @@ class basic_tensor_cache {
   }
   /// @brief Counters since construction.
   [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return stats_; }
-  /// @brief The recorded iteration (empty until the first `end_iteration`... recorded as it runs).
+  /// @brief The recorded iteration: recorded as the first iteration runs, fixed from the
+  /// first `end_iteration()` on.
   [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_; }
 
  private:
@@ -457,9 +479,16 @@ class basic_tensor_cache {
     }
   }
 
-  void record_access(const key_type& key, std::size_t bytes, access_kind kind) {
+  // Counts the access at `position_` (recorded in the first iteration) and reports it to
+  // the policies; `read` is the record a `get` reads: when its pinned copy is known to
+  // the eviction policy, that policy sees the access at its own position.
+  void record_access(const key_type& key, std::size_t bytes, access_kind kind, const record* read = nullptr) {
     if (!recorded_) (void)schedule_.record(key, bytes, kind);
-    ++position_;
+    const std::size_t at = position_++;
+    if constexpr (schedule_aware_policy<eviction_type>) {
+      if (eviction_->position() < at) eviction_->advance_to(at);
+    }
+    if (read != nullptr && read->tracked) eviction_->on_access(read->key);  // moves it past `at`
     if constexpr (schedule_aware_policy<eviction_type>) {
       if (eviction_->position() < position_) eviction_->advance_to(position_);
     }
@@ -494,22 +523,30 @@ class basic_tensor_cache {
     stats_.offloaded_bytes += r.encoded;
   }
 
-  // A pinned block of `bytes`, spilling tensors to NVMe while the pool refuses.
-  std::byte* take_host_block(std::size_t bytes) {
+  // A pinned block of `bytes`, spilling tensors to NVMe while the pool refuses. With
+  // nothing left to spill, waits for a prefetch read-back in flight (its block becomes
+  // spillable, or free) before giving up. `ahead` (a prefetch, inside the prefetch
+  // policy's sink): spills no tensor the schedule needs before the one prefetched, and
+  // waits for nothing.
+  std::byte* take_host_block(std::size_t bytes, bool ahead = false) {
     for (;;) {
       try {
         return static_cast<std::byte*>(host_->allocate(bytes));
       } catch (const out_of_capacity&) {
-        if (nvme_ == nullptr || !spill_one()) throw;
+        if (nvme_ == nullptr || !(spill_one(ahead) || (!ahead && settle_one_read_back()))) throw;
       }
     }
   }
 
   // Writes the eviction policy's victim to NVMe and frees its pinned block; false when
-  // nothing can spill.
-  bool spill_one() {
+  // nothing can spill (or, for a prefetch, the victim is needed before the prefetched
+  // tensor).
+  bool spill_one(bool ahead = false) {
     const std::optional<key_type> victim = eviction_->victim();
     if (!victim) return false;
+    if constexpr (guarded_prefetch_policy<prefetch_type, key_type>) {
+      if (ahead && !prefetch_->may_evict(*victim)) return false;
+    }
     record& v = *by_key_primary(*victim);
     v.out.wait();                  // the block is complete (throws a failed D2H's error)
     if (v.in.valid()) {
@@ -543,8 +580,8 @@ class basic_tensor_cache {
     return it->second;
   }
 
-  void start_read_back(record& r) {
-    std::byte* block = take_host_block(r.encoded);
+  void start_read_back(record& r, bool ahead = false) {
+    std::byte* block = take_host_block(r.encoded, ahead);
     try {
       r.read_back = sched_->nvme_to_host(*nvme_, *r.disk, 0, std::span<std::byte>(block, r.encoded));
     } catch (...) {
@@ -556,8 +593,11 @@ class basic_tensor_cache {
     ++stats_.read_back;
   }
 
-  // Finishes read-backs that completed: the tensor is in pinned memory again.
-  void poll_read_backs() {
+  // Finishes read-backs that completed (started by a prefetch: a `get` finishes its
+  // own): the tensor is in pinned memory again, and on its way to the device when it
+  // was prefetched. Never throws: a prefetch that failed (the read, or no device memory
+  // for the H2D) leaves the tensor where it is, and its `get` tries again and reports.
+  void poll_read_backs() noexcept {
     for (auto it = reading_.begin(); it != reading_.end();) {
       auto rit = records_.find(*it);
       if (rit == records_.end() || !rit->second->read_back.valid()) {
@@ -569,10 +609,32 @@ class basic_tensor_cache {
         ++it;
         continue;
       }
-      finish_read_back(r);
       it = reading_.erase(it);
-      if (r.prefetched && r.device == nullptr) fetch(r, true);
+      settle_read_back(r);
     }
+  }
+
+  // Waits for `r`'s prefetch read-back, then starts its H2D when it was prefetched.
+  // Errors are dropped (see poll_read_backs).
+  void settle_read_back(record& r) noexcept {
+    try {
+      finish_read_back(r);
+      if (r.prefetched && r.device == nullptr) fetch(r, true);
+    } catch (...) {  // a prefetch's failure: the tensor's `get` reports it
+    }
+  }
+
+  // Waits for one prefetch read-back in flight and settles it (its block becomes
+  // spillable, or is freed if the read failed); false when none is in flight.
+  bool settle_one_read_back() noexcept {
+    for (auto it = reading_.begin(); it != reading_.end();) {
+      auto rit = records_.find(*it);
+      it = reading_.erase(it);
+      if (rit == records_.end() || !rit->second->read_back.valid()) continue;
+      settle_read_back(*rit->second);
+      return true;
+    }
+    return false;
   }
 
   void finish_read_back(record& r) {
@@ -632,8 +694,8 @@ class basic_tensor_cache {
       if (r.device != nullptr) return true;
       try {
         if (r.disk && r.host == nullptr) {
+          start_read_back(r, true);
           r.prefetched = true;
-          start_read_back(r);
         } else {
           fetch(r, true);
         }
@@ -677,8 +739,7 @@ class basic_tensor_cache {
   std::vector<key_type> reading_;
   schedule_type schedule_;
   bool recorded_ = false;
-  std::size_t iteration_ = 0;
-  std::size_t position_ = 0;
+  std::size_t position_ = 0;  // absolute schedule position of the next access
   std::optional<eviction_type> eviction_;
   std::optional<prefetch_type> prefetch_;
   tensor_cache_stats stats_;
