@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Installs what ferry's build, tests and benchmarks need, and nothing when all is there.
 #   Debian packages: cmake ninja-build g++ pkg-config catch2 libbenchmark-dev
-#                    liburing-dev libcli11-dev nlohmann-json3-dev fio python3-pip
+#                    liburing-dev libcli11-dev nlohmann-json3-dev fio python3-pip doxygen
 #   PyPI:            conan (for the Conan test_package check)
 # The CUDA toolkit is not installed here: when /usr/local/cuda (or nvcc on PATH) is
 # present, ferry's CUDA parts are built; otherwise they are skipped.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev liburing-dev libcli11-dev
-          nlohmann-json3-dev fio python3-pip)
+          nlohmann-json3-dev fio python3-pip doxygen)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -73,10 +73,15 @@ class error {
   [[nodiscard]] const source_site& where() const noexcept { return site_; }
 
  protected:
+  /// @brief An error raised at `site`.
   explicit error(source_site site) noexcept : site_(site) {}
+  /// @brief Copies the site.
   error(const error&) = default;
+  /// @brief Copies the site.
   error& operator=(const error&) = default;
+  /// @brief Copies the site.
   error(error&&) = default;
+  /// @brief Copies the site.
   error& operator=(error&&) = default;
 
  private:

@@ -87,6 +87,7 @@ class bf16 {
   /// that lookup to the call.
   /// @param in     `n` floats of device-accessible memory (16-byte vector loads when
   ///               16-byte aligned, element loads otherwise)
+  /// @param n      elements
   /// @param out    `2n` bytes of device-accessible memory, 16-byte aligned
   /// @param stream not the legacy default stream
   /// @return `encoded_bytes(n)`

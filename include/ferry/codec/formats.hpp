@@ -84,15 +84,15 @@ struct fp8_limits<fp8_format::e4m3> {
 /// @brief E5M2 constants (OFP8 rev. 1.0, table 1).
 template <>
 struct fp8_limits<fp8_format::e5m2> {
-  static constexpr int mantissa_bits = 2;
-  static constexpr int exponent_bias = 15;
-  static constexpr int max_exponent = 15;
-  static constexpr float max = 57344.0f;
-  static constexpr float min_normal = 0x1p-14f;
-  static constexpr float min_subnormal = 0x1p-16f;
-  static constexpr std::uint8_t max_code = 0x7B;
-  static constexpr std::uint8_t nan_code = 0x7F;
-  static constexpr const char* name = "e5m2";
+  static constexpr int mantissa_bits = 2;          ///< stored mantissa bits
+  static constexpr int exponent_bias = 15;         ///< exponent bias
+  static constexpr int max_exponent = 15;          ///< exponent of the largest finite value
+  static constexpr float max = 57344.0f;           ///< largest finite value
+  static constexpr float min_normal = 0x1p-14f;    ///< smallest positive normal value
+  static constexpr float min_subnormal = 0x1p-16f; ///< smallest positive subnormal value
+  static constexpr std::uint8_t max_code = 0x7B;   ///< encoding of +max (`| 0x80` for -max)
+  static constexpr std::uint8_t nan_code = 0x7F;   ///< the NaN ferry writes
+  static constexpr const char* name = "e5m2";      ///< for messages and benchmark rows
 };
 
 namespace detail {
@@ -331,16 +331,16 @@ struct element_traits<float> {
 /// @brief `ferry::bfloat16` elements.
 template <>
 struct element_traits<bfloat16> {
-  static constexpr element_kind kind = element_kind::bf16;
-  using bits_type = std::uint16_t;
-  static constexpr const char* name = "bf16";
+  static constexpr element_kind kind = element_kind::bf16; ///< format of the bits
+  using bits_type = std::uint16_t;                         ///< an unsigned integer of the same size
+  static constexpr const char* name = "bf16";              ///< for messages and benchmark rows
 };
 /// @brief `ferry::half` elements.
 template <>
 struct element_traits<half> {
-  static constexpr element_kind kind = element_kind::f16;
-  using bits_type = std::uint16_t;
-  static constexpr const char* name = "f16";
+  static constexpr element_kind kind = element_kind::f16;  ///< format of the bits
+  using bits_type = std::uint16_t;                         ///< an unsigned integer of the same size
+  static constexpr const char* name = "f16";               ///< for messages and benchmark rows
 };
 
 /// @brief A type whose `element_traits` say which format it stores, and whose size is

@@ -106,8 +106,10 @@ class aligned_buffer {
       std::memset(data_, 0, bytes_);
     }
   }
+  /// @brief Takes over `o`'s memory; `o` is left empty.
   aligned_buffer(aligned_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), alignment_(o.alignment_) {}
+  /// @brief Frees this buffer's memory and takes over `o`'s; `o` is left empty.
   aligned_buffer& operator=(aligned_buffer&& o) noexcept {
     aligned_buffer(std::move(o)).swap(*this);
     return *this;
@@ -117,6 +119,7 @@ class aligned_buffer {
   ~aligned_buffer() {
     if (data_ != nullptr) ::operator delete(data_, std::align_val_t{alignment_});
   }
+  /// @brief Exchanges the memory of this buffer and `o`.
   void swap(aligned_buffer& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
@@ -275,12 +278,14 @@ class direct_file {
     geometry_.memory_alignment = mem_align != 0 ? mem_align : 4096;
   }
 
+  /// @brief Takes over `o`'s descriptor; `o` is left closed.
   direct_file(direct_file&& o) noexcept
       : sys_(o.sys_),
         path_(std::move(o.path_)),
         fd_(std::exchange(o.fd_, -1)),
         geometry_(o.geometry_),
         fallback_reason_(std::move(o.fallback_reason_)) {}
+  /// @brief Closes this file (errors ignored) and takes over `o`'s descriptor; `o` is left closed.
   direct_file& operator=(direct_file&& o) noexcept {
     if (this != &o) {
       close_quietly();
@@ -353,6 +358,9 @@ class direct_file {
   ///
   /// Exactly `dst.size()` bytes of `dst` are written, whatever the alignment.
   /// @param offset a multiple of the block alignment (direct mode)
+  /// @param dst    where the bytes go, any address and size
+  /// @param block_bytes most bytes per call (a multiple of the block alignment)
+  /// @param retry_limit EINTR/EAGAIN answers tolerated in a row for one call
   /// @throws ferry::io_error ("pread", path, offset and size of the failed call, errno);
   ///         end of file before `dst` is full reports EIO
   /// @throws ferry::logic_error for a misaligned offset

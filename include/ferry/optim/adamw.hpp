@@ -216,6 +216,7 @@ inline void check_adamw_arrays(std::span<float> master, std::span<const float> g
 /// @brief One AdamW step over `master.size()` elements on the calling thread only (the
 /// kernel `adamw::step` runs per block): the update of the file comment with the
 /// constants `c`.
+/// @param c      the step's constants (learning rate, betas, epsilon, weight decay, step)
 /// @param master fp32 parameters (master weights), updated in place
 /// @param grad   fp32 gradients, read only
 /// @param m      first moments, updated in place

@@ -239,6 +239,7 @@ class slot_memory {
   }
 #endif
 
+  /// @brief Takes over `o`'s slots and memory; `o` is left owning nothing.
   slot_memory(slot_memory&& o) noexcept
       : slots_(o.slots_),
         memory_(std::exchange(o.memory_, nullptr)),
@@ -357,6 +358,7 @@ class basic_layer_streamer {
   /// @param sched   the scheduler whose H2D lane loads and D2H lane pushes (must outlive this)
   /// @param weights L >= 1 non-empty spans (pinned for asynchronous copies on a GPU)
   /// @param slots   K slots (see `slot_memory`)
+  /// @param options see `layer_streamer_options`
   /// @throws ferry::logic_error for no layers, an empty or null slab, too small slot
   ///         memory or bad options; what the slot allocation throws
   basic_layer_streamer(scheduler_type& sched, std::vector<std::span<const std::byte>> weights, slot_memory slots,

@@ -84,6 +84,7 @@ struct scheduler_options {
   pinned_pool* bounce_pool = nullptr;
   /// Priorities of the H2D and D2H streams (CUDA backend; lower is higher priority).
   int h2d_priority = 0;
+  /// Priority of the D2H stream (as `h2d_priority`).
   int d2h_priority = 0;
 };
 
@@ -117,6 +118,9 @@ class basic_scheduler {
   /// bounce ring (K x chunk bytes, pinned; allocated here, not on first use).
   /// @param compute the stream the caller computes on (kept by reference; also the
   ///        default stream that moves with no producer are ordered after: none)
+  /// @param options chunk size, bounce ring and stream priorities (see `scheduler_options`)
+  /// @param backend_args passed to the backend's constructor after `options` (the `Api`
+  ///        of a `cuda_backend<Api>`; nothing for `host_backend`)
   /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096, or
   ///         fewer than 1 bounce slot; ferry::cuda_error; ferry::out_of_capacity when the
   ///         bounce pool cannot hold the ring

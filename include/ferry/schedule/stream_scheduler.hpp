@@ -141,8 +141,8 @@ class cuda_backend {
   using marker_type = cudaEvent_t;
   /// @brief A flag slot and the value that means "complete".
   struct signal_type {
-    std::uint32_t slot = 0;
-    std::uint32_t target = 0;
+    std::uint32_t slot = 0;    ///< index of the flag in the backend's flag array
+    std::uint32_t target = 0;  ///< the flag value that means "complete"
   };
 
   /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities)

@@ -40,6 +40,7 @@ struct device_region {
 /// Lifetime: the arena and the stream must outlive the tier and its regions.
 class device_tier {
  public:
+  /// @brief What `allocate` returns: a `device_region`.
   using region_type = device_region;
   /// Device memory: kernels read it, the CPU does not, no file behind it.
   static constexpr memory_traits traits{.host_accessible = false, .device_accessible = true, .file_backed = false};

@@ -35,6 +35,7 @@ struct host_region {
 /// - **Lifetime**: regions must be freed with `deallocate` before the tier is destroyed.
 class host_tier {
  public:
+  /// @brief What `allocate` returns: a `host_region`.
   using region_type = host_region;
   /// Host memory: the CPU reads it, kernels cannot, no file behind it.
   static constexpr memory_traits traits{.host_accessible = true, .device_accessible = false, .file_backed = false};

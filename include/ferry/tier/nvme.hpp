@@ -230,7 +230,9 @@ class io_ticket {
   io_ticket() noexcept = default;
   /// @brief A ticket for a transfer's state (used by `nvme_tier`).
   explicit io_ticket(std::shared_ptr<const io::detail::transfer_state> s) noexcept : state_(std::move(s)) {}
+  /// @brief Takes over `o`'s transfer; `o` is left empty.
   io_ticket(io_ticket&&) noexcept = default;
+  /// @brief Waits for this ticket's transfer if it is still running, then takes over `o`'s.
   io_ticket& operator=(io_ticket&& o) noexcept {
     if (this != &o) {
       if (state_) state_->wait();
@@ -433,6 +435,7 @@ class basic_nvme_tier {
     submit_write(r, 0, src).wait();
   }
   /// @brief Writes `src` at byte `offset` of region `r`.
+  /// @param r      a region of this tier
   /// @param offset a multiple of the alignment
   /// @param src    bytes; `offset + src.size() <= r.size()`, and `src.size()` a multiple of
   ///               the alignment unless the write ends at the region's end (a tail is
@@ -449,7 +452,9 @@ class basic_nvme_tier {
     submit_read(r, 0, dst).wait();
   }
   /// @brief Reads `dst.size()` bytes at byte `offset` of region `r` into `dst`.
+  /// @param r      a region of this tier
   /// @param offset a multiple of the alignment; `offset + dst.size() <= r.size()`
+  /// @param dst    where the bytes go; exactly `dst.size()` bytes of it are written
   /// @throws ferry::io_error; ferry::logic_error for a range outside the region
   void read(const region_type& r, std::uint64_t offset, std::span<std::byte> dst) {
     submit_read(r, offset, dst).wait();
@@ -577,14 +582,15 @@ class basic_nvme_tier {
   // One transfer: a read or write of a byte range of one region, cut into requests.
   class transfer : public io::detail::transfer_state, public std::enable_shared_from_this<transfer> {
    public:
+    /// One request of the transfer, with what its completion needs.
     struct slot {
-      io::io_request request;
-      transfer* owner = nullptr;
-      std::byte* memory = nullptr;  // the caller's bytes of this piece
-      std::size_t bytes = 0;        // caller's bytes of this piece
-      std::byte* stage = nullptr;   // staging block, or nullptr
-      std::uint32_t retries = 0;
-      slot* next_free = nullptr;
+      io::io_request request;        ///< the request submitted to the engine
+      transfer* owner = nullptr;     ///< the transfer this piece belongs to
+      std::byte* memory = nullptr;   ///< the caller's bytes of this piece
+      std::size_t bytes = 0;         ///< caller's bytes of this piece
+      std::byte* stage = nullptr;    ///< staging block, or nullptr
+      std::uint32_t retries = 0;     ///< retryable answers in a row so far
+      slot* next_free = nullptr;     ///< next slot of the free list
     };
 
     transfer(basic_nvme_tier& tier, io::op_kind kind, std::uint64_t logical, std::byte* memory, std::size_t bytes,

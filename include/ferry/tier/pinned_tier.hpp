@@ -32,6 +32,7 @@ struct pinned_region {
 /// lets kernels touch host bytes directly must check.
 class pinned_tier {
  public:
+  /// @brief What `allocate` returns: a `pinned_region`.
   using region_type = pinned_region;
   /// Pinned host memory: host-accessible, device-accessible while pinned, not a file.
   static constexpr memory_traits traits{.host_accessible = true, .device_accessible = true, .file_backed = false};

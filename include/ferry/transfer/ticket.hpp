@@ -214,7 +214,10 @@ class basic_ticket {
   basic_ticket() noexcept = default;
   /// @brief Adopts one reference to `s` (used by the scheduler).
   explicit basic_ticket(detail::move_state<Backend>* s) noexcept : s_(s) {}
+  /// @brief Takes over `o`'s move; `o` is left empty.
   basic_ticket(basic_ticket&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  /// @brief Exchanges the moves of this ticket and `o` (this ticket's reference is
+  /// released when `o` is destroyed).
   basic_ticket& operator=(basic_ticket&& o) noexcept {
     std::swap(s_, o.s_);
     return *this;
