@@ -121,7 +121,7 @@ run_result train(Store& st, ferry::stream& compute, cublasHandle_t blas) {
   const cudaStream_t c = compute.get();
   const std::vector<float> x_host = random_values(act_elems, 1, 1.0f);
   const std::vector<float> target_host = random_values(act_elems, 2, 0.5f);
-  const float* target = device_copy(target_host, c);
+  float* target = device_copy(target_host, c);
   std::vector<float*> w(layers), dw(layers);
   for (int i = 0; i < layers; ++i) {
     w[i] = device_copy(random_values(w_elems, 10 + i, 1.7f / std::sqrt(float{hidden})), c);
@@ -180,10 +180,7 @@ run_result train(Store& st, ferry::stream& compute, cublasHandle_t blas) {
     FERRY_CUDA_TRY(cudaFreeAsync(w[i], c));
     FERRY_CUDA_TRY(cudaFreeAsync(dw[i], c));
   }
-  for (const float* p : {target, static_cast<const float*>(y), static_cast<const float*>(da),
-                         static_cast<const float*>(dz)}) {
-    FERRY_CUDA_TRY(cudaFreeAsync(const_cast<float*>(p), c));
-  }
+  for (float* p : {target, y, da, dz}) FERRY_CUDA_TRY(cudaFreeAsync(p, c));
   compute.synchronize();
   return r;
 }

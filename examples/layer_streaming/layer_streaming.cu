@@ -136,7 +136,7 @@ struct resident_weights {
   ferry::adamw& opt;
   std::vector<std::vector<float>> master;
   std::vector<moments> state = std::vector<moments>(layers);
-  std::vector<device_floats*> dev;
+  std::vector<device_floats*> dev = {};
   std::vector<float> grad = std::vector<float>(w_elems);
   void begin(ferry::pass_direction) {}
   const float* acquire(std::size_t i) { return dev[i]->p; }
@@ -210,18 +210,19 @@ int main() {
   const std::size_t budget = ferry::slot_memory::bytes_for(slots, w_bytes);
   std::vector<double> got;
   ferry::layer_streamer_stats stats;
+  ferry::device_arena arena(budget);  // the weights' whole device budget: 2 layers of 8
+  ferry::pinned_pool pool;
   {
-    ferry::device_arena arena(budget);  // the weights' whole device budget: 2 layers of 8
-    ferry::pinned_pool pool;
+    ferry::adamw opt(params);  // declared first: outlives the streamer and its callbacks
     const std::vector<std::size_t> sizes(layers, w_bytes);
     ferry::layer_streamer ls(sched, sizes, pool, ferry::slot_memory::arena(slots, arena, compute));
     for (std::size_t i = 0; i < layers; ++i) std::memcpy(ls.weights(i).data(), init[i].data(), w_bytes);
-    ferry::adamw opt(params);
     streamed_weights st{compute, opt, ls};
     got = train(st, compute, blas);
     stats = ls.stats();
     compute.synchronize();
   }
+  compute.synchronize();  // the slots are freed on the compute stream
   cublasDestroy(blas);
 
   std::printf("layer_streaming: %zu layers of %dx%d fp32 (%zu MiB of weights), device budget for weights %zu MiB "
