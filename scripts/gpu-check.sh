@@ -55,9 +55,11 @@ step "GPU tests, plain"
 rc=$?; echo "plain exit $rc"; [[ $rc -eq 0 ]] || { status=1; tail -40 "$out/gpu-tests.log"; }
 "$gpu_tests" -r compact >> "$out/gpu-tests.log" 2>&1 || true
 
-step "example: stream_ordering"
-build/release/examples/stream_ordering/stream_ordering > "$out/example-stream_ordering.log" 2>&1 || status=1
-cat "$out/example-stream_ordering.log"
+for ex in stream_ordering activation_offload layer_streaming; do
+  step "example: $ex"
+  "build/release/examples/$ex/$ex" > "$out/example-$ex.log" 2>&1 || status=1
+  tail -20 "$out/example-$ex.log"
+done
 
 step "host, bench and package tests (ctest, conan skipped if absent)"
 ctest --test-dir build/release -LE "gpu" --no-label-summary -j "$(nproc)" > "$out/ctest.log" 2>&1 || status=1
