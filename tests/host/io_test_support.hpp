@@ -9,11 +9,13 @@
 #include <ferry/tier/nvme.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -60,6 +62,35 @@ inline std::byte pattern_byte(std::uint64_t seed, std::size_t i) noexcept {
 inline void fill(std::span<std::byte> out, std::uint64_t seed) noexcept {
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = pattern_byte(seed, i);
 }
+
+/// `n` bytes of pattern `seed`.
+inline std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  fill(v, seed);
+  return v;
+}
+
+/// Holds a stream item (or the test) until opened: makes "not yet" deterministic
+/// without sleeps.
+class gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(m_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void pass() {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
 
 /// FNV-1a, 64 bit.
 inline std::uint64_t checksum(std::span<const std::byte> in) noexcept {

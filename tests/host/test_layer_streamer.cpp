@@ -35,32 +35,12 @@ using ferry::pass_direction;
 using ferry::slot_memory;
 using ferry_test::checksum;
 using ferry_test::scratch_path;
+using ferry_test::gate;
 
 constexpr std::size_t chunk = 64 * 1024;
 
 // L = 7 layers of odd sizes: below, at and above a chunk, several chunks, a single byte.
 const std::vector<std::size_t> layer_sizes = {4097, 1, chunk + 3, 3 * chunk + 123, 4095, 2 * chunk, 17};
-
-// Holds a stream item (or the test) until opened.
-class gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(m_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void pass() {
-    std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 ferry::scheduler_options sched_options(std::size_t bounce_slots = 3) {
   ferry::scheduler_options o;

@@ -25,40 +25,16 @@ using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
 using ferry_test::scratch_path;
+using ferry_test::gate;
+using ferry_test::pattern;
 
 constexpr std::size_t chunk = 64 * 1024;
-
-class gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(m_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void pass() {
-    std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 ferry::scheduler_options options(std::size_t slots = 4, std::size_t chunk_bytes = chunk) {
   ferry::scheduler_options o;
   o.chunk_bytes = chunk_bytes;
   o.bounce_slots = slots;
   return o;
-}
-
-std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> v(n);
-  fill(v, seed);
-  return v;
 }
 
 template <class Syscalls = ferry::io::posix_syscalls>

@@ -228,22 +228,15 @@ TEST_CASE("tensor_cache: a store waits for its producer before the copy reads th
   ferry::host_device_memory device(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
-  std::mutex m;
-  std::condition_variable cv;
-  bool open = false;
+  ferry_test::gate g;
   void* p = cache.allocate(2 * MiB, compute);
   std::memset(p, 0, 2 * MiB);
-  compute.enqueue([&, p] {
-    std::unique_lock lock(m);
-    cv.wait(lock, [&] { return open; });
+  compute.enqueue([&g, p] {
+    g.pass();
     fill(std::span<std::byte>(static_cast<std::byte*>(p), 2 * MiB), 42);
   });
   cache.store(9, p, 2 * MiB, compute);  // offloaded at once (keep_last = 0), behind the gate
-  {
-    std::lock_guard lock(m);
-    open = true;
-  }
-  cv.notify_all();
+  g.open();
   CHECK(sum_on(compute, cache.get(9, compute), 2 * MiB) == expected_sum(2 * MiB, 42));
 }
 
