@@ -37,6 +37,13 @@ struct row {
   double ferry = 0.0;                 ///< ferry's median
   double reference = 0.0;             ///< the reference's median
   std::string reference_name;         ///< e.g. "fio (io_uring, direct=1)"
+  /// The case's parameters as numbers and names, for plots and advice: e.g.
+  /// `{"op": "seq-read", "block_bytes": 1048576, "queue_depth": 8}`. Keys in use:
+  /// `op`, `direction` (h2d, d2h, bidir, to-nvme, from-nvme), `block_bytes`,
+  /// `queue_depth`, `chunk_bytes`, `bytes` (the size moved per run),
+  /// `offloaded_bytes` (bytes offloaded per step), `total_bytes`, `variant`
+  /// (e.g. "identity", "fp8"), `sweep` (the name of the sweep the row belongs to).
+  nlohmann::json params = nlohmann::json::object();
 
   /// @brief `ferry / reference`; NaN when the reference is 0.
   [[nodiscard]] double ratio() const noexcept { return reference != 0.0 ? ferry / reference : std::nan(""); }
@@ -57,7 +64,8 @@ struct row {
                            {"ferry", r.ferry},
                            {"reference", r.reference},
                            {"reference_name", r.reference_name},
-                           {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json(nullptr)}});
+                           {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json(nullptr)},
+                           {"params", r.params.is_object() ? r.params : nlohmann::json::object()}});
   }
   return out;
 }

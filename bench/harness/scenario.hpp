@@ -33,6 +33,9 @@ struct scenario {
   std::string reference;    ///< what it is compared against, e.g. "fio (io_uring engine)"
   bool needs_gpu = false;   ///< skipped (with a message) on machines without a GPU
   int order = 0;            ///< position in the default suite and in `list` (ascending)
+  /// Part of the default suite (`ferry-bench` with no scenario): with a GPU, the
+  /// scenarios that need one and have this set; without, those that do not.
+  bool in_default_suite = false;
   /// Adds the scenario's own options to its subcommand (may be empty).
   std::function<void(CLI::App&)> add_options;
   /// Runs the scenario and returns its rows; throws a ferry exception on failure.

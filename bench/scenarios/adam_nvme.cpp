@@ -250,6 +250,7 @@ const ferry::bench::registrar adam_nvme_scenario({
     .reference = reference_name,
     .needs_gpu = false,
     .order = 50,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--total-mib", settings().total_mib,

@@ -75,6 +75,7 @@ const ferry::bench::registrar codec_scenario({
     .reference = reference_name,
     .needs_gpu = true,
     .order = 30,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--sizes-mib", settings().sizes_mib,

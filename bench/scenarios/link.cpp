@@ -227,6 +227,7 @@ const ferry::bench::registrar link_scenario({
     .reference = reference_name,
     .needs_gpu = true,
     .order = 20,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--sizes-mib", settings().sizes_mib,

@@ -244,6 +244,7 @@ const ferry::bench::registrar nvme_scenario({
     .reference = reference_name,
     .needs_gpu = false,
     .order = 10,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--size-mib", settings().size_mib, "file size in MiB (default 1024; 128 with --quick)")

@@ -524,6 +524,7 @@ const ferry::bench::registrar offload_scenario({
     .reference = "no offload; synchronous copy to pinned memory (save_on_cpu); no offload + link time",
     .needs_gpu = true,
     .order = 40,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--layers", settings().layers, "Linear+GELU layers (default 16; 8 with --quick)")

@@ -382,6 +382,7 @@ const ferry::bench::registrar stream_scenario({
     .reference = "the same stack with weights resident on the GPU; the link floor",
     .needs_gpu = true,
     .order = 50,
+    .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--layers", settings().layers, "layers L (default 16; 8 with --quick)")
