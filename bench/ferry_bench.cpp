@@ -2,20 +2,30 @@
 // Each scenario runs ferry and its reference side by side in one invocation,
 // alternating them over several repetitions, and reports medians and ratios
 // (docs/design.md, Benchmarks). Scenarios live in bench/scenarios/ and register themselves.
+#include "harness/advice.hpp"
 #include "harness/machine.hpp"
+#include "harness/output.hpp"
+#include "harness/plots.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
+#include "harness/summary.hpp"
 
 #include <ferry/ferry.hpp>
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -52,6 +62,13 @@ void print_machine(const nlohmann::json& m) {
               m["cpu"]["threads"].dump().c_str(),
               static_cast<double>(m["memory_bytes"].get<unsigned long long>()) / static_cast<double>(ferry::GiB),
               memlock.c_str());
+  if (m.contains("scratch")) {
+    const auto& sc = m["scratch"];
+    std::printf("scratch %s: %s, %.1f GiB free, O_DIRECT %s\n", sc.value("path", std::string("?")).c_str(),
+                sc.value("filesystem", std::string("?")).c_str(),
+                static_cast<double>(sc.value("free_bytes", std::uint64_t{0})) / static_cast<double>(ferry::GiB),
+                sc.contains("o_direct") ? (sc["o_direct"].get<bool>() ? "yes" : "refused") : "unknown");
+  }
   if (m["gpus"].empty()) {
     std::printf("no GPU\n");
   }
@@ -63,10 +80,56 @@ void print_machine(const nlohmann::json& m) {
   }
 }
 
+std::string local_time_text() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  (void)::localtime_r(&now, &tm);
+  char b[32];
+  (void)std::strftime(b, sizeof b, "%Y-%m-%d %H:%M:%S", &tm);
+  return b;
+}
+
+std::string default_out_name() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  (void)::localtime_r(&now, &tm);
+  char b[64];
+  (void)std::strftime(b, sizeof b, "ferry-bench-%Y%m%d-%H%M%S", &tm);
+  return b;
+}
+
+std::string command_text(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = i == 0 ? std::string("ferry-bench") : std::string(argv[i]);
+    const bool plain = a.find_first_of(" \t'\"$\\;&|<>*?()") == std::string::npos && !a.empty();
+    out += (i == 0 ? "" : " ") + (plain ? a : ferry::bench::shell_quote(a));
+  }
+  return out;
+}
+
+// The scratch folder must exist and be writable before any scenario starts.
+void check_scratch(const std::filesystem::path& scratch) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(scratch, ec)) {
+    FERRY_THROW_IO_ERROR(ENOTDIR, "use as --scratch (not an existing folder)", scratch.string(),
+                         ferry::io_error::no_offset, 0);
+  }
+  if (::access(scratch.c_str(), W_OK | X_OK) != 0) {
+    FERRY_THROW_IO_ERROR(errno, "write scenario files into --scratch", scratch.string(), ferry::io_error::no_offset, 0);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "ferry-bench: what offloading costs on this machine, ferry against its references, side by side.\n"
-      "Without a scenario it runs the default suite for this machine (GPU scenarios need a GPU)."};
+      "Without a scenario it runs the default suite for this machine (with a GPU: link, codec, offload, stream;\n"
+      "without: nvme, adam-nvme), ends with tuning advice, and writes an output folder (results.json,\n"
+      "results.csv, summary.md, plots/*.png)."};
   app.name("ferry-bench");
   app.set_version_flag("--version", std::string("ferry-bench ") + ferry::version_string +
                                         (ferry::has_cuda ? " (cuda on" : " (cuda off") +
@@ -76,11 +139,24 @@ int run(int argc, char** argv) {
 
   ferry::bench::run_options options;
   std::string json_path;
-  app.add_option("--json", json_path, "write results as JSON (schema in docs/benchmarks.md) to this file");
-  app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (under a minute in all)");
+  std::string out_path;
+  std::string gnuplot_path;
+  bool no_out = false;
+  bool no_plots = false;
+  app.add_option("--json", json_path, "also write the results JSON (schema in docs/benchmarks.md) to this file");
+  app.add_option("--out", out_path,
+                 "output folder: results.json, results.csv, summary.md, plots/*.png (default for the suite: "
+                 "./ferry-bench-YYYYMMDD-HHMMSS; a single scenario writes one only when this is given). It must "
+                 "be new, empty, or an earlier ferry-bench output folder (replaced)");
+  app.add_flag("--no-out", no_out, "write no output folder (the suite's console output and --json only)");
+  app.add_flag("--no-plots", no_plots, "an output folder without plots (gnuplot not needed)");
+  app.add_option("--gnuplot", gnuplot_path, "the gnuplot executable (default: gnuplot on PATH)");
+  app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (the suite in under a minute)");
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
       ->check(CLI::Range(1, 1000));
-  app.add_option("--scratch", options.scratch, "folder for scenario files (disk scenarios); default: the temp folder");
+  app.add_option("--scratch", options.scratch,
+                 "folder for scenario files (disk scenarios: put it on the drive to measure); default: the temp "
+                 "folder");
 
   CLI::App* list = app.add_subcommand("list", "list the scenarios and whether they can run here");
   CLI::App* probe = app.add_subcommand("probe", "describe this machine (the \"machine\" object of every results file)");
@@ -100,7 +176,9 @@ int run(int argc, char** argv) {
   }
 
   try {
-    const nlohmann::json machine = ferry::bench::probe_machine();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string started = local_time_text();
+    nlohmann::json machine = ferry::bench::probe_machine();
     const bool gpu = ferry::bench::has_gpu();
     if (options.scratch.empty()) {
       options.scratch = std::filesystem::temp_directory_path();
@@ -109,6 +187,14 @@ int run(int argc, char** argv) {
       options.repetitions = 3;
     }
 
+    if ((*list || *probe) && (app.count("--out") > 0 || no_out || no_plots)) {
+      std::fprintf(stderr, "ferry-bench: --out, --no-out and --no-plots are for runs (the suite or a scenario)\n");
+      return 2;
+    }
+    if (app.count("--out") > 0 && no_out) {
+      std::fprintf(stderr, "ferry-bench: --out and --no-out contradict each other\n");
+      return 2;
+    }
     if (*list && app.count("--json") > 0) {
       std::fprintf(stderr, "ferry-bench: --json is not used by list (use it with probe or a scenario)\n");
       return 2;
@@ -123,11 +209,15 @@ int run(int argc, char** argv) {
       }
       for (const scenario* s : scenarios) {
         const bool runnable = !s->needs_gpu || gpu;
-        std::printf("%-12s %-9s %s (reference: %s)\n", s->name.c_str(), runnable ? "ready" : "needs GPU",
-                    s->description.c_str(), s->reference.c_str());
+        const bool in_suite = s->in_default_suite && s->needs_gpu == gpu;
+        std::printf("%-12s %-9s %-7s %s (reference: %s)\n", s->name.c_str(), runnable ? "ready" : "needs GPU",
+                    in_suite ? "suite" : "", s->description.c_str(), s->reference.c_str());
       }
+      std::printf("(\"suite\": run by `ferry-bench` with no scenario on this machine)\n");
       return 0;
     }
+    check_scratch(options.scratch);
+    machine["scratch"] = ferry::bench::probe_scratch(options.scratch);
     if (*probe) {
       if (!json_path.empty()) {
         ferry::bench::write_json_atomically(json_path, machine);
@@ -143,29 +233,71 @@ int run(int argc, char** argv) {
     const bool explicit_choice = !to_run.empty();
     if (!explicit_choice) {
       for (const scenario* s : scenarios) {
-        if (!s->needs_gpu || gpu) to_run.push_back(s);
+        if (s->in_default_suite && s->needs_gpu == gpu) to_run.push_back(s);
       }
     }
-
-    print_machine(machine);
-    std::vector<row> rows;
     for (const scenario* s : to_run) {
       if (s->needs_gpu && !gpu) {
         std::fprintf(stderr, "ferry-bench: scenario '%s' needs a GPU and none is usable here\n", s->name.c_str());
         return 1;
       }
-      std::printf("== %s: %s (reference: %s)\n", s->name.c_str(), s->description.c_str(), s->reference.c_str());
+    }
+
+    // The output folder and gnuplot are checked before any scenario runs.
+    const bool write_folder = !no_out && (app.count("--out") > 0 || !explicit_choice);
+    std::unique_ptr<ferry::bench::output_folder> folder;
+    std::string gnuplot;
+    if (write_folder) {
+      if (!no_plots) gnuplot = ferry::bench::find_gnuplot(gnuplot_path);
+      folder = std::make_unique<ferry::bench::output_folder>(out_path.empty() ? default_out_name() : out_path);
+    }
+
+    print_machine(machine);
+    std::vector<row> rows;
+    for (std::size_t i = 0; i < to_run.size(); ++i) {
+      const scenario* s = to_run[i];
+      std::printf("== [%zu/%zu] %s: %s (reference: %s)\n", i + 1, to_run.size(), s->name.c_str(),
+                  s->description.c_str(), s->reference.c_str());
       std::fflush(stdout);
+      const auto ts = std::chrono::steady_clock::now();
       std::vector<row> got = s->run(options);
       print_rows(got);
+      std::printf("-- %s done in %.0f s (%.0f s in all)\n", s->name.c_str(), seconds_since(ts), seconds_since(t0));
+      std::fflush(stdout);
       rows.insert(rows.end(), got.begin(), got.end());
     }
     if (to_run.empty()) {
       std::printf("no scenario of this ferry-bench fits this machine; `ferry-bench list` shows them\n");
     }
+
+    nlohmann::json advice;
+    advice["chunk_size"] = ferry::bench::advise_chunk(rows, gpu);
+    advice["disk"] = ferry::bench::advise_disk(rows);
+    advice["pinned_budget"] = ferry::bench::advise_pinned(machine);
+    std::printf("== advice (settings that reach 95%% of the measured peak; docs/guide.md, Knobs)\n");
+    for (const auto& [key, item] : advice.items()) {
+      std::printf("  %s\n", item["text"].get<std::string>().c_str());
+    }
+
+    nlohmann::json doc = ferry::bench::to_json(machine, rows);
+    doc["advice"] = advice;
+    doc["command"] = command_text(argc, argv);
+    doc["started"] = started;
+    doc["seconds"] = seconds_since(t0);
     if (!json_path.empty()) {
-      ferry::bench::write_json_atomically(json_path, ferry::bench::to_json(machine, rows));
+      ferry::bench::write_json_atomically(json_path, doc);
       std::printf("results: %s (%zu rows)\n", json_path.c_str(), rows.size());
+    }
+    if (folder) {
+      std::vector<std::string> pngs;
+      if (!no_plots) pngs = ferry::bench::render_plots(*folder, ferry::bench::make_plots(rows), gnuplot);
+      folder->write("results.json", doc.dump(2) + "\n");
+      folder->write("results.csv", ferry::bench::to_csv(rows));
+      folder->write("summary.md", ferry::bench::summary_markdown(machine, rows, advice, pngs, doc["command"],
+                                                                 started, seconds_since(t0)));
+      folder->commit();
+      std::printf("output folder: %s (results.json, results.csv, summary.md, %zu plots)\n",
+                  folder->target().c_str(), pngs.size());
     }
     return 0;
   } catch (const ferry::error& e) {

@@ -2,13 +2,14 @@
 # Installs what ferry's build, tests and benchmarks need, and nothing when all is there.
 #   Debian packages: cmake ninja-build g++ pkg-config catch2 libbenchmark-dev
 #                    liburing-dev libcli11-dev nlohmann-json3-dev fio python3-pip doxygen
+#                    gnuplot-nox (ferry-bench's plots)
 #   PyPI:            conan (for the Conan test_package check)
 # The CUDA toolkit is not installed here: when /usr/local/cuda (or nvcc on PATH) is
 # present, ferry's CUDA parts are built; otherwise they are skipped.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev liburing-dev libcli11-dev
-          nlohmann-json3-dev fio python3-pip doxygen)
+          nlohmann-json3-dev fio python3-pip doxygen gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

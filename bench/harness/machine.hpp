@@ -13,12 +13,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 namespace ferry::bench {
 
@@ -38,6 +46,34 @@ inline std::string first_line_with(const char* file, const std::string& key) {
   return "";
 }
 
+inline std::string read_line(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string line;
+  std::getline(in, line);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\n')) line.pop_back();
+  return line;
+}
+
+// "MemAvailable" of /proc/meminfo in bytes (0 when absent).
+inline unsigned long long mem_available_bytes() {
+  const std::string v = first_line_with("/proc/meminfo", "MemAvailable");
+  return v.empty() ? 0ull : std::stoull(v) * 1024ull;  // "12345 kB"
+}
+
+inline const char* filesystem_name(long type) {
+  switch (static_cast<unsigned long>(type)) {
+    case EXT4_SUPER_MAGIC: return "ext2/3/4";
+    case XFS_SUPER_MAGIC: return "xfs";
+    case BTRFS_SUPER_MAGIC: return "btrfs";
+    case TMPFS_MAGIC: return "tmpfs";
+    case OVERLAYFS_SUPER_MAGIC: return "overlay";
+    case NFS_SUPER_MAGIC: return "nfs";
+    case 0x2fc12fc1: return "zfs";
+    case 0xf2f52010: return "f2fs";
+    default: return "other";
+  }
+}
+
 inline nlohmann::json limit(rlim_t v) {
   return v == RLIM_INFINITY ? nlohmann::json("unlimited") : nlohmann::json(static_cast<unsigned long long>(v));
 }
@@ -46,8 +82,10 @@ inline nlohmann::json limit(rlim_t v) {
 /// @brief The machine description written into every results file.
 ///
 /// Keys: `ferry` (version, cuda, uring), `cpu` (model, threads), `memory_bytes`,
-/// `memlock_limit_bytes` (RLIMIT_MEMLOCK soft limit, or "unlimited": bounds what
-/// `cudaHostRegister` may pin), `kernel`, `io_uring_disabled` (the sysctl, when
+/// `memlock_limit_bytes` (RLIMIT_MEMLOCK soft limit, or "unlimited": bounds the buffers an
+/// unprivileged process may register with io_uring as fixed buffers), `memory_available_bytes` (MemAvailable), `root`,
+/// `knobs` (the ferry knobs in effect: defaults.hpp), `drives` (block devices: name,
+/// model, bytes, rotational, scheduler), `kernel`, `io_uring_disabled` (the sysctl, when
 /// present), `gpus` (name, memory, SMs, copy engines, compute capability, PCI bus).
 [[nodiscard]] inline nlohmann::json probe_machine() {
   nlohmann::json m;
@@ -55,6 +93,8 @@ inline nlohmann::json limit(rlim_t v) {
   m["cpu"] = {{"model", detail::first_line_with("/proc/cpuinfo", "model name")},
               {"threads", std::thread::hardware_concurrency()}};
   m["memory_bytes"] = ferry::defaults::detail::physical_memory_bytes();
+  m["memory_available_bytes"] = detail::mem_available_bytes();
+  m["root"] = ::geteuid() == 0;
   rlimit memlock{};
   if (::getrlimit(RLIMIT_MEMLOCK, &memlock) == 0) {
     m["memlock_limit_bytes"] = detail::limit(memlock.rlim_cur);
@@ -67,6 +107,25 @@ inline nlohmann::json limit(rlim_t v) {
   int disabled = 0;
   if (uring_sysctl >> disabled) {
     m["io_uring_disabled"] = disabled;
+  }
+  const ferry::defaults::settings& knobs = ferry::defaults::current();
+  m["knobs"] = {{"chunk_bytes", knobs.chunk_bytes},
+                {"io_queue_depth", knobs.io_queue_depth},
+                {"io_block_bytes", knobs.io_block_bytes},
+                {"pinned_budget_bytes", knobs.pinned_budget_bytes},
+                {"io_threads", knobs.io_threads}};
+  m["drives"] = nlohmann::json::array();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/block", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("loop", 0) == 0 || name.rfind("ram", 0) == 0 || name.rfind("zram", 0) == 0) continue;
+    const std::string sectors = detail::read_line(entry.path() / "size");
+    nlohmann::json d = {{"name", name},
+                        {"model", detail::read_line(entry.path() / "device" / "model")},
+                        {"rotational", detail::read_line(entry.path() / "queue" / "rotational") == "1"},
+                        {"scheduler", detail::read_line(entry.path() / "queue" / "scheduler")}};
+    if (!sectors.empty()) d["bytes"] = std::stoull(sectors) * 512ull;
+    m["drives"].push_back(std::move(d));
   }
   m["gpus"] = nlohmann::json::array();
 #if FERRY_HAS_CUDA
@@ -97,6 +156,38 @@ inline nlohmann::json limit(rlim_t v) {
   }
 #endif
   return m;
+}
+
+/// @brief The folder disk scenarios write to: its file system, free and total bytes, and
+/// whether it takes O_DIRECT (tmpfs and some overlay set-ups refuse it; ferry's NVMe tier
+/// then falls back to buffered I/O, which measures the page cache, not the disk).
+///
+/// Keys: `path`, `filesystem`, `free_bytes`, `total_bytes`, `o_direct` (true/false, or
+/// absent when the probe file could not be made), `error` (why not, when it could not).
+[[nodiscard]] inline nlohmann::json probe_scratch(const std::filesystem::path& folder) {
+  nlohmann::json s;
+  s["path"] = folder.string();
+  struct statfs fs {};
+  if (::statfs(folder.c_str(), &fs) == 0) {
+    s["filesystem"] = detail::filesystem_name(static_cast<long>(fs.f_type));
+  }
+  struct statvfs vfs {};
+  if (::statvfs(folder.c_str(), &vfs) == 0) {
+    s["free_bytes"] = static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize;
+    s["total_bytes"] = static_cast<unsigned long long>(vfs.f_blocks) * vfs.f_frsize;
+  }
+  std::string probe = (folder / ".ferry-bench-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    s["error"] = std::string("cannot create a file here: ") + std::strerror(errno);
+    return s;
+  }
+  ::close(fd);
+  const int direct = ::open(probe.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  s["o_direct"] = direct >= 0;
+  if (direct >= 0) ::close(direct);
+  ::unlink(probe.c_str());
+  return s;
 }
 
 /// @brief Whether a usable GPU is present (always false without CUDA).
