@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <iostream>
@@ -120,6 +121,24 @@ void check_scratch(const std::filesystem::path& scratch) {
   }
 }
 
+// The default scratch folder: the first of $TMPDIR, /var/tmp, /tmp and the working folder
+// that is a writable folder taking O_DIRECT (a tmpfs /tmp does not: its numbers would be
+// the page cache's); the temp folder when none does (the disk scenarios then say why).
+std::filesystem::path default_scratch() {
+  std::vector<std::filesystem::path> candidates;
+  if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') candidates.emplace_back(t);  // NOLINT
+  candidates.emplace_back("/var/tmp");
+  candidates.emplace_back("/tmp");
+  candidates.push_back(std::filesystem::current_path());
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(c, ec) || ::access(c.c_str(), W_OK | X_OK) != 0) continue;
+    const nlohmann::json probe = ferry::bench::probe_scratch(c);
+    if (probe.value("o_direct", false)) return c;
+  }
+  return std::filesystem::temp_directory_path();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -155,8 +174,8 @@ int run(int argc, char** argv) {
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
       ->check(CLI::Range(1, 1000));
   app.add_option("--scratch", options.scratch,
-                 "folder for scenario files (disk scenarios: put it on the drive to measure); default: the temp "
-                 "folder");
+                 "folder for scenario files (disk scenarios: put it on the drive to measure); default: the first "
+                 "of $TMPDIR, /var/tmp, /tmp and the working folder that takes O_DIRECT");
 
   CLI::App* list = app.add_subcommand("list", "list the scenarios and whether they can run here");
   CLI::App* probe = app.add_subcommand("probe", "describe this machine (the \"machine\" object of every results file)");
@@ -181,7 +200,7 @@ int run(int argc, char** argv) {
     nlohmann::json machine = ferry::bench::probe_machine();
     const bool gpu = ferry::bench::has_gpu();
     if (options.scratch.empty()) {
-      options.scratch = std::filesystem::temp_directory_path();
+      options.scratch = default_scratch();
     }
     if (options.quick && app.count("--repetitions") == 0) {
       options.repetitions = 3;
