@@ -489,7 +489,7 @@ template <class Key, class Hash, class KeyEqual>
     policy_candidate c;
     c.eviction = eviction_name;
     c.prefetch = prefetch_name;
-    const std::size_t schedule_driven = (eviction_rank == 4 ? 1 : 0) + (prefetch_rank > 0 ? 1 : 0);
+    const std::size_t schedule_driven = std::size_t{eviction_rank == 4} + std::size_t{prefetch_rank > 0};
     c.simplicity = schedule_driven * 100 + eviction_rank * 10 + prefetch_rank;
     try {
       c.result = ferry::simulate(schedule, capacities, eviction, std::move(prefetch), options);
