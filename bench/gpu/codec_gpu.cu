@@ -156,7 +156,8 @@ std::vector<result> measure(const options& o) {
         const paired_result r = alternate(
             o.repetitions, 1, [&] { return moved / timed(codec_once) / 1e9; },
             [&] { return 2.0 * static_cast<double>(in_bytes) / timed(copy_once) / 1e9; });
-        out.push_back({c.name + (encoding ? " encode " : " decode ") + mib_label(mib), r.ferry, r.reference});
+        out.push_back({c.name + (encoding ? " encode " : " decode ") + mib_label(mib), r.ferry, r.reference, c.name,
+                       encoding ? "encode" : "decode", in_bytes, enc_bytes});
         std::printf("  %-40s ferry %8.1f GB/s   D2D copy %8.1f GB/s   ratio %.3f\n", out.back().case_name.c_str(),
                     r.ferry, r.reference, r.ferry / r.reference);
         if (o.samples) {

@@ -22,6 +22,10 @@ struct result {
   std::string case_name;  ///< e.g. "e4m3/bf16 per-block<128> encode 256MiB"
   double ferry_gbps = 0;  ///< (bytes read + bytes written) / time, median, GB/s (10^9)
   double copy_gbps = 0;   ///< 2 * input bytes / time of cudaMemcpyAsync D2D of the input, median
+  std::string variant;    ///< the codec's name, as in `codec_names()`
+  std::string op;         ///< "encode" or "decode"
+  std::size_t bytes = 0;  ///< input bytes (source elements) per call
+  std::size_t encoded_bytes = 0;  ///< bytes of the encoding (payload and scales) per call
 };
 
 /// The codecs the scenario knows, in the order it runs them.

@@ -43,6 +43,10 @@ struct row {
   /// `queue_depth`, `chunk_bytes`, `bytes` (the size moved per run),
   /// `offloaded_bytes` (bytes offloaded per step), `total_bytes`, `variant`
   /// (e.g. "identity", "fp8"), `sweep` (the name of the sweep the row belongs to).
+  /// GPU scenarios add: `encoded_bytes` (codec: bytes of the encoding), `moved_bytes`
+  /// (offload: measured bytes over the link per step), `weight_bytes`,
+  /// `gradient_bytes` (stream), `layers`, `hidden`, `tokens`, `offloaded_layers`,
+  /// `slots`, `gemm_n`, `gemm_reps`.
   nlohmann::json params = nlohmann::json::object();
 
   /// @brief `ferry / reference`; NaN when the reference is 0.

@@ -51,7 +51,11 @@ std::vector<row> run_codec([[maybe_unused]] const run_options& options) {
   std::vector<row> rows;
   for (const auto& r : ferry::bench::codec_gpu::measure(o)) {
     rows.push_back({"codec", r.case_name, "throughput", "GB/s", ferry::bench::better::higher, r.ferry_gbps, r.copy_gbps,
-                    reference_name});
+                    reference_name,
+                    nlohmann::json{{"variant", r.variant},
+                                   {"op", r.op},
+                                   {"bytes", r.bytes},
+                                   {"encoded_bytes", r.encoded_bytes}}});
   }
   return rows;
 #else

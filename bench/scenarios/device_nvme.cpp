@@ -167,8 +167,15 @@ std::vector<row> run_device_nvme(const run_options& options) {
     const std::string label = std::string(to_nvme ? "device->nvme" : "nvme->device") +
                               " size=" + ferry::bench::size_name(size) + " chunk=" + ferry::bench::size_name(chunk) +
                               " slots=" + std::to_string(slots);
+    // `params`: direction (to-nvme: device -> NVMe; from-nvme: NVMe -> device), bytes
+    // per move, the chunk (also fio's block) and the requests in flight (fio's depth).
     rows.push_back({"device-nvme", label, "throughput", "GB/s", ferry::bench::better::higher, res.ferry, res.reference,
-                    reference_name});
+                    reference_name,
+                    nlohmann::json{{"direction", to_nvme ? "to-nvme" : "from-nvme"},
+                                   {"bytes", size},
+                                   {"chunk_bytes", chunk},
+                                   {"block_bytes", chunk},
+                                   {"queue_depth", slots}}});
     std::printf("  %-44s ferry %7.3f GB/s   min(link, fio) %7.3f GB/s   ratio %.3f  (link %.2f, fio %.3f GB/s)\n",
                 label.c_str(), res.ferry, res.reference, rows.back().ratio(), ferry::bench::median(link_gbs),
                 ferry::bench::median(fio_gbs));

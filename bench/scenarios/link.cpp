@@ -175,13 +175,21 @@ std::vector<row> run_link(const run_options& options) {
   rig r(capacity);
 
   std::vector<row> rows;
-  const auto measure = [&](ferry::stream_scheduler& sched, const std::string& label, direction d, std::size_t bytes) {
+  // `params`: direction, bytes (per direction, per move), chunk_bytes and the sweep
+  // ("sizes" or "chunk") the row belongs to.
+  const auto measure = [&](ferry::stream_scheduler& sched, const std::string& label, const std::string& dname,
+                           std::size_t bytes, const char* sweep) {
+    const direction d = parse_direction(dname);
     const std::size_t ops = std::clamp<std::size_t>(per_sample / bytes, 1, 4096);
     const auto res = ferry::bench::alternate(
         options.repetitions, 1, [&] { return ferry_once(sched, r, d, bytes, ops); },
         [&] { return reference_once(r, d, bytes, ops); });
     rows.push_back({"link", label, "throughput", "GB/s", ferry::bench::better::higher, res.ferry, res.reference,
-                    reference_name});
+                    reference_name,
+                    nlohmann::json{{"direction", dname},
+                                   {"bytes", bytes},
+                                   {"chunk_bytes", sched.chunk_bytes()},
+                                   {"sweep", sweep}}});
     std::printf("  %-40s ferry %7.2f GB/s   cudaMemcpyAsync %7.2f GB/s   ratio %.3f\n", label.c_str(), res.ferry,
                 res.reference, rows.back().ratio());
     print_samples(res);
@@ -194,7 +202,7 @@ std::vector<row> run_link(const run_options& options) {
     for (const std::string& dname : cfg.directions) {
       for (const std::size_t bytes : sizes) {
         measure(sched, dname + " size=" + ferry::bench::size_name(bytes) + " chunk=" + ferry::bench::size_name(chunk),
-                parse_direction(dname), bytes);
+                dname, bytes, "sizes");
       }
     }
   }
@@ -206,7 +214,7 @@ std::vector<row> run_link(const run_options& options) {
         measure(sched,
                 "chunk-sweep " + dname + " size=" + ferry::bench::size_name(sweep_bytes) +
                     " chunk=" + ferry::bench::size_name(c),
-                parse_direction(dname), sweep_bytes);
+                dname, sweep_bytes, "chunk");
       }
     }
   }

@@ -74,6 +74,7 @@ struct offload_settings {
   std::size_t chunk_kib = 4096;
   bool no_fp8 = false;
   bool samples = false;
+  std::vector<std::size_t> offload_layers;  // empty: no sweep; else each N in [1, layers]
 };
 
 offload_settings& settings() {
@@ -325,6 +326,28 @@ class cache_saver final : public saver {
   std::unique_ptr<gpu::activation_cache> cache_;
 };
 
+// (e) The sweep over how much is offloaded: the saved tensors of the first `n` layers
+// (keys below 2n) go through `cache`, the others stay in `resident`'s device buffers.
+// Every call is routed by its key alone, so each tensor lives in one saver.
+class partial_saver final : public saver {
+ public:
+  partial_saver(resident_saver& resident, cache_saver& cache, std::size_t n)
+      : resident_(&resident), cache_(&cache), keys_(static_cast<int>(2 * n)) {}
+  void* fresh(int key) override { return pick(key).fresh(key); }
+  void save(int key, void* p) override { pick(key).save(key, p); }
+  const void* load(int key) override { return pick(key).load(key); }
+  void release(int key) override { pick(key).release(key); }
+  void end_step() override { cache_->end_step(); }
+
+ private:
+  saver& pick(int key) const {
+    return key < keys_ ? static_cast<saver&>(*cache_) : static_cast<saver&>(*resident_);
+  }
+  resident_saver* resident_;
+  cache_saver* cache_;
+  int keys_;
+};
+
 // Milliseconds to move every saved tensor over the link one way (one cudaMemcpyAsync
 // per tensor, pinned memory), median of three.
 struct link_times {
@@ -372,6 +395,12 @@ std::vector<row> run_offload(const run_options& options) {
   const std::size_t hidden = cfg.hidden != 0 ? cfg.hidden : (options.quick ? 4096 : 8192);
   const std::size_t tokens = cfg.tokens != 0 ? cfg.tokens : (options.quick ? 4096 : 16384);
   const bool fp8 = !cfg.no_fp8;
+  for (const std::size_t n : cfg.offload_layers) {
+    if (n < 1 || n > layers) {
+      throw std::invalid_argument("offload: --offload-layers " + std::to_string(n) + " is not in [1, --layers " +
+                                  std::to_string(layers) + "]");
+    }
+  }
 
   model m(layers, hidden, tokens);
   const std::size_t saved = m.saved_bytes();
@@ -431,6 +460,22 @@ std::vector<row> run_offload(const run_options& options) {
                 m.max_relative_difference(reference));
     reference.clear();
   }
+  // The sweep over offloaded layers: a cache of its own per point (each records the
+  // schedule of its first step), the other layers' tensors in none's buffers.
+  std::vector<std::unique_ptr<cache_saver>> sweep_caches;
+  std::vector<std::unique_ptr<partial_saver>> sweep;
+  for (const std::size_t n : cfg.offload_layers) {
+    sweep_caches.push_back(std::make_unique<cache_saver>(
+        m,
+        std::make_unique<gpu::cache_adapter<ferry::tensor_cache<identity_pipeline>>>(sched, arena, pool, nullptr, co)));
+    sweep.push_back(std::make_unique<partial_saver>(none, *sweep_caches.back(), n));
+    (void)m.step(*sweep.back());
+    check_equal(want, m.gradient_sums(), "ferry (identity) offloading part of the layers");
+  }
+  if (!sweep.empty()) {
+    std::printf("  check: weight gradients of the %zu --offload-layers points equal no offload's bit for bit\n",
+                sweep.size());
+  }
 
   const link_times link = measure_link(m, none, sync);
   const double link_ms = (link.d2h_ms + link.h2d_ms) / 2.0;
@@ -451,6 +496,12 @@ std::vector<row> run_offload(const run_options& options) {
   variants.emplace_back([&] { return m.step(sync); });
   variants.emplace_back([&] { return m.step(ferry_identity); });
   if (fp8) variants.emplace_back([&] { return m.step(*ferry_fp8); });
+  const std::size_t sweep_first = variants.size();  // the sweep's variants follow
+  std::vector<ferry::tensor_cache_stats> sweep_before;
+  for (std::size_t i = 0; i < sweep.size(); ++i) {
+    variants.emplace_back([&, i] { return m.step(*sweep[i]); });
+    sweep_before.push_back(sweep_caches[i]->stats());
+  }
   const ferry::tensor_cache_stats id_before = ferry_identity.stats();
   const ferry::tensor_cache_stats fp8_before = fp8 ? ferry_fp8->stats() : ferry::tensor_cache_stats{};
   const auto result = ferry::bench::round_robin(options.repetitions, 1, variants);
@@ -477,23 +528,52 @@ std::vector<row> run_offload(const run_options& options) {
   const std::string shape =
       "L=" + std::to_string(layers) + " H=" + std::to_string(hidden) + " T=" + std::to_string(tokens);
   std::vector<row> rows;
+  // `params`: the model's shape, the variant, `offloaded_bytes` (activation bytes handed
+  // to the cache per step, before any encoding: 2 tensors of 2 H T bytes per offloaded
+  // layer), `moved_bytes` (measured bytes over the link per step, both ways).
+  const auto params = [&](const char* variant, std::size_t offloaded_layers, double moved, const char* sweep_name) {
+    return nlohmann::json{{"variant", variant},
+                          {"layers", layers},
+                          {"hidden", hidden},
+                          {"tokens", tokens},
+                          {"offloaded_layers", offloaded_layers},
+                          {"offloaded_bytes", 2 * offloaded_layers * m.act_bytes},
+                          {"moved_bytes", moved},
+                          {"chunk_bytes", so.chunk_bytes},
+                          {"sweep", sweep_name}};
+  };
   const auto add_rows = [&](const char* name, double ms, double moved) {
+    const nlohmann::json p = params(name == std::string("fp8") ? "fp8" : "identity", layers, moved, "variants");
     std::printf("  %-5s %9.2f ms (%.2fx none, %.2fx sync, %.2fx link floor), %.2f GiB moved per step\n", name, ms,
                 ms / none_ms, ms / sync_ms, ms / floor_ms, moved / static_cast<double>(ferry::GiB));
     const std::string c = std::string(name) + " " + shape;
     rows.push_back({"offload", c + " (vs no offload)", "step", "ms", ferry::bench::better::lower, ms, none_ms,
-                    "no offload (activations stay on the GPU)"});
+                    "no offload (activations stay on the GPU)", p});
     rows.push_back({"offload", c + " (vs sync offload)", "step", "ms", ferry::bench::better::lower, ms, sync_ms,
-                    "synchronous cudaMemcpy to pinned memory on the compute stream (save_on_cpu)"});
+                    "synchronous cudaMemcpy to pinned memory on the compute stream (save_on_cpu)", p});
     rows.push_back({"offload", c + " (vs link floor)", "step", "ms", ferry::bench::better::lower, ms, floor_ms,
-                    "no-offload step + saved bytes / link rate (identity bytes)"});
+                    "no-offload step + saved bytes / link rate (identity bytes)", p});
   };
   add_rows("ferry", result.medians[2], per_step(ferry_identity.stats(), id_before));
   if (fp8) add_rows("fp8", result.medians[3], per_step(ferry_fp8->stats(), fp8_before));
+  // The sweep: step time against offloaded bytes, each point against no offload (the
+  // point of 0 offloaded bytes).
+  for (std::size_t i = 0; i < sweep.size(); ++i) {
+    const std::size_t n = cfg.offload_layers[i];
+    const double ms = result.medians[sweep_first + i];
+    const double moved = per_step(sweep_caches[i]->stats(), sweep_before[i]);
+    std::printf("  ferry offloading %zu of %zu layers %9.2f ms (%.2fx none), %.2f GiB moved per step\n", n, layers, ms,
+                ms / none_ms, moved / static_cast<double>(ferry::GiB));
+    rows.push_back({"offload", "ferry offload-layers=" + std::to_string(n) + " " + shape + " (vs no offload)", "step",
+                    "ms", ferry::bench::better::lower, ms, none_ms, "no offload (activations stay on the GPU)",
+                    params("identity", n, moved, "offloaded")});
+  }
   if (cfg.samples) {
-    const char* names[] = {"none", "sync", "ferry", "fp8"};
+    std::vector<std::string> names = {"none", "sync", "ferry"};
+    if (fp8) names.emplace_back("fp8");
+    for (const std::size_t n : cfg.offload_layers) names.push_back("offload-layers=" + std::to_string(n));
     for (std::size_t v = 0; v < result.samples.size(); ++v) {
-      std::printf("    samples (run order) %s:", names[v]);
+      std::printf("    samples (run order) %s:", names[v].c_str());
       for (const double x : result.samples[v]) std::printf(" %.2f", x);
       std::printf("\n");
     }
@@ -536,6 +616,10 @@ const ferry::bench::registrar offload_scenario({
           app.add_option("--chunk-kib", settings().chunk_kib, "the scheduler's chunk size in KiB (default 4096)")
               ->check(ferry::bench::chunk_kib_check());
           app.add_flag("--no-fp8", settings().no_fp8, "skip the FP8 variant");
+          app.add_option("--offload-layers", settings().offload_layers,
+                         "also offload only the first N layers' activations (the rest stay on the GPU), for each N "
+                         "listed (each in [1, --layers]): step time against offloaded bytes")
+              ->check(CLI::Range(1, 1024));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
         },
     .run = run_offload,

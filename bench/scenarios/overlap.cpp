@@ -224,6 +224,9 @@ std::vector<row> run_overlap(const run_options& options) {
   const std::string what = "gemm n=" + std::to_string(n) + " x" + std::to_string(r.reps) + " + " +
                            ferry::bench::size_name(bytes) + " each way, chunk=" + ferry::bench::size_name(chunk);
   std::vector<row> rows;
+  // `params`: bytes moved each way, both directions at once, the chunk, and the GEMMs.
+  const nlohmann::json params{{"direction", "bidir"}, {"bytes", bytes},   {"chunk_bytes", chunk},
+                              {"gemm_n", n},          {"gemm_reps", r.reps}};
 
   // Overlapped against the ideal, with compute and transfer alone measured in the same
   // reference sample (alternated with ferry's).
@@ -240,7 +243,7 @@ std::vector<row> run_overlap(const run_options& options) {
               ferry::bench::median(compute_ms), ferry::bench::median(transfer_ms),
               ferry::bench::median(compute_ms) + ferry::bench::median(transfer_ms));
   rows.push_back({"overlap", what + " (vs ideal)", "elapsed", "ms", ferry::bench::better::lower, ideal.ferry,
-                  ideal.reference, "max(compute alone, transfer alone)"});
+                  ideal.reference, "max(compute alone, transfer alone)", params});
   std::printf("  %-64s ferry %8.3f ms   ideal %8.3f ms   ratio %.3f\n", rows.back().case_name.c_str(), ideal.ferry,
               ideal.reference, rows.back().ratio());
   print_samples("ferry", "ideal", ideal);
@@ -248,7 +251,7 @@ std::vector<row> run_overlap(const run_options& options) {
   const auto hand = ferry::bench::alternate(
       options.repetitions, 1, [&] { return r.ferry_overlapped(sched); }, [&] { return r.hand_overlapped(); });
   rows.push_back({"overlap", what + " (vs hand-written)", "elapsed", "ms", ferry::bench::better::lower, hand.ferry,
-                  hand.reference, "hand-written streams + events (cudaMemcpyAsync)"});
+                  hand.reference, "hand-written streams + events (cudaMemcpyAsync)", params});
   std::printf("  %-64s ferry %8.3f ms   hand   %8.3f ms   ratio %.3f\n", rows.back().case_name.c_str(), hand.ferry,
               hand.reference, rows.back().ratio());
   print_samples("ferry", "hand-written", hand);
@@ -258,7 +261,7 @@ std::vector<row> run_overlap(const run_options& options) {
   rows.push_back({"overlap", "transfer alone " + ferry::bench::size_name(bytes) + " each way, chunk=" +
                                  ferry::bench::size_name(chunk),
                   "elapsed", "ms", ferry::bench::better::lower, alone.ferry, alone.reference,
-                  "cudaMemcpyAsync (pinned), one stream per direction"});
+                  "cudaMemcpyAsync (pinned), one stream per direction", params});
   std::printf("  %-64s ferry %8.3f ms   raw    %8.3f ms   ratio %.3f\n", rows.back().case_name.c_str(), alone.ferry,
               alone.reference, rows.back().ratio());
   print_samples("ferry", "cudaMemcpyAsync", alone);

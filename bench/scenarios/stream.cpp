@@ -338,6 +338,17 @@ std::vector<row> run_stream(const run_options& options) {
     const std::string what = std::to_string(layers) + " x bf16 Linear" + (st.ops.gelu() ? "+GELU" : "") +
                              " H=" + std::to_string(hidden) + " T=" + std::to_string(tokens) +
                              ", K=" + std::to_string(k) + ", chunk=" + ferry::bench::size_name(so.chunk_bytes);
+    // `params`: the shape, K, the chunk, `offloaded_bytes` = the weight bytes streamed in
+    // per step (every layer loaded in forward and again in backward, as the floor counts)
+    // and `gradient_bytes` pushed out per step.
+    const nlohmann::json params{{"layers", layers},
+                                {"hidden", hidden},
+                                {"tokens", tokens},
+                                {"slots", k},
+                                {"chunk_bytes", so.chunk_bytes},
+                                {"weight_bytes", layers * st.weight_bytes},
+                                {"offloaded_bytes", 2 * layers * st.weight_bytes},
+                                {"gradient_bytes", layers * st.weight_bytes}};
     std::vector<double> resident_ms;
     const auto res = ferry::bench::alternate(
         options.repetitions, 1, [&] { return st.ferry_step(ls); },
@@ -348,13 +359,13 @@ std::vector<row> run_stream(const run_options& options) {
     std::printf("  resident step %.3f ms; link floor %.3f ms (%s weights: H2D %.1f GB/s, D2H %.1f GB/s measured)\n",
                 res.reference, floor_ms, ferry::bench::size_name(layers * st.weight_bytes).c_str(), h2d, d2h);
     rows.push_back({"stream", what + " (vs resident)", "step time", "ms", ferry::bench::better::lower, res.ferry,
-                    res.reference, "weights and gradients resident on the GPU"});
+                    res.reference, "weights and gradients resident on the GPU", params});
     std::printf("  %-72s ferry %9.3f ms   resident %9.3f ms   ratio %.3f\n", rows.back().case_name.c_str(), res.ferry,
                 res.reference, rows.back().ratio());
     print_samples("resident", res);
     const double ideal = std::max(res.reference, floor_ms);
     rows.push_back({"stream", what + " (vs ideal)", "step time", "ms", ferry::bench::better::lower, res.ferry, ideal,
-                    "max(resident step, link floor)"});
+                    "max(resident step, link floor)", params});
     std::printf("  %-72s ferry %9.3f ms   ideal    %9.3f ms   ratio %.3f\n", rows.back().case_name.c_str(), res.ferry,
                 ideal, rows.back().ratio());
     const auto s = ls.stats();
