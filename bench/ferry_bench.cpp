@@ -180,6 +180,36 @@ int run(int argc, char** argv) {
   CLI::App* list = app.add_subcommand("list", "list the scenarios and whether they can run here");
   CLI::App* probe = app.add_subcommand("probe", "describe this machine (the \"machine\" object of every results file)");
 
+  CLI::App* advise = app.add_subcommand(
+      "advise", "which eviction and prefetch policies the simulator prefers for an access schedule (no measurement)");
+  std::string schedule_file;
+  std::string workload;
+  std::size_t workload_count = 16;
+  double workload_mib = 64;
+  std::vector<double> capacities_mib;
+  std::size_t iterations = 2;
+  double prefetch_budget_mib = 0;
+  advise->add_option("--schedule", schedule_file,
+                     "a recorded schedule: lines `phase NAME`, `read KEY BYTES`, `write KEY BYTES`, # comments "
+                     "(docs/guide.md)");
+  advise->add_option("--workload", workload, "instead of a file: optimizer (groups), training (layers' activations), "
+                                              "streaming (layers' weights)")
+      ->check(CLI::IsMember({"optimizer", "training", "streaming"}))
+      ->excludes(advise->get_option("--schedule"));
+  advise->add_option("--count", workload_count, "groups or layers of --workload (default 16)")
+      ->check(CLI::Range(1, 1 << 20));
+  advise->add_option("--key-mib", workload_mib, "MiB per group or layer of --workload (default 64)")
+      ->check(CLI::PositiveNumber);
+  advise->add_option("--capacity-mib", capacities_mib,
+                     "MiB of tier 0 (where accesses happen), then of each further tier; the last tier is unlimited")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  advise->add_option("--iterations", iterations, "iterations of the schedule to replay (default 2)")
+      ->check(CLI::Range(1, 1000));
+  advise->add_option("--prefetch-budget-mib", prefetch_budget_mib,
+                     "bytes each prefetch call may bring in (default: all of tier 0)")
+      ->check(CLI::PositiveNumber);
+
   const std::vector<const scenario*> scenarios = sorted_scenarios();
   std::vector<std::pair<CLI::App*, const scenario*>> commands;
   for (const scenario* s : scenarios) {
@@ -222,6 +252,55 @@ int run(int argc, char** argv) {
       ferry::bench::check_result_path(json_path);  // fail now, not after the scenarios ran
     }
 
+    if (*advise) {
+      if (schedule_file.empty() && workload.empty()) {
+        std::fprintf(stderr, "ferry-bench: advise needs --schedule FILE or --workload NAME\n");
+        return 2;
+      }
+      if (app.count("--out") > 0 || no_out || no_plots) {
+        std::fprintf(stderr, "ferry-bench: advise writes no output folder (use --json FILE)\n");
+        return 2;
+      }
+      const auto key_bytes = static_cast<std::size_t>(workload_mib * static_cast<double>(ferry::MiB));
+      ferry::bench::named_schedule schedule =
+          !schedule_file.empty()       ? ferry::bench::read_schedule(std::filesystem::path(schedule_file))
+          : workload == "optimizer"    ? ferry::bench::optimizer_step_schedule(workload_count, key_bytes)
+          : workload == "training"     ? ferry::bench::training_step_schedule(workload_count, key_bytes)
+                                       : ferry::bench::layer_streaming_schedule(workload_count, key_bytes);
+      if (schedule.empty()) {
+        std::fprintf(stderr, "ferry-bench: the schedule %s has no accesses\n", schedule_file.c_str());
+        return 1;
+      }
+      std::vector<std::size_t> caps;
+      for (const double c : capacities_mib) caps.push_back(static_cast<std::size_t>(c * static_cast<double>(ferry::MiB)));
+      caps.push_back(ferry::unlimited_bytes);
+      const auto budget = prefetch_budget_mib > 0
+                              ? static_cast<std::size_t>(prefetch_budget_mib * static_cast<double>(ferry::MiB))
+                              : ferry::unlimited_bytes;
+      const ferry::bench::policy_advice a = ferry::bench::advise_policy(schedule, caps, iterations, budget);
+      std::printf("%zu accesses, %zu keys; tiers:", schedule.size(), schedule.key_count());
+      for (std::size_t i = 0; i + 1 < caps.size(); ++i) std::printf(" %.0f MiB", capacities_mib[i]);
+      std::printf(" then unlimited; %zu iterations\n", iterations);
+      std::printf("%-36s %10s %10s %9s %14s\n", "eviction + prefetch", "accesses", "misses", "hit ratio",
+                  "moved/step MiB");
+      for (const auto& c : a.candidates) {
+        if (!c.feasible()) {
+          std::printf("%-36s cannot run: %s\n", c.name().c_str(), c.error.c_str());
+          continue;
+        }
+        std::printf("%-36s %10zu %10zu %9.3f %14.1f%s\n", c.name().c_str(), c.result.accesses, c.result.misses,
+                    c.result.hit_ratio(),
+                    static_cast<double>(c.result.bytes_moved()) / static_cast<double>(iterations) /
+                        static_cast<double>(ferry::MiB),
+                    &c == &a.best() ? "  <- preferred" : "");
+      }
+      std::printf("advice: %s\n", a.reason.c_str());
+      if (!json_path.empty()) {
+        ferry::bench::write_json_atomically(json_path, ferry::bench::to_json(a));
+        std::printf("results: %s\n", json_path.c_str());
+      }
+      return 0;
+    }
     if (*list) {
       if (scenarios.empty()) {
         std::printf("this ferry-bench has no scenarios built in yet\n");
@@ -293,9 +372,14 @@ int run(int argc, char** argv) {
     advice["chunk_size"] = ferry::bench::advise_chunk(rows, gpu);
     advice["disk"] = ferry::bench::advise_disk(rows);
     advice["pinned_budget"] = ferry::bench::advise_pinned(machine);
+    advice["policy"] = ferry::bench::advise_policies(rows);
     std::printf("== advice (settings that reach 95%% of the measured peak; docs/guide.md, Knobs)\n");
     for (const auto& [key, item] : advice.items()) {
-      std::printf("  %s\n", item["text"].get<std::string>().c_str());
+      if (item.is_array()) {
+        for (const auto& sub : item) std::printf("  %s\n", sub["text"].get<std::string>().c_str());
+      } else {
+        std::printf("  %s\n", item["text"].get<std::string>().c_str());
+      }
     }
 
     nlohmann::json doc = ferry::bench::to_json(machine, rows);

@@ -17,10 +17,17 @@
 ///   max(2 GiB, 1/8 of RAM) for the OS and the program, in whole GiB (whole MiB below
 ///   1 GiB). Pinned pages cannot be swapped or reclaimed, so the budget leaves the page
 ///   cache and the rest of the process room.
+/// - policy: for each workload the run measured (adam-nvme: the optimizer step over G
+///   groups; offload: the training step's activations; stream: the layers' weights),
+///   its access schedule built from the rows' params and replayed by `ferry::simulate`
+///   (`advise_policy`, harness/policy_advice.hpp) with tier 0 holding half of the
+///   working set — the case offloading is for — and the next tier unlimited; the pair of
+///   eviction and prefetch policies that moves the fewest bytes is preferred.
 /// Each item carries `status`: "measured" (with the env setting), or "not measured"
 /// with the reason (e.g. no GPU for the link).
 #pragma once
 
+#include "harness/policy_advice.hpp"
 #include "harness/report.hpp"
 
 #include <ferry/units.hpp>
@@ -250,6 +257,86 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   }
   a["text"] = text;
   return a;
+}
+
+namespace detail {
+
+// The row of `scenario` with the most `key` (e.g. the largest run), or null.
+inline const row* largest(const std::vector<row>& rows, const std::string& scenario, const char* key,
+                          std::initializer_list<const char*> needs) {
+  const row* best = nullptr;
+  for (const row& r : rows) {
+    if (r.scenario != scenario) continue;
+    bool ok = advice_param(r, key).has_value();
+    for (const char* n : needs) ok = ok && advice_param(r, n).has_value();
+    if (ok && (best == nullptr || *advice_param(r, key) > *advice_param(*best, key))) best = &r;
+  }
+  return best;
+}
+
+inline nlohmann::json policy_item(const std::string& workload, const named_schedule& schedule) {
+  std::size_t working = 0;
+  std::size_t largest_key = 0;
+  for (named_schedule::key_id id = 0; id < schedule.key_count(); ++id) {
+    const auto uses = schedule.uses(id);
+    if (uses.empty()) continue;
+    working += schedule.bytes_at(uses.front());
+    largest_key = std::max(largest_key, schedule.bytes_at(uses.front()));
+  }
+  const std::size_t tier0 = std::max(working / 2, largest_key);
+  const policy_advice a = advise_policy(schedule, {tier0, ferry::unlimited_bytes}, 2);
+  nlohmann::json item;
+  item["status"] = "measured";
+  item["workload"] = workload;
+  item["working_set_bytes"] = working;
+  item["tier0_bytes"] = tier0;
+  item["preferred"] = a.best().name();
+  item["simulation"] = to_json(a);
+  item["text"] = "policy for " + workload + " (tier 0 holds " + size_text(static_cast<double>(tier0)) + " of " +
+                 size_text(static_cast<double>(working)) + "): " + a.reason;
+  return item;
+}
+
+}  // namespace detail
+
+/// @brief Policy advice for each workload the run measured (see the file comment).
+/// @return an array of items: {"status", "workload", "working_set_bytes", "tier0_bytes",
+///         "preferred", "simulation" (advise_policy's JSON), "text"}; one "not measured"
+///         item when no such workload ran
+[[nodiscard]] inline nlohmann::json advise_policies(const std::vector<row>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  if (const row* r = detail::largest(rows, "adam-nvme", "total_bytes", {"groups"})) {
+    const auto groups = static_cast<std::size_t>(*detail::advice_param(*r, "groups"));
+    const auto total = static_cast<std::size_t>(*detail::advice_param(*r, "total_bytes"));
+    if (groups > 0 && total >= groups) {
+      out.push_back(detail::policy_item("adam-nvme: optimizer step over " + std::to_string(groups) + " groups",
+                                        optimizer_step_schedule(groups, total / groups)));
+    }
+  }
+  if (const row* r = detail::largest(rows, "offload", "offloaded_bytes", {"offloaded_layers"})) {
+    const auto layers = static_cast<std::size_t>(*detail::advice_param(*r, "offloaded_layers"));
+    const auto bytes = static_cast<std::size_t>(*detail::advice_param(*r, "offloaded_bytes"));
+    if (layers > 0 && bytes >= layers) {
+      out.push_back(detail::policy_item("offload: activations of " + std::to_string(layers) + " layers",
+                                        training_step_schedule(layers, bytes / layers)));
+    }
+  }
+  if (const row* r = detail::largest(rows, "stream", "weight_bytes", {"layers"})) {
+    const auto layers = static_cast<std::size_t>(*detail::advice_param(*r, "layers"));
+    const auto bytes = static_cast<std::size_t>(*detail::advice_param(*r, "weight_bytes"));
+    const auto grads = static_cast<std::size_t>(detail::advice_param(*r, "gradient_bytes").value_or(0.0));
+    if (layers > 0 && bytes >= layers) {
+      out.push_back(detail::policy_item("stream: weights of " + std::to_string(layers) + " layers",
+                                        layer_streaming_schedule(layers, bytes / layers, grads / layers)));
+    }
+  }
+  if (out.empty()) {
+    out.push_back({{"status", "not measured"},
+                   {"text",
+                    "policy: no workload with a known schedule ran (adam-nvme, offload, stream); `ferry-bench advise "
+                    "--schedule FILE --capacity-mib N` advises on a recorded schedule"}});
+  }
+  return out;
 }
 
 }  // namespace ferry::bench
