@@ -22,6 +22,19 @@
 /// what the knob needs — is a `ferry::config_error` naming the variable, the value
 /// and the rule it broke. A malformed value is never replaced by the default.
 ///
+/// `pinned_budget_bytes` is the budget of each `ferry::pinned_pool` made with
+/// `pinned_pool_options::budget_bytes = 0` (and of a `state_swapper`'s host memory when
+/// it is given neither `ram_budget_bytes` nor a pool), not a cap on all the pinned
+/// memory of the process: every such pool may reach it, and the pools ferry sizes for
+/// one need — a scheduler's bounce ring, a `layer_streamer`'s own gradient pool, a
+/// `state_swapper`'s own pool — are separate, so the total can exceed it. Share one pool
+/// (`scheduler_options::bounce_pool`, `layer_streamer_options::gradient_pool`,
+/// `state_swapper_options::pool`) to keep them under one budget.
+///
+/// `io_threads` has two users: the workers of `io::thread_pool_engine` (the pread/pwrite
+/// engine; `nvme_options::threads` or `engine_options::threads` left at 0) and the
+/// threads of `ferry::adamw` (`adamw_options::threads` left at 0).
+///
 /// Use `ferry::defaults::current()` for the process-wide values (read from the
 /// environment once, on first use) or `ferry::defaults::load(lookup)` to read them
 /// from any source (tests, a config file, command-line flags).
@@ -54,8 +67,8 @@ enum class knob : std::uint8_t {
   chunk_bytes,          ///< bytes per chunk of a device <-> host transfer
   io_queue_depth,       ///< NVMe requests in flight per file
   io_block_bytes,       ///< bytes per NVMe request
-  pinned_budget_bytes,  ///< pinned host memory ferry may hold in all
-  io_threads,           ///< threads of the pread/pwrite I/O engine
+  pinned_budget_bytes,  ///< budget of each pinned_pool made without one (not a process-wide cap)
+  io_threads,           ///< threads of the pread/pwrite I/O engine and of adamw
 };
 
 /// @brief Number of knobs in the table.
@@ -127,11 +140,15 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "ferry-bench's sequential runs."},
     {knob::pinned_budget_bytes, "pinned_budget_bytes", "FERRY_PINNED_BUDGET_BYTES", unit::bytes,
      &detail::default_pinned_budget_bytes, 1 * MiB, 1024 * TiB, 1,
-     "Pinned (page-locked) host memory ferry may hold in all. Pinned pages cannot be swapped, so "
-     "the default leaves half of physical RAM to the rest of the system."},
+     "Budget of each pinned_pool made with budget_bytes = 0, and of a state_swapper's host memory "
+     "when it is given neither ram_budget_bytes nor a pool. Per pool, not a cap on all pinned memory: "
+     "pools sized for one need (a scheduler's bounce ring, a layer_streamer's own gradient pool) are "
+     "separate. Pinned pages cannot be swapped, so the default leaves half of physical RAM to the "
+     "rest of the system (1 GiB when the system does not report its RAM)."},
     {knob::io_threads, "io_threads", "FERRY_IO_THREADS", unit::count, &detail::default_io_threads, 1, 1024, 1,
-     "Threads of the pread/pwrite engine used when io_uring is unavailable (half the hardware "
-     "threads, at least 1 and at most 8)."},
+     "Worker threads of the pread/pwrite engine (io::thread_pool_engine, the NVMe tier's engine "
+     "in builds without io_uring) when nvme_options::threads is 0, and threads of ferry::adamw "
+     "when adamw_options::threads is 0 (half the hardware threads, at least 1 and at most 8)."},
 }};
 
 namespace detail {
@@ -152,8 +169,8 @@ struct settings {
   std::size_t chunk_bytes = 0;          ///< bytes per device<->host chunk
   std::size_t io_queue_depth = 0;       ///< NVMe requests in flight per file
   std::size_t io_block_bytes = 0;       ///< bytes per NVMe request
-  std::size_t pinned_budget_bytes = 0;  ///< pinned host bytes ferry may hold
-  std::size_t io_threads = 0;           ///< threads of the pread/pwrite engine
+  std::size_t pinned_budget_bytes = 0;  ///< budget of each pinned_pool made without one
+  std::size_t io_threads = 0;           ///< threads of the pread/pwrite engine and of adamw
 
   /// @brief The value of one knob.
   [[nodiscard]] std::size_t get(knob k) const noexcept {

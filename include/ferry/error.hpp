@@ -1,8 +1,8 @@
 /// @file
 /// @brief ferry's exceptions and the checking macros that throw them.
 ///
-/// Every exception ferry throws derives from `ferry::error` **and** from exactly one
-/// standard exception, so it can be caught either way:
+/// Every exception type ferry defines derives from `ferry::error` **and** from exactly
+/// one standard exception, so it can be caught either way:
 ///
 /// | type                     | standard base        | thrown when                                     |
 /// |--------------------------|----------------------|-------------------------------------------------|
@@ -14,6 +14,23 @@
 ///
 /// `ferry::error` itself does not derive from `std::exception` (that would make
 /// `catch (const std::exception&)` ambiguous); it adds where the error was raised.
+///
+/// Two standard exceptions that are not `ferry::error`s can also leave ferry's calls:
+/// - `std::bad_alloc` when memory cannot be allocated — for ferry's own bookkeeping
+///   (containers, queued work, messages), and from an `nvme_tier` transfer whose
+///   failure could not be recorded for lack of memory (its `io_ticket::wait`, the
+///   synchronous `read`/`write` and the completion callback's `std::exception_ptr` then
+///   carry a plain `std::bad_alloc`);
+/// - `std::system_error` from `std::thread` when a thread cannot be started: a
+///   `host_stream` (and so a `host_executor`'s lanes and pooled streams), the workers
+///   of `ferry::adamw` and of `io::thread_pool_engine`, the ring thread of
+///   `io::uring_engine`, and the completion threads of a `stream_scheduler`'s CUDA
+///   backend.
+///
+/// So `catch (const ferry::error&)` catches what ferry raises itself, not these two.
+/// An exception thrown by the caller's own code that ferry runs (an item queued on a
+/// `host_stream`, a `layer_streamer` gradient callback) is kept and rethrown as it is,
+/// whatever its type, where that component says so.
 ///
 /// Messages name the file, line and function, the failed call or condition and the
 /// values involved, e.g.
@@ -61,7 +78,8 @@ struct source_site {
 /// @brief Base of every exception ferry throws: adds the site where it was raised.
 ///
 /// Each concrete type also derives from one standard exception (see the file's table);
-/// catch `const ferry::error&` for everything ferry throws.
+/// catch `const ferry::error&` for every exception ferry raises itself (the file comment
+/// names the standard exceptions that may also escape).
 class error {
  public:
   virtual ~error() = default;

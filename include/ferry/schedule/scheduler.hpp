@@ -39,6 +39,9 @@
 /// with that chunk's error (`io_error` naming file, offset and errno; `cuda_error`),
 /// the chunks not yet started are cancelled, those in flight finish, and the source is
 /// never written (a failed move leaves its destination unspecified, never its source).
+/// `ticket::cancel` stops a device <-> NVMe move between chunks the same way; its error
+/// is an `io_error` with ECANCELED, operation "cancelled disk move" and an empty
+/// `path()` (`offset()` and `bytes()` are the move's offset in its region and size).
 ///
 /// ## Threads and lifetime
 /// Member functions may be called from any thread. Continuations of disk moves run on

@@ -287,7 +287,9 @@ class basic_nvme_tier {
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened or sized (e.g. EFBIG, ENOSPC
   ///         with `file_sizing::preallocate`), when O_DIRECT is refused in
-  ///         `compat_mode::direct`, or when the engine cannot start
+  ///         `compat_mode::direct`, or when the engine cannot start (io_uring refused at
+  ///         run time: there is no automatic fallback; build the tier on
+  ///         `io::thread_pool_engine` instead, see docs/io.md)
   /// @throws ferry::logic_error for inconsistent options; ferry::config_error for a
   ///         malformed FERRY_* variable
   explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
@@ -392,7 +394,8 @@ class basic_nvme_tier {
   /// alignment); O(log n) in the free extents. `allocate(0)` gives an empty region.
   /// Thread-safe.
   /// @throws ferry::out_of_capacity ("nvme_tier", rounded bytes, used, capacity) when no
-  ///         free extent is large enough
+  ///         free extent is large enough — also when enough bytes are free in all but
+  ///         fragmented into smaller extents
   [[nodiscard]] region_type allocate(std::size_t bytes) {
     if (bytes == 0) return region_type{};
     std::lock_guard lock(allocator_mutex_);

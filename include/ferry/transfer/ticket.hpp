@@ -288,10 +288,15 @@ class basic_ticket {
     return s_->error;
   }
 
-  /// @brief Asks a move through the disk to start no more chunks; the chunks already
-  /// started finish, then the ticket completes with an `io_error` (ECANCELED) unless
-  /// an earlier error or the last chunk came first. Copies between device and host are
-  /// enqueued whole at once and cannot be cancelled (a no-op).
+  /// @brief Asks a move between device memory and NVMe (`device_to_nvme`,
+  /// `nvme_to_device`) to start no more chunks; the chunks already started finish, then
+  /// the ticket completes with an `io_error` unless an earlier error or the last chunk
+  /// came first. That error is not about a file: `code()` is ECANCELED, the operation in
+  /// `what()` is "cancelled disk move", `path()` is empty, `offset()` is the move's byte
+  /// offset in its region (not a file offset) and `bytes()` the move's size. Copies
+  /// between device and host are enqueued whole at once, and a host <-> NVMe move
+  /// (`host_to_nvme`, `nvme_to_host`) is one transfer of the tier submitted at once:
+  /// neither can be cancelled (a no-op).
   void cancel() const noexcept {
     if (s_ != nullptr) s_->cancel_requested.store(true, std::memory_order_relaxed);
   }
