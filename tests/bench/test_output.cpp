@@ -362,3 +362,32 @@ TEST_CASE("summary: a table per scenario, the advice and the plots") {
   CHECK(md.find("Test CPU") != std::string::npos);
   CHECK(md.find("No GPU.") != std::string::npos);
 }
+
+TEST_CASE("advice: the policy the simulator prefers for each workload the run measured") {
+  CHECK(fb::advise_policies({})[0]["status"] == "not measured");
+  fb::row adam{"adam-nvme", "step", "step time", "s", fb::better::lower, 1.0, 1.0, "ref"};
+  adam.params = {{"groups", 16}, {"total_bytes", 16 * 96 * ferry::MiB}, {"offloaded_bytes", 0}};
+  fb::row stream{"stream", "step", "step time", "ms", fb::better::lower, 1.0, 1.0, "ref"};
+  stream.params = {{"layers", 8}, {"weight_bytes", 8 * 64 * ferry::MiB}, {"gradient_bytes", 8 * 64 * ferry::MiB}};
+  const auto items = fb::advise_policies({adam, stream});
+  REQUIRE(items.size() == 2);
+  const auto& a = items[0];
+  CHECK(a["status"] == "measured");
+  CHECK(a["working_set_bytes"] == 16 * 96 * ferry::MiB);
+  CHECK(a["tier0_bytes"] == 8 * 96 * ferry::MiB);
+  // A cyclic step over twice tier 0: the schedule-following eviction moves the least.
+  CHECK(a["preferred"].get<std::string>().rfind("belady", 0) == 0);
+  CHECK(a["text"].get<std::string>().find("adam-nvme") != std::string::npos);
+  // The preferred candidate moves no more than any other feasible one.
+  const auto& list = a["simulation"]["candidates"];
+  std::size_t fewest = SIZE_MAX;
+  std::size_t preferred_moved = 0;
+  for (const auto& c : list) {
+    if (!c["feasible"].get<bool>()) continue;
+    fewest = std::min(fewest, c["bytes_moved"].get<std::size_t>());
+    if (c["name"] == a["preferred"]) preferred_moved = c["bytes_moved"].get<std::size_t>();
+  }
+  CHECK(preferred_moved == fewest);
+  CHECK(items[1]["workload"].get<std::string>().find("stream") != std::string::npos);
+  CHECK(items[1]["working_set_bytes"] == 16 * 64 * ferry::MiB);  // weights and gradients
+}
