@@ -116,7 +116,6 @@ std::string mib_text(std::size_t bytes) {
 
 std::vector<row> run_adam_nvme(const run_options& options) {
   const adam_settings& cfg = settings();
-  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);  // fail before any work
   const std::size_t total = (cfg.total_mib != 0 ? cfg.total_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
   const std::size_t groups = cfg.groups;
   const std::size_t elements = total / (3 * sizeof(float)) / groups;
@@ -142,6 +141,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
                                  "the tier's file with two copies of every group's states, and fio's read and "
                                  "write files of the states' bytes each",
                                  "--total-mib");
+  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);
 
   const std::string stem = "ferry-bench-adam-nvme-" + std::to_string(::getpid());
   const std::filesystem::path states_file = options.scratch / (stem + ".bin");

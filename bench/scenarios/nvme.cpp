@@ -167,7 +167,6 @@ std::string block_text(std::size_t bytes) {
 
 std::vector<row> run_nvme(const run_options& options) {
   const nvme_settings& cfg = settings();
-  const std::string fio = find_fio();
   const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 64 : 256)) * ferry::MiB;
   const std::size_t random_ios = cfg.random_ios != 0 ? cfg.random_ios : (options.quick ? 8192 : 65536);
   const std::vector<std::size_t> depths =
@@ -189,8 +188,9 @@ std::vector<row> run_nvme(const run_options& options) {
                              ") is smaller than the largest block (" + std::to_string(largest_block / ferry::KiB) +
                              " KiB, from --block-kib or --block-sizes-kib): a request must fit in the file");
   }
-  // Before anything is written: room for the file.
+  // Before anything is written: room for the file, and fio.
   ferry::bench::check_free_space("nvme", options.scratch, size, "the test file", "--size-mib");
+  const std::string fio = find_fio();
 
   const std::filesystem::path file = options.scratch / ("ferry-bench-nvme-" + std::to_string(::getpid()) + ".bin");
   struct remover {
