@@ -17,7 +17,27 @@
 // a warm-up round; medians. Before measuring, the first step's master weights of the
 // first and last group are checked bit for bit against the in-RAM step. Flags
 // --no-huge-pages and --no-register give the swapper's ring 4 KiB pages and no io_uring
-// registration, as fio's buffers have.
+// registration, as fio's buffers have. States: --total-mib (default 1 GiB; 256 MiB with
+// --quick) in --groups (16).
+//
+// Spill sweep (step time against offloaded bytes): for each of --spill-fractions (default
+// 0, 0.25, 0.5, 0.75, 1; 0, 0.5, 1 with --quick) a fresh swapper (`spill_all = false`)
+// whose `ram_budget_bytes` holds its ring (3 groups' states) and the states of the groups
+// to keep; first fit keeps the first ones resident and spills the rest. The swapper cannot
+// spill 1 to 3 groups (a budget for the ring and the others holds every group): such a
+// fraction becomes the all-resident point, and a layout met twice is measured once. The
+// full-spill point is the headline measurement. Per point: the first step checked bit for
+// bit as above, then --repetitions steps, median; reference max(the headline's in-RAM step,
+// the headline's fio time scaled by spilled / all bytes). Every row's `params` holds
+// `offloaded_bytes` (the spilled groups' bytes in the swapper's layout, one copy each),
+// `total_bytes` (every group's), `queue_depth`, `block_bytes` and `groups`; the sweep's rows
+// (the headline's first row among them) have `sweep` = "spill", the headline's other three
+// rows a `variant` ("vs compute", "vs I/O", "vs own I/O").
+//
+// Before anything is written, the free space of --scratch is checked against the tier's
+// file (two copies of every group) and fio's two files; all three are removed however the
+// scenario ends (ENOSPC from the tier or fio included: its message is reported).
+#include "harness/disk.hpp"
 #include "harness/fio.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
@@ -37,6 +57,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -50,7 +71,7 @@ using ferry::bench::row;
 using ferry::bench::run_options;
 
 struct adam_settings {
-  std::size_t total_mib = 0;    // states (master + m + v) in MiB; 0: 4096, or 512 with --quick
+  std::size_t total_mib = 0;    // states (master + m + v) in MiB; 0: 1024, or 256 with --quick
   std::size_t groups = 16;      // parameter groups
   std::size_t threads = 0;      // AdamW threads; 0: the hardware threads
   std::size_t queue_depth = 0;  // requests in flight per transfer; 0: the io_queue_depth knob
@@ -59,6 +80,7 @@ struct adam_settings {
   bool samples = false;         // print every sample
   bool no_huge_pages = false;   // the swapper's ring without transparent huge pages
   bool no_register = false;     // the ring not registered with io_uring
+  std::vector<double> spill_fractions;  // of the groups on NVMe; empty: 0 .25 .5 .75 1, or 0 .5 1 with --quick
 };
 
 adam_settings& settings() {
@@ -67,6 +89,8 @@ adam_settings& settings() {
 }
 
 const char* const reference_name = "max(AdamW step in RAM, fio read+write of the states)";
+const char* const scaled_reference_name =
+    "max(AdamW step in RAM, fio read+write of the spilled bytes, scaled from the full-spill fio time)";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -86,14 +110,13 @@ struct file_remover {
 // equal groups of whole elements leave over.
 std::string mib_text(std::size_t bytes) {
   const std::size_t mib = (bytes + ferry::MiB / 2) / ferry::MiB;
-  if (mib % 1024 == 0) return std::to_string(mib / 1024) + "GiB";
+  if (mib != 0 && mib % 1024 == 0) return std::to_string(mib / 1024) + "GiB";
   return std::to_string(mib) + "MiB";
 }
 
 std::vector<row> run_adam_nvme(const run_options& options) {
   const adam_settings& cfg = settings();
-  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);  // fail before any work
-  const std::size_t total = (cfg.total_mib != 0 ? cfg.total_mib : (options.quick ? 512 : 4096)) * ferry::MiB;
+  const std::size_t total = (cfg.total_mib != 0 ? cfg.total_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
   const std::size_t groups = cfg.groups;
   const std::size_t elements = total / (3 * sizeof(float)) / groups;
   if (elements == 0) throw std::runtime_error("adam-nvme: --total-mib is too small for --groups");
@@ -103,6 +126,22 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   const std::size_t depth = cfg.queue_depth != 0 ? cfg.queue_depth : knobs.io_queue_depth;
   const std::size_t block = cfg.block_kib != 0 ? cfg.block_kib * ferry::KiB : knobs.io_block_bytes;
   const std::vector<std::size_t> sizes(groups, elements);
+  const std::vector<double> fractions =
+      !cfg.spill_fractions.empty()
+          ? cfg.spill_fractions
+          : (options.quick ? std::vector<double>{0.0, 0.5, 1.0} : std::vector<double>{0.0, 0.25, 0.5, 0.75, 1.0});
+
+  // The tier: two copies of every group (the swapper's double buffering).
+  const std::size_t section = (elements * sizeof(float) + 4095) / 4096 * 4096;
+  const std::size_t copy = 3 * section;
+  const std::size_t moved = groups * copy;  // bytes of every group's states: read, and written, per full-spill step
+
+  // Before anything is written: room for the tier's file and fio's two files.
+  ferry::bench::check_free_space("adam-nvme", options.scratch, 2 * moved + 2 * moved,
+                                 "the tier's file with two copies of every group's states, and fio's read and "
+                                 "write files of the states' bytes each",
+                                 "--total-mib");
+  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);
 
   const std::string stem = "ferry-bench-adam-nvme-" + std::to_string(::getpid());
   const std::filesystem::path states_file = options.scratch / (stem + ".bin");
@@ -110,9 +149,6 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   const std::filesystem::path fio_write = options.scratch / (stem + "-fio-write.bin");
   file_remover cleanup{{states_file, fio_read, fio_write}};
 
-  // The tier: two copies of every group (the swapper's double buffering).
-  const std::size_t section = (elements * sizeof(float) + 4095) / 4096 * 4096;
-  const std::size_t copy = 3 * section;
   ferry::nvme_options o;
   o.paths = {states_file};
   o.capacity = groups * 2 * copy;
@@ -123,9 +159,6 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   o.sizing = ferry::file_sizing::preallocate;
   ferry::nvme_tier tier(o);
   if (tier.fell_back()) throw std::runtime_error("adam-nvme: the scratch file system refuses O_DIRECT");
-  ferry::state_swapper swapper(
-      tier, sizes, {.huge_pages = !cfg.no_huge_pages, .spill_all = true, .register_ring = !cfg.no_register});
-  const std::size_t moved = groups * copy;  // bytes read, and bytes written, per step
 
   // The states in RAM (the compute reference) and the gradients (one buffer, every group).
   std::vector<std::vector<float>> p(groups), m(groups), v(groups);
@@ -133,26 +166,31 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   for (std::size_t i = 0; i < elements; ++i) grad[i] = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
   for (std::size_t g = 0; g < groups; ++g) {
     p[g].resize(elements);
-    for (std::size_t i = 0; i < elements; ++i) p[g][i] = static_cast<float>((i * 7 + g) % 1000) * 1e-3f - 0.5f;
-    m[g].assign(elements, 0.0f);
-    v[g].assign(elements, 0.0f);
-    swapper.initialize(g, p[g]);
+    m[g].resize(elements);
+    v[g].resize(elements);
   }
+  std::uint64_t ram_t = 0;
+  // The states before the first step, in RAM (every swapper starts from them).
+  const auto reset_ram = [&] {
+    for (std::size_t g = 0; g < groups; ++g) {
+      for (std::size_t i = 0; i < elements; ++i) p[g][i] = static_cast<float>((i * 7 + g) % 1000) * 1e-3f - 0.5f;
+      std::fill(m[g].begin(), m[g].end(), 0.0f);
+      std::fill(v[g].begin(), v[g].end(), 0.0f);
+    }
+    ram_t = 0;
+  };
   ferry::adamw opt({.lr = 1e-3f}, {.threads = threads});
 
-  std::uint64_t ferry_t = 0;
-  std::uint64_t ram_t = 0;
-  const auto ferry_once = [&] {
-    const std::uint64_t t = ++ferry_t;
-    const auto t0 = std::chrono::steady_clock::now();
-    swapper.step([&](std::size_t, ferry::group_view s) { opt.step(s.master, grad, s.m, s.v, t); });
-    return seconds_since(t0);
-  };
-  // The same pipeline with nothing to compute: the swapper's own I/O time.
-  const auto io_only_once = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    swapper.step([](std::size_t, ferry::group_view) {});
-    return seconds_since(t0);
+  using swapper_type = ferry::state_swapper<ferry::nvme_tier>;
+  // A swapper over the tier holding the states of `reset_ram` (m = v = 0).
+  const auto make_swapper = [&](bool spill_all, std::size_t budget) {
+    auto s = std::make_unique<swapper_type>(tier, sizes,
+                                            ferry::state_swapper_options{.ram_budget_bytes = budget,
+                                                                         .huge_pages = !cfg.no_huge_pages,
+                                                                         .spill_all = spill_all,
+                                                                         .register_ring = !cfg.no_register});
+    for (std::size_t g = 0; g < groups; ++g) s->initialize(g, p[g]);
+    return s;
   };
   const auto ram_once = [&] {
     const std::uint64_t t = ++ram_t;
@@ -160,6 +198,29 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     for (std::size_t g = 0; g < groups; ++g) opt.step(p[g], grad, m[g], v[g], t);
     return seconds_since(t0);
   };
+  // One step of `swapper` as its step number `t` (counted from 1).
+  const auto ferry_once = [&](swapper_type& swapper, std::uint64_t& t_counter) {
+    const std::uint64_t t = ++t_counter;
+    const auto t0 = std::chrono::steady_clock::now();
+    swapper.step([&](std::size_t, ferry::group_view s) { opt.step(s.master, grad, s.m, s.v, t); });
+    return seconds_since(t0);
+  };
+  // The first step of a fresh swapper and of the states in RAM, then the master weights
+  // of the first and the last group (resident and spilled where the swapper keeps some
+  // of each) compared bit for bit. A warm-up step too.
+  const auto check_first_step = [&](swapper_type& swapper, std::uint64_t& t_counter, const std::string& what) {
+    (void)ferry_once(swapper, t_counter);
+    (void)ram_once();
+    for (const std::size_t g : {std::size_t{0}, groups - 1}) {
+      std::vector<float> got(elements);
+      swapper.read_master(g, got);
+      if (std::memcmp(got.data(), p[g].data(), elements * sizeof(float)) != 0) {
+        throw std::runtime_error("adam-nvme: the step over NVMe (" + what + ") differs from the step in RAM (group " +
+                                 std::to_string(g) + (swapper.layout(g).resident ? ", resident" : ", spilled") + ")");
+      }
+    }
+  };
+
   // fio reads what its previous run wrote (the two files swap roles every run), as the
   // swapper reads what its previous step wrote: the same recency for the device's caches.
   std::size_t fio_runs = 0;
@@ -179,68 +240,137 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     return std::max(seconds(jobs.at(0).at("read")), seconds(jobs.at(1).at("write")));
   };
 
-  // Warm-up round (fio lays its files out: two runs), and the check of the first step.
-  (void)ferry_once();
-  (void)ram_once();
-  for (const std::size_t g : {std::size_t{0}, groups - 1}) {
-    std::vector<float> got(elements);
-    swapper.read_master(g, got);
-    if (std::memcmp(got.data(), p[g].data(), elements * sizeof(float)) != 0) {
-      throw std::runtime_error("adam-nvme: the step over NVMe differs from the step in RAM (group " +
-                               std::to_string(g) + ")");
-    }
-  }
-  (void)fio_once();
-  (void)fio_once();
-
-  const ferry::state_swapper_stats before = swapper.stats();
-  std::vector<double> ferry_s, ram_s, fio_s, io_only_s;
-  const std::array<std::function<void()>, 4> runs = {
-      [&] { ferry_s.push_back(ferry_once()); }, [&] { ram_s.push_back(ram_once()); },
-      [&] { fio_s.push_back(fio_once()); }, [&] { io_only_s.push_back(io_only_once()); }};
-  for (std::size_t r = 0; r < options.repetitions; ++r) {
-    for (std::size_t k = 0; k < runs.size(); ++k) runs[(r + k) % runs.size()]();
-  }
-  const ferry::state_swapper_stats& after = swapper.stats();
-  const double steps = static_cast<double>(after.steps - before.steps);
-  const double ferry_med = ferry::bench::median(ferry_s);
-  const double ram_med = ferry::bench::median(ram_s);
-  const double fio_med = ferry::bench::median(fio_s);
-  const double io_only_med = ferry::bench::median(io_only_s);
-  const double limit = std::max(ram_med, fio_med);
-
   const std::string name = "step G=" + std::to_string(groups) + " states=" + mib_text(groups * 3 * elements * 4) +
                            " threads=" + std::to_string(threads) + " qd=" + std::to_string(depth) +
                            " bs=" + std::to_string(block / ferry::KiB) + "KiB" +
                            (cfg.no_huge_pages ? " no-huge-pages" : "") + (cfg.no_register ? " no-register" : "");
+  const auto params = [&](std::size_t offloaded) {
+    return nlohmann::json{{"offloaded_bytes", offloaded}, {"total_bytes", moved}, {"queue_depth", depth},
+                          {"block_bytes", block},         {"groups", groups}};
+  };
   std::vector<row> rows;
-  rows.push_back({"adam-nvme", name, "step time", "s", ferry::bench::better::lower, ferry_med, limit, reference_name});
-  rows.push_back({"adam-nvme", name + " vs compute", "step time", "s", ferry::bench::better::lower, ferry_med, ram_med,
-                  "AdamW step in RAM (same threads)"});
-  rows.push_back({"adam-nvme", name + " vs I/O", "step time", "s", ferry::bench::better::lower, ferry_med, fio_med,
-                  "fio (io_uring, direct=1): read + write of the states at once"});
-  rows.push_back({"adam-nvme", name + " vs own I/O", "step time", "s", ferry::bench::better::lower, ferry_med,
-                  std::max(ram_med, io_only_med), "max(AdamW step in RAM, the same swapper step with no compute)"});
-  std::printf("  %s\n    ferry %.3f s   in RAM %.3f s   fio read+write %.3f s (%.2f GB/s each way)   ratio "
-              "ferry/max %.3f\n    swapper step with no compute %.3f s (overlap: ferry/max(in RAM, that) %.3f)\n",
-              name.c_str(), ferry_med, ram_med, fio_med, fio_med > 0 ? static_cast<double>(moved) / fio_med / 1e9 : 0.0,
-              rows.front().ratio(), io_only_med, rows.back().ratio());
-  std::printf("    per ferry step: %.0f MiB read, %.0f MiB written (state_swapper stats); fio: %.0f MiB each way\n",
-              static_cast<double>(after.bytes_read - before.bytes_read) / steps / ferry::MiB,
-              static_cast<double>(after.bytes_written - before.bytes_written) / steps / ferry::MiB,
-              static_cast<double>(moved) / ferry::MiB);
-  if (cfg.samples) {
-    const auto print = [](const char* what, const std::vector<double>& xs) {
-      std::printf("    %s samples (s):", what);
-      for (const double x : xs) std::printf(" %.3f", x);
-      std::printf("\n");
+  double ram_med = 0.0;
+  double fio_med = 0.0;
+
+  // The headline: every group spilled (`spill_all`), against RAM, fio, and its own I/O.
+  {
+    reset_ram();
+    std::unique_ptr<swapper_type> swapper = make_swapper(true, 0);
+    std::uint64_t ferry_t = 0;
+    // The same pipeline with nothing to compute: the swapper's own I/O time.
+    const auto io_only_once = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      swapper->step([](std::size_t, ferry::group_view) {});
+      return seconds_since(t0);
     };
-    print("ferry", ferry_s);
-    print("in RAM", ram_s);
-    print("fio", fio_s);
-    print("no compute", io_only_s);
+
+    // Warm-up round (fio lays its files out: two runs), and the check of the first step.
+    check_first_step(*swapper, ferry_t, "every group spilled");
+    (void)fio_once();
+    (void)fio_once();
+
+    const ferry::state_swapper_stats before = swapper->stats();
+    std::vector<double> ferry_s, ram_s, fio_s, io_only_s;
+    const std::array<std::function<void()>, 4> runs = {
+        [&] { ferry_s.push_back(ferry_once(*swapper, ferry_t)); }, [&] { ram_s.push_back(ram_once()); },
+        [&] { fio_s.push_back(fio_once()); }, [&] { io_only_s.push_back(io_only_once()); }};
+    for (std::size_t r = 0; r < options.repetitions; ++r) {
+      for (std::size_t k = 0; k < runs.size(); ++k) runs[(r + k) % runs.size()]();
+    }
+    const ferry::state_swapper_stats& after = swapper->stats();
+    const double steps = static_cast<double>(after.steps - before.steps);
+    const double ferry_med = ferry::bench::median(ferry_s);
+    ram_med = ferry::bench::median(ram_s);
+    fio_med = ferry::bench::median(fio_s);
+    const double io_only_med = ferry::bench::median(io_only_s);
+    const double limit = std::max(ram_med, fio_med);
+
+    rows.push_back({"adam-nvme", name, "step time", "s", ferry::bench::better::lower, ferry_med, limit, reference_name});
+    rows.back().params = params(moved);
+    rows.back().params["sweep"] = "spill";  // the full-spill point of the sweep below
+    rows.push_back({"adam-nvme", name + " vs compute", "step time", "s", ferry::bench::better::lower, ferry_med,
+                    ram_med, "AdamW step in RAM (same threads)"});
+    rows.back().params = params(moved);
+    rows.back().params["variant"] = "vs compute";
+    rows.push_back({"adam-nvme", name + " vs I/O", "step time", "s", ferry::bench::better::lower, ferry_med, fio_med,
+                    "fio (io_uring, direct=1): read + write of the states at once"});
+    rows.back().params = params(moved);
+    rows.back().params["variant"] = "vs I/O";
+    rows.push_back({"adam-nvme", name + " vs own I/O", "step time", "s", ferry::bench::better::lower, ferry_med,
+                    std::max(ram_med, io_only_med), "max(AdamW step in RAM, the same swapper step with no compute)"});
+    rows.back().params = params(moved);
+    rows.back().params["variant"] = "vs own I/O";
+    std::printf("  %s\n    ferry %.3f s   in RAM %.3f s   fio read+write %.3f s (%.2f GB/s each way)   ratio "
+                "ferry/max %.3f\n    swapper step with no compute %.3f s (overlap: ferry/max(in RAM, that) %.3f)\n",
+                name.c_str(), ferry_med, ram_med, fio_med,
+                fio_med > 0 ? static_cast<double>(moved) / fio_med / 1e9 : 0.0, rows[rows.size() - 4].ratio(),
+                io_only_med, rows.back().ratio());
+    std::printf("    per ferry step: %.0f MiB read, %.0f MiB written (state_swapper stats); fio: %.0f MiB each way\n",
+                static_cast<double>(after.bytes_read - before.bytes_read) / steps / ferry::MiB,
+                static_cast<double>(after.bytes_written - before.bytes_written) / steps / ferry::MiB,
+                static_cast<double>(moved) / ferry::MiB);
+    if (cfg.samples) {
+      const auto print = [](const char* what, const std::vector<double>& xs) {
+        std::printf("    %s samples (s):", what);
+        for (const double x : xs) std::printf(" %.3f", x);
+        std::printf("\n");
+      };
+      print("ferry", ferry_s);
+      print("in RAM", ram_s);
+      print("fio", fio_s);
+      print("no compute", io_only_s);
+    }
+    std::fflush(stdout);
   }
-  std::fflush(stdout);
+
+  // The spill sweep: step time against offloaded bytes. A budget of the ring (3 copies)
+  // plus k copies keeps the first k groups resident (state_swapper's first fit); the
+  // full-spill point is the headline row above.
+  std::vector<std::size_t> spilled_done{groups};
+  for (const double fraction : fractions) {
+    const auto asked = static_cast<std::size_t>(std::llround(fraction * static_cast<double>(groups)));
+    if (asked == groups) continue;
+    const std::size_t kept = groups - asked;
+    const std::size_t budget = asked == 0 ? moved : (swapper_type::ring_slots + kept) * copy;
+    reset_ram();
+    std::unique_ptr<swapper_type> swapper = make_swapper(false, budget);
+    const std::size_t spilled = groups - swapper->resident_groups();
+    std::size_t offloaded = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      if (!swapper->layout(g).resident) offloaded += swapper->layout(g).copy_bytes;
+    }
+    const bool done = std::find(spilled_done.begin(), spilled_done.end(), spilled) != spilled_done.end();
+    if (spilled != asked) {
+      std::printf("  spill fraction %g: %zu of %zu groups asked, the swapper spills %zu (a budget for its ring of 3 "
+                  "groups' states and the other groups holds every group)%s\n",
+                  fraction, asked, groups, spilled, done ? ": measured already" : "");
+    } else if (done) {
+      std::printf("  spill fraction %g: %zu of %zu groups spilled, measured already\n", fraction, spilled, groups);
+    }
+    if (done) continue;
+    spilled_done.push_back(spilled);
+    std::uint64_t ferry_t = 0;
+    const std::string spill_text = std::to_string(spilled) + "/" + std::to_string(groups) + " groups spilled";
+    check_first_step(*swapper, ferry_t, spill_text);
+    std::vector<double> ferry_s;
+    for (std::size_t r = 0; r < options.repetitions; ++r) ferry_s.push_back(ferry_once(*swapper, ferry_t));
+    const double ferry_med = ferry::bench::median(ferry_s);
+    const double fio_scaled = fio_med * static_cast<double>(offloaded) / static_cast<double>(moved);
+    rows.push_back({"adam-nvme", name + " offloaded=" + mib_text(offloaded) + " (" + spill_text + ")", "step time",
+                    "s", ferry::bench::better::lower, ferry_med, std::max(ram_med, fio_scaled),
+                    scaled_reference_name});
+    rows.back().params = params(offloaded);
+    rows.back().params["sweep"] = "spill";
+    std::printf("  %s: offloaded %s\n    ferry %.3f s   in RAM %.3f s   fio read+write scaled %.3f s   ratio "
+                "ferry/max %.3f\n",
+                spill_text.c_str(), mib_text(offloaded).c_str(), ferry_med, ram_med, fio_scaled, rows.back().ratio());
+    if (cfg.samples) {
+      std::printf("    ferry samples (s):");
+      for (const double x : ferry_s) std::printf(" %.3f", x);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
   return rows;
 }
 
@@ -254,7 +384,7 @@ const ferry::bench::registrar adam_nvme_scenario({
     .add_options =
         [](CLI::App& app) {
           app.add_option("--total-mib", settings().total_mib,
-                         "states (master + m + v, fp32) in MiB (default 4096; 512 with --quick)")
+                         "states (master + m + v, fp32) in MiB (default 1024; 256 with --quick)")
               ->check(CLI::Range(1, 1 << 24));
           app.add_option("--groups", settings().groups, "parameter groups (default 16)")->check(CLI::Range(1, 1 << 16));
           app.add_option("--threads", settings().threads, "AdamW threads (default: the hardware threads)")
@@ -268,6 +398,11 @@ const ferry::bench::registrar adam_nvme_scenario({
               ->check([](const std::string& s) {
                 return std::stoul(s) % 4 == 0 ? std::string() : std::string("a block must be a multiple of 4 KiB");
               });
+          app.add_option("--spill-fractions", settings().spill_fractions,
+                         "fractions of the groups whose states are on NVMe, one point of the step-time-against-"
+                         "offloaded-bytes sweep each (0: all in RAM; 1: the full-spill measurement; default 0 0.25 "
+                         "0.5 0.75 1; 0 0.5 1 with --quick)")
+              ->check(CLI::Range(0.0, 1.0));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
           app.add_flag("--no-huge-pages", settings().no_huge_pages,
                        "no transparent huge pages for the swapper's ring (fio's buffers have none either)");

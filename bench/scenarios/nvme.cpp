@@ -1,17 +1,30 @@
 // ferry-bench nvme: ferry's NVMe tier against fio on the same file, block size, queue
 // depth and O_DIRECT, in one invocation, alternating (harness/stats.hpp).
 //
-// Cases: sequential write and read of the whole file in 1 MiB requests at queue depths
-// 1 to 64 (GB/s), and 4 KiB random reads at queue depth 64 (kIOPS). Both sides use the
-// same file: ferry's tier opens it without truncating, fio finds it laid out and uses
-// it as is, so both see the same blocks on the device.
+// Cases (GB/s unless said otherwise):
+// - queue-depth sweep: sequential write and read of the whole file in --block-kib
+//   requests (default 1 MiB) at each of --depths (default 1 to 64; 1, 8, 32 with --quick);
+// - block-size sweep: sequential write and read at queue depth --block-depth (default 8)
+//   with each of --block-sizes-kib (default 64 KiB to 4 MiB; 64, 256, 1024, 4096 KiB with
+//   --quick). A point both sweeps contain (same op, block size and depth) is measured once
+//   and its one row serves both curves: consumers pick points by the row's `params`;
+// - 4 KiB random reads at queue depth --random-depth (default 64), in kIOPS.
+// Every row's `params` holds `op` ("seq-write", "seq-read", "rand-read"), `block_bytes`,
+// `queue_depth` and `bytes` (the file's size). Both sides use the same file: ferry's tier
+// opens it without truncating, fio finds it laid out and uses it as is, so both see the
+// same blocks on the device. Before anything is written, the free space of --scratch is
+// checked against the file's size; the file is removed however the scenario ends
+// (an exception included: ENOSPC from the tier or fio is reported, and nothing is left).
 //
 // ferry side: `ferry::nvme_tier` (io_uring engine when built with liburing), one region
-// spanning the file, the user buffer registered with the engine (as a pinned-pool slab
-// would be); sequential cases are one `write`/`read` of the region; random reads keep
-// 64 reads of 4 KiB in flight with completion callbacks that start the next read.
-// fio side: `fio --ioengine=io_uring --direct=1` with fio's defaults otherwise (no fixed
-// buffers, no registered files, no SQPOLL), `--output-format=json`, run with popen.
+// spanning the file, `block_bytes` the case's block size, the user buffer registered with
+// the engine (as a pinned-pool slab would be); sequential cases are one `write`/`read` of
+// the region; random reads keep `depth` reads of 4 KiB in flight with completion
+// callbacks that start the next read.
+// fio side: `fio --ioengine=io_uring --direct=1 --bs=BS --iodepth=QD` with fio's defaults
+// otherwise (no fixed buffers, no registered files, no SQPOLL), `--output-format=json`,
+// run with popen.
+#include "harness/disk.hpp"
 #include "harness/fio.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
@@ -31,11 +44,13 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <sys/wait.h>
@@ -47,9 +62,12 @@ using ferry::bench::row;
 using ferry::bench::run_options;
 
 struct nvme_settings {
-  std::size_t size_mib = 0;  // 0: 1024, or 128 with --quick
-  std::vector<std::size_t> depths{1, 2, 4, 8, 16, 32, 64};
-  std::size_t random_ios = 0;  // 0: 65536, or 16384 with --quick
+  std::size_t size_mib = 0;                   // 0: 256, or 64 with --quick
+  std::vector<std::size_t> depths;            // empty: 1..64, or 1, 8, 32 with --quick
+  std::size_t block_kib = 1024;               // block size of the queue-depth sweep
+  std::vector<std::size_t> block_sizes_kib;   // empty: 64..4096, or 64, 256, 1024, 4096 with --quick
+  std::size_t block_depth = 8;                // queue depth of the block-size sweep
+  std::size_t random_ios = 0;  // 0: 65536, or 8192 with --quick
   std::size_t random_depth = 64;
   std::string fio;  // "": /usr/bin/fio, else `fio` on PATH
   std::vector<std::string> cases{"seq-write", "seq-read", "rand-read"};
@@ -85,14 +103,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t bytes, std::size_t depth) {
+ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t bytes, std::size_t depth,
+                                 std::size_t block = ferry::MiB) {
   ferry::nvme_options o;
   o.paths = {file};
   o.capacity = bytes;
   o.compat = ferry::io::compat_mode::direct;  // as fio's direct=1
   o.queue_depth = depth;
   o.threads = depth;  // the thread pool engine (builds without liburing): a depth of N is N threads
-  o.block_bytes = ferry::MiB;
+  o.block_bytes = block;
   o.sizing = ferry::file_sizing::preallocate;
   o.truncate_on_open = false;
   o.remove_on_close = false;
@@ -140,11 +159,39 @@ double ferry_random_read_kiops(ferry::nvme_tier& tier, const ferry::nvme_region&
   return static_cast<double>(offsets.size()) / t / 1e3;
 }
 
+// "64KiB", "1MiB", "1536KiB": whole MiB when it is one.
+std::string block_text(std::size_t bytes) {
+  if (bytes % ferry::MiB == 0) return std::to_string(bytes / ferry::MiB) + "MiB";
+  return std::to_string(bytes / ferry::KiB) + "KiB";
+}
+
 std::vector<row> run_nvme(const run_options& options) {
   const nvme_settings& cfg = settings();
+  const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 64 : 256)) * ferry::MiB;
+  const std::size_t random_ios = cfg.random_ios != 0 ? cfg.random_ios : (options.quick ? 8192 : 65536);
+  const std::vector<std::size_t> depths =
+      !cfg.depths.empty() ? cfg.depths
+                          : (options.quick ? std::vector<std::size_t>{1, 8, 32}
+                                           : std::vector<std::size_t>{1, 2, 4, 8, 16, 32, 64});
+  const std::vector<std::size_t> block_sizes_kib =
+      !cfg.block_sizes_kib.empty() ? cfg.block_sizes_kib
+                                   : (options.quick ? std::vector<std::size_t>{64, 256, 1024, 4096}
+                                                    : std::vector<std::size_t>{64, 128, 256, 512, 1024, 2048, 4096});
+  const auto wanted = [&](const char* name) {
+    return std::find(cfg.cases.begin(), cfg.cases.end(), name) != cfg.cases.end();
+  };
+  const bool sequential = wanted("seq-write") || wanted("seq-read");
+  std::size_t largest_block = cfg.block_kib * ferry::KiB;
+  for (const std::size_t kib : block_sizes_kib) largest_block = std::max(largest_block, kib * ferry::KiB);
+  if (sequential && largest_block > size) {
+    throw std::runtime_error("nvme: the file (--size-mib " + std::to_string(size / ferry::MiB) +
+                             ") is smaller than the largest block (" + std::to_string(largest_block / ferry::KiB) +
+                             " KiB, from --block-kib or --block-sizes-kib): a request must fit in the file");
+  }
+  // Before anything is written: room for the file, and fio.
+  ferry::bench::check_free_space("nvme", options.scratch, size, "the test file", "--size-mib");
   const std::string fio = find_fio();
-  const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 128 : 1024)) * ferry::MiB;
-  const std::size_t random_ios = cfg.random_ios != 0 ? cfg.random_ios : (options.quick ? 16384 : 65536);
+
   const std::filesystem::path file = options.scratch / ("ferry-bench-nvme-" + std::to_string(::getpid()) + ".bin");
   struct remover {
     std::filesystem::path p;
@@ -174,11 +221,15 @@ std::vector<row> run_nvme(const run_options& options) {
       cfg.fio_extra.empty() ? std::string(reference_name)
                             : std::string("fio (io_uring, direct=1, ") + cfg.fio_extra + ")";
   std::vector<row> rows;
-  const auto seq = [&](bool write, std::size_t depth) {
-    ferry::nvme_tier tier(tier_options(file, size, depth));
+  // (op, block bytes, depth) already measured: a point of both sweeps is measured once.
+  std::map<std::tuple<bool, std::size_t, std::size_t>, std::size_t> measured;
+  const auto seq = [&](bool write, std::size_t block, std::size_t depth) {
+    if (!measured.emplace(std::make_tuple(write, block, depth), rows.size()).second) return;
+    ferry::nvme_tier tier(tier_options(file, size, depth, block));
     const auto region = tier.allocate(size);
     (void)tier.register_buffer(memory.span());
-    const std::string args = common + " --rw=" + (write ? "write" : "read") + " --bs=1M --iodepth=" + std::to_string(depth);
+    const std::string args = common + " --rw=" + (write ? "write" : "read") + " --bs=" + std::to_string(block) +
+                             " --iodepth=" + std::to_string(depth);
     const auto result = ferry::bench::alternate(
         options.repetitions, 1,
         [&] {
@@ -195,19 +246,19 @@ std::vector<row> run_nvme(const run_options& options) {
           return job.at(write ? "write" : "read").at("bw_bytes").get<double>() / 1e9;
         });
     tier.unregister_buffer(memory.span());
-    rows.push_back({"nvme", std::string(write ? "seq-write" : "seq-read") + " bs=1MiB qd=" + std::to_string(depth),
+    const char* op = write ? "seq-write" : "seq-read";
+    rows.push_back({"nvme", std::string(op) + " bs=" + block_text(block) + " qd=" + std::to_string(depth),
                     "throughput", "GB/s", ferry::bench::better::higher, result.ferry, result.reference, reference});
+    rows.back().params = {{"op", op}, {"block_bytes", block}, {"queue_depth", depth}, {"bytes", size}};
     std::printf("  %-28s ferry %7.3f GB/s   fio %7.3f GB/s   ratio %.3f\n", rows.back().case_name.c_str(),
                 result.ferry, result.reference, rows.back().ratio());
     print_samples(result);
     std::fflush(stdout);
   };
-  const auto wanted = [&](const char* name) {
-    return std::find(cfg.cases.begin(), cfg.cases.end(), name) != cfg.cases.end();
-  };
   for (const bool write : {true, false}) {
     if (!wanted(write ? "seq-write" : "seq-read")) continue;
-    for (const std::size_t depth : cfg.depths) seq(write, depth);
+    for (const std::size_t depth : depths) seq(write, cfg.block_kib * ferry::KiB, depth);
+    for (const std::size_t kib : block_sizes_kib) seq(write, kib * ferry::KiB, cfg.block_depth);
   }
 
   if (wanted("rand-read")) {
@@ -231,6 +282,7 @@ std::vector<row> run_nvme(const run_options& options) {
     tier.unregister_buffer(slots.span());
     rows.push_back({"nvme", "rand-read bs=4KiB qd=" + std::to_string(depth), "iops", "kIOPS",
                     ferry::bench::better::higher, result.ferry, result.reference, reference});
+    rows.back().params = {{"op", "rand-read"}, {"block_bytes", 4096}, {"queue_depth", depth}, {"bytes", size}};
     std::printf("  %-28s ferry %7.1f kIOPS  fio %7.1f kIOPS  ratio %.3f\n", rows.back().case_name.c_str(),
                 result.ferry, result.reference, rows.back().ratio());
     print_samples(result);
@@ -240,22 +292,35 @@ std::vector<row> run_nvme(const run_options& options) {
 
 const ferry::bench::registrar nvme_scenario({
     .name = "nvme",
-    .description = "NVMe tier: sequential 1 MiB writes and reads at queue depths 1-64, 4 KiB random reads at QD 64",
+    .description = "NVMe tier: sequential writes and reads at queue depths 1-64 (1 MiB) and block sizes 64 KiB-4 MiB "
+                   "(QD 8), 4 KiB random reads at QD 64",
     .reference = reference_name,
     .needs_gpu = false,
     .order = 10,
     .in_default_suite = true,
     .add_options =
         [](CLI::App& app) {
-          app.add_option("--size-mib", settings().size_mib, "file size in MiB (default 1024; 128 with --quick)")
-              ->check(CLI::Range(1, 1 << 20));
-          app.add_option("--depths", settings().depths, "queue depths of the sequential cases")
+          app.add_option("--size-mib", settings().size_mib, "file size in MiB (default 256; 64 with --quick)")
+              ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+          app.add_option("--depths", settings().depths,
+                         "queue depths of the queue-depth sweep (default 1 2 4 8 16 32 64; 1 8 32 with --quick)")
+              ->check(CLI::Range(1, 4096));
+          app.add_option("--block-kib", settings().block_kib,
+                         "block size in KiB of the queue-depth sweep (default 1024)")
+              ->check(ferry::bench::block_kib_check());
+          app.add_option("--block-sizes-kib", settings().block_sizes_kib,
+                         "block sizes in KiB of the block-size sweep, each a multiple of 4 (default 64 128 256 512 "
+                         "1024 2048 4096; 64 256 1024 4096 with --quick)")
+              ->check(ferry::bench::block_kib_check());
+          app.add_option("--block-depth", settings().block_depth, "queue depth of the block-size sweep (default 8)")
               ->check(CLI::Range(1, 4096));
           app.add_option("--random-ios", settings().random_ios,
-                         "4 KiB random reads per run (default 65536; 16384 with --quick)");
+                         "4 KiB random reads per run (default 65536; 8192 with --quick)")
+              ->check(CLI::Range(1, 1 << 30));
           app.add_option("--random-depth", settings().random_depth, "queue depth of the random reads")
               ->check(CLI::Range(1, 4096));
-          app.add_option("--cases", settings().cases, "cases to run: seq-write, seq-read, rand-read (default: all)")
+          app.add_option("--cases", settings().cases,
+                         "cases to run: seq-write, seq-read (both sweeps), rand-read (default: all)")
               ->check(CLI::IsMember({"seq-write", "seq-read", "rand-read"}));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
           app.add_option("--fio-extra", settings().fio_extra,

@@ -1,0 +1,55 @@
+# Checks the rows of a ferry-bench results file (the tests of bench/CMakeLists.txt):
+#   cmake -DJSON=results.json -DCASES="case a|case b" -DPARAMS="1:block_bytes=262144|..." -P check_rows.cmake
+# CASES: the rows' "case" names, all of them, in order ("|" between names).
+# PARAMS: "INDEX:KEY=VALUE" entries ("|" between them): row INDEX (from 0) has params.KEY
+# equal to VALUE (numbers compared as written by the JSON writer, strings without quotes).
+# Fails (a FATAL_ERROR naming the file, the row and both values) on the first mismatch.
+cmake_minimum_required(VERSION 3.25)
+
+if(NOT DEFINED JSON OR NOT EXISTS "${JSON}")
+  message(FATAL_ERROR "check_rows: no results file: '${JSON}'")
+endif()
+file(READ "${JSON}" doc)
+string(JSON rows_count LENGTH "${doc}" rows)
+
+if(DEFINED CASES)
+  string(REPLACE "|" ";" expected "${CASES}")
+  list(LENGTH expected expected_count)
+  set(got "")
+  if(rows_count GREATER 0)
+    math(EXPR last "${rows_count} - 1")
+    foreach(i RANGE ${last})
+      string(JSON name GET "${doc}" rows ${i} case)
+      list(APPEND got "${name}")
+    endforeach()
+  endif()
+  if(NOT got STREQUAL expected)
+    string(REPLACE ";" " | " got_text "${got}")
+    string(REPLACE ";" " | " expected_text "${expected}")
+    message(FATAL_ERROR "check_rows: ${JSON}: ${rows_count} rows [${got_text}], expected ${expected_count} "
+                        "[${expected_text}]")
+  endif()
+endif()
+
+if(DEFINED PARAMS)
+  string(REPLACE "|" ";" checks "${PARAMS}")
+  foreach(check IN LISTS checks)
+    if(NOT check MATCHES "^([0-9]+):([A-Za-z_]+)=(.*)$")
+      message(FATAL_ERROR "check_rows: malformed PARAMS entry '${check}' (INDEX:KEY=VALUE)")
+    endif()
+    set(index "${CMAKE_MATCH_1}")
+    set(key "${CMAKE_MATCH_2}")
+    set(want "${CMAKE_MATCH_3}")
+    if(NOT index LESS rows_count)
+      message(FATAL_ERROR "check_rows: ${JSON}: row ${index} asked for, the file has ${rows_count} rows")
+    endif()
+    string(JSON value ERROR_VARIABLE err GET "${doc}" rows ${index} params ${key})
+    if(err)
+      message(FATAL_ERROR "check_rows: ${JSON}: row ${index} has no params.${key} (${err})")
+    endif()
+    if(NOT value STREQUAL want)
+      message(FATAL_ERROR "check_rows: ${JSON}: row ${index} params.${key} is '${value}', expected '${want}'")
+    endif()
+  endforeach()
+endif()
+message(STATUS "check_rows: ${JSON}: ${rows_count} rows as expected")
