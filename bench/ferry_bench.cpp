@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -111,10 +112,12 @@ std::string command_text(int argc, char** argv) {
 
 // The scratch folder must exist and be writable before any scenario starts.
 void check_scratch(const std::filesystem::path& scratch) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(scratch, ec)) {
-    FERRY_THROW_IO_ERROR(ENOTDIR, "use as --scratch (not an existing folder)", scratch.string(),
-                         ferry::io_error::no_offset, 0);
+  struct stat st {};
+  if (::stat(scratch.c_str(), &st) != 0) {
+    FERRY_THROW_IO_ERROR(errno, "use as --scratch", scratch.string(), ferry::io_error::no_offset, 0);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    FERRY_THROW_IO_ERROR(ENOTDIR, "use as --scratch (not a folder)", scratch.string(), ferry::io_error::no_offset, 0);
   }
   if (::access(scratch.c_str(), W_OK | X_OK) != 0) {
     FERRY_THROW_IO_ERROR(errno, "write scenario files into --scratch", scratch.string(), ferry::io_error::no_offset, 0);
