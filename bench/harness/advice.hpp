@@ -67,10 +67,24 @@ inline std::string size_text(double bytes) {
   } else if (bytes >= 1024.0 * 1024 * 1024) {
     std::snprintf(b, sizeof b, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
   } else if (bytes >= 1024.0 * 1024) {
-    std::snprintf(b, sizeof b, "%g MiB", bytes / (1024.0 * 1024));
+    std::snprintf(b, sizeof b, "%.*f MiB", static_cast<std::uint64_t>(bytes) % ferry::MiB == 0 ? 0 : 1,
+                  bytes / (1024.0 * 1024));
   } else {
-    std::snprintf(b, sizeof b, "%g KiB", bytes / 1024.0);
+    std::snprintf(b, sizeof b, "%.*f KiB", static_cast<std::uint64_t>(bytes) % ferry::KiB == 0 ? 0 : 1,
+                  bytes / 1024.0);
   }
+  return b;
+}
+
+inline std::string gbps_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GB/s", v);
+  return b;
+}
+
+inline std::string percent_text(double f) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%.0f%%", 100.0 * f);
   return b;
 }
 
@@ -176,23 +190,21 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
     const auto b = detail::pick(by_block, advice_fraction * peak);
     if (!d && !b) continue;
     nlohmann::json o = {{"peak_gbps", peak}};
-    char line[200];
+    std::string part = std::string(op) + " peak " + detail::gbps_text(peak);
     if (d) {
       o["queue_depth"] = {{"value", d->x}, {"gbps", d->value}, {"reached", d->reached}};
       depth = std::max(depth, d->x);
       all_reached = all_reached && d->reached;
+      part += ", qd " + std::to_string(static_cast<long long>(d->x)) + " " + detail::gbps_text(d->value) + " (" +
+              detail::percent_text(d->value / peak) + ")";
     }
     if (b) {
       o["block_bytes"] = {{"value", b->x}, {"gbps", b->value}, {"reached", b->reached}};
       block = std::max(block, b->x);
       all_reached = all_reached && b->reached;
+      part += ", " + detail::size_text(b->x) + " " + detail::gbps_text(b->value) + " (" + detail::percent_text(b->value / peak) + ")";
     }
-    std::snprintf(line, sizeof line, "%s%s: peak %.2f GB/s%s%s", text.empty() ? "" : "; ", op, peak,
-                  d ? (", qd " + std::to_string(static_cast<long long>(d->x)) + (d->reached ? "" : " (best, <95%)"))
-                          .c_str()
-                    : "",
-                  b ? (", " + detail::size_text(b->x) + " blocks" + (b->reached ? "" : " (best, <95%)")).c_str() : "");
-    text += line;
+    text += (text.empty() ? "" : "; ") + part;
     a["ops"][op] = std::move(o);
   }
   if (depth == 0 && block == 0) {
@@ -215,7 +227,8 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   std::string what;
   if (depth > 0) what += "queue depth " + std::to_string(static_cast<std::uint64_t>(depth));
   if (block > 0) what += (what.empty() ? "" : " and ") + detail::size_text(block) + " blocks";
-  a["text"] = "disk: " + what + (all_reached ? " reach 95% of the disk peak (" : " come closest to the disk peak (") +
+  a["text"] = "disk: " + what +
+              (all_reached ? " reach 95% of the disk peak (" : " come closest to 95% of the disk peak, not all reach it (") +
               text + "): " + env;
   return a;
 }

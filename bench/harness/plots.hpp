@@ -267,7 +267,7 @@ inline std::string gnuplot_string(const std::string& s) {
   s += "set output " + gnuplot_string(p.name + ".png") + "\n";
   s += "set title " + gnuplot_string(p.title) + "\n";
   s += "set xlabel " + gnuplot_string(p.xlabel) + "\nset ylabel " + gnuplot_string(p.ylabel) + "\n";
-  s += "set grid\nset key outside right top\nset yrange [0:*]\n";
+  s += "set grid\nset key below width 2\nset yrange [0:*]\n";
   if (p.log_x) s += "set logscale x 2\n";
   s += "plot ";
   for (std::size_t i = 0; i < p.series.size(); ++i) {
