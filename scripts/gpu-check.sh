@@ -3,7 +3,8 @@
 #   scripts/gpu-check.sh OUTDIR
 # Builds the `release` preset for sm_90, runs the GPU tests once under
 # compute-sanitizer memcheck and once plain, the host tests, and every GPU scenario
-# of ferry-bench in quick mode with --json; leaves logs and JSON in OUTDIR.
+# of ferry-bench in quick mode (the GPU suite into OUTDIR/suite: results, summary, plots,
+# advice; overlap and device-nvme with --json); leaves logs and JSON in OUTDIR.
 # Libraries the machine lacks come from .deps/*.deb (scripts/fetch-gpu-deps.sh),
 # unpacked into a private prefix. Target: under 8 minutes on one H200.
 set -uo pipefail
@@ -67,7 +68,19 @@ tail -5 "$out/ctest.log"
 
 step "ferry-bench: machine probe and GPU scenarios (quick)"
 build/release/bench/ferry-bench probe --json "$out/machine.json" > /dev/null || status=1
-build/release/bench/ferry-bench --quick --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+# The GPU suite (link, codec, offload, stream) into an output folder: JSON, CSV, summary,
+# plots and advice (--no-plots when the machine has no gnuplot); --json keeps bench.json.
+plots=(); command -v gnuplot >/dev/null 2>&1 || plots=(--no-plots)
+mkdir -p build/scratch
+build/release/bench/ferry-bench --quick --scratch build/scratch --json "$out/bench.json" --out "$out/suite" \
+  "${plots[@]}" 2>&1 | tee "$out/bench.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+step "ferry-bench: overlap and device-nvme (not in the suite)"
+build/release/bench/ferry-bench --quick --json "$out/bench-overlap.json" overlap 2>&1 | tee -a "$out/bench.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+build/release/bench/ferry-bench --quick --scratch build/scratch --json "$out/bench-device-nvme.json" device-nvme 2>&1 |
+  tee -a "$out/bench.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 
 step "micro-benchmarks"
 build/release/bench/ferry-micro --benchmark_min_time=0.05 --benchmark_format=json \
