@@ -72,6 +72,9 @@ struct offload_settings {
   std::size_t hidden = 0;  // 0: 8192, or 4096 with --quick
   std::size_t tokens = 0;  // 0: 16384, or 4096 with --quick
   std::size_t chunk_kib = 4096;
+  std::size_t keep_last = 1;               // tensor_cache_options::keep_last
+  std::size_t prefetch_budget_mib = 1024;  // tensor_cache_options::prefetch_budget_bytes in MiB
+  std::size_t resident_below_kib = 1024;   // tensor_cache_options::resident_below_bytes in KiB
   bool no_fp8 = false;
   bool samples = false;
   std::vector<std::size_t> offload_layers;  // empty: no sweep; else each N in [1, layers]
@@ -428,7 +431,9 @@ std::vector<row> run_offload(const run_options& options) {
   so.bounce_slots = 1;  // no disk moves here
   ferry::stream_scheduler sched(m.compute, so);
   ferry::tensor_cache_options co;
-  co.keep_last = 1;
+  co.keep_last = cfg.keep_last;
+  co.prefetch_budget_bytes = cfg.prefetch_budget_mib * ferry::MiB;
+  co.resident_below_bytes = cfg.resident_below_kib * ferry::KiB;
 
   using identity_pipeline = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
   resident_saver none(m);
@@ -615,6 +620,16 @@ const ferry::bench::registrar offload_scenario({
               ->check(CLI::Range(64, 1 << 20));
           app.add_option("--chunk-kib", settings().chunk_kib, "the scheduler's chunk size in KiB (default 4096)")
               ->check(ferry::bench::chunk_kib_check());
+          app.add_option("--keep-last", settings().keep_last,
+                         "the cache's policy: tensors stored last that stay on the device for the backward pass "
+                         "(default 1)")
+              ->check(CLI::Range(0, 1 << 20));
+          app.add_option("--prefetch-budget-mib", settings().prefetch_budget_mib,
+                         "the cache's schedule-driven prefetch: device MiB prefetched tensors may hold (default 1024)")
+              ->check(CLI::Range(0, 1 << 30));
+          app.add_option("--resident-below-kib", settings().resident_below_kib,
+                         "tensors smaller than this stay on the device (default 1024)")
+              ->check(CLI::Range(0, 1 << 30));
           app.add_flag("--no-fp8", settings().no_fp8, "skip the FP8 variant");
           app.add_option("--offload-layers", settings().offload_layers,
                          "also offload only the first N layers' activations (the rest stay on the GPU), for each N "
