@@ -7,9 +7,11 @@
 /// the staging folder take the target's name. A run that fails (bad option found late,
 /// full disk, gnuplot error, an exception in a scenario) removes the staging folder and
 /// leaves the target as it was, so a folder named like a result is always a whole result.
-/// A process killed mid-run can leave the hidden staging folder behind, never a target.
+/// SIGINT, SIGTERM and SIGHUP remove the staging folder too (harness/interrupt.hpp); only
+/// a process killed outright (SIGKILL, a crash) can leave it behind, never a target.
 #pragma once
 
+#include "harness/interrupt.hpp"
 #include "harness/report.hpp"
 
 #include <ferry/error.hpp>
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -79,6 +82,8 @@ class output_folder {
                            ferry::io_error::no_offset, 0);
     }
     staging_ = pattern;
+    install_interrupt_cleanup();
+    interrupt_guard_ = std::make_unique<remove_on_interrupt>(staging_, true);  // Ctrl-C: no staging left
     // mkdtemp makes the folder 0700; the published folder gets the usual 0777 & ~umask.
     const ::mode_t mask = ::umask(0);
     ::umask(mask);
@@ -153,6 +158,7 @@ class output_folder {
       FERRY_THROW_IO_ERROR(err, "publish the results as", target_.string(), ferry::io_error::no_offset, 0);
     }
     committed_ = true;
+    interrupt_guard_.reset();
     if (const int dfd = ::open(target_.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
       (void)::fsync(dfd);
       ::close(dfd);
@@ -167,6 +173,7 @@ class output_folder {
   std::filesystem::path target_;
   std::filesystem::path staging_;
   bool committed_ = false;
+  std::unique_ptr<remove_on_interrupt> interrupt_guard_;
 };
 
 namespace detail {

@@ -39,6 +39,7 @@
 // scenario ends (ENOSPC from the tier or fio included: its message is reported).
 #include "harness/disk.hpp"
 #include "harness/fio.hpp"
+#include "harness/interrupt.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -97,16 +98,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct file_remover {
-  std::vector<std::filesystem::path> paths;
-  ~file_remover() {
-    for (const auto& p : paths) {
-      std::error_code ignored;
-      std::filesystem::remove(p, ignored);
-    }
-  }
-};
-
 // Bytes to the nearest MiB (GiB when whole): the states are `--total-mib` less what
 // equal groups of whole elements leave over.
 std::string mib_text(std::size_t bytes) {
@@ -148,7 +139,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   const std::filesystem::path states_file = options.scratch / (stem + ".bin");
   const std::filesystem::path fio_read = options.scratch / (stem + "-fio-read.bin");
   const std::filesystem::path fio_write = options.scratch / (stem + "-fio-write.bin");
-  file_remover cleanup{{states_file, fio_read, fio_write}};
+  const ferry::bench::scratch_files cleanup{states_file, fio_read, fio_write};  // also on Ctrl-C
 
   ferry::nvme_options o;
   o.paths = {states_file};

@@ -12,6 +12,7 @@
 // --scratch (O_DIRECT, one request per chunk, K requests in flight), then `wait()`.
 #include "harness/fio.hpp"
 #include "harness/gpu.hpp"
+#include "harness/interrupt.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -92,13 +93,7 @@ std::vector<row> run_device_nvme(const run_options& options) {
   }
   const std::filesystem::path file =
       options.scratch / ("ferry-bench-device-nvme-" + std::to_string(::getpid()) + ".bin");
-  struct remover {
-    std::filesystem::path p;
-    ~remover() {
-      std::error_code ignored;
-      std::filesystem::remove(p, ignored);
-    }
-  } cleanup{file};
+  const ferry::bench::scratch_files cleanup{file};  // removed at the end, on an exception, on Ctrl-C
 
   ferry::stream producer;  // idle: device->nvme moves are ordered after it
   ferry::stream link;      // the link reference's stream

@@ -26,6 +26,7 @@
 // run with popen.
 #include "harness/disk.hpp"
 #include "harness/fio.hpp"
+#include "harness/interrupt.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -193,13 +194,7 @@ std::vector<row> run_nvme(const run_options& options) {
   const std::string fio = find_fio();
 
   const std::filesystem::path file = options.scratch / ("ferry-bench-nvme-" + std::to_string(::getpid()) + ".bin");
-  struct remover {
-    std::filesystem::path p;
-    ~remover() {
-      std::error_code ignored;
-      std::filesystem::remove(p, ignored);
-    }
-  } cleanup{file};
+  const ferry::bench::scratch_files cleanup{file};  // removed at the end, on an exception, on Ctrl-C
 
   ferry::io::aligned_buffer memory(size, 4096);
   for (std::size_t i = 0; i < size; i += 8) {

@@ -58,5 +58,22 @@ fi
 grep -q "not an earlier ferry-bench result" "$work/refused.log" || fail "unclear refusal: $(cat "$work/refused.log")"
 [[ $(cat "$work/mine/notes.txt") == keep ]] || fail "the refused folder was changed"
 grep -q "seq-read" "$work/refused.log" && fail "the scenario ran although the folder was refused"
+# Ctrl-C in the middle of a run: the scratch file and the staging folder are removed, the
+# earlier result stays, and the process ends by the signal (exit status 130).
+before=$(sha256sum "$out/results.json")
+"$bench" --scratch "$work/scratch" --out "$out" nvme --size-mib 64 --repetitions 50 > "$work/int.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do  # wait (up to a minute) until the run is under way
+  compgen -G "$work/scratch/ferry-bench-nvme-*" > /dev/null && break
+  sleep 0.1
+done
+compgen -G "$work/scratch/ferry-bench-nvme-*" > /dev/null || fail "the interrupted run never made its scratch file"
+kill -INT "$pid"
+set +e; wait "$pid"; rc=$?; set -e
+[[ $rc -eq 130 ]] || fail "an interrupted run exited $rc, not 130"
+sleep 0.5  # its fio child, if any, stops on its own
+ls -A "$work/scratch" | grep -q . && fail "scratch files left after Ctrl-C: $(ls -A "$work/scratch")"
+ls -A "$work" | grep -q partial && fail "a staging folder was left after Ctrl-C"
+[[ $(sha256sum "$out/results.json") == "$before" ]] || fail "Ctrl-C changed the earlier result"
 rm -rf "$work"
 echo "output folder: all checks passed"

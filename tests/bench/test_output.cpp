@@ -2,6 +2,7 @@
 // what the rows say, plots picked by the rows' params, and advice from synthetic sweeps
 // whose answer is known.
 #include "harness/advice.hpp"
+#include "harness/interrupt.hpp"
 #include "harness/output.hpp"
 #include "harness/plots.hpp"
 #include "harness/summary.hpp"
@@ -9,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace fb = ferry::bench;
@@ -390,4 +393,35 @@ TEST_CASE("advice: the policy the simulator prefers for each workload the run me
   CHECK(preferred_moved == fewest);
   CHECK(items[1]["workload"].get<std::string>().find("stream") != std::string::npos);
   CHECK(items[1]["working_set_bytes"] == 16 * 64 * ferry::MiB);  // weights and gradients
+}
+
+TEST_CASE("interrupt: registered files and folders are removed when a signal stops the process") {
+  temp_root root;
+  const fs::path file = root.path / "scratch.bin";
+  const fs::path folder = root.path / ".out.partial-test";
+  const fs::path kept = root.path / "kept.txt";
+  std::ofstream(file) << "scratch\n";
+  fs::create_directories(folder / "plots");
+  std::ofstream(folder / "results.json") << "{}\n";
+  std::ofstream(folder / "plots" / "a.png") << "png\n";
+  std::ofstream(kept) << "kept\n";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    fb::install_interrupt_cleanup();
+    fb::remove_on_interrupt a(file, false);
+    fb::remove_on_interrupt b(folder, true);
+    {
+      fb::remove_on_interrupt released(kept, false);  // unregistered again: must survive
+    }
+    ::raise(SIGTERM);
+    ::_exit(3);  // not reached: the signal ends the process
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  CHECK_FALSE(fs::exists(file));
+  CHECK_FALSE(fs::exists(folder));
+  CHECK(read_all(kept) == "kept\n");
 }
