@@ -3,6 +3,8 @@
 /// running one job with `--output-format=json`.
 #pragma once
 
+#include "harness/interrupt.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -53,22 +55,41 @@ namespace ferry::bench {
                            "or pass --fio /path/to/fio");
 }
 
+/// @brief "exit status N" or "killed by signal N" for a `waitpid` status.
+[[nodiscard]] inline std::string exit_text(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+/// @brief What fio said, without its JSON report: the lines before the first `{` (its
+/// error messages), else the last 20 lines.
+[[nodiscard]] inline std::string fio_messages(const std::string& out) {
+  const std::size_t brace = out.find('{');
+  if (brace != std::string::npos && brace > 0) return out.substr(0, brace);
+  std::size_t start = out.size();
+  for (int lines = 0; lines < 20 && start > 0; ++lines) {
+    start = out.rfind('\n', start - 1);
+    if (start == std::string::npos) {
+      start = 0;
+      break;
+    }
+  }
+  return out.substr(start);
+}
+
 /// @brief Runs `fio --output-format=json ARGS` and returns its `jobs` array (one object
 /// per job, in the order the jobs were given: `--name=a ... --name=b ...` runs them at
 /// once).
 /// @throws std::runtime_error when fio cannot start, fails, or reports a job error
 [[nodiscard]] inline nlohmann::json run_fio_jobs(const std::string& scenario, const std::string& fio,
                                                  const std::string& args) {
-  const std::string command = shell_quote(fio) + " --output-format=json " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error(scenario + ": cannot start fio: " + command);
+  const std::string command = "exec " + shell_quote(fio) + " --output-format=json " + args;
   std::string out;
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = ::pclose(pipe);
+  const int status = run_command(command, out);
   if (status != 0 || out.find('{') == std::string::npos) {
-    throw std::runtime_error(scenario + ": fio failed (status " + std::to_string(status) + "): " + command + "\n" + out);
+    throw std::runtime_error(scenario + ": fio failed (" + exit_text(status) + "): " + command + "\n" +
+                             fio_messages(out));
   }
   const nlohmann::json doc = nlohmann::json::parse(out.substr(out.find('{')));
   const auto& jobs = doc.at("jobs");

@@ -7,7 +7,8 @@
 /// leave them on the user's drive, nor a half-written output folder. RAII removers cover
 /// exceptions; this covers signals, whose default action ends the process without
 /// unwinding. The handler uses only async-signal-safe calls (`unlink`, `unlinkat`,
-/// `open`, `close`, the `getdents64` system call, `sigaction`, `raise`): paths live in a
+/// `open`, `close`, the `getdents64` system call, `kill`, `waitpid`, `nanosleep`,
+/// `sigaction`, `raise`): paths live in a
 /// fixed table of character arrays filled when a path is registered, never allocated in
 /// the handler. Folders are emptied two levels deep (the output folder's `plots/`) and
 /// removed.
@@ -29,7 +30,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <time.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace ferry::bench {
@@ -43,6 +46,12 @@ struct interrupt_slot {
   std::atomic<int> state{0};  // 0 free, 1 being filled, 2 a file, 3 a folder
   char path[interrupt_path_max]{};
 };
+
+// Process groups of the commands ferry-bench runs (fio, gnuplot): stopped with the run.
+inline std::array<std::atomic<pid_t>, 8>& child_groups() {
+  static std::array<std::atomic<pid_t>, 8> groups{};
+  return groups;
+}
 
 inline std::array<interrupt_slot, interrupt_slots>& interrupt_table() {
   static std::array<interrupt_slot, interrupt_slots> table;
@@ -85,6 +94,23 @@ inline void remove_tree_at(int dfd, int depth) noexcept {
 
 inline void interrupt_handler(int sig) noexcept {
   const int saved = errno;
+  // Stop the commands first (fio would go on writing, even re-creating removed files),
+  // and wait up to 2 s for their groups to be gone (reaping the direct child), then kill.
+  for (std::atomic<pid_t>& g : child_groups()) {
+    const pid_t pgid = g.load(std::memory_order_acquire);
+    if (pgid <= 0) continue;
+    (void)::kill(-pgid, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      int status = 0;
+      (void)::waitpid(pgid, &status, WNOHANG);
+      if (::kill(-pgid, 0) != 0 && errno == ESRCH) break;
+      const struct timespec ten_ms {0, 10'000'000};
+      (void)::nanosleep(&ten_ms, nullptr);
+    }
+    (void)::kill(-pgid, SIGKILL);
+    int status = 0;
+    (void)::waitpid(pgid, &status, WNOHANG);
+  }
   for (interrupt_slot& s : interrupt_table()) {
     const int state = s.state.load(std::memory_order_acquire);
     if (state == 2) {
@@ -162,6 +188,58 @@ class remove_on_interrupt {
  private:
   detail::interrupt_slot* slot_ = nullptr;
 };
+
+/// @brief Runs `/bin/sh -c command` in a process group of its own, with stdin from
+/// /dev/null, and returns its exit status (as `waitpid` reports it) and its standard
+/// output and error together. While it runs, SIGINT, SIGTERM or SIGHUP to ferry-bench stop
+/// it too (its group gets SIGTERM), so no orphan keeps writing into the scratch folder.
+/// @throws std::runtime_error when the pipe or the process cannot be made
+[[nodiscard]] inline int run_command(const std::string& command, std::string& output) {
+  install_interrupt_cleanup();
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("cannot make a pipe to run: " + command);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw std::runtime_error("cannot start: " + command);
+  }
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    (void)::setpgid(0, 0);
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0) (void)::dup2(null, 0);
+    (void)::dup2(fds[1], 1);
+    (void)::dup2(fds[1], 2);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  (void)::setpgid(pid, pid);  // also here: no race with a signal before the child's own call
+  std::atomic<pid_t>* slot = nullptr;
+  for (std::atomic<pid_t>& g : detail::child_groups()) {
+    pid_t expected = 0;
+    if (g.compare_exchange_strong(expected, pid)) {
+      slot = &g;
+      break;
+    }
+  }
+  ::close(fds[1]);
+  output.clear();
+  char buffer[4096];
+  for (;;) {
+    const ::ssize_t n = ::read(fds[0], buffer, sizeof buffer);
+    if (n > 0) {
+      output.append(buffer, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (slot != nullptr) slot->store(0, std::memory_order_release);
+  return status;
+}
 
 /// @brief A scenario's scratch files: removed when this goes out of scope (normal end or
 /// exception) and, while it lives, if the process is stopped by a signal.

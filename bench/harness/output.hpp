@@ -52,22 +52,28 @@ class output_folder {
   /// @throws ferry::io_error naming the path and errno: ENOTDIR (target is a file),
   ///         EEXIST (a folder with content that is not an earlier ferry-bench result),
   ///         EACCES/EROFS/ENOSPC (the parent cannot take a new folder), ...
-  explicit output_folder(std::filesystem::path target) : target_(std::filesystem::absolute(std::move(target))) {
+  explicit output_folder(std::filesystem::path target) {
+    if (target.empty()) {
+      FERRY_THROW_IO_ERROR(ENOENT, "use an empty path as the output folder", "", ferry::io_error::no_offset, 0);
+    }
+    // Absolute, "." and ".." resolved, symbolic links followed: "../out" from inside out
+    // and a link to an earlier result name the real folder, which stays nameable after it
+    // is moved aside.
+    std::error_code canon;
+    target_ = std::filesystem::weakly_canonical(std::filesystem::absolute(target), canon);
+    if (canon) target_ = std::filesystem::absolute(target).lexically_normal();
     if (target_.filename().empty()) target_ = target_.parent_path();  // "out/" -> "out"
+    if (target_ == target_.root_path()) {
+      FERRY_THROW_IO_ERROR(EBUSY, "use the root folder as the output folder", target_.string(),
+                           ferry::io_error::no_offset, 0);
+    }
     struct stat st {};
     if (::stat(target_.c_str(), &st) == 0) {
       if (!S_ISDIR(st.st_mode)) {
         FERRY_THROW_IO_ERROR(ENOTDIR, "use as the output folder (it is a file)", target_.string(),
                              ferry::io_error::no_offset, 0);
       }
-      std::error_code ec;
-      const bool empty = std::filesystem::is_empty(target_, ec);
-      if (!empty && !std::filesystem::exists(target_ / marker_name)) {
-        FERRY_THROW_IO_ERROR(EEXIST,
-                             "use as the output folder (it has files and is not an earlier ferry-bench result; "
-                             "choose a new --out)",
-                             target_.string(), ferry::io_error::no_offset, 0);
-      }
+      check_replaceable();
     }
     const std::filesystem::path parent = target_.parent_path();
     std::error_code ec;
@@ -170,6 +176,69 @@ class output_folder {
   }
 
  private:
+  // An existing target: empty, or an earlier result holding only what ferry-bench writes
+  // (so replacing it deletes nothing of the user's), and renameable now (not a mount
+  // point, not immutable, its parent writable): checked by moving it aside and back.
+  void check_replaceable() const {
+    std::error_code ec;
+    if (!std::filesystem::is_empty(target_, ec)) {
+      const std::filesystem::path marker = target_ / marker_name;
+      std::string mark;
+      {
+        std::FILE* f = std::fopen(marker.c_str(), "r");
+        if (f != nullptr) {
+          char buffer[64] = {};
+          mark.assign(buffer, std::fread(buffer, 1, sizeof buffer - 1, f));
+          std::fclose(f);
+        }
+      }
+      if (mark.rfind(marker_text_start, 0) != 0) {
+        FERRY_THROW_IO_ERROR(EEXIST,
+                             "use as the output folder (it has files and is not an earlier ferry-bench result; "
+                             "choose a new --out)",
+                             target_.string(), ferry::io_error::no_offset, 0);
+      }
+      for (const auto& e : std::filesystem::directory_iterator(target_, ec)) {
+        const std::string name = e.path().filename().string();
+        const bool ours = name == marker_name || name == "results.json" || name == "results.csv" ||
+                          name == "summary.md" || (name == "plots" && only_plot_files(e.path()));
+        if (!ours) {
+          FERRY_THROW_IO_ERROR(EEXIST,
+                               "replace the earlier ferry-bench result (it also holds '" + name +
+                                   "', which ferry-bench did not write; move it or choose a new --out)",
+                               target_.string(), ferry::io_error::no_offset, 0);
+        }
+      }
+    }
+    std::string aside = (target_.parent_path() / ("." + target_.filename().string() + ".check-XXXXXX")).string();
+    if (::mkdtemp(aside.data()) == nullptr) {
+      FERRY_THROW_IO_ERROR(errno, "create a folder next to the output folder in", target_.parent_path().string(),
+                           ferry::io_error::no_offset, 0);
+    }
+    if (::rename(target_.c_str(), aside.c_str()) != 0) {
+      const int err = errno;
+      ::rmdir(aside.c_str());
+      FERRY_THROW_IO_ERROR(err, "replace the output folder (it cannot be moved: a mount point, immutable, or "
+                                "the parent is read-only)",
+                           target_.string(), ferry::io_error::no_offset, 0);
+    }
+    if (::rename(aside.c_str(), target_.c_str()) != 0) {
+      FERRY_THROW_IO_ERROR(errno, "move back the output folder (it is now at " + aside + ")", target_.string(),
+                           ferry::io_error::no_offset, 0);
+    }
+  }
+
+  static bool only_plot_files(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".png" && ext != ".dat" && ext != ".gp")) return false;
+    }
+    return !ec;
+  }
+
+  static constexpr const char* marker_text_start = "ferry-bench output folder";
+
   std::filesystem::path target_;
   std::filesystem::path staging_;
   bool committed_ = false;

@@ -318,19 +318,13 @@ inline std::vector<std::string> render_plots(const output_folder& folder, const 
     folder.write(std::filesystem::path("plots") / (p.name + ".gp"), plot_script(p));
     const std::filesystem::path dir = folder.staging() / "plots";
     const std::string command =
-        "cd " + shell_quote(dir.string()) + " && " + shell_quote(gnuplot) + " " + shell_quote(p.name + ".gp") + " 2>&1";
-    std::FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) throw std::runtime_error("cannot start gnuplot: " + command);
+        "cd " + shell_quote(dir.string()) + " && " + shell_quote(gnuplot) + " " + shell_quote(p.name + ".gp");
     std::string out;
-    char buffer[1024];
-    std::size_t n = 0;
-    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-    const int status = ::pclose(pipe);
+    const int status = run_command(command, out);
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir / (p.name + ".png"), ec);
     if (status != 0 || ec || size == 0) {
-      throw std::runtime_error("gnuplot failed on plot " + p.name + " (status " + std::to_string(status) +
-                               "): " + command + "\n" + out);
+      throw std::runtime_error("gnuplot failed on plot " + p.name + " (" + exit_text(status) + "): " + command + "\n" + out);
     }
     pngs.push_back("plots/" + p.name + ".png");
   }

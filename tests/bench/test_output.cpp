@@ -131,7 +131,7 @@ TEST_CASE("output folder: an earlier result is replaced, whole") {
   {
     fb::output_folder first(target);
     first.write("results.json", "first\n");
-    first.write("only-in-first.txt", "x\n");
+    first.write(fs::path("plots") / "only-in-first.png", "x\n");
     first.commit();
   }
   {
@@ -140,8 +140,56 @@ TEST_CASE("output folder: an earlier result is replaced, whole") {
     second.commit();
   }
   CHECK(read_all(target / "results.json") == "second\n");
-  CHECK_FALSE(fs::exists(target / "only-in-first.txt"));
+  CHECK_FALSE(fs::exists(target / "plots" / "only-in-first.png"));
   CHECK(count_prefixed(root.path, ".results.") == 0);
+
+  // Named another way: through "..", and through a symbolic link.
+  const fs::path inside = target / "plots";
+  fs::create_directories(inside);
+  {
+    fb::output_folder third(inside / ".." / ".." / "results");
+    CHECK(third.target() == fs::canonical(target));
+    third.write("results.json", "third\n");
+    third.commit();
+  }
+  CHECK(read_all(target / "results.json") == "third\n");
+  fs::create_directory_symlink(target, root.path / "link");
+  {
+    fb::output_folder fourth(root.path / "link");
+    fourth.write("results.json", "fourth\n");
+    fourth.commit();
+  }
+  CHECK(fs::is_symlink(root.path / "link"));
+  CHECK(read_all(root.path / "link" / "results.json") == "fourth\n");
+  CHECK(count_prefixed(root.path, ".results.") == 0);
+}
+
+TEST_CASE("output folder: an earlier result that holds the user's files, or a fake marker, is refused") {
+  temp_root root;
+  const fs::path target = root.path / "results";
+  {
+    fb::output_folder first(target);
+    first.write("results.json", "first\n");
+    first.commit();
+  }
+  std::ofstream(target / "my-notes.txt") << "mine\n";
+  try {
+    fb::output_folder again(target);
+    FAIL("a result holding the user's file was accepted");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EEXIST);
+    CHECK(std::string(e.what()).find("my-notes.txt") != std::string::npos);
+  }
+  CHECK(read_all(target / "my-notes.txt") == "mine\n");
+  CHECK(read_all(target / "results.json") == "first\n");
+
+  const fs::path fake = root.path / "fake";
+  fs::create_directories(fake);
+  std::ofstream(fake / fb::output_folder::marker_name) << "";  // an empty marker is not ferry-bench's
+  std::ofstream(fake / "results.json") << "theirs\n";
+  CHECK_THROWS_AS(fb::output_folder(fake), ferry::io_error);
+  CHECK(read_all(fake / "results.json") == "theirs\n");
+  CHECK(count_prefixed(root.path, ".") == 0);
 }
 
 TEST_CASE("output folder: a folder with other files, or a file, is refused and left as it was") {
