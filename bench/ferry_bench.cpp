@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -70,6 +71,10 @@ void print_machine(const nlohmann::json& m) {
                 sc.value("filesystem", std::string("?")).c_str(),
                 static_cast<double>(sc.value("free_bytes", std::uint64_t{0})) / static_cast<double>(ferry::GiB),
                 sc.contains("o_direct") ? (sc["o_direct"].get<bool>() ? "yes" : "refused") : "unknown");
+    if (sc.value("filesystem", std::string()) == "tmpfs") {
+      std::printf("  (tmpfs is memory, not a drive: disk scenarios measure RAM here; pass --scratch on the drive to "
+                  "measure)\n");
+    }
   }
   if (m["gpus"].empty()) {
     std::printf("no GPU\n");
@@ -142,6 +147,40 @@ std::filesystem::path default_scratch() {
   return std::filesystem::temp_directory_path();
 }
 
+// A size in MiB: a finite number in [1/1024, max] (CLI::Range lets NaN through).
+CLI::Validator mib_check(double max) {
+  return CLI::Validator(
+      [max](std::string& text) -> std::string {
+        double v = 0;
+        try {
+          std::size_t used = 0;
+          v = std::stod(text, &used);
+          if (used != text.size()) return "not a number: " + text;
+        } catch (const std::exception&) {
+          return "not a number: " + text;
+        }
+        if (!std::isfinite(v) || v < 1.0 / 1024 || v > max) {
+          return "a size in MiB from 1/1024 to " + std::to_string(static_cast<long long>(max)) + ", not " + text;
+        }
+        return {};
+      },
+      "MiB", "mib");
+}
+
+// A ferry exception's message without the source location it starts with
+// ("file.hpp:57 (function): "), which says nothing to a user of the command.
+std::string user_message(const std::exception& e) {
+  std::string what = e.what();
+  if (dynamic_cast<const ferry::error*>(&e) != nullptr) {
+    const std::size_t paren = what.find("): ");
+    const std::size_t colon = what.find(':');
+    if (paren != std::string::npos && colon != std::string::npos && colon < paren && what.find(' ') > colon) {
+      what = what.substr(paren + 3);
+    }
+  }
+  return what;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -173,6 +212,7 @@ int run(int argc, char** argv) {
   app.add_flag("--no-out", no_out, "write no output folder (the suite's console output and --json only)");
   app.add_flag("--no-plots", no_plots, "an output folder without plots (gnuplot not needed)");
   app.add_option("--gnuplot", gnuplot_path, "the gnuplot executable (default: gnuplot on PATH)");
+  app.add_option("--fio", options.fio, "the fio executable of the disk scenarios (default: /usr/bin/fio, else fio on PATH)");
   app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (the suite in under a minute)");
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
       ->check(CLI::Range(1, 1000));
@@ -202,16 +242,16 @@ int run(int argc, char** argv) {
   advise->add_option("--count", workload_count, "groups or layers of --workload (default 16)")
       ->check(CLI::Range(1, 1 << 20));
   advise->add_option("--key-mib", workload_mib, "MiB per group or layer of --workload (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(mib_check(1024.0 * 1024));
   advise->add_option("--capacity-mib", capacities_mib,
                      "MiB of tier 0 (where accesses happen), then of each further tier; the last tier is unlimited")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(mib_check(1024.0 * 1024 * 1024));
   advise->add_option("--iterations", iterations, "iterations of the schedule to replay (default 2)")
       ->check(CLI::Range(1, 1000));
   advise->add_option("--prefetch-budget-mib", prefetch_budget_mib,
                      "bytes each prefetch call may bring in (default: all of tier 0)")
-      ->check(CLI::PositiveNumber);
+      ->check(mib_check(1024.0 * 1024 * 1024));
 
   const std::vector<const scenario*> scenarios = sorted_scenarios();
   std::vector<std::pair<CLI::App*, const scenario*>> commands;
@@ -227,6 +267,11 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (app.count("--out") > 0 && out_path.empty()) {
+    std::fprintf(stderr, "ferry-bench: --out needs a folder name\n");
+    return 2;
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows at once, also through a pipe
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string started = local_time_text();
@@ -280,7 +325,19 @@ int run(int argc, char** argv) {
       const auto budget = prefetch_budget_mib > 0
                               ? static_cast<std::size_t>(prefetch_budget_mib * static_cast<double>(ferry::MiB))
                               : ferry::unlimited_bytes;
-      const ferry::bench::policy_advice a = ferry::bench::advise_policy(schedule, caps, iterations, budget);
+      std::optional<ferry::bench::policy_advice> advised;
+      try {
+        advised = ferry::bench::advise_policy(schedule, caps, iterations, budget);
+      } catch (const ferry::out_of_capacity& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr,
+                     "ferry-bench: advise: no pair of policies can replay this schedule on these tiers (a tier "
+                     "between the first and the last must hold at least two of the keys it receives, and tier 0 the "
+                     "largest key): %s\n",
+                     user_message(e).c_str());
+        return 1;
+      }
+      const ferry::bench::policy_advice& a = *advised;
       std::printf("%zu accesses, %zu keys; tiers:", schedule.size(), schedule.key_count());
       for (std::size_t i = 0; i + 1 < caps.size(); ++i) std::printf(" %.0f MiB", capacities_mib[i]);
       std::printf(" then unlimited; %zu iterations\n", iterations);
@@ -341,6 +398,14 @@ int run(int argc, char** argv) {
       if (s->needs_gpu && !gpu) {
         std::fprintf(stderr, "ferry-bench: scenario '%s' needs a GPU and none is usable here\n", s->name.c_str());
         return 1;
+      }
+    }
+    // Every scenario's own checks (fio, free space, sizes against each other) before any runs.
+    {
+      ferry::bench::run_options check = options;
+      check.preflight_only = true;
+      for (const scenario* s : to_run) {
+        if (s->preflight) (void)s->run(check);
       }
     }
 
@@ -406,11 +471,9 @@ int run(int argc, char** argv) {
                   folder->target().c_str(), pngs.size());
     }
     return 0;
-  } catch (const ferry::error& e) {
-    std::fprintf(stderr, "ferry-bench: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-bench: %s\n", e.what());
+    std::fflush(stdout);  // what was printed comes first, the error last
+    std::fprintf(stderr, "ferry-bench: %s\n", user_message(e).c_str());
     return 1;
   }
 }

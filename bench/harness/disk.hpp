@@ -20,9 +20,14 @@
 namespace ferry::bench {
 
 /// @brief `bytes` in GiB with one decimal, e.g. "75.4 GiB".
+/// Below 10 GiB in MiB with one decimal, so that close values read differently.
 [[nodiscard]] inline std::string gib_text(std::uint64_t bytes) {
   char text[64];
-  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  if (bytes < 10ull * 1024 * 1024 * 1024) {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  }
   return text;
 }
 

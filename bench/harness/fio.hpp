@@ -52,7 +52,7 @@ namespace ferry::bench {
   }
   throw std::runtime_error(scenario + ": fio was not found (looked for /usr/bin/fio and fio on PATH); the " + scenario +
                            " scenario compares ferry with fio and needs it: install fio (e.g. `apt-get install fio`) "
-                           "or pass --fio /path/to/fio");
+                           "or pass --fio /path/to/fio (before or after the scenario's name)");
 }
 
 /// @brief "exit status N" or "killed by signal N" for a `waitpid` status.

@@ -24,6 +24,13 @@ struct run_options {
   bool quick = false;             ///< smaller sizes and fewer repetitions (the --quick suite)
   std::size_t repetitions = 5;    ///< measured runs of ferry and of the reference, alternated
   std::filesystem::path scratch;  ///< a folder for the scenario's files (disk scenarios)
+  /// Only check what the scenario needs (its flags, fio, free space in `scratch`) and
+  /// return no rows: the suite does this for every scenario before running any
+  /// (scenarios with `scenario::preflight`).
+  bool preflight_only = false;
+  /// The fio executable for the disk scenarios (`--fio` before the scenario); a
+  /// scenario's own `--fio` wins. Empty: /usr/bin/fio, else fio on PATH.
+  std::string fio;
 };
 
 /// @brief One scenario of ferry-bench.
@@ -36,6 +43,8 @@ struct scenario {
   /// Part of the default suite (`ferry-bench` with no scenario): with a GPU, the
   /// scenarios that need one and have this set; without, those that do not.
   bool in_default_suite = false;
+  /// Its `run` honours `run_options::preflight_only` (returns after its checks).
+  bool preflight = false;
   /// Adds the scenario's own options to its subcommand (may be empty).
   std::function<void(CLI::App&)> add_options;
   /// Runs the scenario and returns its rows; throws a ferry exception on failure.

@@ -133,7 +133,8 @@ std::vector<row> run_adam_nvme(const run_options& options) {
                                  "the tier's file with two copies of every group's states, and fio's read and "
                                  "write files of the states' bytes each",
                                  "--total-mib");
-  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio);
+  const std::string fio = ferry::bench::find_fio("adam-nvme", cfg.fio.empty() ? options.fio : cfg.fio);
+  if (options.preflight_only) return {};
 
   const std::string stem = "ferry-bench-adam-nvme-" + std::to_string(::getpid());
   const std::filesystem::path states_file = options.scratch / (stem + ".bin");
@@ -373,6 +374,7 @@ const ferry::bench::registrar adam_nvme_scenario({
     .needs_gpu = false,
     .order = 50,
     .in_default_suite = true,
+    .preflight = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--total-mib", settings().total_mib,

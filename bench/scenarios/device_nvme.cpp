@@ -83,7 +83,8 @@ void compare(const std::byte* got, const std::byte* want, std::size_t n, const c
 
 std::vector<row> run_device_nvme(const run_options& options) {
   const device_nvme_settings& cfg = settings();
-  const std::string fio = ferry::bench::find_fio("device-nvme", cfg.fio);
+  const std::string fio = ferry::bench::find_fio("device-nvme", cfg.fio.empty() ? options.fio : cfg.fio);
+  if (options.preflight_only) return {};
   const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
   const std::size_t chunk = cfg.chunk_kib * ferry::KiB;
   const std::size_t slots = cfg.slots;
@@ -204,6 +205,7 @@ const ferry::bench::registrar device_nvme_scenario({
     .reference = reference_name,
     .needs_gpu = true,
     .order = 40,
+    .preflight = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--size-mib", settings().size_mib, "buffer and file size in MiB (default 1024; 256 with --quick)")

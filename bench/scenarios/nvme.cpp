@@ -83,7 +83,9 @@ nvme_settings& settings() {
 
 const char* const reference_name = "fio (io_uring, direct=1)";
 
-std::string find_fio() { return ferry::bench::find_fio("nvme", settings().fio); }
+std::string find_fio(const run_options& options) {
+  return ferry::bench::find_fio("nvme", settings().fio.empty() ? options.fio : settings().fio);
+}
 
 nlohmann::json run_fio(const std::string& fio, const std::string& args) {
   return ferry::bench::run_fio("nvme", fio, args);
@@ -191,7 +193,8 @@ std::vector<row> run_nvme(const run_options& options) {
   }
   // Before anything is written: room for the file, and fio.
   ferry::bench::check_free_space("nvme", options.scratch, size, "the test file", "--size-mib");
-  const std::string fio = find_fio();
+  const std::string fio = find_fio(options);
+  if (options.preflight_only) return {};
 
   const std::filesystem::path file = options.scratch / ("ferry-bench-nvme-" + std::to_string(::getpid()) + ".bin");
   const ferry::bench::scratch_files cleanup{file};  // removed at the end, on an exception, on Ctrl-C
@@ -293,6 +296,7 @@ const ferry::bench::registrar nvme_scenario({
     .needs_gpu = false,
     .order = 10,
     .in_default_suite = true,
+    .preflight = true,
     .add_options =
         [](CLI::App& app) {
           app.add_option("--size-mib", settings().size_mib, "file size in MiB (default 256; 64 with --quick)")
