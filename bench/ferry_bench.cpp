@@ -84,6 +84,12 @@ void print_machine(const nlohmann::json& m) {
                 g["name"].get<std::string>().c_str(),
                 static_cast<double>(g["memory_bytes"].get<unsigned long long>()) / static_cast<double>(ferry::GiB),
                 g["sms"].get<int>(), g["copy_engines"].get<int>(), g["compute_capability"].get<std::string>().c_str());
+    if (g.contains("pcie") && g["pcie"].contains("current_link_speed")) {
+      std::printf("  PCIe link: %s x%s (max %s x%s)\n", g["pcie"].value("current_link_speed", std::string("?")).c_str(),
+                  g["pcie"].value("current_link_width", std::string("?")).c_str(),
+                  g["pcie"].value("max_link_speed", std::string("?")).c_str(),
+                  g["pcie"].value("max_link_width", std::string("?")).c_str());
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -74,6 +75,19 @@ inline const char* filesystem_name(long type) {
   }
 }
 
+// The PCIe link of the device at `bus_id` ("0000:17:00.0") from sysfs: current and
+// maximum speed and width (an empty object when sysfs does not say).
+inline nlohmann::json pcie_link(std::string bus_id) {
+  for (char& c : bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::filesystem::path dev = std::filesystem::path("/sys/bus/pci/devices") / bus_id;
+  nlohmann::json link = nlohmann::json::object();
+  for (const char* key : {"current_link_speed", "current_link_width", "max_link_speed", "max_link_width"}) {
+    const std::string v = read_line(dev / key);
+    if (!v.empty()) link[key] = v;
+  }
+  return link;
+}
+
 inline nlohmann::json limit(rlim_t v) {
   return v == RLIM_INFINITY ? nlohmann::json("unlimited") : nlohmann::json(static_cast<unsigned long long>(v));
 }
@@ -86,7 +100,8 @@ inline nlohmann::json limit(rlim_t v) {
 /// unprivileged process may register with io_uring as fixed buffers), `memory_available_bytes` (MemAvailable), `root`,
 /// `knobs` (the ferry knobs in effect: defaults.hpp), `drives` (block devices: name,
 /// model, bytes, rotational, scheduler), `kernel`, `io_uring_disabled` (the sysctl, when
-/// present), `gpus` (name, memory, SMs, copy engines, compute capability, PCI bus).
+/// present), `gpus` (name, memory, SMs, copy engines, compute capability, PCI bus, and
+/// `pcie`: the link's current and maximum speed and width from sysfs).
 [[nodiscard]] inline nlohmann::json probe_machine() {
   nlohmann::json m;
   m["ferry"] = {{"version", ferry::version_string}, {"cuda", ferry::has_cuda}, {"uring", ferry::has_uring}};
@@ -144,7 +159,8 @@ inline nlohmann::json limit(rlim_t v) {
                          {"sms", p.multiProcessorCount},
                          {"copy_engines", p.asyncEngineCount},
                          {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)},
-                         {"pci_bus_id", bus}});
+                         {"pci_bus_id", bus},
+                         {"pcie", detail::pcie_link(bus)}});
   }
   int driver = 0;
   int runtime = 0;
