@@ -302,6 +302,19 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "ferry-bench: --json is not used by list (use it with probe or a scenario)\n");
       return 2;
     }
+    if (app.count("--json") > 0 && app.count("--out") > 0) {
+      std::error_code ec;
+      const auto out_dir = std::filesystem::weakly_canonical(std::filesystem::absolute(out_path), ec);
+      const auto json_file = std::filesystem::weakly_canonical(std::filesystem::absolute(json_path), ec);
+      const auto rel = json_file.lexically_relative(out_dir);
+      if (!rel.empty() && *rel.begin() != "..") {
+        std::fprintf(stderr,
+                     "ferry-bench: --json %s is inside --out %s, which is replaced as a whole (it has its own "
+                     "results.json); put the file elsewhere\n",
+                     json_path.c_str(), out_path.c_str());
+        return 2;
+      }
+    }
     if (app.count("--json") > 0) {
       ferry::bench::check_result_path(json_path);  // fail now, not after the scenarios ran
     }

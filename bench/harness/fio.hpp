@@ -84,7 +84,9 @@ namespace ferry::bench {
 /// @throws std::runtime_error when fio cannot start, fails, or reports a job error
 [[nodiscard]] inline nlohmann::json run_fio_jobs(const std::string& scenario, const std::string& fio,
                                                  const std::string& args) {
-  const std::string command = "exec " + shell_quote(fio) + " --output-format=json " + args;
+  // --thread: jobs are threads of one process, so stopping that process stops them all
+  // (as processes, fio's jobs leave its process group and outlive a stopped run).
+  const std::string command = "exec " + shell_quote(fio) + " --output-format=json --thread " + args;
   std::string out;
   const int status = run_command(command, out);
   if (status != 0 || out.find('{') == std::string::npos) {

@@ -94,22 +94,32 @@ inline void remove_tree_at(int dfd, int depth) noexcept {
 
 inline void interrupt_handler(int sig) noexcept {
   const int saved = errno;
-  // Stop the commands first (fio would go on writing, even re-creating removed files),
-  // and wait up to 2 s for their groups to be gone (reaping the direct child), then kill.
+  // Stop the commands first (fio would go on writing, even re-creating removed files):
+  // SIGTERM to each and its process group, up to 2 s for it to end (reaped here), then
+  // SIGKILL and wait. fio runs its jobs as threads (`--thread`), so its process is all.
   for (std::atomic<pid_t>& g : child_groups()) {
-    const pid_t pgid = g.load(std::memory_order_acquire);
-    if (pgid <= 0) continue;
-    (void)::kill(-pgid, SIGTERM);
-    for (int i = 0; i < 200; ++i) {
+    const pid_t pid = g.load(std::memory_order_acquire);
+    if (pid <= 0) continue;
+    (void)::kill(pid, SIGTERM);
+    (void)::kill(-pid, SIGTERM);
+    bool gone = false;
+    for (int i = 0; i < 200 && !gone; ++i) {
       int status = 0;
-      (void)::waitpid(pgid, &status, WNOHANG);
-      if (::kill(-pgid, 0) != 0 && errno == ESRCH) break;
-      const struct timespec ten_ms {0, 10'000'000};
-      (void)::nanosleep(&ten_ms, nullptr);
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      gone = r == pid || (r < 0 && errno == ECHILD);
+      if (!gone) {
+        const struct timespec ten_ms {0, 10'000'000};
+        (void)::nanosleep(&ten_ms, nullptr);
+      }
     }
-    (void)::kill(-pgid, SIGKILL);
-    int status = 0;
-    (void)::waitpid(pgid, &status, WNOHANG);
+    if (!gone) {
+      (void)::kill(pid, SIGKILL);
+      (void)::kill(-pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    (void)::kill(-pid, SIGKILL);  // anything left in its group
   }
   for (interrupt_slot& s : interrupt_table()) {
     const int state = s.state.load(std::memory_order_acquire);

@@ -84,7 +84,7 @@ class output_folder {
     }
     std::string pattern = (parent / ("." + target_.filename().string() + ".partial-XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
-      FERRY_THROW_IO_ERROR(errno, "create a staging folder for the output in", parent.string(),
+      FERRY_THROW_IO_ERROR(errno, "create a staging folder for the output folder in its parent", parent.string(),
                            ferry::io_error::no_offset, 0);
     }
     staging_ = pattern;
@@ -198,16 +198,12 @@ class output_folder {
                              "choose a new --out)",
                              target_.string(), ferry::io_error::no_offset, 0);
       }
-      for (const auto& e : std::filesystem::directory_iterator(target_, ec)) {
-        const std::string name = e.path().filename().string();
-        const bool ours = name == marker_name || name == "results.json" || name == "results.csv" ||
-                          name == "summary.md" || (name == "plots" && only_plot_files(e.path()));
-        if (!ours) {
-          FERRY_THROW_IO_ERROR(EEXIST,
-                               "replace the earlier ferry-bench result (it also holds '" + name +
-                                   "', which ferry-bench did not write; move it or choose a new --out)",
-                               target_.string(), ferry::io_error::no_offset, 0);
-        }
+      const std::string foreign = foreign_entry();
+      if (!foreign.empty()) {
+        FERRY_THROW_IO_ERROR(EEXIST,
+                             "replace the earlier ferry-bench result (it also holds '" + foreign +
+                                 "', which ferry-bench did not write; move it or choose a new --out)",
+                             target_.string(), ferry::io_error::no_offset, 0);
       }
     }
     std::string aside = (target_.parent_path() / ("." + target_.filename().string() + ".check-XXXXXX")).string();
@@ -228,14 +224,40 @@ class output_folder {
     }
   }
 
-  static bool only_plot_files(const std::filesystem::path& dir) {
+  // The first entry of the target that ferry-bench did not write ("" when none): the
+  // top-level files it writes, and in plots/ only NAME.png/.dat/.gp whose NAME.gp is a
+  // ferry-bench plot script.
+  [[nodiscard]] std::string foreign_entry() const {
     std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string ext = e.path().extension().string();
-      if (!e.is_regular_file() || (ext != ".png" && ext != ".dat" && ext != ".gp")) return false;
+    for (const auto& e : std::filesystem::directory_iterator(target_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name == marker_name || name == "results.json" || name == "results.csv" || name == "summary.md") {
+        if (e.is_regular_file()) continue;
+        return name;
+      }
+      if (name != "plots" || !e.is_directory() || e.is_symlink()) return name;
+      for (const auto& f : std::filesystem::directory_iterator(e.path(), ec)) {
+        const std::string ext = f.path().extension().string();
+        const std::filesystem::path script = f.path().parent_path() / (f.path().stem().string() + ".gp");
+        if (!f.is_regular_file() || (ext != ".png" && ext != ".dat" && ext != ".gp") || !is_plot_script(script)) {
+          return "plots/" + f.path().filename().string();
+        }
+      }
     }
-    return !ec;
+    return {};
   }
+
+  static bool is_plot_script(const std::filesystem::path& gp) {
+    std::FILE* f = std::fopen(gp.c_str(), "r");
+    if (f == nullptr) return false;
+    char head[32] = {};
+    const std::size_t n = std::fread(head, 1, sizeof head - 1, f);
+    std::fclose(f);
+    return std::string(head, n).rfind(plot_script_start, 0) == 0;
+  }
+
+  /// The first line of every plot script ferry-bench writes starts with this.
+  static constexpr const char* plot_script_start = "# ferry-bench plot:";
 
   static constexpr const char* marker_text_start = "ferry-bench output folder";
 

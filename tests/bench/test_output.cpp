@@ -132,6 +132,7 @@ TEST_CASE("output folder: an earlier result is replaced, whole") {
     fb::output_folder first(target);
     first.write("results.json", "first\n");
     first.write(fs::path("plots") / "only-in-first.png", "x\n");
+    first.write(fs::path("plots") / "only-in-first.gp", "# ferry-bench plot: gnuplot only-in-first.gp\n");
     first.commit();
   }
   {
@@ -182,6 +183,18 @@ TEST_CASE("output folder: an earlier result that holds the user's files, or a fa
   }
   CHECK(read_all(target / "my-notes.txt") == "mine\n");
   CHECK(read_all(target / "results.json") == "first\n");
+
+  fs::remove(target / "my-notes.txt");
+  // A file in plots/ that looks like a plot but has no ferry-bench script is the user's.
+  fs::create_directories(target / "plots");
+  std::ofstream(target / "plots" / "mine.png") << "precious\n";
+  try {
+    fb::output_folder again(target);
+    FAIL("a result holding the user's plot-like file was accepted");
+  } catch (const ferry::io_error& e) {
+    CHECK(std::string(e.what()).find("plots/mine.png") != std::string::npos);
+  }
+  CHECK(read_all(target / "plots" / "mine.png") == "precious\n");
 
   const fs::path fake = root.path / "fake";
   fs::create_directories(fake);
