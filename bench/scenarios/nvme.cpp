@@ -22,8 +22,8 @@
 // the region; random reads keep `depth` reads of 4 KiB in flight with completion
 // callbacks that start the next read.
 // fio side: `fio --ioengine=io_uring --direct=1 --bs=BS --iodepth=QD` with fio's defaults
-// otherwise (no fixed buffers, no registered files, no SQPOLL), `--output-format=json`,
-// run with popen.
+// otherwise (no fixed buffers, no registered files, no SQPOLL), `--output-format=json
+// --thread`, run in a process group of its own (harness/interrupt.hpp, run_command).
 #include "harness/disk.hpp"
 #include "harness/fio.hpp"
 #include "harness/interrupt.hpp"
