@@ -182,10 +182,11 @@ inline std::optional<plot> link_plot(const std::vector<row>& rows, const char* x
   return p;
 }
 
-// Step time against offloaded bytes for one scenario: ferry, and each reference.
+// Step time against offloaded bytes for one scenario: ferry (one curve per `variant`,
+// e.g. identity and fp8), and each reference; curves of one point are left out.
 inline std::optional<plot> step_plot(const std::vector<row>& rows, const std::string& scenario) {
   std::map<std::string, plot_series> refs;
-  plot_series f{"ferry", {}, false};
+  std::map<std::string, plot_series> mine;
   std::string unit;
   std::set<double> xs;
   for (const row& r : rows) {
@@ -195,6 +196,9 @@ inline std::optional<plot> step_plot(const std::vector<row>& rows, const std::st
     unit = r.unit;
     xs.insert(*x);
     const double gib = *x / (1024.0 * 1024 * 1024);
+    const std::string variant = string_param(r, "variant");
+    auto& f = mine[variant];
+    f.title = variant.empty() ? "ferry" : "ferry " + variant;
     f.points.emplace_back(gib, r.ferry);
     auto& ref = refs[r.reference_name];
     ref.title = r.reference_name;
@@ -207,12 +211,13 @@ inline std::optional<plot> step_plot(const std::vector<row>& rows, const std::st
   p.title = scenario + ": step time against bytes offloaded per step";
   p.xlabel = "offloaded per step (GiB)";
   p.ylabel = "step time (" + unit + ")";
-  sort_points(f);
-  p.series.push_back(std::move(f));
-  for (auto& [name, s] : refs) {
-    sort_points(s);
-    if (s.points.size() >= 2) p.series.push_back(std::move(s));
+  for (auto* group : {&mine, &refs}) {
+    for (auto& [name, s] : *group) {
+      sort_points(s);
+      if (s.points.size() >= 2) p.series.push_back(std::move(s));
+    }
   }
+  if (p.series.empty()) return std::nullopt;
   return p;
 }
 

@@ -382,6 +382,27 @@ TEST_CASE("plots: curves picked by params, one point per x, none from a single p
   CHECK(script.find("index 3") != std::string::npos);
   CHECK(script.find("set output \"disk-queue-depth.png\"") != std::string::npos);
   CHECK(fb::make_plots({disk_row("seq-read", ferry::MiB, 1, 1.0, 1.0)}).empty());
+
+  // Variants are curves of their own; a variant or reference of one point is left out.
+  std::vector<fb::row> offload;
+  for (const double layers : {2.0, 4.0, 8.0}) {
+    fb::row r{"offload", "identity", "step", "ms", fb::better::lower, 10 + layers, 10, "no offload"};
+    r.params = {{"variant", "identity"}, {"offloaded_bytes", layers * static_cast<double>(ferry::GiB)}};
+    offload.push_back(r);
+  }
+  fb::row fp8{"offload", "fp8", "step", "ms", fb::better::lower, 5, 10, "no offload"};
+  fp8.params = {{"variant", "fp8"}, {"offloaded_bytes", 8.0 * static_cast<double>(ferry::GiB)}};
+  offload.push_back(fp8);
+  fb::row floor{"offload", "identity floor", "step", "ms", fb::better::lower, 18, 17, "link floor"};
+  floor.params = {{"variant", "identity"}, {"offloaded_bytes", 8.0 * static_cast<double>(ferry::GiB)}};
+  offload.push_back(floor);
+  const auto op = fb::make_plots(offload);
+  REQUIRE(op.size() == 1);
+  REQUIRE(op[0].series.size() == 2);  // ferry identity, no offload
+  CHECK(op[0].series[0].title == "ferry identity");
+  CHECK(op[0].series[0].points.size() == 3);
+  CHECK(op[0].series[0].points.back() == std::pair<double, double>{8.0, 18.0});
+  CHECK(op[0].series[1].title == "no offload");
 }
 
 TEST_CASE("plots: gnuplot draws PNGs into the staging folder; a failing gnuplot fails the run") {
