@@ -77,7 +77,8 @@ struct offload_settings {
   std::size_t resident_below_kib = 1024;   // tensor_cache_options::resident_below_bytes in KiB
   bool no_fp8 = false;
   bool samples = false;
-  std::vector<std::size_t> offload_layers;  // empty: no sweep; else each N in [1, layers]
+  std::vector<std::size_t> offload_layers;  // empty: L/4, L/2, 3L/4; else each N in [1, layers]
+  bool no_sweep = false;                    // --no-offload-sweep: no sweep
 };
 
 offload_settings& settings() {
@@ -398,7 +399,19 @@ std::vector<row> run_offload(const run_options& options) {
   const std::size_t hidden = cfg.hidden != 0 ? cfg.hidden : (options.quick ? 4096 : 8192);
   const std::size_t tokens = cfg.tokens != 0 ? cfg.tokens : (options.quick ? 4096 : 16384);
   const bool fp8 = !cfg.no_fp8;
-  for (const std::size_t n : cfg.offload_layers) {
+  // The sweep's points: as given, else a quarter, half and three quarters of the layers
+  // (the full offload is the headline variant), so that step time against offloaded
+  // bytes has points by default.
+  std::vector<std::size_t> offload_layers = cfg.offload_layers;
+  if (offload_layers.empty() && !cfg.no_sweep) {
+    for (const std::size_t n : {layers / 4, layers / 2, 3 * layers / 4}) {
+      if (n >= 1 && n < layers && std::find(offload_layers.begin(), offload_layers.end(), n) == offload_layers.end()) {
+        offload_layers.push_back(n);
+      }
+    }
+  }
+  if (cfg.no_sweep) offload_layers.clear();
+  for (const std::size_t n : offload_layers) {
     if (n < 1 || n > layers) {
       throw std::invalid_argument("offload: --offload-layers " + std::to_string(n) + " is not in [1, --layers " +
                                   std::to_string(layers) + "]");
@@ -469,7 +482,7 @@ std::vector<row> run_offload(const run_options& options) {
   // schedule of its first step), the other layers' tensors in none's buffers.
   std::vector<std::unique_ptr<cache_saver>> sweep_caches;
   std::vector<std::unique_ptr<partial_saver>> sweep;
-  for (const std::size_t n : cfg.offload_layers) {
+  for (const std::size_t n : offload_layers) {
     sweep_caches.push_back(std::make_unique<cache_saver>(
         m,
         std::make_unique<gpu::cache_adapter<ferry::tensor_cache<identity_pipeline>>>(sched, arena, pool, nullptr, co)));
@@ -564,7 +577,7 @@ std::vector<row> run_offload(const run_options& options) {
   // The sweep: step time against offloaded bytes, each point against no offload (the
   // point of 0 offloaded bytes).
   for (std::size_t i = 0; i < sweep.size(); ++i) {
-    const std::size_t n = cfg.offload_layers[i];
+    const std::size_t n = offload_layers[i];
     const double ms = result.medians[sweep_first + i];
     const double moved = per_step(sweep_caches[i]->stats(), sweep_before[i]);
     std::printf("  ferry offloading %zu of %zu layers %9.2f ms (%.2fx none), %.2f GiB moved per step\n", n, layers, ms,
@@ -576,7 +589,7 @@ std::vector<row> run_offload(const run_options& options) {
   if (cfg.samples) {
     std::vector<std::string> names = {"none", "sync", "ferry"};
     if (fp8) names.emplace_back("fp8");
-    for (const std::size_t n : cfg.offload_layers) names.push_back("offload-layers=" + std::to_string(n));
+    for (const std::size_t n : offload_layers) names.push_back("offload-layers=" + std::to_string(n));
     for (std::size_t v = 0; v < result.samples.size(); ++v) {
       std::printf("    samples (run order) %s:", names[v].c_str());
       for (const double x : result.samples[v]) std::printf(" %.2f", x);
@@ -633,8 +646,10 @@ const ferry::bench::registrar offload_scenario({
           app.add_flag("--no-fp8", settings().no_fp8, "skip the FP8 variant");
           app.add_option("--offload-layers", settings().offload_layers,
                          "also offload only the first N layers' activations (the rest stay on the GPU), for each N "
-                         "listed (each in [1, --layers]): step time against offloaded bytes")
+                         "listed (each in [1, --layers]): step time against offloaded bytes (default: L/4, L/2, "
+                         "3L/4)")
               ->check(CLI::Range(1, 1024));
+          app.add_flag("--no-offload-sweep", settings().no_sweep, "no sweep over the offloaded layers");
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
         },
     .run = run_offload,
