@@ -40,9 +40,10 @@ struct row {
   /// The case's parameters as numbers and names, for plots and advice: e.g.
   /// `{"op": "seq-read", "block_bytes": 1048576, "queue_depth": 8}`. Keys in use:
   /// `op`, `direction` (h2d, d2h, bidir, to-nvme, from-nvme), `block_bytes`,
-  /// `queue_depth`, `chunk_bytes`, `bytes` (the size moved per run),
-  /// `offloaded_bytes` (bytes offloaded per step), `total_bytes`, `variant`
-  /// (e.g. "identity", "fp8"), `sweep` (the name of the sweep the row belongs to).
+  /// `queue_depth`, `chunk_bytes`, `bytes` (the size of one move; for the disk
+  /// scenarios the file's size), `offloaded_bytes` (bytes offloaded per step),
+  /// `total_bytes`, `groups`, `variant` (e.g. "identity", "fp8", "vs compute"), `sweep`
+  /// (the name of the sweep the row belongs to).
   /// GPU scenarios add: `encoded_bytes` (codec: bytes of the encoding), `moved_bytes`
   /// (offload: measured bytes over the link per step), `weight_bytes`,
   /// `gradient_bytes` (stream), `layers`, `hidden`, `tokens`, `offloaded_layers`,
