@@ -283,9 +283,6 @@ int run(int argc, char** argv) {
     const std::string started = local_time_text();
     nlohmann::json machine = ferry::bench::probe_machine();
     const bool gpu = ferry::bench::has_gpu();
-    if (options.scratch.empty()) {
-      options.scratch = default_scratch();
-    }
     if (options.quick && app.count("--repetitions") == 0) {
       options.repetitions = 3;
     }
@@ -392,6 +389,9 @@ int run(int argc, char** argv) {
       }
       std::printf("(\"suite\": run by `ferry-bench` with no scenario on this machine)\n");
       return 0;
+    }
+    if (options.scratch.empty()) {
+      options.scratch = default_scratch();  // only for commands that use it (probes up to four folders)
     }
     check_scratch(options.scratch);
     machine["scratch"] = ferry::bench::probe_scratch(options.scratch);

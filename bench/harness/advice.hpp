@@ -50,32 +50,6 @@ inline constexpr double advice_fraction = 0.95;
 
 namespace detail {
 
-inline std::optional<double> advice_param(const row& r, const char* key) {
-  if (!r.params.is_object() || !r.params.contains(key) || !r.params[key].is_number()) return std::nullopt;
-  return r.params[key].get<double>();
-}
-
-inline std::string advice_string(const row& r, const char* key) {
-  if (!r.params.is_object() || !r.params.contains(key) || !r.params[key].is_string()) return "";
-  return r.params[key].get<std::string>();
-}
-
-inline std::string size_text(double bytes) {
-  char b[48];
-  if (bytes >= 1024.0 * 1024 * 1024 && static_cast<std::uint64_t>(bytes) % ferry::GiB == 0) {
-    std::snprintf(b, sizeof b, "%.0f GiB", bytes / (1024.0 * 1024 * 1024));
-  } else if (bytes >= 1024.0 * 1024 * 1024) {
-    std::snprintf(b, sizeof b, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
-  } else if (bytes >= 1024.0 * 1024) {
-    std::snprintf(b, sizeof b, "%.*f MiB", static_cast<std::uint64_t>(bytes) % ferry::MiB == 0 ? 0 : 1,
-                  bytes / (1024.0 * 1024));
-  } else {
-    std::snprintf(b, sizeof b, "%.*f KiB", static_cast<std::uint64_t>(bytes) % ferry::KiB == 0 ? 0 : 1,
-                  bytes / 1024.0);
-  }
-  return b;
-}
-
 inline std::string gbps_text(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GB/s", v);
@@ -113,8 +87,8 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   std::map<double, std::map<double, double>> by_fixed;
   for (const row& r : rows) {
     if (!keep(r)) continue;
-    const auto x = advice_param(r, x_key);
-    const auto f = advice_param(r, fixed_key);
+    const auto x = r.number(x_key);
+    const auto f = r.number(fixed_key);
     if (x && f) by_fixed[*f][*x] = r.ferry;
   }
   std::map<double, double> best;
@@ -135,7 +109,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   std::string text;
   for (const char* dir : {"h2d", "d2h", "bidir"}) {
     const auto keep = [&](const row& r) {
-      return r.scenario == "link" && r.metric == "throughput" && detail::advice_string(r, "direction") == dir;
+      return r.scenario == "link" && r.metric == "throughput" && r.text("direction") == dir;
     };
     double peak = 0;
     for (const row& r : rows) {
@@ -149,7 +123,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
     chunk = std::max(chunk, p->x);
     char line[160];
     std::snprintf(line, sizeof line, "%s%s %s %.1f of %.1f GB/s", text.empty() ? "" : "; ", dir,
-                  detail::size_text(p->x).c_str(), p->value, peak);
+                  size_text(p->x).c_str(), p->value, peak);
     text += line;
   }
   if (chunk == 0) {
@@ -162,7 +136,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   a["status"] = "measured";
   a["chunk_bytes"] = bytes;
   a["env"] = "FERRY_CHUNK_BYTES=" + std::to_string(bytes);
-  a["text"] = "chunk size " + detail::size_text(chunk) + " reaches 95% of the link peak (" + text + "): " +
+  a["text"] = "chunk size " + size_text(chunk) + " reaches 95% of the link peak (" + text + "): " +
               a["env"].get<std::string>();
   return a;
 }
@@ -178,7 +152,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   bool all_reached = true;
   for (const char* op : {"seq-read", "seq-write"}) {
     const auto keep = [&](const row& r) {
-      return r.scenario == "nvme" && r.metric == "throughput" && detail::advice_string(r, "op") == op;
+      return r.scenario == "nvme" && r.metric == "throughput" && r.text("op") == op;
     };
     double peak = 0;
     for (const row& r : rows) {
@@ -202,7 +176,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
       o["block_bytes"] = {{"value", b->x}, {"gbps", b->value}, {"reached", b->reached}};
       block = std::max(block, b->x);
       all_reached = all_reached && b->reached;
-      part += ", " + detail::size_text(b->x) + " " + detail::gbps_text(b->value) + " (" + detail::percent_text(b->value / peak) + ")";
+      part += ", " + size_text(b->x) + " " + detail::gbps_text(b->value) + " (" + detail::percent_text(b->value / peak) + ")";
     }
     text += (text.empty() ? "" : "; ") + part;
     a["ops"][op] = std::move(o);
@@ -226,7 +200,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   a["env"] = env;
   std::string what;
   if (depth > 0) what += "queue depth " + std::to_string(static_cast<std::uint64_t>(depth));
-  if (block > 0) what += (what.empty() ? "" : " and ") + detail::size_text(block) + " blocks";
+  if (block > 0) what += (what.empty() ? "" : " and ") + size_text(block) + " blocks";
   a["text"] = "disk: " + what +
               (all_reached ? " reach 95% of the disk peak (" : " come closest to 95% of the disk peak, not all reach it (") +
               text + "): " + env;
@@ -254,10 +228,10 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   a["memory_bytes"] = ram;
   a["memory_available_bytes"] = available;
   a["env"] = "FERRY_PINNED_BUDGET_BYTES=" + std::to_string(budget);
-  std::string text = "pinned budget " + detail::size_text(static_cast<double>(budget)) + " (RAM " +
-                     detail::size_text(static_cast<double>(ram)) + ", available now " +
-                     detail::size_text(static_cast<double>(available)) + ", headroom " +
-                     detail::size_text(static_cast<double>(headroom)) + "): " + a["env"].get<std::string>();
+  std::string text = "pinned budget " + size_text(static_cast<double>(budget)) + " (RAM " +
+                     size_text(static_cast<double>(ram)) + ", available now " +
+                     size_text(static_cast<double>(available)) + ", headroom " +
+                     size_text(static_cast<double>(headroom)) + "): " + a["env"].get<std::string>();
   if (budget < ferry::GiB) {
     text += " (less than 1 GiB: offloading to host memory has little room here)";
   }
@@ -265,7 +239,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   if (memlock.is_number() && !machine.value("root", false)) {
     const auto limit = memlock.get<std::uint64_t>();
     a["memlock_limit_bytes"] = limit;
-    text += "; io_uring fixed buffers are capped by `ulimit -l` (" + detail::size_text(static_cast<double>(limit)) +
+    text += "; io_uring fixed buffers are capped by `ulimit -l` (" + size_text(static_cast<double>(limit)) +
             ") for this user: raise it to register larger bounce rings";
   }
   a["text"] = text;
@@ -280,9 +254,9 @@ inline const row* largest(const std::vector<row>& rows, const std::string& scena
   const row* best = nullptr;
   for (const row& r : rows) {
     if (r.scenario != scenario) continue;
-    bool ok = advice_param(r, key).has_value();
-    for (const char* n : needs) ok = ok && advice_param(r, n).has_value();
-    if (ok && (best == nullptr || *advice_param(r, key) > *advice_param(*best, key))) best = &r;
+    bool ok = r.number(key).has_value();
+    for (const char* n : needs) ok = ok && r.number(n).has_value();
+    if (ok && (best == nullptr || *r.number(key) > *best->number(key))) best = &r;
   }
   return best;
 }
@@ -319,25 +293,25 @@ inline nlohmann::json policy_item(const std::string& workload, const named_sched
 [[nodiscard]] inline nlohmann::json advise_policies(const std::vector<row>& rows) {
   nlohmann::json out = nlohmann::json::array();
   if (const row* r = detail::largest(rows, "adam-nvme", "total_bytes", {"groups"})) {
-    const auto groups = static_cast<std::size_t>(*detail::advice_param(*r, "groups"));
-    const auto total = static_cast<std::size_t>(*detail::advice_param(*r, "total_bytes"));
+    const auto groups = static_cast<std::size_t>(*r->number("groups"));
+    const auto total = static_cast<std::size_t>(*r->number("total_bytes"));
     if (groups > 0 && total >= groups) {
       out.push_back(detail::policy_item("adam-nvme: optimizer step over " + std::to_string(groups) + " groups",
                                         optimizer_step_schedule(groups, total / groups)));
     }
   }
   if (const row* r = detail::largest(rows, "offload", "offloaded_bytes", {"offloaded_layers"})) {
-    const auto layers = static_cast<std::size_t>(*detail::advice_param(*r, "offloaded_layers"));
-    const auto bytes = static_cast<std::size_t>(*detail::advice_param(*r, "offloaded_bytes"));
+    const auto layers = static_cast<std::size_t>(*r->number("offloaded_layers"));
+    const auto bytes = static_cast<std::size_t>(*r->number("offloaded_bytes"));
     if (layers > 0 && bytes >= layers) {
       out.push_back(detail::policy_item("offload: activations of " + std::to_string(layers) + " layers",
                                         training_step_schedule(layers, bytes / layers)));
     }
   }
   if (const row* r = detail::largest(rows, "stream", "weight_bytes", {"layers"})) {
-    const auto layers = static_cast<std::size_t>(*detail::advice_param(*r, "layers"));
-    const auto bytes = static_cast<std::size_t>(*detail::advice_param(*r, "weight_bytes"));
-    const auto grads = static_cast<std::size_t>(detail::advice_param(*r, "gradient_bytes").value_or(0.0));
+    const auto layers = static_cast<std::size_t>(*r->number("layers"));
+    const auto bytes = static_cast<std::size_t>(*r->number("weight_bytes"));
+    const auto grads = static_cast<std::size_t>(r->number("gradient_bytes").value_or(0.0));
     if (layers > 0 && bytes >= layers) {
       out.push_back(detail::policy_item("stream: weights of " + std::to_string(layers) + " layers",
                                         layer_streaming_schedule(layers, bytes / layers, grads / layers)));

@@ -4,6 +4,8 @@
 /// flags given in KiB.
 #pragma once
 
+#include "harness/report.hpp"
+
 #include <ferry/error.hpp>
 
 #include <CLI/CLI.hpp>
@@ -18,18 +20,6 @@
 #include <sys/statvfs.h>
 
 namespace ferry::bench {
-
-/// @brief `bytes` in GiB with one decimal, e.g. "75.4 GiB".
-/// Below 10 GiB in MiB with one decimal, so that close values read differently.
-[[nodiscard]] inline std::string gib_text(std::uint64_t bytes) {
-  char text[64];
-  if (bytes < 10ull * 1024 * 1024 * 1024) {
-    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  }
-  return text;
-}
 
 /// @brief Bytes an unprivileged process may still write to the file system holding
 /// `folder` (`statvfs`: `f_bavail * f_frsize`).
@@ -57,8 +47,8 @@ inline void check_free_space(const std::string& scenario, const std::filesystem:
   const std::uint64_t free = free_bytes(folder);
   if (needed <= free) return;
   throw std::runtime_error(scenario + ": not enough free space in --scratch " + folder.string() + ": " +
-                           gib_text(free) + " free (" + std::to_string(free) + " bytes), but the scenario writes " +
-                           gib_text(needed) + " (" + std::to_string(needed) + " bytes: " + what +
+                           size_text(static_cast<double>(free)) + " free (" + std::to_string(free) + " bytes), but the scenario writes " +
+                           size_text(static_cast<double>(needed)) + " (" + std::to_string(needed) + " bytes: " + what +
                            "); pass a smaller " + shrink + ", or a --scratch folder on a disk with more room");
 }
 

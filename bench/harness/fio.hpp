@@ -30,6 +30,21 @@ namespace ferry::bench {
   return out + "'";
 }
 
+/// @brief The first executable `name` in the folders of $PATH, or "" when there is none.
+[[nodiscard]] inline std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): read before any thread starts
+  if (path == nullptr) return {};
+  const std::string p = path;
+  std::size_t start = 0;
+  while (start <= p.size()) {
+    const std::size_t end = std::min(p.find(':', start), p.size());
+    const std::string candidate = p.substr(start, end - start) + "/" + name;
+    if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
 /// @brief The fio executable: `explicit_path` when given (it must be executable), else
 /// /usr/bin/fio, else `fio` on PATH.
 /// @param scenario the scenario's name, which starts every message
@@ -40,16 +55,7 @@ namespace ferry::bench {
     throw std::runtime_error(scenario + ": --fio " + explicit_path + " is not an executable file");
   }
   if (::access("/usr/bin/fio", X_OK) == 0) return "/usr/bin/fio";
-  if (const char* path = std::getenv("PATH")) {  // NOLINT(concurrency-mt-unsafe): read once, single-threaded
-    const std::string p = path;
-    std::size_t start = 0;
-    while (start <= p.size()) {
-      const std::size_t end = std::min(p.find(':', start), p.size());
-      const std::string candidate = p.substr(start, end - start) + "/fio";
-      if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-      start = end + 1;
-    }
-  }
+  if (std::string found = find_on_path("fio"); !found.empty()) return found;
   throw std::runtime_error(scenario + ": fio was not found (looked for /usr/bin/fio and fio on PATH); the " + scenario +
                            " scenario compares ferry with fio and needs it: install fio (e.g. `apt-get install fio`) "
                            "or pass --fio /path/to/fio (before or after the scenario's name)");

@@ -54,16 +54,6 @@ struct plot {
 
 namespace detail {
 
-inline std::optional<double> number_param(const row& r, const char* key) {
-  if (!r.params.is_object() || !r.params.contains(key) || !r.params[key].is_number()) return std::nullopt;
-  return r.params[key].get<double>();
-}
-
-inline std::string string_param(const row& r, const char* key) {
-  if (!r.params.is_object() || !r.params.contains(key) || !r.params[key].is_string()) return "";
-  return r.params[key].get<std::string>();
-}
-
 inline void sort_points(plot_series& s) {
   std::sort(s.points.begin(), s.points.end());
   s.points.erase(std::unique(s.points.begin(), s.points.end(),
@@ -77,8 +67,8 @@ inline std::optional<double> best_fixed(const std::vector<const row*>& rows, con
                                         const char* x_key) {
   std::map<double, std::set<double>> xs;
   for (const row* r : rows) {
-    const auto f = number_param(*r, fixed_key);
-    const auto x = number_param(*r, x_key);
+    const auto f = r->number(fixed_key);
+    const auto x = r->number(x_key);
     if (f && x) xs[*f].insert(*x);
   }
   std::optional<double> best;
@@ -92,23 +82,11 @@ inline std::optional<double> best_fixed(const std::vector<const row*>& rows, con
   return best;
 }
 
-inline std::string bytes_label(double bytes) {
-  char b[32];
-  if (bytes >= 1024.0 * 1024 * 1024) {
-    std::snprintf(b, sizeof b, "%g GiB", bytes / (1024.0 * 1024 * 1024));
-  } else if (bytes >= 1024.0 * 1024) {
-    std::snprintf(b, sizeof b, "%g MiB", bytes / (1024.0 * 1024));
-  } else {
-    std::snprintf(b, sizeof b, "%g KiB", bytes / 1024.0);
-  }
-  return b;
-}
-
 // Disk throughput against `x_key` at the best-covered value of the other parameter.
 inline std::optional<plot> disk_plot(const std::vector<row>& rows, const char* x_key, const char* fixed_key) {
   std::vector<const row*> seq;
   for (const row& r : rows) {
-    const std::string op = string_param(r, "op");
+    const std::string op = r.text("op");
     if (r.scenario == "nvme" && r.metric == "throughput" && (op == "seq-read" || op == "seq-write")) seq.push_back(&r);
   }
   const auto fixed = best_fixed(seq, fixed_key, x_key);
@@ -116,7 +94,7 @@ inline std::optional<plot> disk_plot(const std::vector<row>& rows, const char* x
   plot p;
   const bool by_depth = std::string(x_key) == "queue_depth";
   p.name = by_depth ? "disk-queue-depth" : "disk-block-size";
-  p.title = by_depth ? "NVMe tier: sequential throughput against queue depth, " + bytes_label(*fixed) + " blocks"
+  p.title = by_depth ? "NVMe tier: sequential throughput against queue depth, " + size_text(*fixed) + " blocks"
                      : "NVMe tier: sequential throughput against block size, queue depth " +
                            std::to_string(static_cast<long long>(*fixed));
   p.xlabel = by_depth ? "queue depth (requests in flight)" : "block size (KiB)";
@@ -126,8 +104,8 @@ inline std::optional<plot> disk_plot(const std::vector<row>& rows, const char* x
     plot_series f{std::string("ferry ") + op, {}, false};
     plot_series ref{std::string("fio ") + op, {}, true};
     for (const row* r : seq) {
-      if (string_param(*r, "op") != op || number_param(*r, fixed_key) != fixed) continue;
-      const auto x = number_param(*r, x_key);
+      if (r->text("op") != op || r->number(fixed_key) != fixed) continue;
+      const auto x = r->number(x_key);
       if (!x) continue;
       const double xv = by_depth ? *x : *x / 1024.0;
       f.points.emplace_back(xv, r->ferry);
@@ -157,16 +135,16 @@ inline std::optional<plot> link_plot(const std::vector<row>& rows, const char* x
   for (const char* dir : {"h2d", "d2h", "bidir"}) {
     std::vector<const row*> rs;
     for (const row& r : rows) {
-      if (r.scenario == "link" && r.metric == "throughput" && string_param(r, "direction") == dir) rs.push_back(&r);
+      if (r.scenario == "link" && r.metric == "throughput" && r.text("direction") == dir) rs.push_back(&r);
     }
     const auto fixed = best_fixed(rs, fixed_key, x_key);
     if (!fixed) continue;
-    fixed_text = bytes_label(*fixed);
+    fixed_text = size_text(*fixed);
     plot_series f{std::string("ferry ") + dir, {}, false};
     plot_series ref{std::string("cudaMemcpyAsync ") + dir, {}, true};
     for (const row* r : rs) {
-      if (number_param(*r, fixed_key) != fixed) continue;
-      const auto x = number_param(*r, x_key);
+      if (r->number(fixed_key) != fixed) continue;
+      const auto x = r->number(x_key);
       if (!x) continue;
       f.points.emplace_back(*x / 1024.0, r->ferry);
       ref.points.emplace_back(*x / 1024.0, r->reference);
@@ -191,12 +169,12 @@ inline std::optional<plot> step_plot(const std::vector<row>& rows, const std::st
   std::set<double> xs;
   for (const row& r : rows) {
     if (r.scenario != scenario || r.metric.find("step") == std::string::npos) continue;
-    const auto x = number_param(r, "offloaded_bytes");
+    const auto x = r.number("offloaded_bytes");
     if (!x) continue;
     unit = r.unit;
     xs.insert(*x);
     const double gib = *x / (1024.0 * 1024 * 1024);
-    const std::string variant = string_param(r, "variant");
+    const std::string variant = r.text("variant");
     auto& f = mine[variant];
     f.title = variant.empty() ? "ferry" : "ferry " + variant;
     f.points.emplace_back(gib, r.ferry);
@@ -295,16 +273,7 @@ inline std::string gnuplot_string(const std::string& s) {
     if (::access(explicit_path.c_str(), X_OK) == 0) return explicit_path;
     throw std::runtime_error("--gnuplot " + explicit_path + " is not an executable file");
   }
-  if (const char* path = std::getenv("PATH")) {  // NOLINT(concurrency-mt-unsafe): single-threaded here
-    const std::string p = path;
-    std::size_t start = 0;
-    while (start <= p.size()) {
-      const std::size_t end = std::min(p.find(':', start), p.size());
-      const std::string candidate = p.substr(start, end - start) + "/gnuplot";
-      if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-      start = end + 1;
-    }
-  }
+  if (std::string found = find_on_path("gnuplot"); !found.empty()) return found;
   throw std::runtime_error(
       "gnuplot was not found on PATH; the output folder's plots are drawn with it: install it (e.g. `apt-get install "
       "gnuplot-nox`, or scripts/deps.sh), pass --gnuplot /path/to/gnuplot, or pass --no-plots");

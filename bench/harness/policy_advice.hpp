@@ -30,6 +30,8 @@
 /// requires.
 #pragma once
 
+#include "harness/report.hpp"
+
 #include <ferry/error.hpp>
 #include <ferry/policy.hpp>
 #include <ferry/units.hpp>
@@ -381,22 +383,6 @@ struct policy_advice {
 
 namespace detail {
 
-/// `bytes` as "12 B", "3.0 KiB", "1.2 GiB" (binary units, one decimal).
-inline std::string bytes_text(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  std::size_t u = 0;
-  while (bytes >= 1024.0 && u + 1 < std::size(units)) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
-  }
-  return buf;
-}
 
 /// The reason line of `advice` (candidates counted, `preferred` set).
 inline std::string advice_reason(const policy_advice& a) {
@@ -405,7 +391,7 @@ inline std::string advice_reason(const policy_advice& a) {
   const double best_bytes = static_cast<double>(best.result.bytes_moved()) / n;
   const double best_misses = static_cast<double>(best.result.misses) / n;
   char buf[64];
-  std::string out = best.name() + " moves " + bytes_text(best_bytes) + " per step";
+  std::string out = best.name() + " moves " + size_text(best_bytes) + " per step";
   // The baseline: the simplest candidate that ran (lru + no_prefetch unless it failed).
   const auto base_it =
       std::find_if(a.candidates.begin(), a.candidates.end(), [](const policy_candidate& c) { return c.feasible(); });
@@ -422,7 +408,7 @@ inline std::string advice_reason(const policy_advice& a) {
     } else {
       out += ", where ";
     }
-    out += base.name() + (best_bytes > 0.0 ? " (" + bytes_text(base_bytes) + ")" : " moves " + bytes_text(base_bytes));
+    out += base.name() + (best_bytes > 0.0 ? " (" + size_text(base_bytes) + ")" : " moves " + size_text(base_bytes));
   } else {
     out += ", as " + base.name() + " does";
   }

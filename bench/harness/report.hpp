@@ -13,7 +13,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <optional>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -50,9 +53,34 @@ struct row {
   /// `slots`, `gemm_n`, `gemm_reps`.
   nlohmann::json params = nlohmann::json::object();
 
+  /// @brief The numeric parameter `key` of `params`, or nullopt when absent or not a number.
+  [[nodiscard]] std::optional<double> number(const char* key) const {
+    if (!params.is_object() || !params.contains(key) || !params[key].is_number()) return std::nullopt;
+    return params[key].get<double>();
+  }
+  /// @brief The text parameter `key` of `params`, or "" when absent or not a string.
+  [[nodiscard]] std::string text(const char* key) const {
+    if (!params.is_object() || !params.contains(key) || !params[key].is_string()) return "";
+    return params[key].get<std::string>();
+  }
+
   /// @brief `ferry / reference`; NaN when the reference is 0.
   [[nodiscard]] double ratio() const noexcept { return reference != 0.0 ? ferry / reference : std::nan(""); }
 };
+
+/// @brief `bytes` for people, in binary units: "512 B", "64 KiB", "1.5 MiB", "2 GiB"
+/// (whole numbers without a decimal, others with one).
+[[nodiscard]] inline std::string size_text(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  std::size_t u = 0;
+  while (bytes >= 1024.0 && u + 1 < std::size(units)) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char b[48];
+  std::snprintf(b, sizeof b, "%.*f %s", bytes == std::floor(bytes) ? 0 : 1, bytes, units[u]);
+  return b;
+}
 
 /// @brief The JSON document of a run.
 [[nodiscard]] inline nlohmann::json to_json(const nlohmann::json& machine, const std::vector<row>& rows) {
