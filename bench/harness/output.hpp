@@ -82,12 +82,7 @@ class output_folder {
       FERRY_THROW_IO_ERROR(ec.value(), "create the parent folders of the output folder", parent.string(),
                            ferry::io_error::no_offset, 0);
     }
-    std::string pattern = (parent / ("." + target_.filename().string() + ".partial-XXXXXX")).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      FERRY_THROW_IO_ERROR(errno, "create a staging folder for the output folder in its parent", parent.string(),
-                           ferry::io_error::no_offset, 0);
-    }
-    staging_ = pattern;
+    staging_ = make_sibling("partial", "create a staging folder for the output folder in its parent");
     install_interrupt_cleanup();
     interrupt_guard_ = std::make_unique<remove_on_interrupt>(staging_, true);  // Ctrl-C: no staging left
     // mkdtemp makes the folder 0700; the published folder gets the usual 0777 & ~umask.
@@ -146,11 +141,7 @@ class output_folder {
     write(marker_name, "ferry-bench output folder: results.json, results.csv, summary.md, plots/\n");
     std::filesystem::path old;
     if (std::filesystem::exists(target_)) {
-      std::string pattern = (target_.parent_path() / ("." + target_.filename().string() + ".old-XXXXXX")).string();
-      if (::mkdtemp(pattern.data()) == nullptr) {
-        FERRY_THROW_IO_ERROR(errno, "make room to replace", target_.string(), ferry::io_error::no_offset, 0);
-      }
-      old = pattern;
+      old = make_sibling("old", "make room to replace the output folder in its parent");
       // rename(2) replaces an empty folder: the earlier result goes into the fresh empty one.
       if (::rename(target_.c_str(), old.c_str()) != 0) {
         const int err = errno;
@@ -176,6 +167,16 @@ class output_folder {
   }
 
  private:
+  // A new empty hidden folder next to the target, `.NAME.KIND-XXXXXX` (mkdtemp).
+  [[nodiscard]] std::string make_sibling(const char* kind, const char* operation) const {
+    std::string pattern =
+        (target_.parent_path() / ("." + target_.filename().string() + "." + kind + "-XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      FERRY_THROW_IO_ERROR(errno, operation, target_.parent_path().string(), ferry::io_error::no_offset, 0);
+    }
+    return pattern;
+  }
+
   // An existing target: empty, or an earlier result holding only what ferry-bench writes
   // (so replacing it deletes nothing of the user's), and renameable now (not a mount
   // point, not immutable, its parent writable): checked by moving it aside and back.
@@ -206,11 +207,7 @@ class output_folder {
                              target_.string(), ferry::io_error::no_offset, 0);
       }
     }
-    std::string aside = (target_.parent_path() / ("." + target_.filename().string() + ".check-XXXXXX")).string();
-    if (::mkdtemp(aside.data()) == nullptr) {
-      FERRY_THROW_IO_ERROR(errno, "create a folder next to the output folder in", target_.parent_path().string(),
-                           ferry::io_error::no_offset, 0);
-    }
+    const std::string aside = make_sibling("check", "create a folder next to the output folder in its parent");
     if (::rename(target_.c_str(), aside.c_str()) != 0) {
       const int err = errno;
       ::rmdir(aside.c_str());
