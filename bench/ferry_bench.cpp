@@ -219,6 +219,11 @@ int run(int argc, char** argv) {
   app.add_flag("--no-plots", no_plots, "an output folder without plots (gnuplot not needed)");
   app.add_option("--gnuplot", gnuplot_path, "the gnuplot executable (default: gnuplot on PATH)");
   app.add_option("--fio", options.fio, "the fio executable of the disk scenarios (default: /usr/bin/fio, else fio on PATH)");
+  std::string suite = "auto";
+  app.add_option("--suite", suite,
+                 "which default suite runs when no scenario is named: auto (the one that fits this machine), gpu "
+                 "(link, codec, offload, stream; refused without a GPU), host (nvme, adam-nvme)")
+      ->check(CLI::IsMember({"auto", "gpu", "host"}));
   app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (the suite in under a minute)");
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
       ->check(CLI::Range(1, 1000));
@@ -409,9 +414,13 @@ int run(int argc, char** argv) {
     }
     const bool explicit_choice = !to_run.empty();
     if (!explicit_choice) {
+      const bool gpu_suite = suite == "auto" ? gpu : suite == "gpu";
       for (const scenario* s : scenarios) {
-        if (s->in_default_suite && s->needs_gpu == gpu) to_run.push_back(s);
+        if (s->in_default_suite && s->needs_gpu == gpu_suite) to_run.push_back(s);
       }
+    } else if (app.count("--suite") > 0) {
+      throw std::runtime_error("--suite chooses the suite run when no scenario is named; it does not go with '" +
+                               to_run.front()->name + "'");
     }
     for (const scenario* s : to_run) {
       if (s->needs_gpu && !gpu) {

@@ -68,17 +68,42 @@ endmacro()
 function(ferry_link_features target)
   if(FERRY_HAS_CUDA)
     target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_CUDA=1>)
-    target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:CUDA::cudart> $<BUILD_INTERFACE:CCCL::CCCL>)
+    if(FERRY_STATIC_DEPENDENCIES)
+      target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:CUDA::cudart_static> $<BUILD_INTERFACE:CCCL::CCCL>)
+    else()
+      target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:CUDA::cudart> $<BUILD_INTERFACE:CCCL::CCCL>)
+    endif()
   else()
     target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_CUDA=0>)
   endif()
   if(FERRY_HAS_URING)
     target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_URING=1>)
-    target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:PkgConfig::FERRY_LIBURING>)
+    if(FERRY_STATIC_DEPENDENCIES)
+      # liburing's archive, from the folder pkg-config names (Debian's liburing-dev has it).
+      find_library(FERRY_LIBURING_ARCHIVE NAMES liburing.a HINTS ${FERRY_LIBURING_LIBRARY_DIRS} NO_CACHE)
+      if(NOT FERRY_LIBURING_ARCHIVE)
+        message(FATAL_ERROR "FERRY_STATIC_DEPENDENCIES=ON needs liburing.a (looked in ${FERRY_LIBURING_LIBRARY_DIRS})")
+      endif()
+      target_include_directories(${target} SYSTEM INTERFACE $<BUILD_INTERFACE:${FERRY_LIBURING_INCLUDE_DIRS}>)
+      target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:${FERRY_LIBURING_ARCHIVE}>)
+    else()
+      target_link_libraries(${target} INTERFACE $<BUILD_INTERFACE:PkgConfig::FERRY_LIBURING>)
+    endif()
   else()
     target_compile_definitions(${target} INTERFACE $<BUILD_INTERFACE:FERRY_HAS_URING=0>)
   endif()
 endfunction()
+
+# ferry_static_runtime(): with FERRY_STATIC_DEPENDENCIES, every executable of this build
+# links libstdc++ and libgcc statically and the CUDA runtime statically (nvcc links CUDA
+# targets with the host compiler too). The binaries then need only
+# glibc (2.36 or newer), the CUDA driver and, where they use it, cuBLAS.
+macro(ferry_static_runtime)
+  if(FERRY_STATIC_DEPENDENCIES)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+    add_link_options(-static-libstdc++ -static-libgcc)
+  endif()
+endmacro()
 
 # ferry_verify_cuda_headers(<target> <header>...): CMake's VERIFY_INTERFACE_HEADER_SETS
 # compiles headers as C++ only, so every `.cuh` gets a generated `.cu` translation unit

@@ -2,14 +2,15 @@
 # Installs what ferry's build, tests and benchmarks need, and nothing when all is there.
 #   Debian packages: cmake ninja-build g++ pkg-config catch2 libbenchmark-dev
 #                    liburing-dev libcli11-dev nlohmann-json3-dev fio python3-pip doxygen
-#                    gnuplot-nox (ferry-bench's plots)
-#   PyPI:            conan (for the Conan test_package check)
+#                    gnuplot-nox (ferry-bench's plots) ccache (compiles, carried over between CI runs)
+#   PyPI:            conan (for the Conan test_package check), nvidia-cuda-sanitizer-api
+#                    (compute-sanitizer 13.0, for the GPU check's dry run; with the CUDA toolkit)
 # The CUDA toolkit is not installed here: when /usr/local/cuda (or nvcc on PATH) is
 # present, ferry's CUDA parts are built; otherwise they are skipped.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config catch2 libbenchmark-dev liburing-dev libcli11-dev
-          nlohmann-json3-dev fio python3-pip doxygen gnuplot-nox)
+          nlohmann-json3-dev fio python3-pip doxygen gnuplot-nox ccache)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -30,6 +31,17 @@ if ((${#missing[@]} > 0)); then
   echo "deps: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# compute-sanitizer of CUDA 13.0 (PyPI's nvidia-cuda-sanitizer-api, the same version as
+# the GPU machine's): without a GPU it cannot check anything, but the dry run of
+# scripts/gpu-check.sh runs it, so a wrong option fails here and not on the GPU machine.
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  if ! python3 -c 'import site, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, "nvidia/cu13/bin/compute-sanitizer")) for p in site.getsitepackages()))' 2>/dev/null; then
+    echo "deps: installing compute-sanitizer (pip: nvidia-cuda-sanitizer-api 13.0)"
+    python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-sanitizer-api==13.0.*" 2>/dev/null ||
+      python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "nvidia-cuda-sanitizer-api==13.0.*"
+  fi
 fi
 
 if ! command -v conan >/dev/null 2>&1; then

@@ -3,9 +3,13 @@
 // each measured alone in the same invocation (alternating, harness/stats.hpp):
 //   link: raw cudaMemcpyAsync of the whole buffer between pinned memory and the device
 //         (D2H for device->nvme, H2D for nvme->device), one call on a non-blocking stream;
-//   fio:  `fio --ioengine=io_uring --direct=1` writing or reading a file of the same size
-//         (the very file ferry uses) with bs = the chunk size and iodepth = K.
-// The reference of a sample is min(link, fio) of that sample: a staged move can at best
+//   disk: `fio --ioengine=io_uring --direct=1` writing or reading a file of the same size
+//         (the very file ferry uses) with bs = the chunk size and iodepth = K; or, with
+//         --disk-reference host-io (the default where fio is not installed, as on a GPU
+//         machine without apt), the same tier's own host <-> NVMe move of the whole
+//         buffer from pinned memory (`host_to_nvme` / `nvme_to_host`: the disk hop alone,
+//         no bounce), so the ratio says what staging through the device costs.
+// The reference of a sample is min(link, disk) of that sample: a staged move can at best
 // run at the speed of its slower hop, which it reaches only if the ring overlaps the two.
 // ferry side: `stream_scheduler::device_to_nvme` (after an idle producer stream) and
 // `nvme_to_device` of the whole buffer to/from one region of an `nvme_tier` on
@@ -31,6 +35,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,6 +53,7 @@ struct device_nvme_settings {
   std::size_t chunk_kib = 4096;
   std::vector<std::string> cases{"to-nvme", "from-nvme"};
   std::string fio;  // "": /usr/bin/fio, else fio on PATH
+  std::string disk_reference = "auto";  // auto (fio if found, else host-io), fio, host-io
   bool samples = false;
 };
 
@@ -56,7 +62,14 @@ device_nvme_settings& settings() {
   return s;
 }
 
-const char* const reference_name = "min(link, fio)";
+const char* const reference_name = "min(link, disk: fio or host I/O)";
+
+// The disk hop's reference for this run: "fio" or "host-io".
+std::string resolve_disk_reference(const device_nvme_settings& cfg, const std::string& fio_option) {
+  if (cfg.disk_reference != "auto") return cfg.disk_reference;
+  if (!cfg.fio.empty() || !fio_option.empty()) return "fio";  // a --fio given is meant to be used
+  return ferry::bench::find_on_path("fio").empty() && ::access("/usr/bin/fio", X_OK) != 0 ? "host-io" : "fio";
+}
 
 #if FERRY_HAS_CUDA
 
@@ -83,8 +96,14 @@ void compare(const std::byte* got, const std::byte* want, std::size_t n, const c
 
 std::vector<row> run_device_nvme(const run_options& options) {
   const device_nvme_settings& cfg = settings();
-  const std::string fio = ferry::bench::find_fio("device-nvme", cfg.fio.empty() ? options.fio : cfg.fio);
+  const std::string disk_ref = resolve_disk_reference(cfg, options.fio);
+  const std::string fio =
+      disk_ref == "fio" ? ferry::bench::find_fio("device-nvme", cfg.fio.empty() ? options.fio : cfg.fio) : "";
   if (options.preflight_only) return {};
+  if (disk_ref == "host-io") {
+    std::printf("  device-nvme: fio not found; the disk hop's reference is the tier's own host I/O "
+                "(--disk-reference host-io)\n");
+  }
   const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
   const std::size_t chunk = cfg.chunk_kib * ferry::KiB;
   const std::size_t slots = cfg.slots;
@@ -101,7 +120,9 @@ std::vector<row> run_device_nvme(const run_options& options) {
   ferry::bench::pinned_buffer host(size);
   ferry::bench::device_buffer dev(size);
   ferry::bench::fill_pattern(host.data(), size, 3);
-  FERRY_CUDA_TRY(cudaMemcpy(dev.data(), host.data(), size, cudaMemcpyHostToDevice));
+  // On `producer` (non-blocking, so not ordered after the legacy default stream).
+  FERRY_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), size, cudaMemcpyHostToDevice, producer.get()));
+  producer.synchronize();
 
   ferry::nvme_tier tier(tier_options(file, size, slots, chunk));
   if (tier.fell_back()) throw std::runtime_error("device-nvme: the scratch file system refuses O_DIRECT");
@@ -120,7 +141,8 @@ std::vector<row> run_device_nvme(const run_options& options) {
     compare(check.data(), host.data(), v, "the head of device_to_nvme");
     tier.read(region, size - v, check.span());
     compare(check.data(), host.data() + (size - v), v, "the tail of device_to_nvme");
-    FERRY_CUDA_TRY(cudaMemset(dev.data(), 0, size));
+    FERRY_CUDA_TRY(cudaMemsetAsync(dev.data(), 0, size, producer.get()));
+    producer.synchronize();  // finished before the scheduler's stream writes the buffer
     sched.nvme_to_device(tier, region, 0, dev.data(), size).wait();
     FERRY_CUDA_TRY(cudaMemcpy(check.data(), dev.data() + (size - v), v, cudaMemcpyDeviceToHost));
     compare(check.data(), host.data() + (size - v), v, "the tail of nvme_to_device");
@@ -155,9 +177,22 @@ std::vector<row> run_device_nvme(const run_options& options) {
           }
           FERRY_CUDA_TRY(cudaStreamSynchronize(link.get()));
           link_gbs.push_back(static_cast<double>(size) / ferry::bench::seconds_since(t0) / 1e9);
-          const auto job =
-              ferry::bench::run_fio("device-nvme", fio, fio_common + (to_nvme ? " --rw=write" : " --rw=read"));
-          fio_gbs.push_back(job.at(to_nvme ? "write" : "read").at("bw_bytes").get<double>() / 1e9);
+          if (disk_ref == "fio") {
+            const auto job =
+                ferry::bench::run_fio("device-nvme", fio, fio_common + (to_nvme ? " --rw=write" : " --rw=read"));
+            fio_gbs.push_back(job.at(to_nvme ? "write" : "read").at("bw_bytes").get<double>() / 1e9);
+          } else {
+            const auto t1 = std::chrono::steady_clock::now();
+            // The same region, engine, depth and blocks as ferry's move; the pinned buffer
+            // the link reference uses (its bytes are the pattern either way).
+            const std::span<std::byte> buf(host.data(), size);
+            if (to_nvme) {
+              sched.host_to_nvme(tier, region, 0, buf).wait();
+            } else {
+              sched.nvme_to_host(tier, region, 0, buf).wait();
+            }
+            fio_gbs.push_back(static_cast<double>(size) / ferry::bench::seconds_since(t1) / 1e9);
+          }
           return std::min(link_gbs.back(), fio_gbs.back());
         });
     const std::string label = std::string(to_nvme ? "device->nvme" : "nvme->device") +
@@ -166,21 +201,22 @@ std::vector<row> run_device_nvme(const run_options& options) {
     // `params`: direction (to-nvme: device -> NVMe; from-nvme: NVMe -> device), bytes
     // per move, the chunk (also fio's block) and the requests in flight (fio's depth).
     rows.push_back({"device-nvme", label, "throughput", "GB/s", ferry::bench::better::higher, res.ferry, res.reference,
-                    reference_name,
+                    disk_ref == "fio" ? "min(link, fio)" : "min(link, host I/O)",
                     nlohmann::json{{"direction", to_nvme ? "to-nvme" : "from-nvme"},
+                                   {"disk_reference", disk_ref},
                                    {"bytes", size},
                                    {"chunk_bytes", chunk},
                                    {"block_bytes", chunk},
                                    {"queue_depth", slots}}});
-    std::printf("  %-44s ferry %7.3f GB/s   min(link, fio) %7.3f GB/s   ratio %.3f  (link %.2f, fio %.3f GB/s)\n",
-                label.c_str(), res.ferry, res.reference, rows.back().ratio(), ferry::bench::median(link_gbs),
-                ferry::bench::median(fio_gbs));
+    std::printf("  %-44s ferry %7.3f GB/s   min(link, %s) %7.3f GB/s   ratio %.3f  (link %.2f, %s %.3f GB/s)\n",
+                label.c_str(), res.ferry, disk_ref.c_str(), res.reference, rows.back().ratio(),
+                ferry::bench::median(link_gbs), disk_ref.c_str(), ferry::bench::median(fio_gbs));
     if (cfg.samples) {
       std::printf("    samples (run order) ferry:");
       for (const double v : res.ferry_samples) std::printf(" %.3f", v);
       std::printf("  link:");
       for (const double v : link_gbs) std::printf(" %.2f", v);
-      std::printf("  fio:");
+      std::printf("  %s:", disk_ref.c_str());
       for (const double v : fio_gbs) std::printf(" %.3f", v);
       std::printf("\n");
     }
@@ -218,6 +254,10 @@ const ferry::bench::registrar device_nvme_scenario({
           app.add_option("--cases", settings().cases, "to-nvme, from-nvme (default: both)")
               ->check(CLI::IsMember({"to-nvme", "from-nvme"}));
           app.add_option("--fio", settings().fio, "the fio executable (default: /usr/bin/fio, else fio on PATH)");
+          app.add_option("--disk-reference", settings().disk_reference,
+                         "the disk hop's reference: fio, host-io (the tier's own host <-> NVMe move from pinned "
+                         "memory), or auto (fio when found, else host-io; the default)")
+              ->check(CLI::IsMember({"auto", "fio", "host-io"}));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
         },
     .run = run_device_nvme,

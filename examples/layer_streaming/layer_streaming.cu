@@ -89,8 +89,11 @@ std::vector<double> train(Weights& wts, ferry::stream& compute, cublasHandle_t b
     z.push_back(new device_floats(act_elems));
   }
   device_floats target(act_elems), da(act_elems), dz(act_elems), dw(w_elems);
-  FERRY_CUDA_TRY(cudaMemcpy(x[0]->p, x_host.data(), act_elems * sizeof(float), cudaMemcpyHostToDevice));
-  FERRY_CUDA_TRY(cudaMemcpy(target.p, target_host.data(), act_elems * sizeof(float), cudaMemcpyHostToDevice));
+  // On the compute stream, which is non-blocking: a cudaMemcpy on the legacy default
+  // stream would not be ordered before the GEMMs that read these buffers.
+  FERRY_CUDA_TRY(cudaMemcpyAsync(x[0]->p, x_host.data(), act_elems * sizeof(float), cudaMemcpyHostToDevice, c));
+  FERRY_CUDA_TRY(cudaMemcpyAsync(target.p, target_host.data(), act_elems * sizeof(float), cudaMemcpyHostToDevice, c));
+  compute.synchronize();  // the host vectors may go before the copies are done otherwise
   const float one = 1.0f, zero = 0.0f;
   std::vector<double> losses;
   std::vector<float> out(act_elems);
@@ -202,8 +205,9 @@ int main() {
   resident_weights ref{compute, opt_ref, init};
   for (std::size_t i = 0; i < layers; ++i) {
     ref.dev.push_back(new device_floats(w_elems));
-    FERRY_CUDA_TRY(cudaMemcpy(ref.dev[i]->p, init[i].data(), w_bytes, cudaMemcpyHostToDevice));
+    FERRY_CUDA_TRY(cudaMemcpyAsync(ref.dev[i]->p, init[i].data(), w_bytes, cudaMemcpyHostToDevice, compute.get()));
   }
+  compute.synchronize();
   const std::vector<double> want = train(ref, compute, blas);
   for (auto* p : ref.dev) delete p;
 

@@ -116,8 +116,19 @@ TEST_CASE("pinned_pool on a GPU: slabs are pinned and copies round-trip", "[gpu]
   auto* h = static_cast<unsigned char*>(pool.allocate(n));
   CHECK(pool.state() == ferry::pinning_state::pinned);
   CHECK(pool.is_pinned(h));
-  unsigned int flags = 0;
-  CHECK(cudaHostGetFlags(&flags, h) == cudaSuccess);
+  // The pool pins with cudaHostRegister (Portable | Mapped), not cudaHostAlloc, so
+  // cudaHostGetFlags does not apply: the pointer's attributes say whether the driver
+  // knows the memory as page-locked host memory, mapped into the device's address space.
+  cudaPointerAttributes attr{};
+  REQUIRE(cudaPointerGetAttributes(&attr, h) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
+  CHECK(attr.hostPointer == h);
+  CHECK(attr.devicePointer != nullptr);
+  // The same question of pageable memory gets the other answer (the check can fail).
+  std::vector<unsigned char> pageable(4096);
+  cudaPointerAttributes plain{};
+  REQUIRE(cudaPointerGetAttributes(&plain, pageable.data()) == cudaSuccess);
+  CHECK(plain.type == cudaMemoryTypeUnregistered);
   auto in = pattern(n, 5);
   std::copy(in.begin(), in.end(), h);
   void* d = arena.allocate(n, s);

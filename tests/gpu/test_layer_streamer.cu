@@ -93,6 +93,14 @@ std::vector<float> to_host(const float* d, std::size_t n, cudaStream_t s) {
   return out;
 }
 
+// Host to device on the stream the kernels run on: `compute` is non-blocking, so a
+// cudaMemcpy on the legacy default stream would not be ordered before them (and from
+// pageable memory it may return before its DMA has finished).
+void to_device(float* d, const std::vector<float>& v, cudaStream_t s) {
+  FERRY_CUDA_TRY(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+  FERRY_CUDA_TRY(cudaStreamSynchronize(s));
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -152,13 +160,13 @@ TEST_CASE("layer_streamer: an MLP with streamed weights gives the resident outpu
   ferry::stream_scheduler sched(compute, small_chunks());
   const model m;
   activations acts;
-  FERRY_CUDA_TRY(cudaMemcpy(acts[0], m.x[0].data(), act_elems * sizeof(float), cudaMemcpyHostToDevice));
+  to_device(acts[0], m.x[0], compute.get());
 
   // Resident: every layer's weights in device memory.
   std::vector<device_floats*> resident;
   for (std::size_t i = 0; i < layers; ++i) {
     resident.push_back(new device_floats(std::size_t{hidden} * hidden));
-    FERRY_CUDA_TRY(cudaMemcpy(resident[i]->p, m.w[i].data(), weight_bytes, cudaMemcpyHostToDevice));
+    to_device(resident[i]->p, m.w[i], compute.get());
   }
   forward(acts, compute.get(), [&](std::size_t i) { return resident[i]->p; }, [](std::size_t) {});
   const auto want = to_host(acts[layers], act_elems, compute.get());
@@ -218,13 +226,13 @@ TEST_CASE("layer_streamer: gradients pushed and accumulated over 3 micro-batches
   std::vector<device_floats*> resident;
   for (std::size_t i = 0; i < layers; ++i) {
     resident.push_back(new device_floats(grad_elems));
-    FERRY_CUDA_TRY(cudaMemcpy(resident[i]->p, m.w[i].data(), weight_bytes, cudaMemcpyHostToDevice));
+    to_device(resident[i]->p, m.w[i], compute.get());
   }
   device_floats dy(act_elems), dx(act_elems), dw(grad_elems);
   std::vector<std::vector<float>> want(layers);
   for (std::size_t mb = 0; mb < 3; ++mb) {
     activations acts;
-    FERRY_CUDA_TRY(cudaMemcpy(acts[0], m.x[mb].data(), act_elems * sizeof(float), cudaMemcpyHostToDevice));
+    to_device(acts[0], m.x[mb], compute.get());
     forward(acts, compute.get(), [&](std::size_t i) { return resident[i]->p; }, [](std::size_t) {});
     FERRY_CUDA_TRY(cudaMemcpyAsync(dy.p, acts[layers], act_elems * sizeof(float), cudaMemcpyDeviceToDevice,
                                    compute.get()));  // dy = the output (a stand-in loss gradient)
@@ -259,7 +267,7 @@ TEST_CASE("layer_streamer: gradients pushed and accumulated over 3 micro-batches
     std::map<std::size_t, int> calls;
     for (std::size_t mb = 0; mb < 3; ++mb) {
       activations acts;
-      FERRY_CUDA_TRY(cudaMemcpy(acts[0], m.x[mb].data(), act_elems * sizeof(float), cudaMemcpyHostToDevice));
+      to_device(acts[0], m.x[mb], compute.get());
       ls.begin_pass(ferry::pass_direction::forward);
       forward(
           acts, compute.get(), [&](std::size_t i) { return reinterpret_cast<const float*>(ls.acquire(i, compute)); },

@@ -139,7 +139,7 @@ TEST_CASE("stream_scheduler: the offload of a kernel's output waits for the kern
   const std::size_t n = 64 * MiB + 5;
   unsigned char* dev = nullptr;
   FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&dev), n));
-  FERRY_CUDA_TRY(cudaMemset(dev, 0, n));
+  FERRY_CUDA_TRY(cudaMemsetAsync(dev, 0, n, producer.get()));  // on `producer`: ordered before the kernel
   pinned_buffer host(n);
   // The kernel spins ~50 ms before writing: a copy not ordered after it reads zeros.
   slow_fill<<<256, 256, 0, producer.get()>>>(dev, n, 7u, 100'000'000LL);

@@ -42,18 +42,25 @@ struct host_flag {
   void raise() { __atomic_store_n(host, 1, __ATOMIC_SEQ_CST); }
 };
 
+// Device ints, zeroed and read back on a stream of their own. The tests' streams are
+// non-blocking, so nothing orders them after the legacy default stream: a plain
+// cudaMemset could land after a kernel's write. The zeroing is finished before the
+// constructor returns; read() is for after the test has synchronised the writer.
 struct device_ints {
   int* ptr = nullptr;
+  ferry::stream own;
   explicit device_ints(std::size_t n) {
     FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&ptr), n * sizeof(int)));
-    FERRY_CUDA_TRY(cudaMemset(ptr, 0, n * sizeof(int)));
+    FERRY_CUDA_TRY(cudaMemsetAsync(ptr, 0, n * sizeof(int), own.get()));
+    own.synchronize();
   }
   ~device_ints() { FERRY_ASSERT_CUDA_SUCCESS(cudaFree(ptr)); }
   device_ints(const device_ints&) = delete;
   device_ints& operator=(const device_ints&) = delete;
   int read(std::size_t i) const {
     int v = 0;
-    FERRY_CUDA_TRY(cudaMemcpy(&v, ptr + i, sizeof v, cudaMemcpyDeviceToHost));
+    FERRY_CUDA_TRY(cudaMemcpyAsync(&v, ptr + i, sizeof v, cudaMemcpyDeviceToHost, own.get()));
+    own.synchronize();
     return v;
   }
 };

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU run's dry run, as CI runs it on a machine without a GPU:
+#   tests/gpu_check_dry_run.sh CARRY_DIR WORK_DIR
+# 1. CARRY_DIR/gpu-check.sh runs every step from the carry folder that scripts/gpu-build.sh
+#    made: each step passes or says it needs a GPU, the summary lists all of them, and the
+#    limits add up to at most 300 s.
+# 2. The script's own logic, on a copy of the carry folder: a run that claims a GPU where
+#    none is usable fails; a hanging step is stopped at its limit and reported as timed
+#    out; a damaged carry folder is caught; limits over the budget and unknown steps are
+#    refused before anything runs.
+# Exit 77 (skipped) when there is no carry folder, unless FERRY_REQUIRE_GPU_CARRY=1
+# (scripts/test.sh sets it after building one).
+set -uo pipefail
+carry=${1:?usage: gpu_check_dry_run.sh CARRY_DIR WORK_DIR}
+work=${2:?usage: gpu_check_dry_run.sh CARRY_DIR WORK_DIR}
+if [[ ! -x $carry/gpu-check.sh ]]; then
+  echo "no carry folder at $carry: make it with scripts/gpu-build.sh"
+  [[ ${FERRY_REQUIRE_GPU_CARRY:-0} == 1 ]] && exit 1
+  exit 77
+fi
+if [[ -e /dev/nvidia0 ]]; then
+  echo "this machine has a GPU: the dry run is for machines without one (run gpu-check.sh itself)"
+  exit 77
+fi
+rm -rf "$work"
+mkdir -p "$work"
+problems=0
+fail() { echo "FAIL: $*"; problems=$((problems + 1)); }
+unset FERRY_GPU_CHECK_STEPS FERRY_GPU_CHECK_LIMITS FERRY_GPU_CHECK_MODE FERRY_GPU_CHECK_BUDGET_S FERRY_GPU_CARRY
+
+# --- 1. the dry run itself ------------------------------------------------------------------
+steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
+       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro-schedule)
+no_gpu_needed=(carry machine micro-schedule)
+"$carry/gpu-check.sh" "$work/dry" >"$work/dry.out" 2>&1
+rc=$?
+[[ $rc -eq 0 ]] || fail "the dry run exited $rc (want 0)"
+summary=$work/dry/summary.md
+if [[ ! -f $summary ]]; then
+  fail "no summary.md"
+else
+  grep -q 'Mode: \*\*dry run\*\*' "$summary" || fail "summary.md does not say it was a dry run"
+  for s in "${steps[@]}"; do
+    line=$(grep "^| $s |" "$summary")
+    [[ -n $line ]] || { fail "summary.md has no line for step $s"; continue; }
+    result=$(echo "$line" | awk -F'|' '{gsub(/^ +| +$/, "", $3); print $3}')
+    case " ${no_gpu_needed[*]} " in
+      *" $s "*) [[ $result == passed ]] || fail "step $s needs no GPU but is '$result'" ;;
+      *) [[ $result == passed || $result == "skipped (needs a GPU"* ]] || fail "step $s is '$result'" ;;
+    esac
+    [[ -f $work/dry/$s.log ]] || fail "no log for step $s"
+  done
+  planned=$(sed -n 's/^Planned: \([0-9]*\) s of limits.*/\1/p' "$summary")
+  [[ -n $planned && $planned -le 300 ]] || fail "the planned total is '${planned}' s (want at most 300)"
+  [[ -f $work/dry/machine.json ]] || fail "the machine step wrote no machine.json"
+  [[ -s $work/dry/micro-schedule.json ]] || fail "the micro-schedule step wrote no JSON"
+  grep -q 'BM_' "$work/dry/micro-schedule.json" || fail "micro-schedule.json holds no benchmark"
+  # What a skipped GPU step said, so a reader sees why.
+  grep -qE 'needs a GPU and none is usable here' "$work/dry/bench-suite.log" || fail "bench-suite.log does not say it needs a GPU"
+  grep -q 'SKIPPED: no usable CUDA device' "$work/dry/gpu-tests.log" || fail "gpu-tests.log does not say it needs a GPU"
+fi
+[[ -f $work/dry/gpu-check.log ]] || fail "no gpu-check.log"
+
+# --- 2. the script's own logic on a copy of the carry folder ----------------------------------
+fake=$work/carry-copy
+cp -a "$carry" "$fake"
+
+# A machine that claims a GPU but has none usable: the GPU tests fail there.
+FERRY_GPU_CHECK_MODE=gpu FERRY_GPU_CHECK_STEPS=gpu-tests,example-stream_ordering \
+  "$fake/gpu-check.sh" "$work/claims-gpu" >"$work/claims-gpu.out" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] || fail "claiming a GPU without one exited $rc (want 1)"
+grep -q '^| gpu-tests | failed (no GPU usable) |' "$work/claims-gpu/summary.md" 2>/dev/null ||
+  fail "claiming a GPU: gpu-tests is not 'failed (no GPU usable)'"
+grep -q '^| example-stream_ordering | failed (no GPU usable) |' "$work/claims-gpu/summary.md" 2>/dev/null ||
+  fail "claiming a GPU: example-stream_ordering is not 'failed (no GPU usable)'"
+grep -q '^| carry |' "$work/claims-gpu/summary.md" 2>/dev/null && fail "a step that was not chosen ran"
+
+# A step that hangs is stopped at its limit (2 s here), and the run goes on to the next.
+hang=$work/carry-hang
+cp -a "$carry" "$hang"
+printf '#!/bin/sh\nsleep 300\n' >"$hang/bin/stream_ordering"
+t0=$(date +%s)
+FERRY_GPU_CHECK_STEPS=example-stream_ordering,micro-schedule FERRY_GPU_CHECK_LIMITS=example-stream_ordering=2 \
+  "$hang/gpu-check.sh" "$work/hang" >"$work/hang.out" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+[[ $rc -eq 1 ]] || fail "a hanging step: exit $rc (want 1)"
+grep -q '^| example-stream_ordering | timed out |' "$work/hang/summary.md" 2>/dev/null ||
+  fail "a hanging step is not reported as timed out"
+grep -q '^| micro-schedule | passed |' "$work/hang/summary.md" 2>/dev/null || fail "the step after a hang did not run"
+((took < 60)) || fail "a 2 s limit took ${took} s to stop the step"
+pgrep -f "$hang/bin/stream_ordering" >/dev/null && fail "the hanging step's process outlived its limit"
+
+# A damaged carry folder (one byte of a binary changed) is caught by the carry step.
+printf 'x' >>"$hang/bin/ferry-micro-memory"
+FERRY_GPU_CHECK_STEPS=carry "$hang/gpu-check.sh" "$work/damaged" >"$work/damaged.out" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] || fail "a damaged carry folder: exit $rc (want 1)"
+grep -q 'ferry-micro-memory: FAILED' "$work/damaged/carry.log" 2>/dev/null || fail "the damaged file is not named"
+
+# A sanitizer option that compute-sanitizer does not know fails the dry run already.
+if grep -q 'took the options' "$work/dry/memcheck.log"; then
+  bad=$work/carry-bad-option
+  cp -a "$carry" "$bad"
+  sed -i 's/--tool memcheck --leak-check full/--tool memcheck --leak-check sometimes/' "$bad/gpu-check.sh"
+  FERRY_GPU_CHECK_STEPS=memcheck "$bad/gpu-check.sh" "$work/bad-option" >"$work/bad-option.out" 2>&1
+  rc=$?
+  [[ $rc -eq 1 ]] || fail "a bad compute-sanitizer option: exit $rc (want 1)"
+  grep -q '^| memcheck | failed (exit 255) |' "$work/bad-option/summary.md" 2>/dev/null ||
+    fail "a bad compute-sanitizer option is not a failed memcheck step"
+else
+  echo "note: no compute-sanitizer here (scripts/deps.sh installs it from PyPI); its options were not checked"
+fi
+
+# Refused before anything runs: limits over the budget, unknown steps, bad limits, no OUT.
+FERRY_GPU_CHECK_LIMITS=memcheck=400 "$fake/gpu-check.sh" "$work/over" >"$work/over.out" 2>&1
+rc=$?
+[[ $rc -eq 2 ]] || fail "limits over the budget: exit $rc (want 2)"
+grep -qE 'add up to [0-9]+ s, over the budget of 300 s' "$work/over.out" || fail "over the budget: message: $(cat "$work/over.out")"
+[[ -e $work/over/summary.md ]] && fail "over the budget, steps ran anyway"
+FERRY_GPU_CHECK_STEPS=no-such-step "$fake/gpu-check.sh" "$work/unknown" >"$work/unknown.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "names no step 'no-such-step'" "$work/unknown.out" || fail "an unknown step is not refused"
+FERRY_GPU_CHECK_LIMITS=memcheck=ten "$fake/gpu-check.sh" "$work/bad-limit" >"$work/bad-limit.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "'memcheck=ten' is not step=seconds" "$work/bad-limit.out" || fail "a bad limit is not refused"
+"$fake/gpu-check.sh" >"$work/no-out.out" 2>&1
+[[ $? -eq 2 ]] || fail "no OUT argument is not refused"
+
+if ((problems > 0)); then
+  echo "gpu-check dry run: $problems problem(s); the dry run printed:"
+  cat "$work/dry.out"
+  exit 1
+fi
+echo "gpu-check dry run: all checks passed"
+cat "$summary"
