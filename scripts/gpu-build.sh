@@ -85,7 +85,7 @@ cp scripts/gpu-check.sh "$staging/gpu-check.sh"
 chmod +x "$staging/gpu-check.sh"
 
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | wc -l)
+dirty=$(git status --porcelain 2>/dev/null | { grep -vc '^??' || true; })
 {
   echo "# ferry GPU carry folder, made by scripts/gpu-build.sh"
   echo "commit $commit$([[ $dirty -gt 0 ]] && echo " (+$dirty uncommitted changes)")"
