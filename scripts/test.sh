@@ -13,6 +13,10 @@ if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
+# ccache (FERRY_USE_CCACHE): paths relative to the checkout and no working folder in the
+# hash, so a clean clone in another folder (as CI makes) hits the cache of the last run.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+
 # The GPU machine's binaries (release, sm_90), packed into build/gpu-carry: CTest's
 # "gpu-check: dry run" runs scripts/gpu-check.sh from it, as the GPU machine would.
 if command -v nvcc >/dev/null 2>&1; then
