@@ -205,6 +205,10 @@ struct noop_cuda {
   }
   cudaError_t set_device(int d) const { return opaque(&d); }
   cudaError_t wait_value32(cudaStream_t s, void* /*address*/, std::uint32_t /*value*/) const { return opaque(s); }
+  cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) const {
+    *capturing = false;
+    return opaque(s);
+  }
 };
 
 using noop_scheduler = ferry::basic_scheduler<ferry::cuda_backend<noop_cuda>>;

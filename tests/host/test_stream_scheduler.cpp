@@ -142,6 +142,10 @@ struct fake_cuda {
     return cudaSuccess;
   }
   cudaError_t set_device(int /*d*/) const { return cudaSuccess; }
+  cudaError_t stream_is_capturing(cudaStream_t /*s*/, bool* capturing) const {
+    *capturing = false;
+    return cudaSuccess;
+  }
   cudaError_t wait_value32(cudaStream_t s, void* /*address*/, std::uint32_t value) const {
     if (!st->wait_value_supported) return cudaErrorNotSupported;
     st->add({.op = "wait_value", .stream = s, .value = value});

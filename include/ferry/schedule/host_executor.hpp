@@ -79,6 +79,19 @@ class host_backend {
     host_stream* stream = &s.get();
     s->enqueue([fn, context, stream] { fn(context, stream->error()); });
   }
+  /// @brief Calls `fn(context, error)` once marker `m` has completed, on its stream's
+  /// thread right after the item it covers (or here, at once, if it has): not behind
+  /// work enqueued on that stream since.
+  void notify_marker(const marker_type& m, ferry::lane /*l*/, void (*fn)(void*, std::exception_ptr) noexcept,
+                     void* context) {
+    if (m.stream == nullptr) {
+      fn(context, nullptr);
+      return;
+    }
+    const_cast<host_stream*>(m.stream)->when_done(m, [fn, context](std::exception_ptr e) { fn(context, std::move(e)); });
+  }
+  /// @brief Host streams are never captured into a CUDA graph: nothing to refuse.
+  void refuse_capture(stream_type /*s*/, const char* /*what*/) noexcept {}
   /// @brief Nothing to arm.
   void arm(signal_type& /*s*/) noexcept {}
   /// @brief Nothing to disarm.

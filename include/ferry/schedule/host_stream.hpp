@@ -34,6 +34,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -123,6 +124,21 @@ class host_stream {
   }
 
   /// @brief The first error of the stream (null when it has not failed).
+  /// @brief Calls `f(error)` once the items `m` covers have run: on the stream's thread
+  /// right after the last of them (before later items), or here at once if they have.
+  /// `error`: the stream's error if it failed at or before `m`. `f` must not throw.
+  /// @throws std::bad_alloc
+  void when_done(const host_marker& m, std::function<void(std::exception_ptr)> f) {
+    {
+      std::lock_guard lock(mutex_);
+      if (completed_ < m.seq) {
+        watchers_.push_back({m.seq, std::move(f)});
+        return;
+      }
+    }
+    f(error_at(m));
+  }
+
   [[nodiscard]] std::exception_ptr error() const noexcept {
     std::lock_guard lock(mutex_);
     return error_;
@@ -163,7 +179,26 @@ class host_stream {
         failed_at_ = completed_;
       }
       progress_.notify_all();
+      if (!watchers_.empty()) run_watchers(lock);
     }
+  }
+
+  // Runs (outside the lock) the watchers whose marker the stream has now passed.
+  void run_watchers(std::unique_lock<std::mutex>& lock) noexcept {
+    std::vector<watcher> due;
+    for (auto it = watchers_.begin(); it != watchers_.end();) {
+      if (it->seq <= completed_) {
+        due.push_back(std::move(*it));
+        it = watchers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    const std::exception_ptr error = error_;
+    const std::uint64_t failed_at = failed_at_;
+    lock.unlock();
+    for (auto& w : due) w.f(error && failed_at <= w.seq ? error : nullptr);
+    lock.lock();
   }
 
   mutable std::mutex mutex_;
@@ -174,6 +209,11 @@ class host_stream {
   std::uint64_t completed_ = 0;
   std::uint64_t failed_at_ = 0;
   std::exception_ptr error_;
+  struct watcher {
+    std::uint64_t seq;
+    std::function<void(std::exception_ptr)> f;
+  };
+  std::vector<watcher> watchers_;  // when_done callbacks not yet due
   bool stopping_ = false;
   std::thread worker_;  // last: started after every other member exists
 };

@@ -29,6 +29,10 @@
 ///    blocking — on a stream made to wait for the ticket (`ticket.enqueue_wait(s)`,
 ///    then a stream-ordered free on `s`); never earlier.
 /// 3. H2D and D2H are separate lanes and progress at the same time.
+/// 6. A continuation (`then`) runs once its own move has completed: for a copy, on the
+///    copy's own marker, not behind later work on the lane.
+/// 7. A move ordered after a stream that is being captured into a CUDA graph, and a
+///    stream wait from one, are refused (`ferry::logic_error` naming the stream).
 /// 4. Nothing is issued on the legacy default stream (the CUDA backend refuses it).
 /// 5. `copy_on` issues only copies on the caller's stream: capturable in a CUDA graph.
 ///
@@ -323,10 +327,12 @@ class basic_scheduler {
         return;
       }
       auto* box = new continuation{std::function<void(std::exception_ptr)>(std::forward<F>(f)), s, this};
-      detail::add_ref(s);
+      detail::add_ref(s);  // keeps the marker recorded for this copy until the continuation has run
       begin_move();
       try {
-        core_->backend().notify(core_->backend().lane(s->which), s->which, &run_continuation, box);
+        // On the copy's own marker: the continuation runs when this copy has landed, not
+        // behind whatever was enqueued on the lane since.
+        core_->backend().notify_marker(s->marker, s->which, &run_continuation, box);
       } catch (...) {
         detail::drop_ref(s);
         delete box;
@@ -483,6 +489,7 @@ class basic_scheduler {
     auto& b = core_->backend();
     const stream_type lane_stream = b.lane(l);
     if (after != nullptr) {
+      b.refuse_capture(*after, "a copy move ordered after this stream");
       const auto m = b.record(*after);  // the event is on the producer's stream: guarantee 1
       marker_guard g{b, m};
       b.wait(lane_stream, m);
@@ -597,6 +604,7 @@ class basic_scheduler {
                           std::size_t bytes, bool to_nvme, const stream_type* after) {
     auto& b = core_->backend();
     const lane l = to_nvme ? lane::d2h : lane::h2d;
+    if (after != nullptr) b.refuse_capture(*after, "a disk move ordered after this stream");
     const stream_type own = b.acquire_stream(l);
     try {
       if (after != nullptr) {

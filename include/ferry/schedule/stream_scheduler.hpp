@@ -27,11 +27,25 @@
 /// blocks until the move completes — correct, but it holds CUDA's callback thread.
 ///
 /// ## Threads
-/// Two completion threads (one per lane, since events on one stream complete in order)
-/// block in `cudaEventSynchronize` on blocking-sync events and run the continuations of
-/// disk moves: submitting the disk write of a chunk that landed in a bounce buffer,
-/// returning a slot whose H2D copy finished. No continuation runs inside a CUDA
-/// callback, so none can deadlock the runtime.
+/// A completion thread per stream the backend owns (the two lanes, and each pooled
+/// stream of a staged move): events on one stream complete in order, so each thread
+/// blocks in `cudaEventSynchronize` on the blocking-sync events of its own stream only,
+/// in FIFO order, and runs the continuations of disk moves: submitting the disk write of
+/// a chunk that landed in a bounce buffer, returning a slot whose H2D copy finished.
+/// One thread never waits on events of two streams in turn: a move whose start waits
+/// (through the producer stream) for another move's chunks cannot hold those chunks'
+/// completions behind it. No continuation runs inside a CUDA callback, and the one
+/// host function (the fallback stream wait) never releases the backend there.
+///
+/// ## Devices and graphs
+/// The backend belongs to the device that was current when it was made; every call that
+/// makes or records an event or makes a stream first makes that device current on the
+/// calling thread (and restores the thread's own afterwards), so I/O-engine threads and
+/// the caller's threads on another device work. A move ordered after a stream that is
+/// being captured into a CUDA graph, and a stream wait on a ticket from one, are refused
+/// with `ferry::logic_error` (a captured event or flag wait would replay with the values
+/// of the capture, not of the replay); `copy_on` is stream-ordered only and may be
+/// captured.
 ///
 /// ## Testing without a GPU
 /// Every CUDA call goes through the `Api` policy (`cuda_runtime_api` by default).
@@ -59,6 +73,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -109,6 +124,13 @@ struct cuda_runtime_api {
   cudaError_t get_device(int* d) const { return cudaGetDevice(d); }
   /// @brief `cudaSetDevice`.
   cudaError_t set_device(int d) const { return cudaSetDevice(d); }
+  /// @brief `cudaStreamIsCapturing`: whether `s` is being captured into a CUDA graph.
+  cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t rc = cudaStreamIsCapturing(s, &status);
+    *capturing = status != cudaStreamCaptureStatusNone;
+    return rc;
+  }
   /// @brief `cuStreamWaitValue32(s, address, value, CU_STREAM_WAIT_VALUE_GEQ)` through
   /// the driver entry point; `cudaErrorNotSupported` where it is unavailable.
   cudaError_t wait_value32(cudaStream_t s, void* device_address, std::uint32_t value) const {
@@ -146,7 +168,7 @@ class cuda_backend {
   };
 
   /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities)
-  /// on the current device, the flag page and the completion threads.
+  /// on the current device, the flag page and the lanes' completion threads.
   /// @throws ferry::cuda_error
   explicit cuda_backend(const scheduler_options& options, Api api = {}) : api_(std::move(api)) {
     FERRY_CUDA_TRY(api_.get_device(&device_));
@@ -158,7 +180,7 @@ class cuda_backend {
       FERRY_CUDA_TRY(api_.stream_create(&streams_[0], cudaStreamNonBlocking, h2d_priority), h2d_priority);
       FERRY_CUDA_TRY(api_.stream_create(&streams_[1], cudaStreamNonBlocking, d2h_priority), d2h_priority);
       grow_flags();
-      for (auto& q : queues_) q.thread = std::thread([this, &q] { complete(q); });
+      for (std::size_t i = 0; i < 2; ++i) lane_queues_[i] = start_queue(streams_[i]);
     } catch (...) {
       release_all();
       throw;
@@ -180,13 +202,16 @@ class cuda_backend {
     refuse_legacy(s);
     const cudaMemcpyKind kind =
         direction == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const device_scope on(*this);
     FERRY_CUDA_TRY(api_.memcpy_async(dst, src, n, kind, s.get()), dst, src, n);
   }
 
-  /// @brief Records a pooled event on `s`.
+  /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
+  /// calling thread's current device is).
   /// @throws ferry::logic_error on the legacy default stream; ferry::cuda_error
   [[nodiscard]] marker_type record(stream_type s) {
     refuse_legacy(s);
+    const device_scope on(*this);
     cudaEvent_t e = acquire_event();
     const cudaError_t status = api_.event_record(e, s.get());
     if (status != cudaSuccess) {
@@ -200,6 +225,22 @@ class cuda_backend {
   void wait(stream_type s, const marker_type& m) {
     refuse_legacy(s);
     FERRY_CUDA_TRY(api_.stream_wait_event(s.get(), m));
+  }
+
+  /// @brief Refuses a stream that is being captured into a CUDA graph: ordering a move
+  /// after it (or making it wait for a ticket) would be captured with the events and
+  /// flag values of this moment, and a replay of the graph would not wait for the move.
+  /// @param what the call, for the message
+  /// @throws ferry::logic_error naming the stream; ferry::cuda_error if the query fails
+  void refuse_capture(stream_type s, const char* what) {
+    refuse_legacy(s);
+    bool capturing = false;
+    FERRY_CUDA_TRY(api_.stream_is_capturing(s.get(), &capturing));
+    const void* stream = s.get();
+    FERRY_EXPECTS(!capturing,
+                  "the stream is being captured into a CUDA graph: a move ordered on it would not be ordered when "
+                  "the graph replays; end the capture first, or capture copy_on (stream-ordered only)",
+                  what, stream);
   }
 
   /// @brief Whether the work before `m` has completed.
@@ -222,16 +263,21 @@ class cuda_backend {
     m = nullptr;
   }
 
-  /// @brief Calls `fn(context, error)` on lane `l`'s completion thread once the work
-  /// enqueued on `s` so far has completed (`error`: a `cuda_error` if the wait failed).
+  /// @brief Calls `fn(context, error)` on the completion thread of `s` (a lane, or a
+  /// stream from `acquire_stream`) once the work enqueued on `s` so far has completed
+  /// (`error`: a `cuda_error` if the wait failed). A stream the backend does not own is
+  /// waited for on lane `l`'s thread.
   void notify(stream_type s, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
     cudaEvent_t e = record(s);
-    queue& q = queues_[static_cast<std::size_t>(l)];
-    {
-      std::lock_guard lock(q.mutex);
-      q.items.push_back({e, fn, context});
-    }
-    q.cv.notify_one();
+    push(queue_for(s.get(), l), {e, fn, context, true});
+  }
+
+  /// @brief Calls `fn(context, error)` on lane `l`'s completion thread once marker `m`
+  /// (recorded on that lane, and kept alive by the caller until `fn` runs) has
+  /// completed: a continuation of a copy fires with its copy, not behind later work.
+  void notify_marker(const marker_type& m, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept,
+                     void* context) {
+    push(*lane_queues_[static_cast<std::size_t>(l)], {m, fn, context, false});
   }
 
   /// @brief Gives a disk move a flag slot and its next target value.
@@ -252,7 +298,9 @@ class cuda_backend {
     std::atomic_ref<std::uint32_t>(*flag_host(sig.slot)).store(sig.target, std::memory_order_release);
   }
   /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`), or
-  /// for the move to finish (a blocking host function) where that is unsupported.
+  /// for the move to finish (a blocking host function) where that is unsupported. The
+  /// host function never releases the move's last reference itself (that could destroy
+  /// the backend, and its CUDA calls, inside a CUDA callback): a thread of its own does.
   template <class State>
   void wait_signal(stream_type s, signal_type& sig, State* state) {
     refuse_legacy(s);
@@ -266,7 +314,13 @@ class cuda_backend {
         [](void* p) {
           auto* st = static_cast<State*>(p);
           while (st->finished.load(std::memory_order_acquire) == 0) st->finished.wait(0);
-          detail::drop_ref(st);
+          if (st->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+          st->refs.store(1, std::memory_order_relaxed);  // the last one: released off the callback thread
+          try {
+            std::thread([st] { detail::drop_ref(st); }).detach();
+          } catch (...) {
+            detail::drop_ref(st);  // no thread to be had: release here rather than leak
+          }
         },
         state);
     if (status != cudaSuccess) {
@@ -279,9 +333,9 @@ class cuda_backend {
   [[nodiscard]] bool stream_memory_waits() const noexcept { return wait_value_ok_.load(std::memory_order_relaxed); }
 
   /// @brief A stream of its own for a staged move in direction `l` (non-blocking, the
-  /// lane's priority; from a pool, made the first time more are in use at once than
-  /// ever before).
-  /// @throws ferry::cuda_error
+  /// lane's priority, on the backend's device; from a pool, made with its completion
+  /// thread the first time more are in use at once than ever before).
+  /// @throws ferry::cuda_error, std::system_error
   [[nodiscard]] stream_type acquire_stream(ferry::lane l) {
     std::lock_guard lock(pool_mutex_);
     auto& free = free_streams_[static_cast<std::size_t>(l)];
@@ -292,7 +346,17 @@ class cuda_backend {
     }
     const int priority = priorities_[static_cast<std::size_t>(l)];
     cudaStream_t s = nullptr;
-    FERRY_CUDA_TRY(api_.stream_create(&s, cudaStreamNonBlocking, priority), priority);
+    {
+      const device_scope on(*this);
+      FERRY_CUDA_TRY(api_.stream_create(&s, cudaStreamNonBlocking, priority), priority);
+    }
+    try {
+      extra_queues_.reserve(extra_queues_.size() + 1);
+      extra_queues_.push_back(start_queue(s));
+    } catch (...) {
+      (void)api_.stream_destroy(s);
+      throw;
+    }
     extra_streams_.push_back(s);
     for (auto& f : free_streams_) f.reserve(extra_streams_.size());  // so that release never allocates
     return ::cuda::stream_ref{s};
@@ -307,28 +371,41 @@ class cuda_backend {
 
   /// @brief Blocks until lane `l`'s stream is idle (errors ignored).
   void drain_lane(ferry::lane l) noexcept { (void)api_.stream_synchronize(streams_[static_cast<std::size_t>(l)]); }
-  /// @brief Blocks until both streams are idle and every queued continuation has run.
+  /// @brief Blocks until every stream is idle and every queued continuation has run.
   void drain() noexcept {
     drain_lane(ferry::lane::h2d);
     drain_lane(ferry::lane::d2h);
+    std::vector<queue*> queues;
     {
       std::lock_guard lock(pool_mutex_);
       for (cudaStream_t s : extra_streams_) (void)api_.stream_synchronize(s);
+      for (auto& q : extra_queues_) queues.push_back(q.get());
     }
-    for (auto& q : queues_) {
-      std::unique_lock lock(q.mutex);
-      q.idle_cv.wait(lock, [&] { return q.items.empty() && !q.busy; });
+    for (auto& q : lane_queues_) {
+      if (q) queues.push_back(q.get());
+    }
+    for (queue* q : queues) {
+      std::unique_lock lock(q->mutex);
+      q->idle_cv.wait(lock, [&] { return q->items.empty() && !q->busy; });
     }
   }
   /// @brief Stops the completion threads after they have run what is queued.
   void shutdown() noexcept {
-    for (auto& q : queues_) {
+    std::vector<queue*> queues;
+    {
+      std::lock_guard lock(pool_mutex_);
+      for (auto& q : extra_queues_) queues.push_back(q.get());
+    }
+    for (auto& q : lane_queues_) {
+      if (q) queues.push_back(q.get());
+    }
+    for (queue* q : queues) {
       {
-        std::lock_guard lock(q.mutex);
-        q.stopping = true;
+        std::lock_guard lock(q->mutex);
+        q->stopping = true;
       }
-      q.cv.notify_all();
-      if (q.thread.joinable()) q.thread.join();
+      q->cv.notify_all();
+      if (q->thread.joinable()) q->thread.join();
     }
   }
   /// @brief The API object (for tests).
@@ -339,8 +416,11 @@ class cuda_backend {
     cudaEvent_t event;
     void (*fn)(void*, std::exception_ptr) noexcept;
     void* context;
+    bool owned;  // the event is the backend's to release after the wait
   };
+  // The completion queue of one stream, with its thread.
   struct queue {
+    cudaStream_t stream = nullptr;
     std::mutex mutex;
     std::condition_variable cv;       // items or stopping
     std::condition_variable idle_cv;  // drained
@@ -351,11 +431,57 @@ class cuda_backend {
   };
   static constexpr std::size_t flags_per_page = 1024;
 
+  // Makes the backend's device current on the calling thread for a scope, and restores
+  // the thread's own device after (one cudaGetDevice when they agree).
+  class device_scope {
+   public:
+    explicit device_scope(cuda_backend& b) : b_(b) {
+      FERRY_CUDA_TRY(b_.api_.get_device(&previous_));
+      if (previous_ != b_.device_) FERRY_CUDA_TRY(b_.api_.set_device(b_.device_), b_.device_);
+    }
+    device_scope(const device_scope&) = delete;
+    device_scope& operator=(const device_scope&) = delete;
+    ~device_scope() {
+      if (previous_ != b_.device_) (void)b_.api_.set_device(previous_);
+    }
+
+   private:
+    cuda_backend& b_;
+    int previous_ = 0;
+  };
+
   static void refuse_legacy(stream_type s) {
     const void* stream = s.get();
     FERRY_EXPECTS(!is_legacy_default_stream(s),
                   "ferry never issues work on the legacy default stream; pass a stream made with cudaStreamCreate*",
                   stream);
+  }
+
+  std::unique_ptr<queue> start_queue(cudaStream_t s) {
+    auto q = std::make_unique<queue>();
+    q->stream = s;
+    queue* raw = q.get();
+    q->thread = std::thread([this, raw] { complete(*raw); });
+    return q;
+  }
+
+  queue& queue_for(cudaStream_t s, ferry::lane l) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (streams_[i] == s) return *lane_queues_[i];
+    }
+    std::lock_guard lock(pool_mutex_);
+    for (auto& q : extra_queues_) {
+      if (q->stream == s) return *q;
+    }
+    return *lane_queues_[static_cast<std::size_t>(l)];
+  }
+
+  static void push(queue& q, item it) {
+    {
+      std::lock_guard lock(q.mutex);
+      q.items.push_back(it);
+    }
+    q.cv.notify_one();
   }
 
   cudaEvent_t acquire_event() {
@@ -391,8 +517,10 @@ class cuda_backend {
       } catch (...) {
         error = std::current_exception();
       }
-      cudaEvent_t e = it.event;
-      release(e);
+      if (it.owned) {
+        cudaEvent_t e = it.event;
+        release(e);
+      }
       it.fn(it.context, std::move(error));
       lock.lock();
       q.busy = false;
@@ -432,6 +560,8 @@ class cuda_backend {
     }
     for (cudaStream_t s : extra_streams_) FERRY_ASSERT_CUDA_SUCCESS(api_.stream_destroy(s));
     extra_streams_.clear();
+    extra_queues_.clear();
+    for (auto& q : lane_queues_) q.reset();
     for (auto& f : free_streams_) f.clear();
     for (cudaEvent_t e : all_events_) FERRY_ASSERT_CUDA_SUCCESS(api_.event_destroy(e));
     all_events_.clear();
@@ -451,6 +581,7 @@ class cuda_backend {
   int priorities_[2] = {0, 0};
   std::mutex pool_mutex_;
   std::vector<cudaStream_t> extra_streams_;          // staged moves' own streams
+  std::vector<std::unique_ptr<queue>> extra_queues_; // their completion queues
   std::vector<cudaStream_t> free_streams_[2];
   std::mutex events_mutex_;
   std::vector<cudaEvent_t> all_events_;
@@ -460,7 +591,7 @@ class cuda_backend {
   std::vector<std::uint32_t> targets_;
   std::vector<std::uint32_t> free_flags_;
   std::atomic<bool> wait_value_ok_{true};
-  queue queues_[2];
+  std::unique_ptr<queue> lane_queues_[2];
 };
 
 /// @brief A scheduler on CUDA streams (see the file comment and `basic_scheduler`).

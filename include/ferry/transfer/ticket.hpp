@@ -262,10 +262,12 @@ class basic_ticket {
   /// @brief Makes `s` wait for the move before it runs anything enqueued after this
   /// call, without blocking the host. A failed move also releases the stream (so
   /// nothing hangs): check `wait()` or `ready()`/`error()` before trusting the bytes.
-  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream)
+  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream, or a stream
+  ///         being captured into a CUDA graph: a captured wait would not wait on replay)
   void enqueue_wait(stream_type s) const {
     if (s_ == nullptr) return;
     auto& b = s_->pool->backend();
+    b.refuse_capture(s, "ticket::enqueue_wait");
     if (s_->kind == detail::move_kind::copy) {
       if (s_->has_marker) b.wait(s, s_->marker);
       return;

@@ -1,0 +1,451 @@
+// A CPU model of the CUDA runtime calls that ferry's CUDA backend makes (the members of
+// ferry::cuda_runtime_api), so that `cuda_backend<Api>` — completion threads, event
+// waits, stream waits on flags, host-function fallbacks, device selection — runs on a
+// machine without a GPU, under ThreadSanitizer, with timing a GPU would never give.
+//
+// What it keeps of CUDA's semantics (CUDA Runtime API, "Stream Management", "Event
+// Management", "Execution Control"):
+// - Each stream is a worker thread that runs its queue in order. An operation runs when
+//   the stream reaches it, not when it is enqueued: a copy reads its source then.
+// - Events have numbered records: `event_record` enqueues a marker; `event_query` and
+//   `event_synchronize` see the latest record (an event never recorded is complete);
+//   `stream_wait_event` waits for the record made before the call, and only for that
+//   one (a later record of the same event on another stream does not release it).
+// - Host functions run on one callback thread (as the driver's), in stream order: the
+//   stream waits until the function returns. A CUDA call made from inside a host
+//   function returns `cudaErrorNotPermitted` and is counted (`violations`).
+// - `wait_value32` blocks its stream until the 32-bit word reaches the value (GEQ).
+// - Devices: streams and events belong to the thread's current device when made; an
+//   event recorded on a stream of another device fails (`cudaErrorInvalidResourceHandle`).
+// - Graph capture: `begin_capture(s)` marks a stream as capturing; `stream_is_capturing`
+//   reports it, and any operation enqueued on it is counted as captured
+//   (`captured_calls`): ferry must refuse such moves rather than enqueue them.
+// - Adversarial timing: with a seed, every operation of every stream (and every host
+//   function) is delayed by a random 0..max_delay_us before it runs, so independent
+//   streams run in any order and a missing wait shows up as wrong bytes.
+#pragma once
+
+#include <ferry/config.hpp>
+
+#if FERRY_HAS_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace ferry_test {
+
+/// Settings of a CPU model of the CUDA runtime.
+struct model_options {
+  std::uint64_t seed = 0;           ///< 0: no delays; else the seed of the adversarial delays
+  std::uint32_t max_delay_us = 300; ///< the longest delay before an operation runs
+  int devices = 1;                  ///< devices 0 .. devices-1
+};
+
+class cuda_model {
+ public:
+  explicit cuda_model(model_options o = {}) : options_(o), callbacks_([this] { run_callbacks(); }) {}
+  cuda_model(const cuda_model&) = delete;
+  cuda_model& operator=(const cuda_model&) = delete;
+  ~cuda_model() {
+    std::vector<stream_rec*> streams;
+    {
+      std::lock_guard lock(mutex_);
+      streams = all_streams_;
+    }
+    for (stream_rec* s : streams) stop(s);
+    {
+      std::lock_guard lock(cb_mutex_);
+      cb_stopping_ = true;
+    }
+    cb_cv_.notify_all();
+    callbacks_.join();
+    for (stream_rec* s : streams) delete s;
+    for (event_rec* e : all_events_) delete e;
+  }
+
+  // --- the members of ferry::cuda_runtime_api ------------------------------------------
+  cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, cudaMemcpyKind /*kind*/, cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    if (fail_copies_after_.load() == 0) return cudaErrorInvalidValue;
+    if (fail_copies_after_.load() > 0) --fail_copies_after_;
+    enqueue(rec(s), [dst, src, n] { std::memcpy(dst, src, n); });
+    return cudaSuccess;
+  }
+  cudaError_t event_create(cudaEvent_t* e, unsigned /*flags*/) {
+    if (refused()) return cudaErrorNotPermitted;
+    auto* r = new event_rec;
+    r->device = current_device();
+    std::lock_guard lock(mutex_);
+    all_events_.push_back(r);
+    *e = reinterpret_cast<cudaEvent_t>(r);
+    return cudaSuccess;
+  }
+  cudaError_t event_destroy(cudaEvent_t /*e*/) { return refused() ? cudaErrorNotPermitted : cudaSuccess; }
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    event_rec* ev = erec(e);
+    stream_rec* st = rec(s);
+    if (ev->device != st->device) {
+      wrong_device_.fetch_add(1);
+      return cudaErrorInvalidResourceHandle;
+    }
+    std::uint64_t gen = 0;
+    {
+      std::lock_guard lock(events_mutex_);
+      gen = ++ev->recorded;
+    }
+    enqueue(st, [this, ev, gen] {
+      {
+        std::lock_guard lock(events_mutex_);
+        ev->done.insert(gen);
+      }
+      events_cv_.notify_all();
+    });
+    return cudaSuccess;
+  }
+  cudaError_t event_query(cudaEvent_t e) {
+    if (refused()) return cudaErrorNotPermitted;
+    event_rec* ev = erec(e);
+    std::lock_guard lock(events_mutex_);
+    return ev->passed(ev->recorded) ? cudaSuccess : cudaErrorNotReady;
+  }
+  cudaError_t event_synchronize(cudaEvent_t e) {
+    if (refused()) return cudaErrorNotPermitted;
+    event_rec* ev = erec(e);
+    std::unique_lock lock(events_mutex_);
+    const std::uint64_t target = ev->recorded;
+    events_cv_.wait(lock, [&] { return ev->passed(target); });
+    return cudaSuccess;
+  }
+  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) {
+    if (refused()) return cudaErrorNotPermitted;
+    event_rec* ev = erec(e);
+    std::uint64_t target = 0;
+    {
+      std::lock_guard lock(events_mutex_);
+      target = ev->recorded;  // the record before this call; none: complete at once
+    }
+    enqueue(rec(s), [this, ev, target] {
+      std::unique_lock lock(events_mutex_);
+      events_cv_.wait(lock, [&] { return ev->passed(target); });
+    });
+    return cudaSuccess;
+  }
+  cudaError_t stream_create(cudaStream_t* s, unsigned /*flags*/, int /*priority*/) {
+    if (refused()) return cudaErrorNotPermitted;
+    auto* r = new stream_rec;
+    r->device = current_device();
+    {
+      std::lock_guard lock(mutex_);
+      r->rng.seed(options_.seed * 0x9E3779B97F4A7C15ull + all_streams_.size() + 1);
+      all_streams_.push_back(r);
+    }
+    r->worker = std::thread([this, r] { run_stream(r); });
+    *s = reinterpret_cast<cudaStream_t>(r);
+    return cudaSuccess;
+  }
+  cudaError_t stream_destroy(cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    stop(rec(s));  // CUDA lets queued work finish first
+    return cudaSuccess;
+  }
+  cudaError_t stream_synchronize(cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    stream_rec* r = rec(s);
+    std::unique_lock lock(r->mutex);
+    r->idle_cv.wait(lock, [&] { return r->queue.empty() && !r->busy; });
+    return cudaSuccess;
+  }
+  cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t fn, void* data) {
+    if (refused()) return cudaErrorNotPermitted;
+    enqueue(rec(s), [this, fn, data] {
+      // The stream waits for its host function, which runs on the callback thread.
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      {
+        std::lock_guard lock(cb_mutex_);
+        cb_queue_.push_back([fn, data, done] {
+          fn(data);
+          done->store(true);
+          done->notify_all();
+        });
+      }
+      cb_cv_.notify_one();
+      while (!done->load()) done->wait(false);
+    });
+    return cudaSuccess;
+  }
+  cudaError_t host_alloc_mapped(void** p, std::size_t n) {
+    if (refused()) return cudaErrorNotPermitted;
+    *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+    return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  }
+  cudaError_t free_host(void* p) {
+    std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+    return cudaSuccess;
+  }
+  cudaError_t device_pointer(void** d, void* h) {
+    *d = h;
+    return cudaSuccess;
+  }
+  cudaError_t get_device(int* d) {
+    *d = current_device();
+    return cudaSuccess;
+  }
+  cudaError_t set_device(int d) {
+    if (d < 0 || d >= options_.devices) return cudaErrorInvalidDevice;
+    current_device_ref() = d;
+    return cudaSuccess;
+  }
+  cudaError_t wait_value32(cudaStream_t s, void* address, std::uint32_t value) {
+    if (refused()) return cudaErrorNotPermitted;
+    if (!wait_value_supported_.load()) return cudaErrorNotSupported;
+    auto* word = static_cast<std::uint32_t*>(address);
+    enqueue(rec(s), [word, value] {
+      while (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) < value) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
+    return cudaSuccess;
+  }
+  cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) {
+    if (refused()) return cudaErrorNotPermitted;
+    stream_rec* r = rec(s);
+    std::lock_guard lock(r->mutex);
+    *capturing = r->capturing;
+    return cudaSuccess;
+  }
+
+  // --- the model's own controls -----------------------------------------------------
+  /// Marks `s` as capturing into a graph (until `end_capture`).
+  void begin_capture(cudaStream_t s) {
+    std::lock_guard lock(rec(s)->mutex);
+    rec(s)->capturing = true;
+  }
+  void end_capture(cudaStream_t s) {
+    std::lock_guard lock(rec(s)->mutex);
+    rec(s)->capturing = false;
+  }
+  /// Runs `f` on stream `s` when the stream reaches it (a kernel, in effect).
+  void launch(cudaStream_t s, std::function<void()> f) { enqueue(rec(s), std::move(f)); }
+  /// The next `n` copies succeed, the one after fails (cudaErrorInvalidValue); -1: none fails.
+  void fail_copies_after(int n) { fail_copies_after_.store(n); }
+  void set_wait_value_supported(bool on) { wait_value_supported_.store(on); }
+  /// CUDA calls made from inside a host function (each refused, as CUDA does).
+  [[nodiscard]] int violations() const { return violations_.load(); }
+  /// Events recorded on a stream of another device (refused).
+  [[nodiscard]] int wrong_device() const { return wrong_device_.load(); }
+  /// Operations enqueued on a capturing stream.
+  [[nodiscard]] int captured_calls() const { return captured_.load(); }
+  [[nodiscard]] const model_options& options() const { return options_; }
+
+ private:
+  struct stream_rec {
+    int device = 0;
+    std::mutex mutex;
+    std::condition_variable cv;       // work or stopping
+    std::condition_variable idle_cv;  // queue drained
+    std::deque<std::function<void()>> queue;
+    bool busy = false;
+    bool stopping = false;
+    bool stopped = false;
+    bool capturing = false;
+    std::mt19937_64 rng;
+    std::thread worker;
+  };
+  // An event's records are numbered; a wait or query refers to the record made before
+  // it, and only that record's completion satisfies it: a pooled event re-recorded on
+  // another stream that gets there first does not release waits on its older record.
+  struct event_rec {
+    int device = 0;
+    std::uint64_t recorded = 0;         // number of the latest record (0: never recorded)
+    std::set<std::uint64_t> done;       // records their stream has passed
+    [[nodiscard]] bool passed(std::uint64_t gen) const { return gen == 0 || done.count(gen) != 0; }
+  };
+
+  static int& current_device_ref() {
+    thread_local int device = 0;
+    return device;
+  }
+  static int current_device() { return current_device_ref(); }
+  static bool& in_callback() {
+    thread_local bool inside = false;
+    return inside;
+  }
+  bool refused() {
+    if (!in_callback()) return false;
+    violations_.fetch_add(1);
+    return true;
+  }
+  static stream_rec* rec(cudaStream_t s) { return reinterpret_cast<stream_rec*>(s); }
+  static event_rec* erec(cudaEvent_t e) { return reinterpret_cast<event_rec*>(e); }
+
+  void enqueue(stream_rec* r, std::function<void()> op) {
+    {
+      std::lock_guard lock(r->mutex);
+      if (r->capturing) captured_.fetch_add(1);
+      r->queue.push_back(std::move(op));
+    }
+    r->cv.notify_one();
+  }
+
+  void delay(std::mt19937_64& rng) const {
+    if (options_.seed == 0 || options_.max_delay_us == 0) return;
+    std::uniform_int_distribution<std::uint32_t> d(0, options_.max_delay_us);
+    const std::uint32_t us = d(rng);
+    if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
+
+  void run_stream(stream_rec* r) {
+    current_device_ref() = r->device;
+    std::unique_lock lock(r->mutex);
+    for (;;) {
+      r->cv.wait(lock, [&] { return r->stopping || !r->queue.empty(); });
+      if (r->queue.empty()) break;
+      std::function<void()> op = std::move(r->queue.front());
+      r->queue.pop_front();
+      r->busy = true;
+      lock.unlock();
+      delay(r->rng);
+      op();
+      lock.lock();
+      r->busy = false;
+      if (r->queue.empty()) r->idle_cv.notify_all();
+    }
+    r->stopped = true;
+    r->idle_cv.notify_all();
+  }
+
+  void stop(stream_rec* r) {
+    {
+      std::lock_guard lock(r->mutex);
+      if (r->stopping) return;
+      r->stopping = true;
+    }
+    r->cv.notify_all();
+    if (r->worker.joinable()) r->worker.join();
+  }
+
+  void run_callbacks() {
+    std::mt19937_64 rng(options_.seed + 7);
+    std::unique_lock lock(cb_mutex_);
+    for (;;) {
+      cb_cv_.wait(lock, [&] { return cb_stopping_ || !cb_queue_.empty(); });
+      if (cb_queue_.empty()) return;
+      std::function<void()> f = std::move(cb_queue_.front());
+      cb_queue_.pop_front();
+      lock.unlock();
+      delay(rng);
+      in_callback() = true;
+      f();
+      in_callback() = false;
+      lock.lock();
+    }
+  }
+
+  model_options options_;
+  std::mutex mutex_;  // the lists of streams and events
+  std::vector<stream_rec*> all_streams_;
+  std::vector<event_rec*> all_events_;
+  std::mutex events_mutex_;
+  std::condition_variable events_cv_;
+  std::atomic<int> fail_copies_after_{-1};
+  std::atomic<bool> wait_value_supported_{true};
+  std::atomic<int> violations_{0};
+  std::atomic<int> wrong_device_{0};
+  std::atomic<int> captured_{0};
+  std::mutex cb_mutex_;
+  std::condition_variable cb_cv_;
+  std::deque<std::function<void()>> cb_queue_;
+  bool cb_stopping_ = false;
+  std::thread callbacks_;
+};
+
+/// The `Api` of `ferry::cuda_backend<Api>` over a shared model (copyable, as the real one).
+struct model_api {
+  std::shared_ptr<cuda_model> m;
+
+  cudaError_t memcpy_async(void* d, const void* s, std::size_t n, cudaMemcpyKind k, cudaStream_t st) const {
+    return m->memcpy_async(d, s, n, k, st);
+  }
+  cudaError_t event_create(cudaEvent_t* e, unsigned f) const { return m->event_create(e, f); }
+  cudaError_t event_destroy(cudaEvent_t e) const { return m->event_destroy(e); }
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) const { return m->event_record(e, s); }
+  cudaError_t event_query(cudaEvent_t e) const { return m->event_query(e); }
+  cudaError_t event_synchronize(cudaEvent_t e) const { return m->event_synchronize(e); }
+  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) const { return m->stream_wait_event(s, e); }
+  cudaError_t stream_create(cudaStream_t* s, unsigned f, int p) const { return m->stream_create(s, f, p); }
+  cudaError_t stream_destroy(cudaStream_t s) const { return m->stream_destroy(s); }
+  cudaError_t stream_synchronize(cudaStream_t s) const { return m->stream_synchronize(s); }
+  cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t fn, void* data) const {
+    return m->launch_host_func(s, fn, data);
+  }
+  cudaError_t host_alloc_mapped(void** p, std::size_t n) const { return m->host_alloc_mapped(p, n); }
+  cudaError_t free_host(void* p) const { return m->free_host(p); }
+  cudaError_t device_pointer(void** d, void* h) const { return m->device_pointer(d, h); }
+  cudaError_t get_device(int* d) const { return m->get_device(d); }
+  cudaError_t set_device(int d) const { return m->set_device(d); }
+  cudaError_t wait_value32(cudaStream_t s, void* a, std::uint32_t v) const { return m->wait_value32(s, a, v); }
+  cudaError_t stream_is_capturing(cudaStream_t s, bool* c) const { return m->stream_is_capturing(s, c); }
+};
+
+/// A stream of the model, owned (destroyed with the model).
+inline cudaStream_t model_stream(cuda_model& m) {
+  cudaStream_t s = nullptr;
+  if (m.stream_create(&s, cudaStreamNonBlocking, 0) != cudaSuccess) std::abort();
+  return s;
+}
+
+/// Turns a hang into a failure: unless disarmed within `seconds`, prints what hung and
+/// ends the process with exit status 3 (a stuck thread cannot be unwound, and CI must
+/// not wait for it).
+class watchdog {
+ public:
+  watchdog(const char* what, int seconds) : what_(what) {
+    thread_ = std::thread([this, seconds] {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return done_; })) {
+        std::fprintf(stderr, "watchdog: '%s' did not finish in %d s (a deadlock); stopping the test program\n", what_,
+                     seconds);
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    });
+  }
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+  ~watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  const char* what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ferry_test
+
+#endif  // FERRY_HAS_CUDA
