@@ -292,6 +292,11 @@ int run(int argc, char** argv) {
       options.repetitions = 3;
     }
 
+    if ((*list || *probe || *advise) && app.count("--suite") > 0) {
+      std::fprintf(stderr, "ferry-bench: --suite chooses the suite that runs when no scenario is named; it does "
+                           "not go with list, probe or advise\n");
+      return 2;
+    }
     if ((*list || *probe) && (app.count("--out") > 0 || no_out || no_plots)) {
       std::fprintf(stderr, "ferry-bench: --out, --no-out and --no-plots are for runs (the suite or a scenario)\n");
       return 2;

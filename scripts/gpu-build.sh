@@ -1,22 +1,42 @@
 #!/usr/bin/env bash
 # Builds, on this machine (no GPU needed), everything the GPU run needs, and packs it into
 # one folder to carry to the GPU machine:
-#   scripts/gpu-build.sh [CARRY_DIR]        (default: build/gpu-carry)
+#   scripts/gpu-build.sh [CARRY_DIR]        (default: build/gpu-carry in the checkout)
+# CARRY_DIR (relative to the working folder) is replaced only if it is an earlier carry
+# folder or empty; anything else is refused. FERRY_CARRY_LIMIT_MIB (default 64, the
+# device tool's limit) is the most the folder may hold.
 # The `gpu` preset (CMakePresets.json): Release for sm_90 (H100/H200), the CUDA runtime,
 # liburing, libstdc++ and libgcc linked statically (FERRY_STATIC_DEPENDENCIES), so the
 # binaries need only what the GPU machine has: glibc >= 2.36, the CUDA driver, and cuBLAS
 # 13 for ferry-bench and the examples. Catch2, CLI11 and nlohmann_json are header-only
 # here; Google Benchmark has no static archive in Debian, so its .so travels in lib/.
-# The carry folder holds bin/ (stripped binaries), lib/, gpu-check.sh and MANIFEST
+# The carry folder holds bin/ (binaries without debug sections, but with their symbols,
+# and kernels built with -lineinfo, so sanitizer reports name functions and lines), lib/, gpu-check.sh and MANIFEST
 # (commit, build flags, sha256 of every file; gpu-check.sh verifies it first). Nothing in
 # it needs building there. It must stay under the device tool's 64 MiB carry limit.
 # Run it on the GPU machine:   build/gpu-carry/gpu-check.sh OUT   (or scripts/gpu-check.sh OUT)
 # Here, without a GPU, the same command is the dry run (tests/gpu_check_dry_run.sh).
 set -euo pipefail
+[[ $# -le 1 ]] || { echo "usage: scripts/gpu-build.sh [CARRY_DIR]" >&2; exit 2; }
+caller=$(pwd)
 cd "$(dirname "$0")/.."
-root=$(pwd)
 carry=${1:-build/gpu-carry}
+case $carry in
+  /*) ;;
+  *) [[ $# -eq 1 ]] && carry=$caller/$carry ;;  # a given folder is relative to where the command ran
+esac
 limit_mib=${FERRY_CARRY_LIMIT_MIB:-64}
+[[ $limit_mib =~ ^[1-9][0-9]*$ ]] || { echo "gpu-build: FERRY_CARRY_LIMIT_MIB '$limit_mib' is not a number of MiB" >&2; exit 2; }
+# Refuse, before building anything, to replace a folder that is not an earlier carry folder.
+if [[ -e $carry ]]; then
+  if [[ ! -d $carry ]]; then
+    echo "gpu-build: CARRY_DIR '$carry' exists and is not a folder" >&2; exit 2
+  fi
+  if [[ -n $(ls -A -- "$carry") ]] && ! head -n 1 -- "$carry/MANIFEST" 2>/dev/null | grep -q '^# ferry GPU carry folder'; then
+    echo "gpu-build: CARRY_DIR '$carry' holds files and is not an earlier carry folder (no MANIFEST); choose another" >&2
+    exit 2
+  fi
+fi
 
 if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then
   export PATH="/usr/local/cuda/bin:$PATH"
@@ -45,11 +65,12 @@ binaries=(
 mkdir -p "$(dirname "$carry")"
 staging=$(mktemp -d "$(dirname "$carry")/.gpu-carry.XXXXXX")
 trap 'rm -rf "$staging"' EXIT
+chmod 755 "$staging"  # mktemp makes it 0700; the GPU machine may run it as another user
 mkdir -p "$staging/bin" "$staging/lib"
 for b in "${binaries[@]}"; do
   [[ -x $b ]] || { echo "gpu-build: $b was not built" >&2; exit 1; }
   cp "$b" "$staging/bin/"
-  strip --strip-unneeded "$staging/bin/$(basename "$b")"
+  strip --strip-debug "$staging/bin/$(basename "$b")"
 done
 
 # Shared libraries the binaries need (their NEEDED entries) beyond glibc, the driver and

@@ -2,52 +2,106 @@
 # ferry's whole GPU run, from the carry folder that scripts/gpu-build.sh made; builds nothing.
 #   gpu-check.sh OUT            (build/gpu-carry/gpu-check.sh OUT, or scripts/gpu-check.sh OUT)
 #
-# Every step runs under its own `timeout`; the limits add up to at most 300 s (5 minutes
-# on an H200, so that a second run fits in the 15 minutes a task may hold the machine).
-# In order, so that the most important verdicts come first:
+# Every step runs under its own `timeout` (SIGTERM at its limit, SIGKILL 2 s later); the
+# limits plus those 2 s per step add up to at most 300 s (5 minutes on an H200, so that a
+# second run fits in the 15 minutes a task may hold the machine). In order, so that the
+# most important verdicts come first:
 #   carry              the carry folder is whole (MANIFEST's sha256) and every binary loads
 #   machine            nvidia-smi (GPU, PCIe link now and at most, memory, driver), CPU, RAM,
-#                      ferry-bench probe (JSON)
-#   gpu-tests          ferry-tests-gpu once, plain (JUnit XML)
+#                      ferry-bench probe (machine.json)
+#   gpu-tests          ferry-tests-gpu once, plain (gpu-tests.xml, JUnit)
 #   example-*          stream_ordering, activation_offload, layer_streaming
-#   bench-suite        ferry-bench --quick --suite gpu: link, codec, offload, stream (JSON, CSV,
-#                      summary, the plots' data; plots where gnuplot is installed)
-#   bench-overlap      ferry-bench --quick overlap (JSON)
+#   bench-suite        ferry-bench --quick --suite gpu: link, codec, offload, stream (bench.json,
+#                      and suite/: results.json, results.csv, summary.md, the advice; plots
+#                      where gnuplot is installed, else `scripts/bench-plot.sh` cannot redraw
+#                      them later: run the suite here with gnuplot for plots)
+#   bench-overlap      ferry-bench --quick overlap (bench-overlap.json)
 #   bench-device-nvme  ferry-bench --quick device-nvme (fio as the disk reference where it is
-#                      installed, else the tier's own host I/O)
+#                      installed, else the tier's own host I/O) (bench-device-nvme.json)
 #   memcheck           compute-sanitizer memcheck over the GPU tests, with the leak check and
 #                      the races of stream-ordered allocations (use before alloc, use after
-#                      free on another stream) tracked; API errors
-#                      are not counted (tests provoke them on purpose: a copy from a null
-#                      pointer, cudaSetDevice(1) on a one-GPU machine) and are checked by the
-#                      tests themselves
-#   racecheck          compute-sanitizer racecheck over the tests of the kernels with shared
-#                      memory ([codec])
-#   micro-schedule     ferry-micro-schedule: host cost per scheduled move (JSON)
-# OUT gets summary.md (one line per step: passed / failed / timed out / skipped, with its
-# time and limit), gpu-check.log (everything printed), a log per step and the JSON files.
-# Exit status: 0 when no step failed or timed out, 1 otherwise, 2 for bad use.
+#                      free on another stream) tracked. CUDA API errors are not counted:
+#                      tests provoke them on purpose (a copy from a null pointer,
+#                      cudaSetDevice(1) on a one-GPU machine) and check each themselves
+#   racecheck          compute-sanitizer racecheck over the codec kernel tests (the kernels
+#                      with shared memory)
+#   micro              ferry-micro-schedule (host cost per scheduled move) and
+#                      ferry-micro-memory (pinned allocation per call) (micro-*.json)
+# OUT gets summary.md (one line per step: passed / failed / timed out / skipped /
+# interrupted, with its time and limit; rewritten after every step, so a run stopped from
+# outside still leaves one), gpu-check.log (everything printed), a log per step and the
+# JSON files. OUT must be new, empty, or the OUT of an earlier run (replaced).
+# Exit status: 0 when no step failed or timed out, 1 otherwise, 2 for bad use, 128+N when
+# stopped by signal N (the step running then is stopped too).
 #
 # Without a GPU (here, and in CI) the same command is the dry run: every step runs from
-# the carry folder and each that needs a GPU says so ("skipped (needs a GPU)"), which shows
-# that the script, its paths and its limits are right before a GPU is spent on it. On a
-# machine with a GPU, a step that finds none usable has failed.
+# the carry folder and each that needs a GPU says so ("skipped (needs a GPU)"); the
+# sanitizer steps still have compute-sanitizer check their options. That shows that the
+# script, its paths and its limits are right before a GPU is spent on it. On a machine
+# with a GPU (nvidia-smi lists one, or /dev/nvidia0 exists), a step that finds none
+# usable has failed.
 #
 # Environment (for a rerun after a fix, and for the script's own tests):
 #   FERRY_GPU_CARRY          the carry folder (default: this script's folder when it holds
 #                            bin/, else build/gpu-carry beside scripts/)
 #   FERRY_GPU_CHECK_STEPS    comma-separated steps to run (default: all)
 #   FERRY_GPU_CHECK_LIMITS   comma-separated step=seconds overrides, e.g. memcheck=90
-#   FERRY_GPU_CHECK_BUDGET_S the most the limits may add up to (default 300)
-#   FERRY_GPU_CHECK_MODE     gpu or dry-run (default: gpu when nvidia-smi lists a GPU)
-#   FERRY_GPU_CHECK_SCRATCH  folder for the tests' and scenarios' files (default:
-#                            $TMPDIR or /tmp, in a folder of its own, removed at the end)
+#   FERRY_GPU_CHECK_BUDGET_S the most the limits (plus 2 s a step) may add up to (default 300)
+#   FERRY_GPU_CHECK_MODE     gpu or dry-run (default: gpu where a GPU is seen)
+#   FERRY_GPU_CHECK_SCRATCH  folder for the tests' files (default: the first of $TMPDIR,
+#                            /var/tmp, /tmp that exists; a folder of its own in it, removed
+#                            at the end). ferry-bench picks its own (O_DIRECT-capable) one.
 set -uo pipefail
 
 usage() { echo "usage: gpu-check.sh OUT (see the comment at the top of this script)" >&2; exit 2; }
 [[ $# -eq 1 && -n $1 ]] || usage
+case $1 in -*) echo "gpu-check: OUT '$1' looks like an option; give a folder (./$1 if you mean it)" >&2; usage ;; esac
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# --- the steps and their limits (seconds) ---------------------------------------------
+steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
+       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+declare -A limit=(
+  [carry]=5 [machine]=10 [gpu-tests]=40
+  [example-stream_ordering]=10 [example-activation_offload]=15 [example-layer_streaming]=15
+  [bench-suite]=60 [bench-overlap]=10 [bench-device-nvme]=15
+  [memcheck]=60 [racecheck]=20 [micro]=12
+)
+kill_after=2
+number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
+budget=${FERRY_GPU_CHECK_BUDGET_S:-300}
+number "$budget" || { echo "gpu-check: FERRY_GPU_CHECK_BUDGET_S '$budget' is not a number of seconds (1-99999)" >&2; exit 2; }
+IFS=',' read -r -a overrides <<<"${FERRY_GPU_CHECK_LIMITS:-}"
+for o in "${overrides[@]}"; do
+  [[ -z $o ]] && continue
+  name=${o%%=*}
+  value=${o#*=}
+  [[ -n $name && -n ${limit[$name]+x} ]] || { echo "gpu-check: FERRY_GPU_CHECK_LIMITS names no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
+  [[ $o == *=* ]] && number "$value" || { echo "gpu-check: FERRY_GPU_CHECK_LIMITS: '$o' is not step=seconds (1-99999)" >&2; exit 2; }
+  limit[$name]=$value
+done
+declare -A selected=()
+if [[ -n ${FERRY_GPU_CHECK_STEPS:-} ]]; then
+  IFS=',' read -r -a chosen <<<"$FERRY_GPU_CHECK_STEPS"
+  for s in "${chosen[@]}"; do
+    [[ -z $s ]] && continue
+    [[ -n ${limit[$s]+x} ]] || { echo "gpu-check: FERRY_GPU_CHECK_STEPS names no step '$s' (steps: ${steps[*]})" >&2; exit 2; }
+    selected[$s]=1
+  done
+  ((${#selected[@]} > 0)) || { echo "gpu-check: FERRY_GPU_CHECK_STEPS names no step (steps: ${steps[*]})" >&2; exit 2; }
+else
+  for s in "${steps[@]}"; do selected[$s]=1; done
+fi
+planned=0
+for s in "${steps[@]}"; do [[ -n ${selected[$s]:-} ]] && planned=$((planned + limit[$s] + kill_after)); done
+if ((planned > budget)); then
+  echo "gpu-check: the steps' limits (plus ${kill_after} s each to stop a step) add up to ${planned} s, over the budget of ${budget} s (FERRY_GPU_CHECK_BUDGET_S)" >&2
+  exit 2
+fi
+mode=${FERRY_GPU_CHECK_MODE:-}
+[[ -z $mode || $mode == gpu || $mode == dry-run ]] || { echo "gpu-check: FERRY_GPU_CHECK_MODE must be gpu or dry-run, not '$mode'" >&2; exit 2; }
+
+# --- the carry folder and OUT --------------------------------------------------------------
+here=$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")
 if [[ -n ${FERRY_GPU_CARRY:-} ]]; then
   carry=$FERRY_GPU_CARRY
 elif [[ -d $here/bin ]]; then
@@ -56,140 +110,166 @@ else
   carry=$here/../build/gpu-carry
 fi
 [[ -d $carry/bin ]] || { echo "gpu-check: no carry folder at $carry (make it with scripts/gpu-build.sh)" >&2; exit 2; }
-carry=$(cd "$carry" && pwd)
+carry=$(cd -- "$carry" && pwd) || exit 2
 bin=$carry/bin
 
-mkdir -p "$1" || exit 2
-out=$(cd "$1" && pwd)
+if [[ -e $1 && ! -d $1 ]]; then echo "gpu-check: OUT '$1' is not a folder" >&2; exit 2; fi
+mkdir -p -- "$1" || { echo "gpu-check: cannot make OUT '$1'" >&2; exit 2; }
+out=$(cd -- "$1" && pwd) || { echo "gpu-check: cannot enter OUT '$1'" >&2; exit 2; }
+[[ -w $out ]] || { echo "gpu-check: OUT '$out' is not writable" >&2; exit 2; }
+if [[ -n $(ls -A -- "$out") ]]; then
+  [[ -f $out/gpu-check.log ]] || { echo "gpu-check: OUT '$out' holds files that are not an earlier gpu-check's; choose a new folder" >&2; exit 2; }
+fi
+exec 9>"$out/.gpu-check.lock"
+flock -n 9 || { echo "gpu-check: another gpu-check is writing into '$out'" >&2; exit 2; }
+find "$out" -mindepth 1 -maxdepth 1 ! -name .gpu-check.lock -exec rm -rf -- {} +  # an earlier run's files
 exec > >(tee "$out/gpu-check.log") 2>&1
 
-# --- the steps and their limits (seconds) ---------------------------------------------
-steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
-       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro-schedule)
-declare -A limit=(
-  [carry]=5 [machine]=10 [gpu-tests]=50
-  [example-stream_ordering]=10 [example-activation_offload]=20 [example-layer_streaming]=20
-  [bench-suite]=70 [bench-overlap]=15 [bench-device-nvme]=20
-  [memcheck]=45 [racecheck]=20 [micro-schedule]=10
-)
-budget=${FERRY_GPU_CHECK_BUDGET_S:-300}
-IFS=',' read -r -a overrides <<<"${FERRY_GPU_CHECK_LIMITS:-}"
-for o in "${overrides[@]}"; do
-  [[ -z $o ]] && continue
-  name=${o%%=*}
-  value=${o#*=}
-  [[ -n ${limit[$name]+x} ]] || { echo "gpu-check: FERRY_GPU_CHECK_LIMITS names no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
-  [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: FERRY_GPU_CHECK_LIMITS: '$o' is not step=seconds" >&2; exit 2; }
-  limit[$name]=$value
-done
-declare -A selected=()
-if [[ -n ${FERRY_GPU_CHECK_STEPS:-} ]]; then
-  IFS=',' read -r -a chosen <<<"$FERRY_GPU_CHECK_STEPS"
-  for s in "${chosen[@]}"; do
-    [[ -n ${limit[$s]+x} ]] || { echo "gpu-check: FERRY_GPU_CHECK_STEPS names no step '$s' (steps: ${steps[*]})" >&2; exit 2; }
-    selected[$s]=1
-  done
-else
-  for s in "${steps[@]}"; do selected[$s]=1; done
-fi
-planned=0
-for s in "${steps[@]}"; do [[ -n ${selected[$s]:-} ]] && planned=$((planned + limit[$s])); done
-if ((planned > budget)); then
-  echo "gpu-check: the steps' limits add up to ${planned} s, over the budget of ${budget} s (FERRY_GPU_CHECK_BUDGET_S)" >&2
-  exit 2
-fi
-
 # --- the machine: a GPU or the dry run ---------------------------------------------------
-mode=${FERRY_GPU_CHECK_MODE:-}
+smi() { timeout --kill-after=1 10 nvidia-smi "$@"; }
 if [[ -z $mode ]]; then
   # A GPU that nvidia-smi lists, or an NVIDIA device node or driver entry even where
   # nvidia-smi fails: on such a machine a step that finds no usable GPU has failed.
   mode=dry-run
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then mode=gpu; fi
+  if command -v nvidia-smi >/dev/null 2>&1 && smi -L 2>/dev/null | grep -q '^GPU '; then mode=gpu; fi
   if [[ -e /dev/nvidia0 ]] || compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null; then mode=gpu; fi
 fi
-[[ $mode == gpu || $mode == dry-run ]] || { echo "gpu-check: FERRY_GPU_CHECK_MODE must be gpu or dry-run, not '$mode'" >&2; exit 2; }
 
 # Libraries: the carried ones, then cuBLAS 13 wherever the machine has it (the toolkit,
 # or PyTorch's nvidia-* wheels).
+sites=$(timeout 10 python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
 libpath=$carry/lib
-cublas_dir=""
 if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13 '; then
   for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-           $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null | tr ' ' '\n' |
-             sed 's|$|/nvidia/cublas/lib|; p; s|/cublas/lib$|/cu13/lib|'); do
-    if [[ -f $d/libcublas.so.13 ]]; then cublas_dir=$d; break; fi
+           $(for p in $sites; do echo "$p/nvidia/cublas/lib $p/nvidia/cu13/lib"; done); do
+    if [[ -f $d/libcublas.so.13 ]]; then libpath=$libpath:$d; break; fi
   done
-  [[ -n $cublas_dir ]] && libpath=$libpath:$cublas_dir
 fi
 export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # compute-sanitizer: on PATH, with the toolkit, or from PyPI's nvidia-cuda-sanitizer-api
-# (scripts/deps.sh installs that one here, so the dry run checks the sanitizer's options).
+# (scripts/deps.sh installs that one on the CPU machine, so the dry run checks the options).
 if ! command -v compute-sanitizer >/dev/null 2>&1; then
-  for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer \
-           $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null | tr ' ' '\n' |
-             sed 's|$|/nvidia/cu13/bin|'); do
+  for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer $(for p in $sites; do echo "$p/nvidia/cu13/bin"; done); do
     if [[ -x $d/compute-sanitizer ]]; then export PATH=$PATH:$d; break; fi
   done
 fi
-scratch=${FERRY_GPU_CHECK_SCRATCH:-${TMPDIR:-/tmp}}/ferry-gpu-check.$$
-mkdir -p "$scratch" || exit 2
-trap 'rm -rf "$scratch"' EXIT
-export FERRY_TEST_SCRATCH=$scratch
+scratch_base=${FERRY_GPU_CHECK_SCRATCH:-}
+if [[ -z $scratch_base ]]; then
+  for d in "${TMPDIR:-}" /var/tmp /tmp; do
+    if [[ -n $d && -d $d && -w $d ]]; then scratch_base=$d; break; fi
+  done
+fi
+[[ -d $scratch_base && -w $scratch_base ]] || { echo "gpu-check: no writable scratch folder ('$scratch_base')" >&2; exit 2; }
+scratch=$(mktemp -d "$(cd -- "$scratch_base" && pwd)/ferry-gpu-check.XXXXXX") || exit 2
+export FERRY_TEST_SCRATCH=$scratch TMPDIR=$scratch  # compute-sanitizer and mktemp need a TMPDIR that exists
 
 start=$(date +%s)
 echo "== ferry gpu-check: mode $mode, carry $carry"
 sed -n '2,3p' "$carry/MANIFEST" 2>/dev/null
-echo "== ${#selected[@]} steps, limits adding up to ${planned} s (budget ${budget} s); output in $out"
+if [[ $here != "$carry" && -f $carry/gpu-check.sh ]] && ! cmp -s "$here/gpu-check.sh" "$carry/gpu-check.sh"; then
+  echo "== note: this gpu-check.sh ($here) differs from the carry folder's copy; running this one"
+fi
+echo "== ${#selected[@]} steps, limits adding up to ${planned} s with ${kill_after} s a step to stop it (budget ${budget} s); output in $out"
 
-# --- running a step ----------------------------------------------------------------------
+# --- the summary, rewritten after every step -------------------------------------------------
 summary_rows=()
 failures=0
-needs_gpu_pattern='needs a GPU and none is usable here|no CUDA device here|SKIPPED: no usable CUDA device'
+write_summary() {  # write_summary STATE
+  local took=$(($(date +%s) - start)) verdict
+  if [[ $1 == interrupted ]]; then
+    verdict="interrupted"
+  elif [[ $1 == running ]]; then
+    verdict="running ($failures failed so far)"
+  else
+    verdict=$([[ $failures -eq 0 ]] && echo "passed" || echo "$failures failed")
+  fi
+  {
+    echo "# ferry gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    if [[ $mode == gpu ]]; then
+      echo "Mode: **gpu** (${gpu_line:-GPU not described by nvidia-smi})."
+    else
+      echo "Mode: **dry run** (no GPU here: the steps that need one say so)."
+    fi
+    echo "Carry: $(sed -n '2p' "$carry/MANIFEST" 2>/dev/null)."
+    echo "Planned: ${planned} s of limits (budget ${budget} s); took ${took} s. Verdict: **${verdict}**."
+    echo
+    echo "| step | result | seconds | limit (s) | log |"
+    echo "|---|---|---|---|---|"
+    printf '%s\n' "${summary_rows[@]}"
+  } >"$out/summary.md.tmp" && mv -f "$out/summary.md.tmp" "$out/summary.md"
+}
+gpu_line=""
+[[ $mode == gpu ]] && gpu_line=$(smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>/dev/null | head -n 1)
 
-# run_step NAME COMMAND...: the command under `timeout` (its whole process group is
-# stopped at the limit, SIGKILL 5 s later), output in OUT/NAME.log; then its verdict.
+# --- running a step ----------------------------------------------------------------------
+needs_gpu_pattern='needs a GPU and none is usable here|no CUDA device here|SKIPPED: no usable CUDA device'
+step_pid=""
+step_name=""
+on_signal() {
+  local sig=$1 code=$2
+  trap - INT TERM HUP
+  if [[ -n $step_pid ]]; then
+    kill -TERM -- "-$step_pid" 2>/dev/null; kill -TERM "$step_pid" 2>/dev/null
+    sleep 1
+    kill -KILL -- "-$step_pid" 2>/dev/null; kill -KILL "$step_pid" 2>/dev/null
+    summary_rows+=("| $step_name | interrupted (SIG$sig) | | ${limit[$step_name]} | $step_name.log |")
+    failures=$((failures + 1))
+  fi
+  write_summary interrupted
+  echo "== stopped by SIG$sig; summary in $out/summary.md"
+  rm -rf -- "$scratch"
+  exit "$code"
+}
+trap 'on_signal INT 130' INT
+trap 'on_signal TERM 143' TERM
+trap 'on_signal HUP 129' HUP
+trap 'rm -rf -- "$scratch"' EXIT
+
+# run_step NAME COMMAND...: the command under `timeout` in a process group of its own,
+# output in OUT/NAME.log; then its verdict. The script waits with `wait`, so a signal
+# to the script is handled at once (the step's group is stopped with it).
 run_step() {
   local name=$1; shift
   local log=$out/$name.log
-  if [[ -z ${selected[$name]:-} ]]; then
-    return
-  fi
+  [[ -n ${selected[$name]:-} ]] || return 0
   echo "== [$(($(date +%s) - start)) s] $name (limit ${limit[$name]} s)"
-  local t0 t1 rc verdict
+  local t0 t1 rc verdict why took
   t0=$(date +%s.%N)
   if declare -F "$1" >/dev/null; then  # a step of this script: a bash of its own under timeout
-    timeout --kill-after=5 "${limit[$name]}" bash -c '"$@"' "$name" "$@" >"$log" 2>&1
+    timeout --kill-after="$kill_after" "${limit[$name]}" bash -c '"$@"' "$name" "$@" >"$log" 2>&1 </dev/null &
   else
-    timeout --kill-after=5 "${limit[$name]}" "$@" >"$log" 2>&1
+    timeout --kill-after="$kill_after" "${limit[$name]}" "$@" >"$log" 2>&1 </dev/null &
   fi
+  step_pid=$!
+  step_name=$name
+  wait "$step_pid"
   rc=$?
+  step_pid=""
   t1=$(date +%s.%N)
-  local took
   took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
-  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+  local reached
+  reached=$(awk -v t="$took" -v l="${limit[$name]}" 'BEGIN { print (t + 0.5 >= l) ? 1 : 0 }')
+  if [[ ($rc -eq 124 || $rc -eq 137) && $reached -eq 1 ]]; then
     verdict="timed out"
   elif [[ $rc -eq 77 ]] || grep -qE "$needs_gpu_pattern" "$log"; then
-    local why
     why=$(sed -n 's/^gpu-check skip: //p' "$log" | tail -n 1)
-    if [[ $mode == dry-run ]]; then
-      verdict="skipped (${why:-needs a GPU})"
-    else
-      verdict="failed (${why:-no GPU usable})"
-    fi
+    if [[ $mode == dry-run ]]; then verdict="skipped (${why:-needs a GPU})"; else verdict="failed (${why:-no GPU usable})"; fi
   elif [[ $rc -eq 0 ]]; then
     verdict="passed"
+  elif [[ $rc -gt 128 && $rc -lt 160 ]]; then  # 128 + a signal: killed (SIGKILL by the OOM killer, SIGSEGV, ...)
+    verdict="failed (exit $rc, SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128))))"
   else
     verdict="failed (exit $rc)"
   fi
   if [[ $verdict == passed && -n ${STEP_CHECK:-} ]]; then  # a step's own check of what it wrote
-    local why
     if ! why=$($STEP_CHECK 2>&1); then verdict="failed ($why)"; fi
   fi
   [[ $verdict == passed || $verdict == skipped* ]] || failures=$((failures + 1))
   echo "   $verdict in $took s; last lines of $name.log:"
   tail -n 6 "$log" | sed 's/^/   | /'
   summary_rows+=("| $name | $verdict | $took | ${limit[$name]} | $name.log |")
+  write_summary running
 }
 
 # --- the steps ---------------------------------------------------------------------------
@@ -197,12 +277,16 @@ step_carry() {
   local rc=0
   if [[ -f $carry/MANIFEST ]]; then
     (cd "$carry" && grep -E '^[0-9a-f]{64}  ' MANIFEST | sha256sum --check --quiet) || { echo "carry: files differ from MANIFEST"; rc=1; }
+    local extra
+    extra=$(cd "$carry" && find bin lib -type f | sort | while read -r f; do grep -q "  $f\$" MANIFEST || echo "$f"; done)
+    [[ -z $extra ]] || echo "carry: note: files not in MANIFEST (not checked): $extra"
   else
     echo "carry: no MANIFEST in $carry"; rc=1
   fi
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   for b in "$bin"/*; do
     local missing
+    if ! readelf -h "$b" >/dev/null 2>&1; then echo "carry: $(basename "$b") is not an ELF binary"; rc=1; continue; fi
     missing=$(ldd "$b" 2>&1 | grep 'not found')
     if [[ -n $missing ]]; then echo "carry: $(basename "$b") cannot load: $missing"; rc=1; else echo "loads: $(basename "$b")"; fi
   done
@@ -215,14 +299,14 @@ step_machine() {
   echo "cpus $(nproc)"; free -g | head -n 2
   if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=name,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,memory.total,driver_version,clocks.max.sm \
-      --format=csv || rc=1
+      --format=csv || { echo "nvidia-smi failed"; [[ $mode == gpu ]] && rc=1; }
     nvidia-smi topo -m 2>/dev/null | head -n 5
   else
     echo "nvidia-smi: not installed"
     [[ $mode == gpu ]] && rc=1
   fi
   command -v compute-sanitizer >/dev/null 2>&1 && compute-sanitizer --version | tail -n 1
-  "$bin/ferry-bench" --scratch "$scratch" probe --json "$out/machine.json" >/dev/null || rc=1
+  "$bin/ferry-bench" probe --json "$out/machine.json" >/dev/null || rc=1
   echo "probe: machine.json"
   return $rc
 }
@@ -230,10 +314,10 @@ step_machine() {
 check_junit() {
   local xml=$out/gpu-tests.xml
   [[ -s $xml ]] || { echo "no JUnit XML"; return 1; }
-  local tests
-  tests=$(grep -o '<testsuite [^>]*tests="[0-9]*"' "$xml" | head -n 1 | sed 's/.*tests="\([0-9]*\)"/\1/')
-  [[ ${tests:-0} -gt 0 ]] || { echo "the JUnit XML lists no test"; return 1; }
-  echo "$tests test cases"
+  local cases
+  cases=$(grep -c '<testcase ' "$xml")
+  [[ ${cases:-0} -gt 0 ]] || { echo "the JUnit XML lists no test case"; return 1; }
+  echo "$cases test cases"
 }
 
 # compute-sanitizer ARGS...: without a GPU it cannot start the tests, but it still parses
@@ -255,8 +339,17 @@ sanitizer() {
   return $rc
 }
 
+micro() {
+  local rc=0
+  "$bin/ferry-micro-schedule" --benchmark_min_time=0.05 --benchmark_format=json \
+    --benchmark_out="$out/micro-schedule.json" || rc=1
+  "$bin/ferry-micro-memory" --benchmark_min_time=0.02 --benchmark_format=json \
+    --benchmark_out="$out/micro-memory.json" || rc=1
+  return $rc
+}
+
 export carry bin out scratch mode
-export -f step_carry step_machine sanitizer
+export -f step_carry step_machine sanitizer micro
 plots=()
 command -v gnuplot >/dev/null 2>&1 || plots=(--no-plots)
 
@@ -266,34 +359,15 @@ STEP_CHECK=check_junit run_step gpu-tests "$bin/ferry-tests-gpu" -r junit -o "$o
 run_step example-stream_ordering "$bin/stream_ordering"
 run_step example-activation_offload "$bin/activation_offload"
 run_step example-layer_streaming "$bin/layer_streaming"
-run_step bench-suite "$bin/ferry-bench" --quick --suite gpu --scratch "$scratch" --json "$out/bench.json" \
-  --out "$out/suite" "${plots[@]}"
+run_step bench-suite "$bin/ferry-bench" --quick --suite gpu --json "$out/bench.json" --out "$out/suite" "${plots[@]}"
 run_step bench-overlap "$bin/ferry-bench" --quick --json "$out/bench-overlap.json" overlap
-run_step bench-device-nvme "$bin/ferry-bench" --quick --scratch "$scratch" --json "$out/bench-device-nvme.json" device-nvme
+run_step bench-device-nvme "$bin/ferry-bench" --quick --json "$out/bench-device-nvme.json" device-nvme
 run_step memcheck sanitizer --tool memcheck --leak-check full --report-api-errors no \
   --track-stream-ordered-races all --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact
-run_step racecheck sanitizer --tool racecheck --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact "[codec]"
-run_step micro-schedule "$bin/ferry-micro-schedule" --benchmark_min_time=0.05 --benchmark_format=json \
-  --benchmark_out="$out/micro-schedule.json"
+run_step racecheck sanitizer --tool racecheck --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact "codec kernels*"
+run_step micro micro
 
-# --- the summary -------------------------------------------------------------------------
-took=$(($(date +%s) - start))
-verdict=$([[ $failures -eq 0 ]] && echo "passed" || echo "$failures failed")
-{
-  echo "# ferry gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo
-  if [[ $mode == gpu ]]; then
-    echo "Mode: **gpu** ($(nvidia-smi --query-gpu=name,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>/dev/null | head -n 1))."
-  else
-    echo "Mode: **dry run** (no GPU here: the steps that need one say so)."
-  fi
-  echo "Carry: $(sed -n '2p' "$carry/MANIFEST" 2>/dev/null)."
-  echo "Planned: ${planned} s of limits (budget ${budget} s); took ${took} s. Verdict: **${verdict}**."
-  echo
-  echo "| step | result | seconds | limit (s) | log |"
-  echo "|---|---|---|---|---|"
-  printf '%s\n' "${summary_rows[@]}"
-} >"$out/summary.md"
+write_summary done
 echo "== summary ($out/summary.md)"
 cat "$out/summary.md"
 [[ $failures -eq 0 ]]

@@ -30,8 +30,9 @@ unset FERRY_GPU_CHECK_STEPS FERRY_GPU_CHECK_LIMITS FERRY_GPU_CHECK_MODE FERRY_GP
 
 # --- 1. the dry run itself ------------------------------------------------------------------
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
-       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro-schedule)
-no_gpu_needed=(carry machine micro-schedule)
+       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+no_gpu_needed=(carry machine micro)
+sanitizer_steps=(memcheck racecheck)
 "$carry/gpu-check.sh" "$work/dry" >"$work/dry.out" 2>&1
 rc=$?
 [[ $rc -eq 0 ]] || fail "the dry run exited $rc (want 0)"
@@ -44,17 +45,22 @@ else
     line=$(grep "^| $s |" "$summary")
     [[ -n $line ]] || { fail "summary.md has no line for step $s"; continue; }
     result=$(echo "$line" | awk -F'|' '{gsub(/^ +| +$/, "", $3); print $3}')
-    case " ${no_gpu_needed[*]} " in
-      *" $s "*) [[ $result == passed ]] || fail "step $s needs no GPU but is '$result'" ;;
-      *) [[ $result == passed || $result == "skipped (needs a GPU"* ]] || fail "step $s is '$result'" ;;
-    esac
+    if [[ " ${no_gpu_needed[*]} " == *" $s "* ]]; then
+      [[ $result == passed ]] || fail "step $s needs no GPU but is '$result'"
+    elif [[ " ${sanitizer_steps[*]} " == *" $s "* ]]; then
+      [[ $result == "skipped (needs a GPU"* || $result == "skipped (compute-sanitizer not found)" ]] ||
+        fail "step $s is '$result'"
+    else
+      [[ $result == "skipped (needs a GPU)" ]] || fail "step $s is '$result'"
+    fi
     [[ -f $work/dry/$s.log ]] || fail "no log for step $s"
   done
   planned=$(sed -n 's/^Planned: \([0-9]*\) s of limits.*/\1/p' "$summary")
   [[ -n $planned && $planned -le 300 ]] || fail "the planned total is '${planned}' s (want at most 300)"
   [[ -f $work/dry/machine.json ]] || fail "the machine step wrote no machine.json"
-  [[ -s $work/dry/micro-schedule.json ]] || fail "the micro-schedule step wrote no JSON"
-  grep -q 'BM_' "$work/dry/micro-schedule.json" || fail "micro-schedule.json holds no benchmark"
+  for j in micro-schedule micro-memory; do
+    grep -q '"name": "BM_' "$work/dry/$j.json" 2>/dev/null || fail "the micro step wrote no $j.json with benchmarks"
+  done
   # What a skipped GPU step said, so a reader sees why.
   grep -qE 'needs a GPU and none is usable here' "$work/dry/bench-suite.log" || fail "bench-suite.log does not say it needs a GPU"
   grep -q 'SKIPPED: no usable CUDA device' "$work/dry/gpu-tests.log" || fail "gpu-tests.log does not say it needs a GPU"
@@ -81,14 +87,14 @@ hang=$work/carry-hang
 cp -a "$carry" "$hang"
 printf '#!/bin/sh\nsleep 300\n' >"$hang/bin/stream_ordering"
 t0=$(date +%s)
-FERRY_GPU_CHECK_STEPS=example-stream_ordering,micro-schedule FERRY_GPU_CHECK_LIMITS=example-stream_ordering=2 \
+FERRY_GPU_CHECK_STEPS=example-stream_ordering,micro FERRY_GPU_CHECK_LIMITS=example-stream_ordering=2 \
   "$hang/gpu-check.sh" "$work/hang" >"$work/hang.out" 2>&1
 rc=$?
 took=$(($(date +%s) - t0))
 [[ $rc -eq 1 ]] || fail "a hanging step: exit $rc (want 1)"
 grep -q '^| example-stream_ordering | timed out |' "$work/hang/summary.md" 2>/dev/null ||
   fail "a hanging step is not reported as timed out"
-grep -q '^| micro-schedule | passed |' "$work/hang/summary.md" 2>/dev/null || fail "the step after a hang did not run"
+grep -q '^| micro | passed |' "$work/hang/summary.md" 2>/dev/null || fail "the step after a hang did not run"
 ((took < 60)) || fail "a 2 s limit took ${took} s to stop the step"
 pgrep -f "$hang/bin/stream_ordering" >/dev/null && fail "the hanging step's process outlived its limit"
 
@@ -125,6 +131,51 @@ FERRY_GPU_CHECK_LIMITS=memcheck=ten "$fake/gpu-check.sh" "$work/bad-limit" >"$wo
 [[ $? -eq 2 ]] && grep -q "'memcheck=ten' is not step=seconds" "$work/bad-limit.out" || fail "a bad limit is not refused"
 "$fake/gpu-check.sh" >"$work/no-out.out" 2>&1
 [[ $? -eq 2 ]] || fail "no OUT argument is not refused"
+
+# Stopped from outside (SIGTERM, as a device tool's time limit does) in the middle of a
+# step: the step's processes go with it, and the summary says what ran.
+mkdir -p "$work/scratch-stopped"
+FERRY_GPU_CHECK_STEPS=carry,example-stream_ordering,micro FERRY_GPU_CHECK_LIMITS=example-stream_ordering=60 \
+  FERRY_GPU_CHECK_SCRATCH="$work/scratch-stopped" "$hang/gpu-check.sh" "$work/stopped" >"$work/stopped.out" 2>&1 &
+runner=$!
+for _ in $(seq 1 100); do
+  grep -q 'example-stream_ordering (limit' "$work/stopped.out" 2>/dev/null && break
+  sleep 0.1
+done
+sleep 0.5
+kill -TERM "$runner"
+wait "$runner"
+rc=$?
+[[ $rc -eq 143 ]] || fail "a run stopped by SIGTERM: exit $rc (want 143)"
+grep -q '^| example-stream_ordering | interrupted (SIGTERM) |' "$work/stopped/summary.md" 2>/dev/null ||
+  fail "a run stopped by SIGTERM: the summary does not say the step was interrupted"
+grep -q 'Verdict: \*\*interrupted\*\*' "$work/stopped/summary.md" 2>/dev/null || fail "a stopped run's verdict is not 'interrupted'"
+grep -q '^| micro |' "$work/stopped/summary.md" 2>/dev/null && fail "a step after the stop ran"
+sleep 0.5
+pgrep -f "$hang/bin/stream_ordering" >/dev/null && fail "the interrupted step's process outlived the run"
+[[ -z $(ls -A "$work/scratch-stopped" 2>/dev/null) ]] || fail "a stopped run left its scratch folder"
+
+# OUT: an option-like name, a file, a folder of someone else's files: refused, untouched.
+"$fake/gpu-check.sh" --help >"$work/dash.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "looks like an option" "$work/dash.out" || fail "an OUT like --help is not refused"
+touch "$work/a-file"
+"$fake/gpu-check.sh" "$work/a-file" >"$work/file.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "is not a folder" "$work/file.out" || fail "an OUT that is a file is not refused"
+mkdir -p "$work/theirs" && echo keep >"$work/theirs/notes.txt"
+"$fake/gpu-check.sh" "$work/theirs" >"$work/theirs.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "not an earlier gpu-check" "$work/theirs.out" || fail "an OUT of other files is not refused"
+[[ $(cat "$work/theirs/notes.txt" 2>/dev/null) == keep && $(ls -A "$work/theirs" | wc -l) -eq 1 ]] ||
+  fail "a refused OUT was changed"
+# gpu-build.sh does not replace a folder of someone else's files with a carry folder.
+source_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$source_dir/scripts/gpu-build.sh" "$work/theirs" >"$work/build-theirs.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "is not an earlier carry folder" "$work/build-theirs.out" ||
+  fail "gpu-build.sh into a folder of other files is not refused: $(cat "$work/build-theirs.out")"
+[[ $(cat "$work/theirs/notes.txt" 2>/dev/null) == keep ]] || fail "gpu-build.sh changed a folder it refused"
+# An earlier run's OUT is replaced whole.
+FERRY_GPU_CHECK_STEPS=carry "$fake/gpu-check.sh" "$work/claims-gpu" >"$work/again.out" 2>&1
+[[ $? -eq 0 ]] && ! grep -q '^| gpu-tests |' "$work/claims-gpu/summary.md" && [[ ! -e $work/claims-gpu/gpu-tests.log ]] ||
+  fail "an earlier OUT is not replaced whole"
 
 if ((problems > 0)); then
   echo "gpu-check dry run: $problems problem(s); the dry run printed:"

@@ -123,7 +123,6 @@ class host_stream {
     enqueue([m] { m.stream->synchronize(m); });  // the other stream's error fails this one
   }
 
-  /// @brief The first error of the stream (null when it has not failed).
   /// @brief Calls `f(error)` once the items `m` covers have run: on the stream's thread
   /// right after the last of them (before later items), or here at once if they have.
   /// `error`: the stream's error if it failed at or before `m`. `f` must not throw.
@@ -139,6 +138,7 @@ class host_stream {
     f(error_at(m));
   }
 
+  /// @brief The first error of the stream (null when it has not failed).
   [[nodiscard]] std::exception_ptr error() const noexcept {
     std::lock_guard lock(mutex_);
     return error_;

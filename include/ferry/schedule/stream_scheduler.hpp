@@ -230,6 +230,7 @@ class cuda_backend {
   /// @brief Refuses a stream that is being captured into a CUDA graph: ordering a move
   /// after it (or making it wait for a ticket) would be captured with the events and
   /// flag values of this moment, and a replay of the graph would not wait for the move.
+  /// @param s the stream a move is ordered after, or that is to wait for a ticket
   /// @param what the call, for the message
   /// @throws ferry::logic_error naming the stream; ferry::cuda_error if the query fails
   void refuse_capture(stream_type s, const char* what) {
