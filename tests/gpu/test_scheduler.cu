@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -216,4 +217,48 @@ TEST_CASE("stream_scheduler: H2D and D2H moves run at once and both complete", "
   CHECK(sched.stats().bytes_d2h == n);
   FERRY_CUDA_TRY(cudaFree(a));
   FERRY_CUDA_TRY(cudaFree(b));
+}
+
+TEST_CASE("stream_scheduler: a pitched 2D region goes to pinned memory and back with its pitch", "[gpu][scheduler]") {
+  ferry::stream compute;
+  ferry::scheduler_options o;
+  o.chunk_bytes = 64 * 1024;  // rows of 3000 bytes: 21 rows a chunk
+  ferry::stream_scheduler sched(compute, o);
+  const std::size_t row_bytes = 3000, rows = 301;
+  unsigned char* dev = nullptr;
+  unsigned char* again = nullptr;
+  std::size_t dev_pitch = 0, again_pitch = 0;
+  FERRY_CUDA_TRY(cudaMallocPitch(reinterpret_cast<void**>(&dev), &dev_pitch, row_bytes, rows));
+  FERRY_CUDA_TRY(cudaMallocPitch(reinterpret_cast<void**>(&again), &again_pitch, row_bytes, rows));
+  REQUIRE(dev_pitch >= row_bytes);
+  // The whole pitched allocation gets the pattern, padding included; the 2D moves copy
+  // only the rows, so the host copy's padding keeps its sentinel.
+  fill_pattern<<<256, 256, 0, compute.get()>>>(dev, dev_pitch * rows, 5u);
+  FERRY_CUDA_TRY(cudaGetLastError());
+  const std::size_t host_pitch = row_bytes + 100;
+  pinned_buffer host(host_pitch * rows);
+  std::memset(host.p, 0xEE, host_pitch * rows);
+  auto out = sched.to_host_2d(host.p, host_pitch, dev, dev_pitch, row_bytes, rows, compute);
+  out.wait();
+  bool rows_ok = true, padding_ok = true;
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < row_bytes; ++j) rows_ok = rows_ok && host.p[r * host_pitch + j] == expected(r * dev_pitch + j, 5u);
+    for (std::size_t j = row_bytes; j < host_pitch; ++j) padding_ok = padding_ok && host.p[r * host_pitch + j] == 0xEE;
+  }
+  CHECK(rows_ok);
+  CHECK(padding_ok);
+  auto in = sched.to_device_2d(again, again_pitch, host.p, host_pitch, row_bytes, rows);
+  in.enqueue_wait(compute);
+  pinned_buffer check(again_pitch * rows);
+  FERRY_CUDA_TRY(cudaMemcpy2DAsync(check.p, again_pitch, again, again_pitch, row_bytes, rows, cudaMemcpyDeviceToHost,
+                                   compute.get()));
+  compute.synchronize();
+  bool back_ok = true;
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < row_bytes; ++j) back_ok = back_ok && check.p[r * again_pitch + j] == host.p[r * host_pitch + j];
+  }
+  CHECK(back_ok);
+  CHECK_THROWS_AS(sched.to_host_2d(host.p, row_bytes - 1, dev, dev_pitch, row_bytes, rows, compute), ferry::logic_error);
+  FERRY_CUDA_TRY(cudaFree(dev));
+  FERRY_CUDA_TRY(cudaFree(again));
 }

@@ -87,6 +87,17 @@ class cuda_model {
     enqueue(rec(s), [dst, src, n] { std::memcpy(dst, src, n); });
     return cudaSuccess;
   }
+  cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                             std::size_t height, cudaMemcpyKind /*kind*/, cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    if (dpitch < width || spitch < width) return cudaErrorInvalidPitchValue;  // as CUDA checks
+    enqueue(rec(s), [=] {
+      for (std::size_t i = 0; i < height; ++i) {
+        std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
+      }
+    });
+    return cudaSuccess;
+  }
   cudaError_t event_create(cudaEvent_t* e, unsigned /*flags*/) {
     if (refused()) return cudaErrorNotPermitted;
     auto* r = new event_rec;
@@ -382,6 +393,10 @@ struct model_api {
 
   cudaError_t memcpy_async(void* d, const void* s, std::size_t n, cudaMemcpyKind k, cudaStream_t st) const {
     return m->memcpy_async(d, s, n, k, st);
+  }
+  cudaError_t memcpy2d_async(void* d, std::size_t dp, const void* s, std::size_t sp, std::size_t w, std::size_t h,
+                             cudaMemcpyKind k, cudaStream_t st) const {
+    return m->memcpy2d_async(d, dp, s, sp, w, h, k, st);
   }
   cudaError_t event_create(cudaEvent_t* e, unsigned f) const { return m->event_create(e, f); }
   cudaError_t event_destroy(cudaEvent_t e) const { return m->event_destroy(e); }

@@ -60,6 +60,17 @@ class host_backend {
   void copy(stream_type s, void* dst, const void* src, std::size_t n, copy_direction /*direction*/) {
     s->enqueue([dst, src, n] { std::memcpy(dst, src, n); });
   }
+  /// @brief Enqueues the row-by-row copy of `rows` rows of `row_bytes` on `s` (pitches in
+  /// bytes; the bytes past `row_bytes` in each pitch are not touched).
+  void copy_2d(stream_type s, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t row_bytes, std::size_t rows, copy_direction /*direction*/) {
+    s->enqueue([=] {
+      for (std::size_t i = 0; i < rows; ++i) {
+        std::memcpy(static_cast<std::byte*>(dst) + i * dst_pitch, static_cast<const std::byte*>(src) + i * src_pitch,
+                    row_bytes);
+      }
+    });
+  }
   /// @brief A marker covering what is enqueued on `s` so far.
   [[nodiscard]] marker_type record(stream_type s) noexcept { return s->record(); }
   /// @brief Makes `s` wait for `m`.

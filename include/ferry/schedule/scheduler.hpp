@@ -11,6 +11,7 @@
 /// | `to_host`        | device -> host (pinned)  | chunks of `chunk_bytes` on the D2H lane, after the producer stream |
 /// | `to_device`      | host (pinned) -> device  | chunks on the H2D lane, optionally after a stream |
 /// | `copy_on`        | either                   | chunks on a stream of the caller's (can be captured in a CUDA graph) |
+/// | `to_host_2d`, `to_device_2d` | device <-> host, pitched | as `to_host` / `to_device`, a 2D region in chunks of whole rows |
 /// | `device_to_nvme` | device -> NVMe           | D2H into a ring of K pinned bounce buffers, each written to the disk as it lands |
 /// | `nvme_to_device` | NVMe -> device           | disk reads into the bounce ring, each copied H2D as it lands |
 /// | `host_to_nvme`, `nvme_to_host` | host <-> NVMe | the tier's direct I/O (io_uring), no bounce |
@@ -220,6 +221,41 @@ class basic_scheduler {
     return copy_move(lane::h2d, dst, src, bytes, copy_direction::host_to_device, &after);
   }
 
+  /// @brief D2H of a pitched 2D region: `rows` rows of `row_bytes` bytes from device
+  /// memory `src` (row i at `src + i * src_pitch`) to host memory `dst` (row i at
+  /// `dst + i * dst_pitch`), on the D2H lane after everything enqueued on `producer` so
+  /// far; in chunks of whole rows (as many as fit in `chunk_bytes`, at least one), each
+  /// one `cudaMemcpy2DAsync`. The bytes of each pitch past `row_bytes` are not touched,
+  /// on either side. Pitches and sizes in bytes; a pitch from `cudaMallocPitch` works.
+  /// @throws ferry::logic_error for null pointers, a pitch smaller than `row_bytes`, or a
+  ///         region whose end overflows (the values in the message; nothing started);
+  ///         as `to_host` otherwise
+  [[nodiscard]] ticket_type to_host_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                       std::size_t row_bytes, std::size_t rows, stream_type producer) {
+    check_pitched(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+    return pitched_move(lane::d2h, dst, dst_pitch, src, src_pitch, row_bytes, rows, copy_direction::device_to_host,
+                        &producer);
+  }
+
+  /// @brief H2D of a pitched 2D region (as `to_host_2d`, from host memory to device
+  /// memory, on the H2D lane; the host wrote `src` before the call).
+  /// @throws ferry::logic_error as `to_host_2d`
+  [[nodiscard]] ticket_type to_device_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                         std::size_t row_bytes, std::size_t rows) {
+    check_pitched(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+    return pitched_move(lane::h2d, dst, dst_pitch, src, src_pitch, row_bytes, rows, copy_direction::host_to_device,
+                        nullptr);
+  }
+
+  /// @brief H2D of a pitched 2D region after everything enqueued on `after` so far.
+  /// @throws ferry::logic_error as `to_host_2d`
+  [[nodiscard]] ticket_type to_device_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                         std::size_t row_bytes, std::size_t rows, stream_type after) {
+    check_pitched(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+    return pitched_move(lane::h2d, dst, dst_pitch, src, src_pitch, row_bytes, rows, copy_direction::host_to_device,
+                        &after);
+  }
+
   /// @brief A ticket for everything enqueued on lane `l` so far (e.g. a decode kernel a
   /// pipeline ran on the H2D stream after a copy): ready when that work has completed;
   /// streams wait for it with `enqueue_wait` (an event).
@@ -421,6 +457,25 @@ class basic_scheduler {
     FERRY_EXPECTS(bytes == 0 || (dst != nullptr && src != nullptr), "a copy with a null pointer", dst, src, bytes);
   }
 
+  static void check_pitched(const void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                            std::size_t row_bytes, std::size_t rows) {
+    if (rows == 0 || row_bytes == 0) return;  // nothing to move
+    FERRY_EXPECTS(dst != nullptr && src != nullptr, "a 2D copy with a null pointer", dst, src, row_bytes, rows);
+    FERRY_EXPECTS(dst_pitch >= row_bytes, "a 2D copy's destination pitch is smaller than its rows", dst_pitch,
+                  row_bytes);
+    FERRY_EXPECTS(src_pitch >= row_bytes, "a 2D copy's source pitch is smaller than its rows", src_pitch, row_bytes);
+    const std::size_t max = ~std::size_t{0};
+    const std::size_t pitch = std::max(dst_pitch, src_pitch);
+    FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / pitch, "a 2D region whose end overflows the address space", rows,
+                  pitch, row_bytes);
+    const auto end_of = [&](const void* p, std::size_t pt) {
+      return reinterpret_cast<std::uintptr_t>(p) + (rows - 1) * pt + row_bytes;
+    };
+    FERRY_EXPECTS(end_of(dst, dst_pitch) > reinterpret_cast<std::uintptr_t>(dst) &&
+                      end_of(src, src_pitch) > reinterpret_cast<std::uintptr_t>(src),
+                  "a 2D region that wraps around the address space", dst, src, rows, row_bytes);
+  }
+
   template <class Tier>
   static void check_disk_range(const Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                std::size_t bytes, bool write) {
@@ -486,6 +541,37 @@ class basic_scheduler {
 
   ticket_type copy_move(lane l, void* dst, const void* src, std::size_t bytes, copy_direction direction,
                         const stream_type* after) {
+    return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
+      for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
+        const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
+        b.copy(lane_stream, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
+        count_chunk(l, n);
+        ++issued;
+      }
+    });
+  }
+
+  // A pitched move in chunks of whole rows, each one 2D copy.
+  ticket_type pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                           std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after) {
+    if (row_bytes == 0) rows = 0;
+    const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.chunk_bytes / row_bytes);
+    return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
+      for (std::size_t row = 0; row < rows; row += rows_per_chunk) {
+        const std::size_t k = std::min(rows_per_chunk, rows - row);
+        b.copy_2d(lane_stream, static_cast<std::byte*>(dst) + row * dst_pitch, dst_pitch,
+                  static_cast<const std::byte*>(src) + row * src_pitch, src_pitch, row_bytes, k, direction);
+        count_chunk(l, k * row_bytes);
+        ++issued;
+      }
+    });
+  }
+
+  // A move on lane `l`, after `after` (if given): `issue(backend, lane stream, issued)`
+  // enqueues its chunks, counting them (an exception stops it: the chunks before stay
+  // issued), then a marker.
+  template <class Issue>
+  ticket_type chunked_move(lane l, const stream_type* after, Issue&& issue) {
     auto& b = core_->backend();
     const stream_type lane_stream = b.lane(l);
     if (after != nullptr) {
@@ -501,12 +587,7 @@ class basic_scheduler {
     counters_.moves.fetch_add(1, std::memory_order_relaxed);
     std::size_t issued = 0;
     try {
-      for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
-        const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
-        b.copy(lane_stream, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
-        count_chunk(l, n);
-        ++issued;
-      }
+      issue(b, lane_stream, issued);
     } catch (...) {
       s->error = std::current_exception();  // the rest of the chunks are not issued
       counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);

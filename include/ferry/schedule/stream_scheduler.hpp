@@ -88,6 +88,12 @@ struct cuda_runtime_api {
   cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t s) const {
     return cudaMemcpyAsync(dst, src, n, kind, s);
   }
+  /// @brief `cudaMemcpy2DAsync`: `height` rows of `width` bytes, rows `dpitch` and
+  /// `spitch` bytes apart.
+  cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                             std::size_t height, cudaMemcpyKind kind, cudaStream_t s) const {
+    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s);
+  }
   /// @brief `cudaEventCreateWithFlags`.
   cudaError_t event_create(cudaEvent_t* e, unsigned flags) const { return cudaEventCreateWithFlags(e, flags); }
   /// @brief `cudaEventDestroy`.
@@ -204,6 +210,18 @@ class cuda_backend {
         direction == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     const device_scope on(*this);
     FERRY_CUDA_TRY(api_.memcpy_async(dst, src, n, kind, s.get()), dst, src, n);
+  }
+
+  /// @brief `cudaMemcpy2DAsync` of `rows` rows of `row_bytes` on `s` (pitches in bytes).
+  /// @throws ferry::logic_error on the legacy default stream; ferry::cuda_error
+  void copy_2d(stream_type s, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t row_bytes, std::size_t rows, copy_direction direction) {
+    refuse_legacy(s);
+    const cudaMemcpyKind kind =
+        direction == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const device_scope on(*this);
+    FERRY_CUDA_TRY(api_.memcpy2d_async(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, s.get()), dst, dst_pitch,
+                   src, src_pitch, row_bytes, rows);
   }
 
   /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
