@@ -186,7 +186,6 @@ struct noop_cuda {
   }
   cudaError_t stream_destroy(cudaStream_t s) const { return opaque(s); }
   cudaError_t stream_synchronize(cudaStream_t s) const { return opaque(s); }
-  cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t /*fn*/, void* /*data*/) const { return opaque(s); }
   cudaError_t host_alloc_mapped(void** p, std::size_t n) const {
     *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
     return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;

@@ -14,7 +14,9 @@
 // - Host functions run on one callback thread (as the driver's), in stream order: the
 //   stream waits until the function returns. A CUDA call made from inside a host
 //   function returns `cudaErrorNotPermitted` and is counted (`violations`).
-// - `wait_value32` blocks its stream until the 32-bit word reaches the value (GEQ).
+// - `wait_value32` blocks its stream until the 32-bit word reaches the value (GEQ); a
+//   word in memory that `free_host` released before the stream got there is counted
+//   (`use_after_free`) and the wait gives up.
 // - Devices: streams and events belong to the thread's current device when made; an
 //   event recorded on a stream of another device fails (`cudaErrorInvalidResourceHandle`).
 // - Graph capture: `begin_capture(s)` marks a stream as capturing; `stream_is_capturing`
@@ -41,6 +43,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -185,6 +188,7 @@ class cuda_model {
   }
   cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t fn, void* data) {
     if (refused()) return cudaErrorNotPermitted;
+    host_funcs_.fetch_add(1);
     enqueue(rec(s), [this, fn, data] {
       // The stream waits for its host function, which runs on the callback thread.
       auto done = std::make_shared<std::atomic<bool>>(false);
@@ -204,9 +208,16 @@ class cuda_model {
   cudaError_t host_alloc_mapped(void** p, std::size_t n) {
     if (refused()) return cudaErrorNotPermitted;
     *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-    return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (*p == nullptr) return cudaErrorMemoryAllocation;
+    std::lock_guard lock(mutex_);
+    live_host_[*p] = n;
+    return cudaSuccess;
   }
   cudaError_t free_host(void* p) {
+    {
+      std::lock_guard lock(mutex_);
+      live_host_.erase(p);
+    }
     std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
     return cudaSuccess;
   }
@@ -227,8 +238,13 @@ class cuda_model {
     if (refused()) return cudaErrorNotPermitted;
     if (!wait_value_supported_.load()) return cudaErrorNotSupported;
     auto* word = static_cast<std::uint32_t*>(address);
-    enqueue(rec(s), [word, value] {
-      while (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) < value) {
+    enqueue(rec(s), [this, word, value] {
+      for (;;) {
+        if (!live_host(word)) {  // the flag's memory was freed before the stream got here
+          use_after_free_.fetch_add(1);
+          return;
+        }
+        if (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) >= value) return;
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     });
@@ -263,6 +279,10 @@ class cuda_model {
   [[nodiscard]] int wrong_device() const { return wrong_device_.load(); }
   /// Operations enqueued on a capturing stream.
   [[nodiscard]] int captured_calls() const { return captured_.load(); }
+  /// Stream waits that found their flag's memory freed (`free_host`) when they ran.
+  [[nodiscard]] int use_after_free() const { return use_after_free_.load(); }
+  /// Host functions launched.
+  [[nodiscard]] int host_funcs() const { return host_funcs_.load(); }
   [[nodiscard]] const model_options& options() const { return options_; }
 
  private:
@@ -304,6 +324,13 @@ class cuda_model {
     return true;
   }
   static stream_rec* rec(cudaStream_t s) { return reinterpret_cast<stream_rec*>(s); }
+  bool live_host(const void* p) {
+    std::lock_guard lock(mutex_);
+    auto it = live_host_.upper_bound(p);
+    if (it == live_host_.begin()) return false;
+    --it;
+    return static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + it->second;
+  }
   static event_rec* erec(cudaEvent_t e) { return reinterpret_cast<event_rec*>(e); }
 
   void enqueue(stream_rec* r, std::function<void()> op) {
@@ -380,6 +407,9 @@ class cuda_model {
   std::atomic<int> violations_{0};
   std::atomic<int> wrong_device_{0};
   std::atomic<int> captured_{0};
+  std::atomic<int> use_after_free_{0};
+  std::atomic<int> host_funcs_{0};
+  std::map<const void*, std::size_t> live_host_;  // host_alloc_mapped allocations (under mutex_)
   std::mutex cb_mutex_;
   std::condition_variable cb_cv_;
   std::deque<std::function<void()>> cb_queue_;

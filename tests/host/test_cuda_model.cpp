@@ -262,42 +262,162 @@ TEST_CASE("CPU model: moves ordered on a stream that is being captured are refus
   tier.deallocate(r);
 }
 
-TEST_CASE("CPU model: the host-function wait of a disk move never runs CUDA calls inside the callback",
+TEST_CASE("CPU model: without stream memory operations a stream wait for a disk move waits on the host",
           "[cuda_model][scheduler][nvme]") {
-  // Without stream memory operations a stream waits for a disk move in a host function.
-  // Here that function starts only after the ticket and the scheduler are gone, so it
-  // holds the last reference to the move, and with it to the backend.
+  // A blocking host function deadlocks here: H_A (on X) waits for move A, A's start waits
+  // for producer P, and P's own host function H_B (waiting for move B) sits behind H_A on
+  // the one callback thread. The host-side wait has nothing to deadlock on.
+  const watchdog dog("stream waits on disk moves without stream memory operations", 60);
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   auto m = std::make_shared<cuda_model>(model_options{.seed = 4, .max_delay_us = 50});
   m->set_wait_value_supported(false);
   const cudaStream_t compute = model_stream(*m);
+  const cudaStream_t producer = model_stream(*m);
   const cudaStream_t consumer = model_stream(*m);
-  const std::size_t n = 3 * chunk;
-  std::vector<std::byte> host(n);
-  fill(host, 9);
-  const auto r = tier.allocate(n);
-  const auto open = std::make_shared<std::atomic<bool>>(false);
+  const std::size_t n = 4 * chunk;
+  std::vector<std::byte> host(n), dev(n);
+  fill(host, 1);
+  fill(dev, 2);
+  const auto rb = tier.allocate(n);
+  const auto ra = tier.allocate(n);
   {
-    const watchdog dog("a host-function wait outliving its scheduler", 60);
-    gate_on(*m, consumer, open);  // the consumer reaches the host function late
-    std::optional<model_scheduler> sched;
-    sched.emplace(ref(compute), options(), model_api{m});
-    {
-      auto t = sched->host_to_nvme(tier, r, 0, host);
-      t.enqueue_wait(ref(consumer));
-      t.wait();
-    }                // the ticket is dropped
-    sched.reset();   // and the scheduler
-    open_gate(open);
-    REQUIRE(m->stream_synchronize(consumer) == cudaSuccess);
+    model_scheduler sched(ref(compute), options(3), model_api{m});
+    auto b = sched.host_to_nvme(tier, rb, 0, host);
+    b.enqueue_wait(ref(producer));
+    CHECK(b.ready());  // waited on the host: the stream needs no wait
+    auto a = sched.device_to_nvme(tier, ra, 0, dev.data(), n, ref(producer));
+    a.enqueue_wait(ref(consumer));
+    CHECK(a.ready());
+    CHECK_FALSE(sched.backend().stream_memory_waits());
+    sched.synchronize();
   }
-  // The host function has returned; had it released the backend itself, the model would
-  // have refused (and counted) the CUDA calls of that release on its callback thread.
+  CHECK(m->host_funcs() == 0);
   CHECK(m->violations() == 0);
   std::vector<std::byte> back(n);
-  tier.read(r, 0, back);
+  tier.read(ra, 0, back);
+  CHECK(checksum(back) == checksum(dev));
+  tier.read(rb, 0, back);
   CHECK(checksum(back) == checksum(host));
+  tier.deallocate(ra);
+  tier.deallocate(rb);
+}
+
+TEST_CASE("CPU model: a stream's wait on a disk move outlives its ticket and scheduler",
+          "[cuda_model][scheduler][nvme]") {
+  // The consumer reaches its cuStreamWaitValue32 only after the ticket and the scheduler
+  // are gone: the flag it reads must still be there.
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t compute = model_stream(*m);
+  const cudaStream_t consumer = model_stream(*m);
+  std::vector<std::byte> host(4096);
+  fill(host, 3);
+  const auto r = tier.allocate(4096);
+  const auto open = std::make_shared<std::atomic<bool>>(false);
+  gate_on(*m, consumer, open);
+  {
+    model_scheduler sched(ref(compute), options(), model_api{m});
+    auto t = sched.host_to_nvme(tier, r, 0, host);
+    t.enqueue_wait(ref(consumer));
+    t.wait();
+  }
+  open_gate(open);
+  REQUIRE(m->stream_synchronize(consumer) == cudaSuccess);
+  CHECK(m->use_after_free() == 0);
+  tier.deallocate(r);
+}
+
+TEST_CASE("CPU model: synchronize() on one thread while another starts disk moves ordered after each other",
+          "[cuda_model][scheduler][nvme]") {
+  const watchdog dog("synchronize concurrent with a chain of disk moves", 60);
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  auto m = std::make_shared<cuda_model>(model_options{.seed = 3, .max_delay_us = 200});
+  const cudaStream_t compute = model_stream(*m);
+  const cudaStream_t gated = model_stream(*m);
+  model_scheduler sched(ref(compute), options(2), model_api{m});
+  const std::size_t n = 32 * chunk;
+  std::vector<std::byte> dev1(n), dev2(n), host(chunk), hdev(chunk), want(n);
+  fill(dev2, 5);
+  fill(want, 4);
+  const auto r1 = tier.allocate(n);
+  const auto r2 = tier.allocate(n);
+  tier.write(r1, 0, want);
+  // A copy held on the H2D lane keeps the synchronizing thread in the backend's drain,
+  // past the wait for moves; then a move (d2) whose stream waits, through `compute`, for
+  // another (d1), whose chunks must get on while the drain synchronizes d2's stream.
+  const auto open = std::make_shared<std::atomic<bool>>(false);
+  gate_on(*m, gated, open);
+  auto lane_copy = sched.to_device(hdev.data(), host.data(), chunk, ref(gated));
+  std::thread syncer([&] { sched.synchronize(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // lets it get there (order, not a threshold)
+  auto d1 = sched.nvme_to_device(tier, r1, 0, dev1.data(), n);
+  d1.enqueue_wait(ref(compute));
+  auto d2 = sched.device_to_nvme(tier, r2, 0, dev2.data(), n, ref(compute));
+  open_gate(open);
+  syncer.join();
+  REQUIRE_NOTHROW(d1.wait());
+  REQUIRE_NOTHROW(d2.wait());
+  CHECK(checksum(dev1) == checksum(want));
+  std::vector<std::byte> back(n);
+  tier.read(r2, 0, back);
+  CHECK(checksum(back) == checksum(dev2));
+  sched.synchronize();
+  REQUIRE(m->stream_synchronize(compute) == cudaSuccess);
+  tier.deallocate(r1);
+  tier.deallocate(r2);
+}
+
+TEST_CASE("CPU model: continuations on a lane run in the order of their copies, not of the then() calls",
+          "[cuda_model][scheduler]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t compute = model_stream(*m);
+  const cudaStream_t busy = model_stream(*m);
+  model_scheduler sched(ref(compute), options(), model_api{m});
+  std::vector<std::byte> a(chunk), a_host(chunk), b(chunk), b_host(chunk);
+  fill(a, 1);
+  auto first = sched.to_host(a_host.data(), a.data(), a.size(), ref(compute));
+  const auto open = std::make_shared<std::atomic<bool>>(false);
+  gate_on(*m, busy, open);
+  auto second = sched.to_host(b_host.data(), b.data(), b.size(), ref(busy));  // held back
+  sched.then(second, [](std::exception_ptr) {});  // asked first, for the later copy
+  std::atomic<bool> fired{false};
+  sched.then(first, [&](std::exception_ptr) {
+    fired.store(true);
+    fired.notify_all();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fired.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool fired_before_gate = fired.load();
+  open_gate(open);
+  second.wait();
+  sched.synchronize();
+  CHECK(fired_before_gate);
+}
+
+TEST_CASE("CPU model: more than 1024 disk moves with live tickets (the flags grow while others are read)",
+          "[cuda_model][scheduler][nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t compute = model_stream(*m);
+  model_scheduler sched(ref(compute), options(), model_api{m});
+  std::vector<std::byte> host(4096);
+  fill(host, 6);
+  const auto r = tier.allocate(4096);
+  std::vector<model_ticket> keep;
+  for (int i = 0; i < 2500; ++i) {
+    keep.push_back(sched.host_to_nvme(tier, r, 0, host));
+    if (i % 3 == 0) keep.back().enqueue_wait(ref(compute));
+  }
+  for (auto& t : keep) REQUIRE_NOTHROW(t.wait());
+  REQUIRE(m->stream_synchronize(compute) == cudaSuccess);
+  CHECK(m->use_after_free() == 0);
+  keep.clear();
   tier.deallocate(r);
 }
 

@@ -23,8 +23,11 @@
 /// with `cudaGetDriverEntryPointByVersion`, so nothing links libcuda), and completion
 /// stores the target into the flag. Flags are reused with increasing targets, so a
 /// stream still waiting on an old move is never stranded. Where stream memory
-/// operations are unavailable, the wait is a host function (`cudaLaunchHostFunc`) that
-/// blocks until the move completes — correct, but it holds CUDA's callback thread.
+/// operations are unavailable, `enqueue_wait` waits on the host until the move has
+/// completed (correct; the host does not run ahead). A blocking host function
+/// (`cudaLaunchHostFunc`) would not block the host, but it deadlocks: CUDA may run host
+/// functions of all streams on one thread, where one waiting for a move holds back
+/// another that the move itself waits for.
 ///
 /// ## Threads
 /// A completion thread per stream the backend owns (the two lanes, and each pooled
@@ -34,8 +37,8 @@
 /// a chunk that landed in a bounce buffer, returning a slot whose H2D copy finished.
 /// One thread never waits on events of two streams in turn: a move whose start waits
 /// (through the producer stream) for another move's chunks cannot hold those chunks'
-/// completions behind it. No continuation runs inside a CUDA callback, and the one
-/// host function (the fallback stream wait) never releases the backend there.
+/// completions behind it. No continuation runs inside a CUDA callback, and the backend
+/// launches no host function.
 ///
 /// ## Devices and graphs
 /// The backend belongs to the device that was current when it was made; every call that
@@ -73,6 +76,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -114,10 +118,6 @@ struct cuda_runtime_api {
   cudaError_t stream_destroy(cudaStream_t s) const { return cudaStreamDestroy(s); }
   /// @brief `cudaStreamSynchronize`.
   cudaError_t stream_synchronize(cudaStream_t s) const { return cudaStreamSynchronize(s); }
-  /// @brief `cudaLaunchHostFunc`.
-  cudaError_t launch_host_func(cudaStream_t s, cudaHostFn_t fn, void* data) const {
-    return cudaLaunchHostFunc(s, fn, data);
-  }
   /// @brief `cudaHostAlloc` with `cudaHostAllocMapped | cudaHostAllocPortable`.
   cudaError_t host_alloc_mapped(void** p, std::size_t n) const {
     return cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable);
@@ -165,8 +165,13 @@ class cuda_backend {
  public:
   /// @brief Streams are passed as `cuda::stream_ref`.
   using stream_type = ::cuda::stream_ref;
-  /// @brief Markers are pooled events (disabled timing, blocking sync).
-  using marker_type = cudaEvent_t;
+  /// @brief A marker: a pooled event (disabled timing, blocking sync) and, for a record
+  /// on a lane, its place among that lane's records (completion threads run a lane's
+  /// waits in that order, whatever order they were asked for in).
+  struct marker_type {
+    cudaEvent_t event = nullptr;  ///< the event
+    std::uint64_t seq = 0;        ///< the record's number on its lane (0: not on a lane)
+  };
   /// @brief A flag slot and the value that means "complete".
   struct signal_type {
     std::uint32_t slot = 0;    ///< index of the flag in the backend's flag array
@@ -230,19 +235,27 @@ class cuda_backend {
   [[nodiscard]] marker_type record(stream_type s) {
     refuse_legacy(s);
     const device_scope on(*this);
-    cudaEvent_t e = acquire_event();
-    const cudaError_t status = api_.event_record(e, s.get());
+    marker_type m{acquire_event(), 0};
+    cudaError_t status = cudaSuccess;
+    const std::size_t l = streams_[0] == s.get() ? 0 : streams_[1] == s.get() ? 1 : 2;
+    if (l < 2) {  // numbered and recorded under one lock: the numbers follow the stream's order
+      std::lock_guard lock(lane_record_mutex_[l]);
+      m.seq = ++lane_records_[l];
+      status = api_.event_record(m.event, s.get());
+    } else {
+      status = api_.event_record(m.event, s.get());
+    }
     if (status != cudaSuccess) {
-      release(e);
+      release(m);
       FERRY_CUDA_TRY(status);
     }
-    return e;
+    return m;
   }
 
   /// @brief `cudaStreamWaitEvent(s, m)`.
   void wait(stream_type s, const marker_type& m) {
     refuse_legacy(s);
-    FERRY_CUDA_TRY(api_.stream_wait_event(s.get(), m));
+    FERRY_CUDA_TRY(api_.stream_wait_event(s.get(), m.event));
   }
 
   /// @brief Refuses a stream that is being captured into a CUDA graph: ordering a move
@@ -264,22 +277,22 @@ class cuda_backend {
 
   /// @brief Whether the work before `m` has completed.
   [[nodiscard]] bool query(const marker_type& m) const {
-    const cudaError_t status = api_.event_query(m);
+    const cudaError_t status = api_.event_query(m.event);
     if (status == cudaErrorNotReady) return false;
     FERRY_CUDA_TRY(status);
     return true;
   }
 
   /// @brief Blocks until `m` has completed.
-  void synchronize(const marker_type& m) const { FERRY_CUDA_TRY(api_.event_synchronize(m)); }
+  void synchronize(const marker_type& m) const { FERRY_CUDA_TRY(api_.event_synchronize(m.event)); }
 
   /// @brief Returns an event to the pool (its last record may still be pending: the
   /// pool reuses it only for a new record, which CUDA allows).
   void release(marker_type& m) noexcept {
-    if (m == nullptr) return;
+    if (m.event == nullptr) return;
     std::lock_guard lock(events_mutex_);
-    free_events_.push_back(m);  // capacity reserved in acquire_event
-    m = nullptr;
+    free_events_.push_back(m.event);  // capacity reserved in acquire_event
+    m = {};
   }
 
   /// @brief Calls `fn(context, error)` on the completion thread of `s` (a lane, or a
@@ -287,13 +300,14 @@ class cuda_backend {
   /// (`error`: a `cuda_error` if the wait failed). A stream the backend does not own is
   /// waited for on lane `l`'s thread.
   void notify(stream_type s, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
-    cudaEvent_t e = record(s);
-    push(queue_for(s.get(), l), {e, fn, context, true});
+    const marker_type m = record(s);
+    push(queue_for(s.get(), l), {m, fn, context, true});
   }
 
   /// @brief Calls `fn(context, error)` on lane `l`'s completion thread once marker `m`
   /// (recorded on that lane, and kept alive by the caller until `fn` runs) has
-  /// completed: a continuation of a copy fires with its copy, not behind later work.
+  /// completed: a continuation of a copy fires with its copy, not behind later work
+  /// (the lane's queue is kept in record order, so it waits for no later record).
   void notify_marker(const marker_type& m, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept,
                      void* context) {
     push(*lane_queues_[static_cast<std::size_t>(l)], {m, fn, context, false});
@@ -316,39 +330,26 @@ class cuda_backend {
   void raise(signal_type& sig) noexcept {
     std::atomic_ref<std::uint32_t>(*flag_host(sig.slot)).store(sig.target, std::memory_order_release);
   }
-  /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`), or
-  /// for the move to finish (a blocking host function) where that is unsupported. The
-  /// host function never releases the move's last reference itself (that could destroy
-  /// the backend, and its CUDA calls, inside a CUDA callback): a thread of its own does.
+  /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`).
+  /// Where stream memory operations are unavailable, the calling thread waits until the
+  /// move has finished instead (then `s` needs no wait): correct, but the host does not
+  /// run ahead of the move. (A host function blocking on the move, the other way to make
+  /// a stream wait for the host, deadlocks: CUDA may run all host functions on one
+  /// thread, and one that waits for a move holds back another that the move waits for.)
   template <class State>
   void wait_signal(stream_type s, signal_type& sig, State* state) {
     refuse_legacy(s);
     if (wait_value_ok_.load(std::memory_order_relaxed)) {
-      if (api_.wait_value32(s.get(), flag_device(sig.slot), sig.target) == cudaSuccess) return;
+      if (api_.wait_value32(s.get(), flag_device(sig.slot), sig.target) == cudaSuccess) {
+        waits_issued_.store(true, std::memory_order_relaxed);
+        return;
+      }
       wait_value_ok_.store(false, std::memory_order_relaxed);
     }
-    detail::add_ref(state);
-    const cudaError_t status = api_.launch_host_func(
-        s.get(),
-        [](void* p) {
-          auto* st = static_cast<State*>(p);
-          while (st->finished.load(std::memory_order_acquire) == 0) st->finished.wait(0);
-          if (st->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-          st->refs.store(1, std::memory_order_relaxed);  // the last one: released off the callback thread
-          try {
-            std::thread([st] { detail::drop_ref(st); }).detach();
-          } catch (...) {
-            detail::drop_ref(st);  // no thread to be had: release here rather than leak
-          }
-        },
-        state);
-    if (status != cudaSuccess) {
-      detail::drop_ref(state);
-      FERRY_CUDA_TRY(status);
-    }
+    while (state->finished.load(std::memory_order_acquire) == 0) state->finished.wait(0, std::memory_order_acquire);
   }
   /// @brief Whether stream waits on disk moves use `cuStreamWaitValue32` (true until a
-  /// call is refused; then the host-function fallback is used).
+  /// call is refused; then `enqueue_wait` waits on the host).
   [[nodiscard]] bool stream_memory_waits() const noexcept { return wait_value_ok_.load(std::memory_order_relaxed); }
 
   /// @brief A stream of its own for a staged move in direction `l` (non-blocking, the
@@ -394,12 +395,16 @@ class cuda_backend {
   void drain() noexcept {
     drain_lane(ferry::lane::h2d);
     drain_lane(ferry::lane::d2h);
+    // The pooled streams are synchronized outside `pool_mutex_`: one of them may wait
+    // (through a producer stream) for another move whose chunks need that lock to go on.
+    std::vector<cudaStream_t> streams;
     std::vector<queue*> queues;
     {
       std::lock_guard lock(pool_mutex_);
-      for (cudaStream_t s : extra_streams_) (void)api_.stream_synchronize(s);
+      streams = extra_streams_;
       for (auto& q : extra_queues_) queues.push_back(q.get());
     }
+    for (cudaStream_t s : streams) (void)api_.stream_synchronize(s);
     for (auto& q : lane_queues_) {
       if (q) queues.push_back(q.get());
     }
@@ -432,7 +437,7 @@ class cuda_backend {
 
  private:
   struct item {
-    cudaEvent_t event;
+    marker_type marker;
     void (*fn)(void*, std::exception_ptr) noexcept;
     void* context;
     bool owned;  // the event is the backend's to release after the wait
@@ -495,10 +500,17 @@ class cuda_backend {
     return *lane_queues_[static_cast<std::size_t>(l)];
   }
 
+  // Queues `it` in record order: events of one stream complete in the order they were
+  // recorded, so the front is always the next to complete (a lane's markers carry their
+  // number; other streams' items come in record order anyway).
   static void push(queue& q, item it) {
     {
       std::lock_guard lock(q.mutex);
-      q.items.push_back(it);
+      auto pos = q.items.end();
+      if (it.marker.seq != 0) {
+        while (pos != q.items.begin() && std::prev(pos)->marker.seq > it.marker.seq) --pos;
+      }
+      q.items.insert(pos, it);
     }
     q.cv.notify_one();
   }
@@ -532,13 +544,13 @@ class cuda_backend {
       lock.unlock();
       std::exception_ptr error;
       try {
-        FERRY_CUDA_TRY(api_.event_synchronize(it.event));
+        FERRY_CUDA_TRY(api_.event_synchronize(it.marker.event));
       } catch (...) {
         error = std::current_exception();
       }
       if (it.owned) {
-        cudaEvent_t e = it.event;
-        release(e);
+        marker_type m = it.marker;
+        release(m);
       }
       it.fn(it.context, std::move(error));
       lock.lock();
@@ -548,6 +560,10 @@ class cuda_backend {
   }
 
   void grow_flags() {
+    FERRY_EXPECTS(page_count_ < max_flag_pages,
+                  "more disk moves with live tickets at once than the scheduler has flags for; drop tickets of "
+                  "finished moves",
+                  page_count_ * flags_per_page);
     void* page = nullptr;
     FERRY_CUDA_TRY(api_.host_alloc_mapped(&page, flags_per_page * sizeof(std::uint32_t)));
     void* device = nullptr;
@@ -557,8 +573,11 @@ class cuda_backend {
       FERRY_CUDA_TRY(status);
     }
     std::memset(page, 0, flags_per_page * sizeof(std::uint32_t));
-    pages_.push_back({static_cast<std::uint32_t*>(page), static_cast<std::byte*>(device)});
-    targets_.resize(pages_.size() * flags_per_page, 0);
+    // A fixed array: `raise` and `wait_signal` read it without the lock, for slots handed
+    // out after their page was stored here (a growing vector would move under them).
+    pages_[page_count_] = {static_cast<std::uint32_t*>(page), static_cast<std::byte*>(device)};
+    ++page_count_;
+    targets_.resize(page_count_ * flags_per_page, 0);
     free_flags_.reserve(targets_.size());
     for (std::size_t i = 0; i < flags_per_page; ++i) {
       free_flags_.push_back(static_cast<std::uint32_t>(targets_.size() - 1 - i));
@@ -585,8 +604,13 @@ class cuda_backend {
     for (cudaEvent_t e : all_events_) FERRY_ASSERT_CUDA_SUCCESS(api_.event_destroy(e));
     all_events_.clear();
     free_events_.clear();
-    for (const auto& p : pages_) FERRY_ASSERT_CUDA_SUCCESS(api_.free_host(p.host));
-    pages_.clear();
+    // A stream told to wait on a flag (`cuStreamWaitValue32`) may not have got to that
+    // wait yet, and the backend cannot know when it will: once such waits were issued,
+    // the flag pages (4 KiB each) are left allocated rather than freed under them.
+    if (!waits_issued_.load(std::memory_order_relaxed)) {
+      for (std::size_t i = 0; i < page_count_; ++i) FERRY_ASSERT_CUDA_SUCCESS(api_.free_host(pages_[i].host));
+    }
+    page_count_ = 0;
   }
 
   struct flag_page {
@@ -606,11 +630,16 @@ class cuda_backend {
   std::vector<cudaEvent_t> all_events_;
   std::vector<cudaEvent_t> free_events_;
   std::mutex flags_mutex_;
-  std::vector<flag_page> pages_;
+  static constexpr std::size_t max_flag_pages = 1024;  // 1 Mi disk moves with live tickets
+  flag_page pages_[max_flag_pages] = {};
+  std::size_t page_count_ = 0;
+  std::atomic<bool> waits_issued_{false};  // a stream was made to wait on a flag
   std::vector<std::uint32_t> targets_;
   std::vector<std::uint32_t> free_flags_;
   std::atomic<bool> wait_value_ok_{true};
   std::unique_ptr<queue> lane_queues_[2];
+  std::mutex lane_record_mutex_[2];         // numbers and records a lane's markers together
+  std::uint64_t lane_records_[2] = {0, 0};  // records made on each lane so far
 };
 
 /// @brief A scheduler on CUDA streams (see the file comment and `basic_scheduler`).
