@@ -365,20 +365,23 @@ class cuda_backend {
       return ::cuda::stream_ref{s};
     }
     const int priority = priorities_[static_cast<std::size_t>(l)];
+    // Room first (so that nothing below but the stream and its thread can fail, and
+    // release never allocates), then the stream, then its completion thread.
+    extra_queues_.reserve(extra_queues_.size() + 1);
+    extra_streams_.reserve(extra_streams_.size() + 1);
+    for (auto& f : free_streams_) f.reserve(extra_streams_.size() + 1);
     cudaStream_t s = nullptr;
     {
       const device_scope on(*this);
       FERRY_CUDA_TRY(api_.stream_create(&s, cudaStreamNonBlocking, priority), priority);
     }
     try {
-      extra_queues_.reserve(extra_queues_.size() + 1);
       extra_queues_.push_back(start_queue(s));
     } catch (...) {
       (void)api_.stream_destroy(s);
       throw;
     }
     extra_streams_.push_back(s);
-    for (auto& f : free_streams_) f.reserve(extra_streams_.size());  // so that release never allocates
     return ::cuda::stream_ref{s};
   }
   /// @brief Returns an idle stream from `acquire_stream`.
