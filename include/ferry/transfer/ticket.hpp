@@ -9,7 +9,8 @@
 /// recorded behind its last chunk, and the stream waits for that marker; a move that
 /// involves the disk completes on a host thread, and the stream waits for a
 /// host-signalled flag (CUDA: `cuStreamWaitValue32` on mapped pinned memory; see
-/// schedule/stream_scheduler.hpp).
+/// schedule/stream_scheduler.hpp). Where the driver refuses stream memory operations,
+/// `enqueue_wait` on a disk move waits on the host until the move has completed.
 ///
 /// ## Lifetime
 /// Tickets are move-only and may outlive their scheduler. Dropping a ticket does not
@@ -260,8 +261,10 @@ class basic_ticket {
   }
 
   /// @brief Makes `s` wait for the move before it runs anything enqueued after this
-  /// call, without blocking the host. A failed move also releases the stream (so
-  /// nothing hangs): check `wait()` or `ready()`/`error()` before trusting the bytes.
+  /// call, without blocking the host (except for a disk move where stream memory
+  /// operations are refused: then this call returns once the move has completed). A
+  /// failed move also releases the stream (so nothing hangs): check `wait()` or
+  /// `ready()`/`error()` before trusting the bytes.
   /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream, or a stream
   ///         being captured into a CUDA graph: a captured wait would not wait on replay)
   void enqueue_wait(stream_type s) const {
