@@ -80,6 +80,8 @@ class cuda_model {
     callbacks_.join();
     for (stream_rec* s : streams) delete s;
     for (event_rec* e : all_events_) delete e;
+    // As a CUDA context releases its pinned memory when it goes: what the program left.
+    for (auto& [p, n] : live_host_) std::free(const_cast<void*>(p));  // NOLINT
   }
 
   // --- the members of ferry::cuda_runtime_api ------------------------------------------

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -383,6 +384,9 @@ TEST_CASE("CPU model: continuations on a lane run in the order of their copies, 
   gate_on(*m, busy, open);
   auto second = sched.to_host(b_host.data(), b.data(), b.size(), ref(busy));  // held back
   sched.then(second, [](std::exception_ptr) {});  // asked first, for the later copy
+  // The lane's completion thread gets to the later copy's marker first (and waits on
+  // it) before the earlier copy's continuation is asked for: order, not a threshold.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::atomic<bool> fired{false};
   sched.then(first, [&](std::exception_ptr) {
     fired.store(true);
@@ -397,6 +401,93 @@ TEST_CASE("CPU model: continuations on a lane run in the order of their copies, 
   second.wait();
   sched.synchronize();
   CHECK(fired_before_gate);
+}
+
+TEST_CASE("CPU model: a continuation that opens the way for a later copy runs (no deadlock on the lane)",
+          "[cuda_model][scheduler]") {
+  const watchdog dog("a lane continuation releasing a later copy", 60);
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t compute = model_stream(*m);
+  const cudaStream_t busy = model_stream(*m);
+  model_scheduler sched(ref(compute), options(), model_api{m});
+  std::vector<std::byte> a(chunk), a_host(chunk), b(chunk), b_host(chunk);
+  auto first = sched.to_host(a_host.data(), a.data(), a.size(), ref(compute));
+  const auto open = std::make_shared<std::atomic<bool>>(false);
+  gate_on(*m, busy, open);
+  auto second = sched.to_host(b_host.data(), b.data(), b.size(), ref(busy));
+  sched.then(second, [](std::exception_ptr) {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  sched.then(first, [open](std::exception_ptr) { open_gate(open); });  // the earlier copy releases the later
+  REQUIRE_NOTHROW(second.wait());
+  sched.synchronize();
+}
+
+TEST_CASE("CPU model: without stream memory operations, enqueue_wait on a disk move inside a continuation is refused",
+          "[cuda_model][scheduler][nvme]") {
+  const watchdog dog("enqueue_wait inside a continuation", 60);
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  auto m = std::make_shared<cuda_model>();
+  m->set_wait_value_supported(false);
+  const cudaStream_t compute = model_stream(*m);
+  model_scheduler sched(ref(compute), options(), model_api{m});
+  std::vector<std::byte> host(4 * chunk), dev(4 * chunk);
+  fill(host, 7);
+  const auto r = tier.allocate(host.size());
+  auto w = sched.host_to_nvme(tier, r, 0, host);
+  std::atomic<int> outcome{0};  // 1: refused with logic_error, 2: returned, 3: something else
+  std::optional<model_ticket> in;
+  std::mutex mutex;
+  sched.then(w, [&](std::exception_ptr e) {
+    if (e) return;
+    std::lock_guard lock(mutex);
+    in.emplace(sched.nvme_to_device(tier, r, 0, dev.data(), dev.size()));
+    try {
+      in->enqueue_wait(ref(compute));  // would block the I/O thread the move needs
+      outcome.store(in->ready() ? 2 : 3);
+    } catch (const ferry::logic_error&) {
+      outcome.store(1);
+    } catch (...) {
+      outcome.store(3);
+    }
+  });
+  w.wait();
+  sched.synchronize();
+  std::lock_guard lock(mutex);
+  // Refused, or (if the read had already finished when the continuation asked) no wait needed.
+  CHECK((outcome.load() == 1 || outcome.load() == 2));
+  REQUIRE(in.has_value());
+  REQUIRE_NOTHROW(in->wait());
+  CHECK(checksum(dev) == checksum(host));
+  tier.deallocate(r);
+}
+
+TEST_CASE("CPU model: a staged move that fails while it starts, its ticket dropped at once", "[cuda_model][scheduler][nvme]") {
+  // The first chunk's copy fails inside the start of a producer-ordered move; the move
+  // finishes there, the ticket goes, and the state must not be used after (TSan sees it).
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t compute = model_stream(*m);
+  model_scheduler sched(ref(compute), options(2), model_api{m});
+  const std::size_t n = 2 * chunk;
+  std::vector<std::byte> dev(n);
+  const auto r = tier.allocate(n);
+  m->fail_copies_after(0);  // every copy fails
+  int failed = 0;
+  for (int i = 0; i < 100; ++i) {
+    auto t = sched.device_to_nvme(tier, r, 0, dev.data(), n, ref(compute));
+    try {
+      t.wait();
+    } catch (const ferry::cuda_error&) {
+      ++failed;
+    }
+  }
+  CHECK(failed == 100);
+  m->fail_copies_after(-1);
+  sched.synchronize();
+  CHECK(sched.stats().failed_moves == 100);
+  tier.deallocate(r);
 }
 
 TEST_CASE("CPU model: more than 1024 disk moves with live tickets (the flags grow while others are read)",

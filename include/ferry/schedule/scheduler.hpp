@@ -518,6 +518,7 @@ class basic_scheduler {
   // the scheduler is alive then).
   struct callback_scope {
     basic_scheduler& self;
+    detail::continuation_mark mark;
     explicit callback_scope(basic_scheduler& s) noexcept : self(s) {
       std::lock_guard lock(s.moves_mutex_);
       ++s.moves_in_flight_;
@@ -735,7 +736,9 @@ class basic_scheduler {
     auto& self = *static_cast<basic_scheduler*>(s->owner_context);
     const callback_scope scope(self);
     if (!e) {
+      detail::add_ref(s);  // a chunk that fails in `pump` can finish the move, and its ticket go, meanwhile
       self.pump(s);
+      detail::drop_ref(s);
       return;
     }
     bool done = false;

@@ -69,7 +69,9 @@
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -191,7 +193,7 @@ class cuda_backend {
       FERRY_CUDA_TRY(api_.stream_create(&streams_[0], cudaStreamNonBlocking, h2d_priority), h2d_priority);
       FERRY_CUDA_TRY(api_.stream_create(&streams_[1], cudaStreamNonBlocking, d2h_priority), d2h_priority);
       grow_flags();
-      for (std::size_t i = 0; i < 2; ++i) lane_queues_[i] = start_queue(streams_[i]);
+      for (std::size_t i = 0; i < 2; ++i) lane_queues_[i] = start_queue(streams_[i], true);
     } catch (...) {
       release_all();
       throw;
@@ -333,7 +335,9 @@ class cuda_backend {
   /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`).
   /// Where stream memory operations are unavailable, the calling thread waits until the
   /// move has finished instead (then `s` needs no wait): correct, but the host does not
-  /// run ahead of the move. (A host function blocking on the move, the other way to make
+  /// run ahead of the move; from inside a scheduler continuation (an I/O or completion
+  /// thread, which the move may need) that wait is refused with `ferry::logic_error`.
+  /// (A host function blocking on the move, the other way to make
   /// a stream wait for the host, deadlocks: CUDA may run all host functions on one
   /// thread, and one that waits for a move holds back another that the move waits for.)
   template <class State>
@@ -346,6 +350,12 @@ class cuda_backend {
       }
       wait_value_ok_.store(false, std::memory_order_relaxed);
     }
+    if (state->finished.load(std::memory_order_acquire) != 0) return;
+    FERRY_EXPECTS(detail::continuation_depth() == 0,
+                  "enqueue_wait on an unfinished disk move from inside a scheduler continuation needs stream memory "
+                  "operations (cuStreamWaitValue32), which this driver refuses: the host-side wait would block the "
+                  "thread the move needs; wait from another thread",
+                  sig.slot);
     while (state->finished.load(std::memory_order_acquire) == 0) state->finished.wait(0, std::memory_order_acquire);
   }
   /// @brief Whether stream waits on disk moves use `cuStreamWaitValue32` (true until a
@@ -448,6 +458,7 @@ class cuda_backend {
   // The completion queue of one stream, with its thread.
   struct queue {
     cudaStream_t stream = nullptr;
+    bool lane = false;  // a lane's queue: kept in record order, its front polled
     std::mutex mutex;
     std::condition_variable cv;       // items or stopping
     std::condition_variable idle_cv;  // drained
@@ -484,9 +495,10 @@ class cuda_backend {
                   stream);
   }
 
-  std::unique_ptr<queue> start_queue(cudaStream_t s) {
+  std::unique_ptr<queue> start_queue(cudaStream_t s, bool lane = false) {
     auto q = std::make_unique<queue>();
     q->stream = s;
+    q->lane = lane;
     queue* raw = q.get();
     q->thread = std::thread([this, raw] { complete(*raw); });
     return q;
@@ -538,16 +550,38 @@ class cuda_backend {
   void complete(queue& q) noexcept {
     (void)api_.set_device(device_);
     std::unique_lock lock(q.mutex);
+    auto backoff = std::chrono::microseconds(10);
     for (;;) {
       q.cv.wait(lock, [&] { return q.stopping || !q.items.empty(); });
       if (q.items.empty()) return;
       const item it = q.items.front();
+      cudaError_t status = cudaSuccess;
+      if (q.lane) {
+        // A lane's queue may gain an earlier record at its front (`then` on an older
+        // copy) while the front waits: poll the front, woken at once by every push,
+        // instead of blocking on it (10 us, doubling to 500 us, between queries).
+        lock.unlock();
+        status = api_.event_query(it.marker.event);
+        lock.lock();
+        const item& now = q.items.front();
+        const bool same = now.marker.seq == it.marker.seq && now.marker.event == it.marker.event &&
+                          now.context == it.context && now.fn == it.fn;
+        if (status == cudaErrorNotReady || !same) {
+          if (same) {
+            q.cv.wait_for(lock, backoff);
+            backoff = std::min(backoff * 2, std::chrono::microseconds(500));
+          }
+          continue;
+        }
+        backoff = std::chrono::microseconds(10);
+      }
       q.items.pop_front();
       q.busy = true;
       lock.unlock();
       std::exception_ptr error;
       try {
-        FERRY_CUDA_TRY(api_.event_synchronize(it.marker.event));
+        if (!q.lane) status = api_.event_synchronize(it.marker.event);
+        FERRY_CUDA_TRY(status);
       } catch (...) {
         error = std::current_exception();
       }
@@ -555,7 +589,10 @@ class cuda_backend {
         marker_type m = it.marker;
         release(m);
       }
-      it.fn(it.context, std::move(error));
+      {
+        const detail::continuation_mark mark;
+        it.fn(it.context, std::move(error));
+      }
       lock.lock();
       q.busy = false;
       if (q.items.empty()) q.idle_cv.notify_all();

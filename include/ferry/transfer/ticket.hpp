@@ -189,6 +189,20 @@ class state_pool : public std::enable_shared_from_this<state_pool<Backend>> {
   std::vector<state*> free_;
 };
 
+// How many scheduler continuations the calling thread is inside (the I/O engine's and
+// the completion threads run them): a call that would block on a move must not block
+// there, since the move may need that very thread.
+inline int& continuation_depth() noexcept {
+  thread_local int depth = 0;
+  return depth;
+}
+struct continuation_mark {
+  continuation_mark() noexcept { ++continuation_depth(); }
+  continuation_mark(const continuation_mark&) = delete;
+  continuation_mark& operator=(const continuation_mark&) = delete;
+  ~continuation_mark() { --continuation_depth(); }
+};
+
 template <class Backend>
 inline void add_ref(move_state<Backend>* s) noexcept {
   s->refs.fetch_add(1, std::memory_order_relaxed);
