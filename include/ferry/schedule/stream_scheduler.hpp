@@ -32,8 +32,10 @@
 /// ## Threads
 /// A completion thread per stream the backend owns (the two lanes, and each pooled
 /// stream of a staged move): events on one stream complete in order, so each thread
-/// blocks in `cudaEventSynchronize` on the blocking-sync events of its own stream only,
-/// in FIFO order, and runs the continuations of disk moves: submitting the disk write of
+/// waits on the events of its own stream only, in record order — a pooled stream's
+/// thread blocks in `cudaEventSynchronize`, a lane's polls its front (a continuation on
+/// an older copy can be queued after a newer one is waited for) — and runs the
+/// continuations of disk moves: submitting the disk write of
 /// a chunk that landed in a bounce buffer, returning a slot whose H2D copy finished.
 /// One thread never waits on events of two streams in turn: a move whose start waits
 /// (through the producer stream) for another move's chunks cannot hold those chunks'
