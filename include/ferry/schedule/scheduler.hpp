@@ -30,12 +30,12 @@
 ///    blocking — on a stream made to wait for the ticket (`ticket.enqueue_wait(s)`,
 ///    then a stream-ordered free on `s`); never earlier.
 /// 3. H2D and D2H are separate lanes and progress at the same time.
-/// 6. A continuation (`then`) runs once its own move has completed: for a copy, on the
-///    copy's own marker, not behind later work on the lane.
-/// 7. A move ordered after a stream that is being captured into a CUDA graph, and a
-///    stream wait from one, are refused (`ferry::logic_error` naming the stream).
 /// 4. Nothing is issued on the legacy default stream (the CUDA backend refuses it).
 /// 5. `copy_on` issues only copies on the caller's stream: capturable in a CUDA graph.
+/// 6. A continuation (`then`) runs once its own move has completed: for a copy, on the
+///    copy's own marker, not behind later work on the lane (tests/host/test_cuda_model.cpp).
+/// 7. A move ordered after a stream that is being captured into a CUDA graph, and a
+///    stream wait from one, are refused (`ferry::logic_error` naming the stream).
 ///
 /// ## Errors
 /// Argument errors (null pointers, a range outside a region, a misaligned disk offset, a
