@@ -64,14 +64,14 @@ device_nvme_settings& settings() {
 
 const char* const reference_name = "min(link, disk: fio or host I/O)";
 
+#if FERRY_HAS_CUDA
+
 // The disk hop's reference for this run: "fio" or "host-io".
 std::string resolve_disk_reference(const device_nvme_settings& cfg, const std::string& fio_option) {
   if (cfg.disk_reference != "auto") return cfg.disk_reference;
   if (!cfg.fio.empty() || !fio_option.empty()) return "fio";  // a --fio given is meant to be used
   return ferry::bench::find_on_path("fio").empty() && ::access("/usr/bin/fio", X_OK) != 0 ? "host-io" : "fio";
 }
-
-#if FERRY_HAS_CUDA
 
 ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t bytes, std::size_t slots,
                                  std::size_t chunk) {
