@@ -1072,28 +1072,41 @@ class basic_layer_streamer {
       if (g.adding) return;  // the thread adding this layer will take it, in order
       g.adding = true;
     }
-    // This thread adds the layer's landed micro-batches in sequence order.
-    for (;;) {
-      landed_gradient item;
-      {
-        std::lock_guard lock(mutex_);
-        auto it = std::find_if(g.waiting.begin(), g.waiting.end(),
-                               [&](const landed_gradient& w) { return w.seq == g.handled; });
-        if (it == g.waiting.end()) {
-          g.adding = false;
-          return;
-        }
-        item = std::move(*it);
-        g.waiting.erase(it);
+    // This thread adds the layer's landed micro-batches in sequence order. A push is
+    // finished (`finish_push`, which may let the destructor go on) only once the next
+    // one is taken, or as this thread's last touch of the streamer: never before the
+    // loop reads the layer's state again.
+    landed_gradient item;
+    {
+      std::lock_guard lock(mutex_);
+      if (!take_next_landed(g, item)) {
+        g.adding = false;
+        return;
       }
+    }
+    for (;;) {
       add_micro_batch(g, layer, item);
       if (item.slab != nullptr) give_back_slab(item.slab, item.bytes);
+      bool more = false;
       {
         std::lock_guard lock(mutex_);
         ++g.handled;
+        more = take_next_landed(g, item);
+        if (!more) g.adding = false;
       }
-      finish_push();
+      finish_push();  // the push just added; with `more`, the next one still holds the streamer
+      if (!more) return;
     }
+  }
+
+  // Moves the layer's next micro-batch in sequence order out of `g.waiting` (under mutex_).
+  static bool take_next_landed(grad_state& g, landed_gradient& out) {
+    auto it = std::find_if(g.waiting.begin(), g.waiting.end(),
+                           [&](const landed_gradient& w) { return w.seq == g.handled; });
+    if (it == g.waiting.end()) return false;
+    out = std::move(*it);
+    g.waiting.erase(it);
+    return true;
   }
 
   // Adds micro-batch `item` into the layer's sum (only one thread at a time per layer).
