@@ -25,6 +25,10 @@
 // - Adversarial timing: with a seed, every operation of every stream (and every host
 //   function) is delayed by a random 0..max_delay_us before it runs, so independent
 //   streams run in any order and a missing wait shows up as wrong bytes.
+// - Held streams: `hold_streams_except(s)` stops every stream but `s` before its next
+//   operation until `release_streams()`, so a test can force the one order a missing
+//   wait allows (deterministically, not by chance) and show that the right program's
+//   waits keep its order even then.
 #pragma once
 
 #include <ferry/config.hpp>
@@ -66,6 +70,7 @@ class cuda_model {
   cuda_model(const cuda_model&) = delete;
   cuda_model& operator=(const cuda_model&) = delete;
   ~cuda_model() {
+    release_streams();
     std::vector<stream_rec*> streams;
     {
       std::lock_guard lock(mutex_);
@@ -270,6 +275,25 @@ class cuda_model {
     std::lock_guard lock(rec(s)->mutex);
     rec(s)->capturing = false;
   }
+  /// Stops every stream but `keep` (may be null: all) before its next operation, until
+  /// `release_streams`. Streams made while held are held too.
+  void hold_streams_except(cudaStream_t keep) {
+    {
+      std::lock_guard lock(gate_mutex_);
+      held_ = true;
+      keep_ = rec(keep);
+    }
+    gate_cv_.notify_all();
+  }
+  /// Lets held streams run again.
+  void release_streams() {
+    {
+      std::lock_guard lock(gate_mutex_);
+      held_ = false;
+      keep_ = nullptr;
+    }
+    gate_cv_.notify_all();
+  }
   /// Runs `f` on stream `s` when the stream reaches it (a kernel, in effect).
   void launch(cudaStream_t s, std::function<void()> f) { enqueue(rec(s), std::move(f)); }
   /// The next `n` copies succeed, the one after fails (cudaErrorInvalidValue); -1: none fails.
@@ -361,6 +385,10 @@ class cuda_model {
       r->queue.pop_front();
       r->busy = true;
       lock.unlock();
+      {
+        std::unique_lock gate(gate_mutex_);
+        gate_cv_.wait(gate, [&] { return !held_ || keep_ == r; });
+      }
       delay(r->rng);
       op();
       lock.lock();
@@ -399,6 +427,10 @@ class cuda_model {
   }
 
   model_options options_;
+  std::mutex gate_mutex_;  // held_, keep_
+  std::condition_variable gate_cv_;
+  bool held_ = false;
+  stream_rec* keep_ = nullptr;
   std::mutex mutex_;  // the lists of streams and events
   std::vector<stream_rec*> all_streams_;
   std::vector<event_rec*> all_events_;
