@@ -1,9 +1,7 @@
-// ferry::host_layer_streamer: the K-slot weight ring and the gradient path, run by the
-// host backend (host_executor) — the same code the GPU runs with stream_scheduler.
-// "Device memory" is host memory; kernels are items on a host_stream; "not yet" is made
+// ferry::basic_layer_streamer: the K-slot weight ring and the gradient path, run by the
+// host backend and by the CUDA backend on the CPU model at several seeds (backend_harness.hpp).
+// "Device memory" is host memory; kernels are items on a compute stream; "not yet" is made
 // deterministic with gates that hold a stream until the test opens them.
-#include "io_test_support.hpp"
-
 #include <ferry/pipeline/layer_streamer.hpp>
 #include <ferry/schedule/host_executor.hpp>
 
@@ -25,17 +23,17 @@
 #include <thread>
 #include <vector>
 
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
 namespace {
 
-using ferry::host_executor;
-using ferry::host_layer_streamer;
-using ferry::host_stream;
 using ferry::MiB;
 using ferry::pass_direction;
 using ferry::slot_memory;
 using ferry_test::checksum;
-using ferry_test::scratch_path;
 using ferry_test::gate;
+using ferry_test::scratch_path;
 
 constexpr std::size_t chunk = 64 * 1024;
 
@@ -76,8 +74,8 @@ std::size_t layer_at(pass_direction d, std::size_t position, std::size_t layers)
 
 // One pass: each layer acquired, read by an item on `compute` (the "kernel"), released.
 // Returns the checksum each kernel saw and, in `slots_seen`, the slot addresses used.
-template <class Streamer>
-std::vector<std::uint64_t> run_pass(Streamer& ls, host_stream& compute, pass_direction d,
+template <class Streamer, class Stream>
+std::vector<std::uint64_t> run_pass(Streamer& ls, Stream& compute, pass_direction d,
                                     std::set<const std::byte*>* slots_seen = nullptr) {
   const std::size_t layers = ls.layers();
   std::vector<std::uint64_t> sums(layers, 0);
@@ -120,16 +118,19 @@ float random_float(std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("host_layer_streamer: forward and backward passes deliver every layer's bytes, K = 1, 2, 3",
-          "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: forward and backward passes deliver every layer's bytes, K = 1, 2, 3",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes);
   const auto want = w.sums();
   std::size_t total = 0;
   for (const std::size_t n : layer_sizes) total += n;
   for (const std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
     INFO("K = " << k);
-    host_stream compute;
-    host_executor ex(compute, sched_options());
+    auto& compute = dev.stream();
+    auto& ex = dev.scheduler(compute, sched_options());
     host_layer_streamer ls(ex, w.spans(), slot_memory::host(k));
     CHECK(ls.layers() == 7);
     CHECK(ls.slots() == k);
@@ -155,11 +156,14 @@ TEST_CASE("host_layer_streamer: forward and backward passes deliver every layer'
   }
 }
 
-TEST_CASE("host_layer_streamer: the K-1 layers after the acquired one load ahead while compute is held",
-          "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: the K-1 layers after the acquired one load ahead while compute is held",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 1);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   host_layer_streamer ls(ex, w.spans(), slot_memory::host(3));
   gate g;
   compute.enqueue([&] { g.pass(); });  // the "GPU" is busy with earlier work
@@ -192,12 +196,16 @@ TEST_CASE("host_layer_streamer: the K-1 layers after the acquired one load ahead
   CHECK(sums == w.sums());
 }
 
-TEST_CASE("host_layer_streamer: a released slot is not overwritten while compute still reads it", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: a released slot is not overwritten while compute still reads it",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 2);
   for (const std::size_t k : {std::size_t{1}, std::size_t{2}}) {
     INFO("K = " << k);
-    host_stream compute;
-    host_executor ex(compute, sched_options());
+    auto& compute = dev.stream();
+    auto& ex = dev.scheduler(compute, sched_options());
     host_layer_streamer ls(ex, w.spans(), slot_memory::host(k));
     ls.begin_pass(pass_direction::forward);
     for (std::size_t layer = 0; layer + 1 < k; ++layer) {  // K = 2: layer 0 passes normally
@@ -205,7 +213,7 @@ TEST_CASE("host_layer_streamer: a released slot is not overwritten while compute
       ls.release(layer, compute);
       (void)p;
     }
-    const std::size_t reader = k - 1;  // the layer whose kernel is held
+    const std::size_t reader = k - 1;     // the layer whose kernel is held
     const std::size_t next = reader + k;  // the layer loaded into the same slot
     gate g;
     std::uint64_t seen_reader = 0;
@@ -223,9 +231,8 @@ TEST_CASE("host_layer_streamer: a released slot is not overwritten while compute
       if (layer == next) {
         CHECK(q == p);  // the same slot
         std::uint64_t seen_next = 0;
-        compute.enqueue([&seen_next, q, n = layer_sizes[next]] {
-          seen_next = checksum(std::span<const std::byte>(q, n));
-        });
+        compute.enqueue(
+            [&seen_next, q, n = layer_sizes[next]] { seen_next = checksum(std::span<const std::byte>(q, n)); });
         compute.synchronize();
         CHECK(seen_next == w.sums()[next]);
       }
@@ -236,10 +243,14 @@ TEST_CASE("host_layer_streamer: a released slot is not overwritten while compute
   }
 }
 
-TEST_CASE("host_layer_streamer: up to K layers may be held at once, released in any order", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: up to K layers may be held at once, released in any order", "[layer_streamer]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 3);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   host_layer_streamer ls(ex, w.spans(), slot_memory::host(3));
   std::vector<std::uint64_t> sums(7, 0);
   auto read = [&](std::size_t layer, std::byte* p) {
@@ -270,13 +281,17 @@ TEST_CASE("host_layer_streamer: up to K layers may be held at once, released in 
   CHECK(run_pass(ls, compute, pass_direction::backward) == w.sums());
 }
 
-TEST_CASE("host_layer_streamer: weights written between passes are what the next pass loads", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: weights written between passes are what the next pass loads", "[layer_streamer]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   ferry::pinned_pool_options po;
   po.pin = false;
   po.budget_bytes = 8 * MiB;
   ferry::pinned_pool pool(po);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   host_layer_streamer ls(ex, std::span<const std::size_t>(layer_sizes), pool, slot_memory::host(2));
   CHECK(pool.used() >= 7);
   const host_weights first(layer_sizes, 10);
@@ -290,7 +305,11 @@ TEST_CASE("host_layer_streamer: weights written between passes are what the next
   CHECK(run_pass(ls, compute, pass_direction::forward) == second.sums());
 }
 
-TEST_CASE("host_layer_streamer: weights on NVMe, K = 1, 2, 3, forward and backward", "[layer_streamer][nvme]") {
+TEMPLATE_TEST_CASE("layer_streamer: weights on NVMe, K = 1, 2, 3, forward and backward", "[layer_streamer][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 32 * MiB));
   const host_weights w(layer_sizes, 4);
@@ -298,8 +317,8 @@ TEST_CASE("host_layer_streamer: weights on NVMe, K = 1, 2, 3, forward and backwa
   for (const auto& d : w.data) regions.push_back(tier.store(d));
   for (const std::size_t k : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
     INFO("K = " << k);
-    host_stream compute;
-    host_executor ex(compute, sched_options(2));
+    auto& compute = dev.stream();
+    auto& ex = dev.scheduler(compute, sched_options(2));
     host_layer_streamer ls(ex, tier, regions, slot_memory::host(k));
     CHECK(ls.on_nvme());
     for (int step = 0; step < 2; ++step) {
@@ -311,8 +330,8 @@ TEST_CASE("host_layer_streamer: weights on NVMe, K = 1, 2, 3, forward and backwa
     CHECK(ls.stats().loads == 28);
   }
   // An update written to the tier is what the next pass loads.
-  host_stream compute;
-  host_executor ex(compute, sched_options(2));
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options(2));
   host_layer_streamer ls(ex, tier, regions, slot_memory::host(2));
   CHECK(run_pass(ls, compute, pass_direction::forward) == w.sums());
   ls.wait_loads();
@@ -322,15 +341,18 @@ TEST_CASE("host_layer_streamer: weights on NVMe, K = 1, 2, 3, forward and backwa
   for (const auto& r : regions) tier.deallocate(r);
 }
 
-TEST_CASE("host_layer_streamer: NVMe loads hold K layers at once and keep slots until compute is done",
-          "[layer_streamer][nvme]") {
+TEMPLATE_TEST_CASE("layer_streamer: NVMe loads hold K layers at once and keep slots until compute is done",
+                   "[layer_streamer][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 32 * MiB));
   const host_weights w(layer_sizes, 6);
   std::vector<ferry::nvme_region> regions;
   for (const auto& d : w.data) regions.push_back(tier.store(d));
-  host_stream compute;
-  host_executor ex(compute, sched_options(2));
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options(2));
   host_layer_streamer ls(ex, tier, regions, slot_memory::host(2));
   std::vector<std::uint64_t> sums(7, 0);
   gate g;
@@ -361,8 +383,11 @@ TEST_CASE("host_layer_streamer: NVMe loads hold K layers at once and keep slots 
   for (const auto& r : regions) tier.deallocate(r);
 }
 
-TEST_CASE("host_layer_streamer: an NVMe read error is thrown by acquire or wait_loads, and reset recovers",
-          "[layer_streamer][nvme][faults]") {
+TEMPLATE_TEST_CASE("layer_streamer: an NVMe read error is thrown by acquire or wait_loads, and reset recovers",
+                   "[layer_streamer][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine> tier(
@@ -370,8 +395,8 @@ TEST_CASE("host_layer_streamer: an NVMe read error is thrown by acquire or wait_
   const host_weights w(layer_sizes, 7);
   std::vector<ferry::nvme_region> regions;
   for (const auto& d : w.data) regions.push_back(tier.store(d));
-  host_stream compute;
-  host_executor ex(compute, sched_options(2));
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options(2));
   host_layer_streamer ls(ex, tier, regions, slot_memory::host(2));
   // Every read of layer 3 fails.
   plan->add({.call = ferry::io::syscall_kind::pread,
@@ -401,11 +426,15 @@ TEST_CASE("host_layer_streamer: an NVMe read error is thrown by acquire or wait_
   CHECK_NOTHROW(ls.wait_loads());
 }
 
-TEST_CASE("host_layer_streamer: gradients land intact after their producer, once per push, off the caller's thread",
-          "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: gradients land intact after their producer, once per push, off the caller's thread",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 8);
-  host_stream compute, reuser;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& reuser = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   ferry::layer_streamer_options o;
   o.gradient_slabs = 7;  // all seven pushes fit while their producer is held
   host_layer_streamer ls(ex, w.spans(), slot_memory::host(2), o);
@@ -421,7 +450,7 @@ TEST_CASE("host_layer_streamer: gradients land intact after their producer, once
     g.pass();
     for (std::size_t i = 0; i < 7; ++i) std::memcpy(device[i].data(), grads.data[i].data(), layer_sizes[i]);
   });
-  std::vector<host_layer_streamer::ticket_type> tickets;
+  std::vector<typename host_layer_streamer::ticket_type> tickets;
   for (std::size_t i = 7; i-- > 0;) {  // backward order
     auto t = ls.push_gradient(i, device[i].data(), layer_sizes[i], compute,
                               [&](std::size_t layer, std::span<const std::byte> bytes) {
@@ -451,14 +480,17 @@ TEST_CASE("host_layer_streamer: gradients land intact after their producer, once
   CHECK(ls.gradient_pool().used() == 0);  // every slab went back
 }
 
-TEST_CASE("host_layer_streamer: fp32 accumulation over 3 micro-batches equals the host sum in order, bit for bit",
-          "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: fp32 accumulation over 3 micro-batches equals the host sum in order, bit for bit",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const std::vector<std::size_t> elements = {1, 1000, 16411, 3, 40000};
   std::vector<std::size_t> bytes;
   for (const std::size_t e : elements) bytes.push_back(e * 4);
   const host_weights w(bytes, 12);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   ferry::layer_streamer_options o;
   o.accumulate = true;
   o.micro_batches = 3;
@@ -517,11 +549,15 @@ TEST_CASE("host_layer_streamer: fp32 accumulation over 3 micro-batches equals th
   CHECK(ls.gradient_pool().used() == 0);
 }
 
-TEST_CASE("host_layer_streamer: bf16 gradients accumulate into an fp32 sum in order", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: bf16 gradients accumulate into an fp32 sum in order", "[layer_streamer]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const std::size_t elements = 777;
   const host_weights w({4096, 4096}, 13);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   ferry::layer_streamer_options o;
   o.accumulate = true;
   o.micro_batches = 3;
@@ -555,10 +591,14 @@ TEST_CASE("host_layer_streamer: bf16 gradients accumulate into an fp32 sum in or
   CHECK(std::memcmp(got.data(), want.data(), elements * 4) == 0);
 }
 
-TEST_CASE("host_layer_streamer: a callback's exception is kept for wait_gradients", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: a callback's exception is kept for wait_gradients", "[layer_streamer]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w({4096}, 14);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   host_layer_streamer ls(ex, w.spans(), slot_memory::host(1));
   std::vector<std::byte> grad(100, std::byte{1});
   ls.push_gradient(0, grad.data(), grad.size(), compute, [](std::size_t, std::span<const std::byte>) {
@@ -569,10 +609,14 @@ TEST_CASE("host_layer_streamer: a callback's exception is kept for wait_gradient
   CHECK(ls.gradient_pool().used() == 0);
 }
 
-TEST_CASE("host_layer_streamer: misuse is refused with the values named, and changes nothing", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: misuse is refused with the values named, and changes nothing", "[layer_streamer]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 15);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   host_layer_streamer ls(ex, w.spans(), slot_memory::host(1));
   using Catch::Contains;
   CHECK_THROWS_WITH(ls.acquire(0, compute), Contains("begin_pass"));
@@ -583,7 +627,7 @@ TEST_CASE("host_layer_streamer: misuse is refused with the values named, and cha
   std::byte* p = ls.acquire(0, compute);
   CHECK(p != nullptr);
   CHECK_THROWS_WITH(ls.acquire(0, compute), Contains("layer = 0") && Contains("expected = 1"));  // twice
-  CHECK_THROWS_WITH(ls.acquire(1, compute), Contains("held_by = 0"));                              // K = 1
+  CHECK_THROWS_WITH(ls.acquire(1, compute), Contains("held_by = 0"));                            // K = 1
   CHECK_THROWS_WITH(ls.release(3, compute), Contains("layer = 3") && Contains("oldest_held = 0"));
   CHECK_THROWS_AS(ls.weights(0), ferry::logic_error);  // the caller's slabs
   std::vector<std::byte> grad(8);
@@ -603,10 +647,13 @@ TEST_CASE("host_layer_streamer: misuse is refused with the values named, and cha
   CHECK(ls.stats().acquires == 7);
 }
 
-TEST_CASE("host_layer_streamer: bad construction is refused", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: bad construction is refused", "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 16);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   using Catch::Contains;
   CHECK_THROWS_WITH(host_layer_streamer(ex, {}, slot_memory::host(2)), Contains("at least one layer"));
   CHECK_THROWS_AS(slot_memory::host(0), ferry::logic_error);
@@ -633,10 +680,13 @@ TEST_CASE("host_layer_streamer: bad construction is refused", "[layer_streamer]"
   CHECK(acc.gradient_pool().used() == 0);
 }
 
-TEST_CASE("host_layer_streamer: lent slot memory is used in place", "[layer_streamer]") {
+TEMPLATE_TEST_CASE("layer_streamer: lent slot memory is used in place", "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
   const host_weights w(layer_sizes, 17);
-  host_stream compute;
-  host_executor ex(compute, sched_options());
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
   const std::size_t need = slot_memory::bytes_for(2, 3 * chunk + 123);
   std::vector<std::byte> storage(need + 256);
   auto* base = storage.data() + (256 - reinterpret_cast<std::uintptr_t>(storage.data()) % 256) % 256;

@@ -1,7 +1,5 @@
 // The scheduler's ordering, chunking, bounce ring, cancellation and error logic, run by
 // the host backend (`host_executor`): the same code the CUDA backend runs, on threads.
-#include "io_test_support.hpp"
-
 #include <ferry/schedule/host_executor.hpp>
 
 #include <catch2/catch.hpp>
@@ -14,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
 namespace {
 
 using ferry::host_executor;
@@ -21,9 +22,9 @@ using ferry::host_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
-using ferry_test::scratch_path;
 using ferry_test::gate;
 using ferry_test::pattern;
+using ferry_test::scratch_path;
 
 constexpr std::size_t chunk = 64 * 1024;
 
@@ -37,7 +38,7 @@ ferry::scheduler_options options(std::size_t slots = 4) {
 template <class Syscalls = ferry::io::posix_syscalls>
 using pool_tier = ferry::basic_nvme_tier<Syscalls, ferry::io::thread_pool_engine>;
 
-const std::vector<std::size_t> odd_sizes = {1, 4095, 4096, 4097, chunk - 1, chunk, chunk + 1, 3 * chunk + 123,
+const std::vector<std::size_t> odd_sizes = {1,         4095, 4096, 4097, chunk - 1, chunk, chunk + 1, 3 * chunk + 123,
                                             10 * chunk};
 
 }  // namespace
@@ -84,9 +85,12 @@ TEST_CASE("host_stream: an item's exception fails the stream from there on, like
   CHECK(ran_after);
 }
 
-TEST_CASE("host_executor: H2D and D2H copies at odd sizes arrive intact, in chunks", "[scheduler]") {
-  host_stream compute;
-  host_executor ex(compute, options());
+TEMPLATE_TEST_CASE("scheduler: H2D and D2H copies at odd sizes arrive intact, in chunks", "[scheduler]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options());
   for (const std::size_t n : odd_sizes) {
     const auto src = pattern(n, n);
     std::vector<std::byte> device(n), back(n);
@@ -104,9 +108,13 @@ TEST_CASE("host_executor: H2D and D2H copies at odd sizes arrive intact, in chun
   }
 }
 
-TEST_CASE("host_executor: a copy out of memory starts only after the producer stream wrote it", "[scheduler]") {
-  host_stream compute, other;
-  host_executor ex(compute, options());
+TEMPLATE_TEST_CASE("scheduler: a copy out of memory starts only after the producer stream wrote it", "[scheduler]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& other = td.stream();
+  auto& ex = td.scheduler(compute, options());
   const std::size_t n = 5 * chunk + 7;
   std::vector<std::byte> device(n, std::byte{0}), host(n, std::byte{1});
   const auto want = pattern(n, 9);
@@ -125,9 +133,12 @@ TEST_CASE("host_executor: a copy out of memory starts only after the producer st
   CHECK(checksum(host) == checksum(want));
 }
 
-TEST_CASE("host_executor: H2D and D2H make progress at the same time", "[scheduler]") {
-  host_stream compute, blocker;
-  host_executor ex(compute, options());
+TEMPLATE_TEST_CASE("scheduler: H2D and D2H make progress at the same time", "[scheduler]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& blocker = td.stream();
+  auto& ex = td.scheduler(compute, options());
   const std::size_t n = 3 * chunk;
   const auto a = pattern(n, 1);
   std::vector<std::byte> dev_a(n), dev_b = pattern(n, 2), host_b(n);
@@ -145,11 +156,15 @@ TEST_CASE("host_executor: H2D and D2H make progress at the same time", "[schedul
   CHECK(checksum(dev_a) == checksum(a));
 }
 
-TEST_CASE("host_executor: the source is released only after the copy that reads it", "[scheduler]") {
+TEMPLATE_TEST_CASE("scheduler: the source is released only after the copy that reads it", "[scheduler]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   // Guarantee 2: a stream that waits for the ticket, then frees (here: overwrites) the
   // source, never runs before the copy has read it.
-  host_stream compute, freer;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& freer = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   for (int round = 0; round < 20; ++round) {
     const std::size_t n = 7 * chunk + 5;
     auto device = pattern(n, static_cast<std::uint64_t>(round));
@@ -164,13 +179,16 @@ TEST_CASE("host_executor: the source is released only after the copy that reads 
   }
 }
 
-TEST_CASE("host_executor: device <-> NVMe round trips through the bounce ring at odd sizes", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: device <-> NVMe round trips through the bounce ring at odd sizes", "[scheduler][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   auto tier_options = ferry_test::small_options({path.path()}, 64 * MiB);
   ferry::nvme_tier tier(tier_options);
-  host_stream compute;
+  auto& compute = td.stream();
   for (const std::size_t slots : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
-    host_executor ex(compute, options(slots));
+    auto& ex = td.scheduler(compute, options(slots));
     for (const std::size_t n : odd_sizes) {
       const auto device = pattern(n, n + slots);
       std::vector<std::byte> back(n, std::byte{0x5A});
@@ -186,11 +204,15 @@ TEST_CASE("host_executor: device <-> NVMe round trips through the bounce ring at
   }
 }
 
-TEST_CASE("host_executor: host <-> NVMe moves and a stream that waits for one", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: host <-> NVMe moves and a stream that waits for one", "[scheduler][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
-  host_stream compute, consumer;
-  host_executor ex(compute, options());
+  auto& compute = td.stream();
+  auto& consumer = td.stream();
+  auto& ex = td.scheduler(compute, options());
   const std::size_t n = 3 * MiB + 11;
   const auto src = pattern(n, 77);
   const auto r = tier.allocate(n);
@@ -212,14 +234,17 @@ TEST_CASE("host_executor: host <-> NVMe moves and a stream that waits for one", 
   tier.deallocate(r);
 }
 
-TEST_CASE("host_executor: an I/O error in the middle of a device->NVMe move fails the ticket with that chunk's error",
-          "[scheduler][nvme][faults]") {
+TEMPLATE_TEST_CASE(
+    "scheduler: an I/O error in the middle of a device->NVMe move fails the ticket with that chunk's error",
+    "[scheduler][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   auto o = ferry_test::small_options({path.path()}, 64 * MiB);
   pool_tier<ferry::io::faulty_syscalls<>> tier(o, ferry::io::faulty_syscalls<>(plan));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t chunks = 16;
   const std::size_t n = chunks * chunk;
   const auto device = pattern(n, 3);
@@ -250,14 +275,16 @@ TEST_CASE("host_executor: an I/O error in the middle of a device->NVMe move fail
   CHECK(tier.check());
 }
 
-TEST_CASE("host_executor: an I/O error in the middle of an NVMe->device move fails the ticket",
-          "[scheduler][nvme][faults]") {
+TEMPLATE_TEST_CASE("scheduler: an I/O error in the middle of an NVMe->device move fails the ticket",
+                   "[scheduler][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   pool_tier<ferry::io::faulty_syscalls<>> tier(ferry_test::small_options({path.path()}, 64 * MiB),
                                                ferry::io::faulty_syscalls<>(plan));
-  host_stream compute;
-  host_executor ex(compute, options(3));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(3));
   const std::size_t n = 12 * chunk + 100;
   const auto data = pattern(n, 5);
   const auto r = tier.store(data);
@@ -275,11 +302,14 @@ TEST_CASE("host_executor: an I/O error in the middle of an NVMe->device move fai
   CHECK(checksum(again) == checksum(data));
 }
 
-TEST_CASE("host_executor: a cancelled disk move starts no more chunks and reports ECANCELED", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: a cancelled disk move starts no more chunks and reports ECANCELED", "[scheduler][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t n = 20 * chunk;
   const auto device = pattern(n, 8);
   const auto r = tier.allocate(n);
@@ -300,11 +330,14 @@ TEST_CASE("host_executor: a cancelled disk move starts no more chunks and report
   tier.deallocate(r);
 }
 
-TEST_CASE("host_executor: many concurrent disk moves share a small bounce ring", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: many concurrent disk moves share a small bounce ring", "[scheduler][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 128 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   constexpr int threads = 4;
   constexpr int per_thread = 6;
   std::atomic<int> good{0};
@@ -329,11 +362,13 @@ TEST_CASE("host_executor: many concurrent disk moves share a small bounce ring",
   CHECK(tier.used() == 0);
 }
 
-TEST_CASE("host_executor: then() runs once per move, with its error", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: then() runs once per move, with its error", "[scheduler][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options());
   const std::size_t n = 2 * chunk + 1;
   const auto src = pattern(n, 4);
   std::vector<std::byte> dev(n);
@@ -360,23 +395,28 @@ TEST_CASE("host_executor: then() runs once per move, with its error", "[schedule
   tier.deallocate(r);
 }
 
-TEST_CASE("host_executor: move states are reused (no allocation per move once warm)", "[scheduler]") {
-  host_stream compute;
-  host_executor ex(compute, options());
+TEMPLATE_TEST_CASE("scheduler: move states are reused (no allocation per move once warm)", "[scheduler]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options());
   std::vector<std::byte> a(3 * chunk), b(3 * chunk);
   for (int i = 0; i < 200; ++i) ex.to_device(b.data(), a.data(), a.size()).wait();
   CHECK(ex.pooled_states() == 1);
 }
 
-TEST_CASE("host_executor: bad arguments are refused before anything starts", "[scheduler]") {
-  host_stream compute;
+TEMPLATE_TEST_CASE("scheduler: bad arguments are refused before anything starts", "[scheduler]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
   ferry::scheduler_options o;
   o.chunk_bytes = 1000;  // not a multiple of 4096
-  CHECK_THROWS_AS(host_executor(compute, o), ferry::logic_error);
+  CHECK_THROWS_AS(td.scheduler(compute, o), ferry::logic_error);
   o.chunk_bytes = chunk;
   o.bounce_slots = 0;
-  CHECK_THROWS_AS(host_executor(compute, o), ferry::logic_error);
-  host_executor ex(compute, options());
+  CHECK_THROWS_AS(td.scheduler(compute, o), ferry::logic_error);
+  auto& ex = td.scheduler(compute, options());
   std::vector<std::byte> a(10);
   CHECK_THROWS_AS(ex.to_device(nullptr, a.data(), 10), ferry::logic_error);
   CHECK_NOTHROW(ex.to_device(nullptr, nullptr, 0).wait());
@@ -393,16 +433,19 @@ TEST_CASE("host_executor: bad arguments are refused before anything starts", "[s
   tier.deallocate(r);
 }
 
-TEST_CASE("host_executor: the destructor waits for moves in flight", "[scheduler][nvme]") {
+TEMPLATE_TEST_CASE("scheduler: the destructor waits for moves in flight", "[scheduler][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
+  auto& compute = td.stream();
   const std::size_t n = 16 * chunk;
   const auto device = pattern(n, 12);
   const auto r = tier.allocate(n);
-  ferry::basic_ticket<ferry::host_backend> t;
+  ferry::basic_ticket<typename TestType::backend_type> t;
   {
-    host_executor ex(compute, options(2));
+    auto owned = td.scoped_scheduler(compute, options(2));
+    auto& ex = *owned;
     t = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);
   }  // waits here
   CHECK(t.ready());

@@ -3,14 +3,14 @@
 // the bytes between a row's end and the next row are never touched; bad pitches and
 // sizes are refused with their values. On the host backend, and (with the CUDA
 // toolkit) on the CUDA backend over the CPU model of the runtime with adversarial timing.
-#include "io_test_support.hpp"
-
 #include <ferry/schedule/host_executor.hpp>
 
-#if FERRY_HAS_CUDA
-#include "cuda_model.hpp"
+#include "io_test_support.hpp"
 
+#if FERRY_HAS_CUDA
 #include <ferry/schedule/stream_scheduler.hpp>
+
+#include "cuda_model.hpp"
 #endif
 
 #include <catch2/catch.hpp>
@@ -67,7 +67,8 @@ void round_trip(Scheduler& sched, Stream producer, std::size_t row_bytes, std::s
   pitched back(row_bytes + 1, row_bytes, rows);
   device.fill_rows(row_bytes);
   const auto before = sched.stats().chunks;
-  auto out = sched.to_host_2d(host.bytes.data(), host.pitch, device.bytes.data(), device.pitch, row_bytes, rows, producer);
+  auto out =
+      sched.to_host_2d(host.bytes.data(), host.pitch, device.bytes.data(), device.pitch, row_bytes, rows, producer);
   out.wait();
   CHECK(host.holds(row_bytes));
   const std::size_t per_chunk = std::max<std::size_t>(1, sched.chunk_bytes() / row_bytes);

@@ -1,8 +1,6 @@
 // Edge cases of the scheduler (host backend): hostile sizes and settings, cancellation at
 // every stage, tiers that always fail, many moves on a ring of one slot, continuations,
 // tickets shared between threads or outliving the scheduler, and failed producers.
-#include "io_test_support.hpp"
-
 #include <ferry/schedule/host_executor.hpp>
 
 #include <catch2/catch.hpp>
@@ -18,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
 namespace {
 
 using ferry::host_executor;
@@ -25,9 +26,9 @@ using ferry::host_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
-using ferry_test::scratch_path;
 using ferry_test::gate;
 using ferry_test::pattern;
+using ferry_test::scratch_path;
 
 constexpr std::size_t chunk = 64 * 1024;
 
@@ -54,7 +55,7 @@ TEST_CASE("scheduler edge: the docs' host example runs as written", "[scheduler]
   {
     ferry::host_stream compute;
     ferry::host_executor ex(compute, options());
-    compute.enqueue([&] { std::memcpy(buffer.data(), want.data(), bytes); });  // produce(buffer)
+    compute.enqueue([&] { std::memcpy(buffer.data(), want.data(), bytes); });    // produce(buffer)
     auto t = ex.device_to_nvme(tier, region, 0, buffer.data(), bytes, compute);  // after produce()
     t.wait();
   }
@@ -64,9 +65,11 @@ TEST_CASE("scheduler edge: the docs' host example runs as written", "[scheduler]
   tier.deallocate(region);
 }
 
-TEST_CASE("scheduler edge: defaults match the docs", "[scheduler][edge]") {
-  host_stream compute;
-  host_executor ex(compute);
+TEMPLATE_TEST_CASE("scheduler edge: defaults match the docs", "[scheduler][edge]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute);
   CHECK(ex.chunk_bytes() == ferry::defaults::current().chunk_bytes);
   CHECK(ex.bounce_slots() == 4);
   CHECK(host_executor::disk_alignment == 4096);
@@ -80,11 +83,14 @@ TEST_CASE("scheduler edge: settings at and beyond their limits", "[scheduler][ed
   CHECK_THROWS_AS(host_executor(compute, options(2, std::size_t{1} << 40)), ferry::logic_error);  // ring > 1 TiB
 }
 
-TEST_CASE("scheduler edge: zero-byte moves of every kind complete at once", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: zero-byte moves of every kind complete at once", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options());
   const auto r = tier.allocate(4096);
   std::atomic<int> calls{0};
   auto count = [&](std::exception_ptr e) { calls += e == nullptr ? 1 : 100; };
@@ -104,11 +110,14 @@ TEST_CASE("scheduler edge: zero-byte moves of every kind complete at once", "[sc
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: disk moves at offsets and sizes around chunk boundaries", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: disk moves at offsets and sizes around chunk boundaries", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t region_bytes = 4 * chunk + 4096 * 3 + 5;
   const auto data = pattern(region_bytes, 42);
   const auto r = tier.store(data);
@@ -125,14 +134,17 @@ TEST_CASE("scheduler edge: disk moves at offsets and sizes around chunk boundari
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: a tier whose alignment does not divide the chunk is refused before anything starts",
-          "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: a tier whose alignment does not divide the chunk is refused before anything starts",
+                   "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   auto o = ferry_test::small_options({path.path()}, 16 * MiB);
   o.alignment = 8192;
   ferry::nvme_tier tier(o);
-  host_stream compute;
-  host_executor ex(compute, options(2, 3 * 4096));  // chunk 12288: chunk 1 would start at 12288, not 8192-aligned
+  auto& compute = td.stream();
+  auto& ex =
+      td.scheduler(compute, options(2, 3 * 4096));  // chunk 12288: chunk 1 would start at 12288, not 8192-aligned
   const std::size_t n = 4 * 8192;
   const auto src = pattern(n, 3);
   const auto r = tier.allocate(n);
@@ -145,12 +157,14 @@ TEST_CASE("scheduler edge: a tier whose alignment does not divide the chunk is r
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: hostile ranges and null pointers are refused before anything starts",
-          "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: hostile ranges and null pointers are refused before anything starts",
+                   "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const auto r = tier.allocate(4 * 4096);
   std::vector<std::byte> mem(r.size());
   constexpr auto huge = ~std::uint64_t{0};
@@ -203,12 +217,15 @@ struct first_write_gated {
 };
 }  // namespace
 
-TEST_CASE("scheduler edge: cancel before start, mid-move and after completion", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: cancel before start, mid-move and after completion", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   gate g;  // outlives the streams whose items pass it
-  host_stream compute;
-  host_executor ex(compute, options(1));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(1));
   const std::size_t n = 8 * chunk;
   const auto device = pattern(n, 8);
   const auto r = tier.allocate(n);
@@ -240,7 +257,7 @@ TEST_CASE("scheduler edge: cancel before start, mid-move and after completion", 
   }
   SECTION("before start, on a move queued for the only bounce slot") {
     compute.enqueue([&] { g.pass(); });
-    auto first = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);  // holds the slot
+    auto first = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);   // holds the slot
     auto second = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);  // queued
     second.cancel();
     g.open();
@@ -252,8 +269,10 @@ TEST_CASE("scheduler edge: cancel before start, mid-move and after completion", 
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: a tier that fails every request fails every move with its error, no hang",
-          "[scheduler][edge][nvme][faults]") {
+TEMPLATE_TEST_CASE("scheduler edge: a tier that fails every request fails every move with its error, no hang",
+                   "[scheduler][edge][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
@@ -262,8 +281,8 @@ TEST_CASE("scheduler edge: a tier that fails every request fails every move with
   const auto r = tier.store(data);
   plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
   plan->add({.call = ferry::io::syscall_kind::pwrite, .error = ENOSPC, .times = ferry::io::fault::forever});
-  host_stream compute;
-  host_executor ex(compute, options(1));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(1));
   constexpr int threads = 4;
   constexpr int per_thread = 5;
   std::atomic<int> right{0};
@@ -278,8 +297,7 @@ TEST_CASE("scheduler edge: a tier that fails every request fails every move with
         try {
           in.wait();
         } catch (const ferry::io_error& e) {
-          if (e.code().value() == EIO && e.path() == path.str() && e.offset() >= r.offset &&
-              e.offset() < r.offset + n)
+          if (e.code().value() == EIO && e.path() == path.str() && e.offset() >= r.offset && e.offset() < r.offset + n)
             ++right;
         }
         try {
@@ -304,12 +322,15 @@ TEST_CASE("scheduler edge: a tier that fails every request fails every move with
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: short transfers are continued", "[scheduler][edge][nvme][faults]") {
+TEMPLATE_TEST_CASE("scheduler edge: short transfers are continued", "[scheduler][edge][nvme][faults]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t n = 6 * chunk + 100;
   const auto data = pattern(n, 6);
   const auto r = tier.allocate(n);
@@ -322,12 +343,15 @@ TEST_CASE("scheduler edge: short transfers are continued", "[scheduler][edge][nv
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: one ticket waited from several threads", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: one ticket waited from several threads", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   gate g;  // outlives the streams whose items pass it
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t n = 9 * chunk;
   const auto src = pattern(n, 9);
   const auto r = tier.allocate(n);
@@ -351,12 +375,15 @@ TEST_CASE("scheduler edge: one ticket waited from several threads", "[scheduler]
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: every continuation of a move runs, each once", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: every continuation of a move runs, each once", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   gate g;  // outlives the streams whose items pass it
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t n = 4 * chunk;
   const auto src = pattern(n, 10);
   const auto r = tier.allocate(n);
@@ -385,12 +412,15 @@ TEST_CASE("scheduler edge: a ticket of another scheduler is refused by then()", 
   t.wait();
 }
 
-TEST_CASE("scheduler edge: a move ordered after a failed producer item fails with its error",
-          "[scheduler][edge][nvme]") {
+// A host stream's failed item (its sticky error) has no counterpart in the CPU model.
+TEMPLATE_TEST_CASE("scheduler edge: a move ordered after a failed producer item fails with its error",
+                   "[scheduler][edge][nvme]", ferry_test::host_device) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(2));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(2));
   const std::size_t n = 3 * chunk;
   std::vector<std::byte> device(n), host(n);
   compute.enqueue([] { throw std::runtime_error("kernel failed"); });  // the producer of `device`
@@ -406,20 +436,24 @@ TEST_CASE("scheduler edge: a move ordered after a failed producer item fails wit
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outlive it", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outlive it",
+                   "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   gate g;  // outlives the streams whose items pass it
-  host_stream compute;
+  auto& compute = td.stream();
   const std::size_t n = 7 * chunk + 9;
   const auto src = pattern(n, 11);
   const auto r1 = tier.allocate(n);
   const auto r2 = tier.allocate(n);
   std::vector<std::byte> host(n), dev(n);
   std::atomic<int> continuations{0};
-  ferry::basic_ticket<ferry::host_backend> kept_copy, kept_disk;
+  ferry::basic_ticket<typename TestType::backend_type> kept_copy, kept_disk;
   {
-    host_executor ex(compute, options(1));
+    auto owned = td.scoped_scheduler(compute, options(1));
+    auto& ex = *owned;
     compute.enqueue([&] { g.pass(); });
     kept_copy = ex.to_host(host.data(), src.data(), n, compute);
     kept_disk = ex.device_to_nvme(tier, r1, 0, src.data(), n, compute);
@@ -439,7 +473,7 @@ TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outl
   std::vector<std::byte> back(n);
   tier.read(r1, back);
   CHECK(checksum(back) == checksum(src));
-  host_stream consumer;
+  auto& consumer = td.stream();
   kept_disk.enqueue_wait(consumer);  // after the scheduler: still fine
   kept_copy.enqueue_wait(consumer);
   consumer.synchronize();
@@ -449,11 +483,14 @@ TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outl
   tier.deallocate(r2);
 }
 
-TEST_CASE("scheduler edge: many threads, many moves, a ring of one slot", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: many threads, many moves, a ring of one slot", "[scheduler][edge][nvme]",
+                   FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 128 * MiB));
-  host_stream compute;
-  host_executor ex(compute, options(1, 4096));
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, options(1, 4096));
   constexpr int threads = 6;
   constexpr int per_thread = 8;
   std::atomic<int> good{0};
@@ -467,7 +504,7 @@ TEST_CASE("scheduler edge: many threads, many moves, a ring of one slot", "[sche
         const auto r = tier.allocate(n);
         auto out = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);
         if (i % 3 == 0) {
-          ferry::basic_ticket<ferry::host_backend> moved = std::move(out);
+          ferry::basic_ticket<typename TestType::backend_type> moved = std::move(out);
           moved.wait();
         } else {
           out.wait();
@@ -485,21 +522,24 @@ TEST_CASE("scheduler edge: many threads, many moves, a ring of one slot", "[sche
   CHECK(s.failed_moves == 0);
 }
 
-TEST_CASE("scheduler edge: a disk move can be waited for on the scheduler's own lanes", "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: a disk move can be waited for on the scheduler's own lanes",
+                   "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
-  host_stream compute;
+  auto& compute = td.stream();
   ferry::scheduler_options o;
   o.chunk_bytes = 64 * 1024;
   o.bounce_slots = 1;
-  host_executor ex(compute, o);
+  auto& ex = td.scheduler(compute, o);
   const std::size_t n = 6 * 64 * 1024;
   std::vector<std::byte> device(n, std::byte{7}), host(n);
   const auto r = tier.allocate(n);
   gate g;
   compute.enqueue([&] { g.pass(); });
   auto t = ex.device_to_nvme(tier, r, 0, device.data(), n, compute);  // held behind the gate
-  t.enqueue_wait(ex.d2h());  // its chunks are not on the lane: no cycle
+  t.enqueue_wait(ex.d2h());                                           // its chunks are not on the lane: no cycle
   t.enqueue_wait(ex.h2d());
   auto after = ex.to_host(host.data(), device.data(), n, ex.d2h());
   g.open();
@@ -509,18 +549,20 @@ TEST_CASE("scheduler edge: a disk move can be waited for on the scheduler's own 
   tier.deallocate(r);
 }
 
-TEST_CASE("scheduler edge: an offload waited for by the compute stream does not deadlock a later D2H from it",
-          "[scheduler][edge][nvme]") {
+TEMPLATE_TEST_CASE("scheduler edge: an offload waited for by the compute stream does not deadlock a later D2H from it",
+                   "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
   // The activation-offload pattern: device -> NVMe of more chunks than bounce slots, the
   // compute stream waits for it, then a D2H ordered after the compute stream. The later
   // chunks of the first move must not queue behind the second move's wait.
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 32 * MiB));
-  host_stream compute;
+  auto& compute = td.stream();
   ferry::scheduler_options o;
   o.chunk_bytes = 64 * 1024;
   o.bounce_slots = 2;
-  host_executor ex(compute, o);
+  auto& ex = td.scheduler(compute, o);
   const std::size_t n = 12 * 64 * 1024;
   auto device = pattern(n, 31);
   std::vector<std::byte> host(n), back(n);

@@ -1,9 +1,7 @@
-// tensor_cache on the host backend (no GPU): the same code the CUDA backend runs, with
-// "device" memory in host memory. Round trips bit for bit, residency rules, dedup,
-// spill to NVMe under a pinned budget, out_of_capacity without losing the tensor, an
-// injected ENOSPC in the middle of a step, schedule-driven prefetch, a lossy codec.
-#include "io_test_support.hpp"
-
+// tensor_cache on the host backend and on the CUDA backend over the CPU model of the
+// CUDA runtime at several seeds (backend_harness.hpp), "device" memory in host memory. Round trips bit for bit,
+// residency rules, dedup, spill to NVMe under a pinned budget, out_of_capacity without losing the tensor, an injected
+// ENOSPC in the middle of a step, schedule-driven prefetch, a lossy codec.
 #include <ferry/codec/bf16.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
 
@@ -15,10 +13,11 @@
 #include <mutex>
 #include <vector>
 
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
 namespace {
 
-using ferry::host_executor;
-using ferry::host_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
@@ -49,8 +48,9 @@ ferry::scheduler_options sched_options() {
 }
 
 // A tensor the "forward pass" produced: pattern bytes written on the compute stream.
+template <class Stream>
 struct producer {
-  host_stream& compute;
+  Stream& compute;
   template <class Cache>
   void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
     void* p = cache.allocate(bytes, compute);
@@ -66,23 +66,31 @@ std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
 }
 
 // Reads `bytes` at `p` on `s` after everything before (as a kernel would).
-std::uint64_t sum_on(host_stream& s, const void* p, std::size_t bytes) {
+template <class Stream>
+std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
   std::uint64_t out = 0;
   s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
   s.synchronize();
   return out;
 }
 
+// The cache over a test device's backend and device memory.
+template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
+using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
+
 const std::vector<std::size_t> sizes = {MiB + 1, 3 * MiB + 5, 2 * MiB, MiB + 4095, 5 * MiB + 17, MiB + 3};
 
 }  // namespace
 
-TEST_CASE("tensor_cache: stored tensors come back bit for bit; device memory is returned", "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device memory is returned",
+                   "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
   producer prod{compute};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     cache.store(static_cast<int>(i), prod.make(cache, sizes[i], i), sizes[i], compute);
@@ -107,16 +115,20 @@ TEST_CASE("tensor_cache: stored tensors come back bit for bit; device memory is 
   CHECK(cache.size() == 0);
 }
 
-TEST_CASE("tensor_cache: small tensors and the last N stored stay on the device", "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: small tensors and the last N stored stay on the device", "[pipeline][tensor_cache]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr,
-                                              {.resident_below_bytes = 64 * 1024, .keep_last = 3});
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
+                                        {.resident_below_bytes = 64 * 1024, .keep_last = 3});
   producer prod{compute};
   cache.store(100, prod.make(cache, 1000, 100), 1000, compute);  // small
-  for (int i = 0; i < 5; ++i) cache.store(i, prod.make(cache, MiB + 8, static_cast<std::uint64_t>(i)), MiB + 8, compute);
+  for (int i = 0; i < 5; ++i)
+    cache.store(i, prod.make(cache, MiB + 8, static_cast<std::uint64_t>(i)), MiB + 8, compute);
   CHECK(cache.tier_of(100) == 0);
   CHECK(cache.tier_of(0) == 1);
   CHECK(cache.tier_of(1) == 1);
@@ -129,12 +141,15 @@ TEST_CASE("tensor_cache: small tensors and the last N stored stay on the device"
   CHECK(sum_on(compute, cache.get(0, compute), MiB + 8) == expected_sum(MiB + 8, 0));
 }
 
-TEST_CASE("tensor_cache: the same buffer stored under two keys is kept once", "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: the same buffer stored under two keys is kept once", "[pipeline][tensor_cache]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
   producer prod{compute};
   void* p = prod.make(cache, 2 * MiB, 7);
   cache.store(1, p, 2 * MiB, compute);
@@ -152,15 +167,17 @@ TEST_CASE("tensor_cache: the same buffer stored under two keys is kept once", "[
   CHECK(pool.used() == 0);
 }
 
-TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe and come back intact",
-          "[pipeline][tensor_cache][nvme]") {
+TEMPLATE_TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe and come back intact",
+                   "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 128 * MiB));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(12 * MiB));  // room for three or so
-  ferry::host_tensor_cache<with_lru> cache(sched, device, pool, &tier, {.keep_last = 1});
+  cache_on<TestType, with_lru> cache(sched, device, pool, &tier, {.keep_last = 1});
   producer prod{compute};
   constexpr int n = 10;
   for (int i = 0; i < n; ++i) {
@@ -181,13 +198,15 @@ TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe and come 
   CHECK(pool.used() == 0);
 }
 
-TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and the tensor stays retrievable",
-          "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and the tensor stays retrievable",
+                   "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);  // fits
   CHECK_THROWS_AS(cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute), ferry::out_of_capacity);
@@ -197,20 +216,21 @@ TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and
   CHECK(sum_on(compute, cache.get(0, compute), 3 * MiB) == expected_sum(3 * MiB, 0));
 }
 
-TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and every tensor stays retrievable",
-          "[pipeline][tensor_cache][nvme][faults]") {
+TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and every tensor stays retrievable",
+                   "[pipeline][tensor_cache][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   pool_tier<ferry::io::faulty_syscalls<>> tier(ferry_test::small_options({path.path()}, 128 * MiB),
                                                ferry::io::faulty_syscalls<>(plan));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
                                  ferry::no_prefetch>;
-  ferry::basic_tensor_cache<P, ferry::host_backend, ferry::host_device_memory, decltype(tier)> cache(
-      sched, device, pool, &tier, {.keep_last = 0});
+  cache_on<TestType, P, decltype(tier)> cache(sched, device, pool, &tier, {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);
   cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute);
@@ -222,12 +242,15 @@ TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and every ten
   }
 }
 
-TEST_CASE("tensor_cache: a store waits for its producer before the copy reads the tensor", "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(64 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: a store waits for its producer before the copy reads the tensor",
+                   "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
   ferry_test::gate g;
   void* p = cache.allocate(2 * MiB, compute);
   std::memset(p, 0, 2 * MiB);
@@ -240,16 +263,17 @@ TEST_CASE("tensor_cache: a store waits for its producer before the copy reads th
   CHECK(sum_on(compute, cache.get(9, compute), 2 * MiB) == expected_sum(2 * MiB, 42));
 }
 
-TEST_CASE("tensor_cache: later iterations prefetch from the recorded schedule and stay bit exact",
-          "[pipeline][tensor_cache][nvme]") {
+TEMPLATE_TEST_CASE("tensor_cache: later iterations prefetch from the recorded schedule and stay bit exact",
+                   "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 256 * MiB));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(16 * MiB));
-  ferry::host_tensor_cache<with_nvme> cache(sched, device, pool, &tier,
-                                            {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
+  cache_on<TestType, with_nvme> cache(sched, device, pool, &tier, {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
   producer prod{compute};
   constexpr int layers = 8;
   const auto bytes_of = [](int i) { return 2 * MiB + static_cast<std::size_t>(i) * 8191; };
@@ -273,15 +297,18 @@ TEST_CASE("tensor_cache: later iterations prefetch from the recorded schedule an
   CHECK(tier.used() == 0);
 }
 
-TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-trips within its bound",
-          "[pipeline][tensor_cache][codec]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(64 * MiB);
+// A codec on the CUDA backend runs kernels (tests/gpu): host backend only.
+TEMPLATE_TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-trips within its bound",
+                   "[pipeline][tensor_cache][codec]", ferry_test::host_device) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
                                  ferry::bf16>;
-  ferry::host_tensor_cache<P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, P> cache(sched, device, pool, nullptr, {.keep_last = 0});
   const std::size_t n = 1'000'003;
   std::vector<float> want(n);
   for (std::size_t i = 0; i < n; ++i) want[i] = std::sin(static_cast<float>(i) * 0.001f) * 1000.0f;
@@ -294,22 +321,25 @@ TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-trips wit
   double worst = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (want[i] == 0.0f) continue;
-    worst = std::max(worst, std::abs(static_cast<double>(back[i]) - static_cast<double>(want[i])) / std::abs(static_cast<double>(want[i])));
+    worst = std::max(worst, std::abs(static_cast<double>(back[i]) - static_cast<double>(want[i])) /
+                                std::abs(static_cast<double>(want[i])));
   }
   CHECK(worst <= 1.0 / 256);  // bf16 keeps 8 significant bits: relative error <= 2^-9 rounded to nearest
 }
 
-TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor_cache]") {
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(64 * MiB);
+TEMPLATE_TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  ferry::host_tensor_cache<pinned_only> cache(sched, device, pool);
+  cache_on<TestType, pinned_only> cache(sched, device, pool);
   void* p = cache.allocate(4096, compute);
   CHECK_THROWS_AS(cache.store(1, nullptr, 10, compute), ferry::logic_error);
   CHECK_THROWS_AS(cache.get(5, compute), ferry::logic_error);
   CHECK_THROWS_AS(cache.erase(5, compute), ferry::logic_error);
   cache.store(1, p, 4096, compute);
   CHECK_THROWS_AS(cache.store(1, p, 4096, compute), ferry::logic_error);
-  CHECK_THROWS_AS((ferry::host_tensor_cache<with_nvme>(sched, device, pool, nullptr)), ferry::logic_error);
+  CHECK_THROWS_AS((cache_on<TestType, with_nvme>(sched, device, pool, nullptr)), ferry::logic_error);
 }

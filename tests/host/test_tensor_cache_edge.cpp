@@ -1,8 +1,6 @@
 // tensor_cache edge cases found in review (host backend, no GPU): each test names the
 // bug it guards against. Every test ends with the pinned pool, the NVMe tier and the
 // "device" memory back at zero.
-#include "io_test_support.hpp"
-
 #include <ferry/pipeline/tensor_cache.hpp>
 
 #include <catch2/catch.hpp>
@@ -15,10 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
 namespace {
 
-using ferry::host_executor;
-using ferry::host_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
@@ -42,8 +41,9 @@ ferry::scheduler_options sched_options() {
   return o;
 }
 
+template <class Stream>
 struct producer {
-  host_stream& compute;
+  Stream& compute;
   template <class Cache>
   void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
     void* p = cache.allocate(bytes, compute);
@@ -58,7 +58,8 @@ std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
   return checksum(v);
 }
 
-std::uint64_t sum_on(host_stream& s, const void* p, std::size_t bytes) {
+template <class Stream>
+std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
   std::uint64_t out = 0;
   s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
   s.synchronize();
@@ -66,7 +67,8 @@ std::uint64_t sum_on(host_stream& s, const void* p, std::size_t bytes) {
 }
 
 // Every move and every stream-ordered free has run.
-void settle(host_executor& sched, host_stream& compute) {
+template <class Scheduler, class Stream>
+void settle(Scheduler& sched, Stream& compute) {
   compute.synchronize();
   sched.synchronize();
   compute.synchronize();
@@ -87,20 +89,27 @@ struct recording_belady : ferry::belady<int> {
 
 }  // namespace
 
-TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it to the device once the read has landed",
-          "[pipeline][tensor_cache][nvme]") {
+// The cache over a test device's backend and device memory.
+template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
+using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
+
+TEMPLATE_TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it to the device once the read has landed",
+                   "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: prefetch() started the read-back without marking the tensor prefetched, so the
   // H2D never followed and the tensor stayed in pinned memory until its get.
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
-    ferry::host_tensor_cache<lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
     producer prod{compute};
-    for (int i = 0; i < 4; ++i) cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
+    for (int i = 0; i < 4; ++i)
+      cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
     REQUIRE(cache.tier_of(0) == 2);
     cache.prefetch(0);
     settle(sched, compute);  // the read has landed
@@ -116,22 +125,24 @@ TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it to the de
   CHECK(device.used() == 0);
 }
 
-TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only the get of its own tensor",
-          "[pipeline][tensor_cache][nvme][faults]") {
+TEMPLATE_TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only the get of its own tensor",
+                   "[pipeline][tensor_cache][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: the failed read of a prefetch was thrown by the next get of *another* tensor
   // (after that get had recorded its access), from poll_read_backs.
   auto plan = std::make_shared<ferry::io::fault_plan>();
   scratch_path path(ferry_test::disk_dir);
   faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
-    ferry::basic_tensor_cache<lru_no_prefetch, ferry::host_backend, ferry::host_device_memory, faulty_tier> cache(
-        sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch, faulty_tier> cache(sched, device, pool, &tier, {.keep_last = 0});
     producer prod{compute};
-    for (int i = 0; i < 4; ++i) cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
+    for (int i = 0; i < 4; ++i)
+      cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
     REQUIRE(cache.tier_of(0) == 2);
     REQUIRE(cache.tier_of(3) == 1);
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
@@ -154,20 +165,24 @@ TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only the get of 
   CHECK(device.used() == 0);
 }
 
-TEST_CASE("tensor_cache edge: a get waits for prefetch read-backs holding the pinned memory instead of failing",
-          "[pipeline][tensor_cache][nvme]") {
+TEMPLATE_TEST_CASE(
+    "tensor_cache edge: a get waits for prefetch read-backs holding the pinned memory instead of failing",
+    "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: pinned blocks of read-backs in flight could not spill (not yet known to the
   // eviction policy), so with the pool full of them a get threw out_of_capacity.
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));  // one 3 MiB block
   {
-    ferry::host_tensor_cache<lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
     producer prod{compute};
-    for (int i = 0; i < 3; ++i) cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
+    for (int i = 0; i < 3; ++i)
+      cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
     REQUIRE(cache.tier_of(0) == 2);
     REQUIRE(cache.tier_of(1) == 2);
     cache.prefetch(0);  // takes the only block (spilling 2), read in flight or landed
@@ -182,18 +197,20 @@ TEST_CASE("tensor_cache edge: a get waits for prefetch read-backs holding the pi
   CHECK(device.used() == 0);
 }
 
-TEST_CASE("tensor_cache edge: an iteration longer than the recorded one does not shift the later ones",
-          "[pipeline][tensor_cache]") {
+TEMPLATE_TEST_CASE("tensor_cache edge: an iteration longer than the recorded one does not shift the later ones",
+                   "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: end_iteration kept the policies' positions when they had run past the
   // iteration's start, so after one longer iteration every later one was replayed at
   // an offset (here: no prefetch at all any more).
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(512 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(512 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
   {
-    ferry::host_tensor_cache<P> cache(sched, device, pool, nullptr, {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
+    cache_on<TestType, P> cache(sched, device, pool, nullptr, {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
     producer prod{compute};
     const std::size_t bytes = 2 * MiB;
     std::vector<std::uint64_t> prefetched;
@@ -218,8 +235,10 @@ TEST_CASE("tensor_cache edge: an iteration longer than the recorded one does not
   CHECK(device.used() == 0);
 }
 
-TEST_CASE("tensor_cache edge: the eviction policy sees each get at the get's schedule position",
-          "[pipeline][tensor_cache][nvme]") {
+TEMPLATE_TEST_CASE("tensor_cache edge: the eviction policy sees each get at the get's schedule position",
+                   "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: get advanced the policy past its access, then reported the access, so belady
   // ran one position ahead (next uses computed from the wrong place) after every get
   // of a tensor in pinned memory.
@@ -227,17 +246,18 @@ TEST_CASE("tensor_cache edge: the eviction policy sees each get at the get's sch
   recording_belady::log = &log;
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(256 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, recording_belady,
                                  ferry::no_prefetch>;
   {
-    ferry::host_tensor_cache<P> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, P> cache(sched, device, pool, &tier, {.keep_last = 0});
     producer prod{compute};
     for (int it = 0; it < 3; ++it) {
-      for (int i = 0; i < 4; ++i) cache.store(i, prod.make(cache, 2 * MiB, static_cast<std::uint64_t>(i)), 2 * MiB, compute);
+      for (int i = 0; i < 4; ++i)
+        cache.store(i, prod.make(cache, 2 * MiB, static_cast<std::uint64_t>(i)), 2 * MiB, compute);
       for (int i = 4; i-- > 0;) {
         CHECK(sum_on(compute, cache.get(i, compute), 2 * MiB) == expected_sum(2 * MiB, static_cast<std::uint64_t>(i)));
         cache.erase(i, compute);
@@ -260,20 +280,22 @@ TEST_CASE("tensor_cache edge: the eviction policy sees each get at the get's sch
   CHECK(device.used() == 0);
 }
 
-TEST_CASE("tensor_cache edge: destroying the cache frees a stored tensor after its producer, not under it",
-          "[pipeline][tensor_cache]") {
+TEMPLATE_TEST_CASE("tensor_cache edge: destroying the cache frees a stored tensor after its producer, not under it",
+                   "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
   // Bug: the destructor freed every device copy on the H2D stream at once, also a stored
   // buffer still on the device whose producer had not yet run: use after free (ASan).
-  host_stream compute;
-  host_executor sched(compute, sched_options());
-  ferry::host_device_memory device(64 * MiB);
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   std::mutex m;
   std::condition_variable cv;
   bool open = false;
   std::vector<std::byte> seen(2 * MiB);
   {
-    ferry::host_tensor_cache<ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>> cache(
+    cache_on<TestType, ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>> cache(
         sched, device, pool, nullptr, {.keep_last = 1});
     void* p = cache.allocate(2 * MiB, compute);
     compute.enqueue([&] {
