@@ -88,7 +88,23 @@ class host_device {
     ferry::host_stream s_;
   };
 
-  compute_stream& stream() { return own_.make<compute_stream>(); }
+  host_device() = default;
+  host_device(const host_device&) = delete;
+  host_device& operator=(const host_device&) = delete;
+  ~host_device() {
+    for (compute_stream* s : streams_) {  // the frees the test's objects enqueued
+      try {
+        s->synchronize();
+      } catch (...) {  // a stream a test failed on purpose (its sticky error)
+      }
+    }
+  }
+
+  compute_stream& stream() {
+    compute_stream& s = own_.make<compute_stream>();
+    streams_.push_back(&s);
+    return s;
+  }
   scheduler_type& scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
     return own_.make<scheduler_type>(compute, o);
   }
@@ -96,11 +112,13 @@ class host_device {
   std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
     return std::make_unique<scheduler_type>(compute, o);
   }
-  memory_type& memory(std::size_t budget_bytes) { return own_.make<memory_type>(budget_bytes); }
+  memory_type& memory(std::size_t budget_bytes) { return memory_.make<memory_type>(budget_bytes); }
   [[nodiscard]] std::string name() const { return "host backend"; }
 
  private:
+  detail::owner memory_;  // device memory goes last: stream-ordered frees still reach it
   detail::owner own_;
+  std::vector<compute_stream*> streams_;
 };
 
 #if FERRY_HAS_CUDA
@@ -174,8 +192,17 @@ class model_device {
   };
 
   model_device() : m_(std::make_shared<cuda_model>(model_options{.seed = Seed, .max_delay_us = MaxDelayUs})) {}
+  model_device(const model_device&) = delete;
+  model_device& operator=(const model_device&) = delete;
+  ~model_device() {
+    for (compute_stream* s : streams_) s->synchronize();  // the frees the test's objects enqueued
+  }
 
-  compute_stream& stream() { return own_.make<compute_stream>(m_); }
+  compute_stream& stream() {
+    compute_stream& s = own_.make<compute_stream>(m_);
+    streams_.push_back(&s);
+    return s;
+  }
   /// A scheduler on `compute`; without a bounce pool in `o`, one that does not pin (the
   /// model keeps clear of the real CUDA runtime).
   scheduler_type& scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
@@ -185,7 +212,7 @@ class model_device {
   std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
     return std::make_unique<scheduler_type>(::cuda::stream_ref(compute), unpinned(o), model_api{m_});
   }
-  memory_type& memory(std::size_t budget_bytes) { return own_.make<memory_type>(m_, budget_bytes); }
+  memory_type& memory(std::size_t budget_bytes) { return memory_.make<memory_type>(m_, budget_bytes); }
   [[nodiscard]] std::string name() const { return "CUDA backend on the CPU model, seed " + std::to_string(Seed); }
   cuda_model& model() { return *m_; }
 
@@ -200,7 +227,9 @@ class model_device {
     return o;
   }
   std::shared_ptr<cuda_model> m_;
-  detail::owner own_;  // after m_: what it owns goes before the model
+  detail::owner memory_;  // device memory goes after the streams: stream-ordered frees still reach it
+  detail::owner own_;     // after m_: what it owns goes before the model
+  std::vector<compute_stream*> streams_;
 };
 
 #define FERRY_TEST_DEVICES                                                                  \
