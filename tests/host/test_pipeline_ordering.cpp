@@ -1,0 +1,208 @@
+// Ordering cases that real programs get wrong, on the CUDA backend over the CPU model
+// (and, where the case has one, the host backend): a stored tensor's device buffer
+// handed straight back to the allocator for the next tensor, a kernel's output on one
+// stream offloaded by a scheduler running on another, and memory freed on one stream
+// while another still reads it. The model's device memory reuses a freed block at once,
+// as CUDA's stream-ordered allocator does, and poisons it when the free runs; holding
+// the scheduler's streams (`hold_streams_except`) makes the wrong order the one that
+// happens, so a missing wait gives wrong bytes every time, not by chance.
+#include <ferry/config.hpp>
+
+#if FERRY_HAS_CUDA
+
+#include <ferry/pipeline/tensor_cache.hpp>
+#include <ferry/tier/nvme.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
+namespace {
+
+using ferry::MiB;
+using ferry_test::checksum;
+using ferry_test::fill;
+using ferry_test::gate;
+using ferry_test::scratch_path;
+using ferry_test::watchdog;
+
+constexpr std::size_t chunk = 64 * 1024;
+
+ferry::scheduler_options options() {
+  ferry::scheduler_options o;
+  o.chunk_bytes = chunk;
+  o.bounce_slots = 2;
+  return o;
+}
+
+ferry::pinned_pool_options unpinned(std::size_t budget) {
+  ferry::pinned_pool_options o;
+  o.pin = false;
+  o.budget_bytes = budget;
+  o.slab_bytes = 4 * MiB;
+  return o;
+}
+
+std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
+  std::vector<std::byte> v(bytes);
+  fill(v, seed);
+  return checksum(v);
+}
+
+template <class Stream>
+void produce(Stream& s, void* p, std::size_t bytes, std::uint64_t seed) {
+  s.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
+}
+
+template <class Stream>
+std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
+  std::uint64_t out = 0;
+  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
+  s.synchronize();
+  return out;
+}
+
+using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+template <class Device, class Pipeline>
+using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type>;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("ordering: a stored tensor's buffer, handed straight back for the next tensor, is offloaded intact",
+                   "[ordering][tensor_cache]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  watchdog w("ordering: buffer reuse in tensor_cache", 120);
+  auto& compute = td.stream();
+  auto& sched = td.scheduler(compute, options());
+  auto& device = td.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(256 * MiB));
+  const std::size_t bytes = 2 * MiB + 3;
+  constexpr int n = 8;
+  {
+    cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+    // The scheduler's streams wait: every D2H copy (and the free behind it) is still to
+    // run when the next tensor is allocated and produced into the same block.
+    td.model().hold_streams_except(compute.native());
+    for (int i = 0; i < n; ++i) {
+      void* p = cache.allocate(bytes, compute);
+      produce(compute, p, bytes, static_cast<std::uint64_t>(100 + i));
+      cache.store(i, p, bytes, compute);  // offloaded at once (keep_last = 0)
+    }
+    CHECK(device.reused() == n - 1);  // each tensor got the block the one before gave back
+    td.model().release_streams();
+    for (int i = n; i-- > 0;) {
+      CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(100 + i)));
+      cache.erase(i, compute);
+    }
+    sched.synchronize();
+    compute.synchronize();
+  }
+  CHECK(pool.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("ordering: a kernel's output on stream A, offloaded by a scheduler on stream B, is read after it",
+                   "[ordering][scheduler][nvme]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  auto& b = td.stream();  // the scheduler's compute stream
+  auto& a = td.stream();  // where the producer runs
+  auto& ex = td.scheduler(b, options());
+  const std::size_t n = 5 * chunk + 77;
+  std::vector<std::byte> src(n), host(n), back(n);
+  gate g;
+  a.enqueue([&g] { g.pass(); });
+  produce(a, src.data(), n, 7);
+  const auto r = tier.allocate(n);
+  auto to_host = ex.to_host(host.data(), src.data(), n, a);  // ordered after A's work, not B's
+  auto to_disk = ex.device_to_nvme(tier, r, 0, src.data(), n, a);
+  bool b_ran = false;
+  b.enqueue([&b_ran] { b_ran = true; });
+  b.synchronize();  // B is not held up by A's kernel
+  CHECK(b_ran);
+  CHECK_FALSE(to_host.ready());  // the producer has not run: the copy cannot have
+  CHECK_FALSE(to_disk.ready());
+  g.open();
+  to_host.wait();
+  to_disk.wait();
+  CHECK(checksum(host) == expected_sum(n, 7));
+  tier.read(r, back);
+  CHECK(checksum(back) == expected_sum(n, 7));
+  a.synchronize();
+  tier.deallocate(r);
+}
+
+TEMPLATE_TEST_CASE(
+    "ordering: memory freed on one stream while a copy still reads it gives wrong bytes; "
+    "with enqueue_wait before the free it never does",
+    "[ordering][scheduler]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& other = td.stream();
+  auto& ex = td.scheduler(compute, options());
+  auto& device = td.memory(64 * MiB);
+  const std::size_t n = 4 * chunk + 5;
+  std::vector<std::byte> host(n);
+  {  // wrong: the source is freed on `compute` right after the copy is asked for
+    void* p = device.allocate(n, compute);
+    produce(compute, p, n, 1);
+    td.model().hold_streams_except(compute.native());
+    auto t = ex.to_host(host.data(), p, n, compute);
+    device.deallocate(p, n, compute);
+    void* q = device.allocate(n, compute);  // the same block, at once (same stream)
+    CHECK(q == p);
+    produce(compute, q, n, 2);
+    compute.synchronize();
+    td.model().release_streams();
+    t.wait();
+    CHECK(checksum(host) != expected_sum(n, 1));  // the copy read the next tensor
+    device.deallocate(q, n, compute);
+  }
+  {  // right: compute waits for the copy before the free
+    void* p = device.allocate(n, compute);
+    produce(compute, p, n, 3);
+    td.model().hold_streams_except(compute.native());
+    auto t = ex.to_host(host.data(), p, n, compute);
+    t.enqueue_wait(compute);
+    device.deallocate(p, n, compute);
+    void* q = device.allocate(n, compute);
+    CHECK(q == p);
+    produce(compute, q, n, 4);
+    td.model().release_streams();
+    t.wait();
+    compute.synchronize();
+    CHECK(checksum(host) == expected_sum(n, 3));
+    device.deallocate(q, n, compute);
+  }
+  {  // right, across streams: freed on `other` after it waited; reused on `compute`
+    void* p = device.allocate(n, compute);
+    produce(compute, p, n, 5);
+    td.model().hold_streams_except(compute.native());
+    auto t = ex.to_host(host.data(), p, n, compute);
+    t.enqueue_wait(other);
+    device.deallocate(p, n, other);
+    void* q = device.allocate(n, compute);  // the same block, behind a wait on `other`
+    CHECK(q == p);
+    produce(compute, q, n, 6);
+    td.model().release_streams();
+    t.wait();
+    compute.synchronize();
+    other.synchronize();
+    CHECK(checksum(host) == expected_sum(n, 5));
+    device.deallocate(q, n, compute);
+  }
+  compute.synchronize();
+  CHECK(device.used() == 0);
+}
+
+#endif  // FERRY_HAS_CUDA
