@@ -2,7 +2,7 @@
 //
 // (a) ferry's bookkeeping alone (CUDA builds; no GPU needed): `to_device` and `to_host`
 //     of 1 and 4 chunks through `basic_scheduler<cuda_backend<noop_cuda>>`, where
-//     `noop_cuda` has the members of `ferry::cuda_runtime_api` and every call returns
+//     `noop_cuda` is a `ferry::device_runtime` (the members of `ferry::cuda_runtime`) and every call returns
 //     cudaSuccess at once (an opaque, non-inlined call, handles made up), against the
 //     hand-written equivalent through the same no-op API: an event recorded on the
 //     producer and waited for by the copy stream (to_host only), one memcpy call per
@@ -165,10 +165,15 @@ T made_up_handle() {
   return reinterpret_cast<T>(next.fetch_add(16, std::memory_order_relaxed));  // NOLINT(performance-no-int-to-ptr)
 }
 
-// The members of ferry::cuda_runtime_api; every call succeeds at once.
+// A ferry::device_runtime (the members of ferry::cuda_runtime); every call succeeds at once.
 struct noop_cuda {
   cudaError_t memcpy_async(void* dst, const void* /*src*/, std::size_t /*n*/, cudaMemcpyKind /*kind*/,
                            cudaStream_t /*s*/) const {
+    return opaque(dst);
+  }
+  cudaError_t memcpy2d_async(void* dst, std::size_t /*dpitch*/, const void* /*src*/, std::size_t /*spitch*/,
+                             std::size_t /*width*/, std::size_t /*height*/, cudaMemcpyKind /*kind*/,
+                             cudaStream_t /*s*/) const {
     return opaque(dst);
   }
   cudaError_t event_create(cudaEvent_t* e, unsigned /*flags*/) const {

@@ -4,7 +4,9 @@
 // - `host_device`: the host backend (`host_executor`, host streams), and
 // - `model_device<Seed>` (where CUDA's headers are): ferry's CUDA backend
 //   (`cuda_backend<model_api>`, the code that runs on a GPU) on the CPU model of the
-//   CUDA runtime (cuda_model.hpp), with adversarial delays from `Seed`.
+//   CUDA runtime (cuda_model.hpp), with adversarial delays from `Seed`, and device
+//   memory from `basic_device_arena<model_api>` (the arena itself, on the model's
+//   stream-ordered pools).
 //
 // A test writes
 //
@@ -24,6 +26,7 @@
 #include <ferry/schedule/host_executor.hpp>
 
 #if FERRY_HAS_CUDA
+#include <ferry/memory/device_arena.hpp>
 #include <ferry/schedule/stream_scheduler.hpp>
 
 #include "cuda_model.hpp"
@@ -126,112 +129,13 @@ class host_device {
 
 #if FERRY_HAS_CUDA
 
-/// Device memory on the CPU model, with the reuse rules of CUDA's stream-ordered
-/// allocator (`cudaMallocFromPoolAsync` / `cudaFreeAsync`, "Stream Ordered Memory
-/// Allocator" in the CUDA programming guide), which `device_arena` uses:
-/// - a freed block is handed out again at once, before its free has run: to an
-///   allocation on the stream it was freed on as it is (work enqueued there after the
-///   allocation runs after the free), and to one on another stream with a wait on the
-///   freeing stream inserted first (`cudaMemPoolReuseAllowInternalDependencies`, on by
-///   default). So a block freed on stream S while another stream still reads it is
-///   overwritten by the next tensor made on S: the bug this model is for.
-/// - when the free runs, the block is poisoned (0xDB), so a read after it gives wrong
-///   bytes, not the old ones.
-/// Sizes are rounded up to 256 bytes; a block is reused for an allocation of the same
-/// rounded size. `used()` counts blocks handed out and not yet freed.
-class model_device_memory {
- public:
-  model_device_memory(std::shared_ptr<cuda_model> m, std::size_t budget_bytes)
-      : m_(std::move(m)), budget_(budget_bytes) {}
-  model_device_memory(const model_device_memory&) = delete;
-  model_device_memory& operator=(const model_device_memory&) = delete;
-  ~model_device_memory() {
-    for (auto& [key, b] : blocks_) ::operator delete (b.p, std::align_val_t{256});
-  }
-
-  /// @throws ferry::out_of_capacity past the budget
-  [[nodiscard]] void* allocate(std::size_t bytes, ::cuda::stream_ref s) {
-    const std::size_t cost = round(bytes);
-    std::lock_guard lock(mutex_);
-    for (auto& [key, b] : blocks_) {
-      if (b.state != block::live && b.cost == cost) {
-        if (b.state == block::free_pending && b.freed_on != s.get()) {  // the driver's inserted wait
-          cudaEvent_t e = nullptr;
-          if (m_->event_create(&e, cudaEventDisableTiming) != cudaSuccess ||
-              m_->event_record(e, b.freed_on) != cudaSuccess || m_->stream_wait_event(s.get(), e) != cudaSuccess) {
-            std::abort();
-          }
-        }
-        b.state = block::live;
-        ++b.generation;
-        used_ += cost;
-        ++reused_;
-        return b.p;
-      }
-    }
-    if (cost > budget_ - std::min(used_, budget_))
-      FERRY_THROW_OUT_OF_CAPACITY("model_device_memory", cost, used_, budget_);
-    void* p = ::operator new (cost, std::align_val_t{256});
-    blocks_.emplace(p, block{p, cost});
-    used_ += cost;
-    return p;
-  }
-  /// Frees `p` in stream order on `s` (see the class comment for when it is reused).
-  void deallocate(void* p, std::size_t /*bytes*/, ::cuda::stream_ref s) noexcept {
-    if (p == nullptr) return;
-    std::uint64_t generation = 0;
-    {
-      std::lock_guard lock(mutex_);
-      block& b = blocks_.at(p);
-      b.state = block::free_pending;
-      b.freed_on = s.get();
-      generation = b.generation;
-      used_ -= b.cost;
-    }
-    m_->launch(s.get(), [this, p, generation] {
-      std::lock_guard lock(mutex_);
-      block& b = blocks_.at(p);
-      if (b.generation != generation) return;  // reused on its stream before this ran
-      std::memset(b.p, 0xDB, b.cost);
-      b.state = block::free_done;
-    });
-  }
-  [[nodiscard]] std::size_t used() const {
-    std::lock_guard lock(mutex_);
-    return used_;
-  }
-  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
-  /// Allocations served by a freed block.
-  [[nodiscard]] std::size_t reused() const {
-    std::lock_guard lock(mutex_);
-    return reused_;
-  }
-
- private:
-  struct block {
-    enum state_type { live, free_pending, free_done };
-    void* p = nullptr;
-    std::size_t cost = 0;
-    state_type state = live;
-    cudaStream_t freed_on = nullptr;
-    std::uint64_t generation = 0;
-  };
-  static std::size_t round(std::size_t n) noexcept { return (std::max<std::size_t>(n, 1) + 255) & ~std::size_t{255}; }
-  std::shared_ptr<cuda_model> m_;
-  std::size_t budget_;
-  mutable std::mutex mutex_;
-  std::map<void*, block> blocks_;
-  std::size_t used_ = 0;
-  std::size_t reused_ = 0;
-};
-
 /// ferry's CUDA backend on the CPU model, adversarial delays seeded by `Seed` (0: none).
 template <std::uint64_t Seed, std::uint32_t MaxDelayUs = 60>
 class model_device {
  public:
   using backend_type = ferry::cuda_backend<model_api>;
   using scheduler_type = ferry::basic_scheduler<backend_type>;
-  using memory_type = model_device_memory;
+  using memory_type = ferry::basic_device_arena<model_api>;  // the arena itself, on the model's pools
   static constexpr bool is_model = true;
 
   /// A stream of the model: operations run in order on its worker thread.
@@ -274,7 +178,9 @@ class model_device {
   std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
     return std::make_unique<scheduler_type>(::cuda::stream_ref(compute), unpinned(o), model_api{m_});
   }
-  memory_type& memory(std::size_t budget_bytes) { return memory_.make<memory_type>(m_, budget_bytes); }
+  memory_type& memory(std::size_t budget_bytes) {
+    return memory_.make<memory_type>(budget_bytes, ferry::device_arena_options{}, model_api{m_});
+  }
   [[nodiscard]] std::string name() const { return "CUDA backend on the CPU model, seed " + std::to_string(Seed); }
   cuda_model& model() { return *m_; }
 
@@ -295,7 +201,8 @@ class model_device {
 };
 
 /// The CUDA backend on the model at three seeds: no delays, and two adversarial ones.
-#define FERRY_MODEL_DEVICES (ferry_test::model_device<0, 0>), (ferry_test::model_device<1>), (ferry_test::model_device<2>)
+#define FERRY_MODEL_DEVICES \
+  (ferry_test::model_device<0, 0>), (ferry_test::model_device<1>), (ferry_test::model_device<2>)
 /// Both runtimes.
 #define FERRY_TEST_DEVICES ferry_test::host_device, FERRY_MODEL_DEVICES
 #else

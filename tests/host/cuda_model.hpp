@@ -25,6 +25,16 @@
 // - Adversarial timing: with a seed, every operation of every stream (and every host
 //   function) is delayed by a random 0..max_delay_us before it runs, so independent
 //   streams run in any order and a missing wait shows up as wrong bytes.
+// - Stream-ordered memory pools (`cudaMemPoolCreate`, `cudaMallocFromPoolAsync`,
+//   `cudaFreeAsync`; "Stream Ordered Memory Allocator" in the CUDA programming guide):
+//   device memory is host memory; a freed block is handed out again at once, before its
+//   free has run — to an allocation on the stream it was freed on as it is (work there
+//   runs after the free), to one on another stream behind an inserted wait on the
+//   freeing stream (`cudaMemPoolReuseAllowInternalDependencies`, on by default). So a
+//   block freed on a stream while another stream still reads it is overwritten by the
+//   next tensor made there. When a free runs, the block is poisoned (0xDB). A limit on
+//   the device's memory (`set_device_memory_limit`) makes allocations past it fail with
+//   `cudaErrorMemoryAllocation`.
 // - Held streams: `hold_streams_except(s)` stops every stream but `s` before its next
 //   operation until `release_streams()`, so a test can force the one order a missing
 //   wait allows (deterministically, not by chance) and show that the right program's
@@ -34,6 +44,8 @@
 #include <ferry/config.hpp>
 
 #if FERRY_HAS_CUDA
+
+#include <ferry/runtime/cuda_runtime.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -50,6 +62,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <thread>
@@ -59,9 +72,9 @@ namespace ferry_test {
 
 /// Settings of a CPU model of the CUDA runtime.
 struct model_options {
-  std::uint64_t seed = 0;           ///< 0: no delays; else the seed of the adversarial delays
-  std::uint32_t max_delay_us = 300; ///< the longest delay before an operation runs
-  int devices = 1;                  ///< devices 0 .. devices-1
+  std::uint64_t seed = 0;            ///< 0: no delays; else the seed of the adversarial delays
+  std::uint32_t max_delay_us = 300;  ///< the longest delay before an operation runs
+  int devices = 1;                   ///< devices 0 .. devices-1
 };
 
 class cuda_model {
@@ -265,7 +278,106 @@ class cuda_model {
     return cudaSuccess;
   }
 
+  cudaError_t memory_pools_supported(int device, bool* supported) {
+    if (device < 0 || device >= options_.devices) return cudaErrorInvalidDevice;
+    *supported = pools_supported_.load();
+    return cudaSuccess;
+  }
+  cudaError_t mem_pool_create(cudaMemPool_t* pool, int device) {
+    if (refused()) return cudaErrorNotPermitted;
+    if (device < 0 || device >= options_.devices) return cudaErrorInvalidDevice;
+    auto r = std::make_shared<pool_rec>();
+    r->device = device;
+    std::lock_guard lock(pool_mutex_);
+    pools_.push_back(r);
+    *pool = reinterpret_cast<cudaMemPool_t>(r.get());
+    return cudaSuccess;
+  }
+  cudaError_t mem_pool_destroy(cudaMemPool_t pool) {
+    std::lock_guard lock(pool_mutex_);
+    for (auto it = pools_.begin(); it != pools_.end(); ++it) {
+      if (it->get() != reinterpret_cast<pool_rec*>(pool)) continue;
+      for (auto& [p, b] : (*it)->blocks) {
+        if (b.state == block_rec::live) ++leaked_blocks_;
+        owner_of_.erase(p);
+      }
+      pools_.erase(it);  // what pending frees hold keeps it until they have run
+      return cudaSuccess;
+    }
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t malloc_from_pool_async(void** out, std::size_t n, cudaMemPool_t pool, cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    std::lock_guard lock(pool_mutex_);
+    pool_rec* pr = reinterpret_cast<pool_rec*>(pool);
+    for (auto& [p, b] : pr->blocks) {
+      if (b.state == block_rec::live || b.bytes != n) continue;
+      if (b.state == block_rec::free_pending && b.freed_on != s) {  // the driver's inserted wait
+        cudaEvent_t e = nullptr;
+        if (event_create(&e, cudaEventDisableTiming) != cudaSuccess || event_record(e, b.freed_on) != cudaSuccess ||
+            stream_wait_event(s, e) != cudaSuccess) {
+          return cudaErrorUnknown;
+        }
+      }
+      b.state = block_rec::live;
+      ++b.generation;
+      device_bytes_ += n;
+      ++pool_reused_;
+      *out = p;
+      return cudaSuccess;
+    }
+    if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return cudaErrorMemoryAllocation;
+    void* p = ::operator new (n, std::align_val_t{256});
+    pr->blocks.emplace(p, block_rec{n});
+    owner_of_[p] = pr;
+    device_bytes_ += n;
+    *out = p;
+    return cudaSuccess;
+  }
+  cudaError_t free_async(void* p, cudaStream_t s) {
+    if (refused()) return cudaErrorNotPermitted;
+    std::shared_ptr<pool_rec> pool;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard lock(pool_mutex_);
+      auto o = owner_of_.find(p);
+      if (o == owner_of_.end()) return cudaErrorInvalidValue;
+      pool = o->second->shared_from_this();
+      block_rec& b = pool->blocks.at(p);
+      if (b.state != block_rec::live) return cudaErrorInvalidValue;  // a double free
+      b.state = block_rec::free_pending;
+      b.freed_on = s;
+      generation = b.generation;
+      device_bytes_ -= b.bytes;
+    }
+    enqueue(rec(s), [this, pool, p, generation] {
+      std::lock_guard lock(pool_mutex_);
+      block_rec& b = pool->blocks.at(p);
+      if (b.generation != generation || b.state != block_rec::free_pending) return;  // reused before this ran
+      std::memset(p, 0xDB, b.bytes);
+      b.state = block_rec::free_done;
+    });
+    return cudaSuccess;
+  }
+  void clear_last_error() {}
+
   // --- the model's own controls -----------------------------------------------------
+  /// Device memory past `bytes` (all pools together) fails with cudaErrorMemoryAllocation.
+  void set_device_memory_limit(std::size_t bytes) {
+    std::lock_guard lock(pool_mutex_);
+    device_limit_ = bytes;
+  }
+  void set_memory_pools_supported(bool on) { pools_supported_.store(on); }
+  /// Allocations served by a freed block (before or after its free ran).
+  [[nodiscard]] std::size_t pool_reused() {
+    std::lock_guard lock(pool_mutex_);
+    return pool_reused_;
+  }
+  /// Blocks still allocated when their pool was destroyed.
+  [[nodiscard]] std::size_t leaked_blocks() {
+    std::lock_guard lock(pool_mutex_);
+    return leaked_blocks_;
+  }
   /// Marks `s` as capturing into a graph (until `end_capture`).
   void begin_capture(cudaStream_t s) {
     std::lock_guard lock(rec(s)->mutex);
@@ -330,9 +442,27 @@ class cuda_model {
   // another stream that gets there first does not release waits on its older record.
   struct event_rec {
     int device = 0;
-    std::uint64_t recorded = 0;         // number of the latest record (0: never recorded)
-    std::set<std::uint64_t> done;       // records their stream has passed
+    std::uint64_t recorded = 0;    // number of the latest record (0: never recorded)
+    std::set<std::uint64_t> done;  // records their stream has passed
     [[nodiscard]] bool passed(std::uint64_t gen) const { return gen == 0 || done.count(gen) != 0; }
+  };
+
+  struct block_rec {
+    enum state_type { live, free_pending, free_done };
+    std::size_t bytes = 0;
+    state_type state = live;
+    cudaStream_t freed_on = nullptr;
+    std::uint64_t generation = 0;
+  };
+  struct pool_rec : std::enable_shared_from_this<pool_rec> {
+    int device = 0;
+    std::map<void*, block_rec> blocks;
+    pool_rec() = default;
+    pool_rec(const pool_rec&) = delete;
+    pool_rec& operator=(const pool_rec&) = delete;
+    ~pool_rec() {
+      for (auto& [p, b] : blocks) ::operator delete (p, std::align_val_t{256});
+    }
   };
 
   static int& current_device_ref() {
@@ -427,6 +557,14 @@ class cuda_model {
   }
 
   model_options options_;
+  std::mutex pool_mutex_;  // pools_, owner_of_, every pool's blocks, the byte counts
+  std::vector<std::shared_ptr<pool_rec>> pools_;
+  std::map<void*, pool_rec*> owner_of_;
+  std::size_t device_bytes_ = 0;
+  std::size_t device_limit_ = ~std::size_t{0};
+  std::size_t pool_reused_ = 0;
+  std::size_t leaked_blocks_ = 0;
+  std::atomic<bool> pools_supported_{true};
   std::mutex gate_mutex_;  // held_, keep_
   std::condition_variable gate_cv_;
   bool held_ = false;
@@ -481,7 +619,18 @@ struct model_api {
   cudaError_t set_device(int d) const { return m->set_device(d); }
   cudaError_t wait_value32(cudaStream_t s, void* a, std::uint32_t v) const { return m->wait_value32(s, a, v); }
   cudaError_t stream_is_capturing(cudaStream_t s, bool* c) const { return m->stream_is_capturing(s, c); }
+  cudaError_t memory_pools_supported(int d, bool* s) const { return m->memory_pools_supported(d, s); }
+  cudaError_t mem_pool_create(cudaMemPool_t* p, int d) const { return m->mem_pool_create(p, d); }
+  cudaError_t mem_pool_destroy(cudaMemPool_t p) const { return m->mem_pool_destroy(p); }
+  cudaError_t malloc_from_pool_async(void** p, std::size_t n, cudaMemPool_t pool, cudaStream_t s) const {
+    return m->malloc_from_pool_async(p, n, pool, s);
+  }
+  cudaError_t free_async(void* p, cudaStream_t s) const { return m->free_async(p, s); }
+  void clear_last_error() const { m->clear_last_error(); }
 };
+
+static_assert(ferry::device_runtime<model_api> && ferry::device_memory_runtime<model_api>,
+              "the CPU model must model the device runtime it stands for");
 
 /// A stream of the model, owned (destroyed with the model).
 inline cudaStream_t model_stream(cuda_model& m) {

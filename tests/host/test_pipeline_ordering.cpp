@@ -96,7 +96,7 @@ TEMPLATE_TEST_CASE("ordering: a stored tensor's buffer, handed straight back for
       produce(compute, p, bytes, static_cast<std::uint64_t>(100 + i));
       cache.store(i, p, bytes, compute);  // offloaded at once (keep_last = 0)
     }
-    CHECK(device.reused() == n - 1);  // each tensor got the block the one before gave back
+    CHECK(td.model().pool_reused() == n - 1);  // each tensor got the block the one before gave back
     td.model().release_streams();
     for (int i = n; i-- > 0;) {
       CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(100 + i)));

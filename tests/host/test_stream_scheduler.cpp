@@ -78,7 +78,7 @@ struct fake_state {
   }
 };
 
-// The recording API: same member functions as ferry::cuda_runtime_api.
+// The recording runtime: a ferry::device_runtime (the members of ferry::cuda_runtime).
 struct fake_cuda {
   std::shared_ptr<fake_state> st = std::make_shared<fake_state>();
 
@@ -93,6 +93,14 @@ struct fake_cuda {
     }
     std::memcpy(dst, src, n);
     st->add({.op = "copy", .stream = s, .bytes = n, .kind = kind});
+    return cudaSuccess;
+  }
+  cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                             std::size_t height, cudaMemcpyKind kind, cudaStream_t s) const {
+    for (std::size_t i = 0; i < height; ++i) {
+      std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
+    }
+    st->add({.op = "copy2d", .stream = s, .bytes = width * height, .kind = kind});
     return cudaSuccess;
   }
   cudaError_t event_create(cudaEvent_t* e, unsigned /*flags*/) const {

@@ -8,7 +8,9 @@
 /// is. Memory comes from a CUDA memory pool (`cudaMemPoolCreate`) owned by the arena,
 /// through `cudaMallocFromPoolAsync` and `cudaFreeAsync` on the caller's stream; the
 /// pool's release threshold is set to the maximum, so freed memory is kept for reuse
-/// instead of going back to the driver at each synchronisation.
+/// instead of going back to the driver at each synchronisation. Every runtime call goes
+/// through the arena's `Runtime` (a `ferry::device_memory_runtime`: `cuda_runtime` by
+/// default), so the accounting and the checks run in CI on the CPU model of the runtime.
 #pragma once
 
 #include "ferry/config.hpp"
@@ -17,6 +19,7 @@
 
 #include "ferry/cuda/device.hpp"
 #include "ferry/error.hpp"
+#include "ferry/runtime/cuda_runtime.hpp"
 
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
@@ -24,6 +27,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace ferry {
 
@@ -52,43 +56,36 @@ struct device_arena_options {
 /// - **Lifetime**: every allocation must be freed, and the frees completed (e.g. the
 ///   streams synchronised), before the arena is destroyed; the destructor destroys the
 ///   pool (`cudaMemPoolDestroy`). Not copyable or movable.
-class device_arena {
+///
+/// @tparam Runtime the device runtime's memory calls (`cuda_runtime`; the CPU model in
+///                 tests)
+template <device_memory_runtime Runtime = cuda_runtime>
+class basic_device_arena {
  public:
   /// @brief An arena of at most `budget_bytes` bytes on a device.
-  /// @throws ferry::logic_error when the alignment is not a power of two
-  /// @throws ferry::cuda_error when the device has no memory-pool support or the pool
-  ///         cannot be made (no device, ...)
-  explicit device_arena(std::size_t budget_bytes, device_arena_options options = {})
-      : budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
+  /// @param runtime the runtime the arena's calls go through
+  /// @throws ferry::logic_error when the alignment is not a power of two, or the device
+  ///         does not support memory pools
+  /// @throws ferry::cuda_error when the pool cannot be made (no device, ...)
+  explicit basic_device_arena(std::size_t budget_bytes, device_arena_options options = {}, Runtime runtime = {})
+      : runtime_(std::move(runtime)), budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
     const std::size_t alignment = alignment_;
-    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two",
-                  alignment);
+    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two", alignment);
     if (device_ < 0) {
-      device_ = current_device();
+      FERRY_CUDA_TRY(runtime_.get_device(&device_));
     }
-    int supported = 0;
-    FERRY_CUDA_TRY(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device_), device_);
+    bool supported = false;
+    FERRY_CUDA_TRY(runtime_.memory_pools_supported(device_, &supported), device_);
     const int device = device_;
-    FERRY_EXPECTS(supported != 0, "the device does not support CUDA memory pools", device);
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device_;
-    FERRY_CUDA_TRY(cudaMemPoolCreate(&pool_, &props), device);
-    std::uint64_t threshold = ~std::uint64_t{0};  // keep freed memory for reuse
-    const cudaError_t rc = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
-    if (rc != cudaSuccess) {
-      FERRY_ASSERT_CUDA_SUCCESS(cudaMemPoolDestroy(pool_));
-      FERRY_CUDA_TRY(rc, device);
-    }
+    FERRY_EXPECTS(supported, "the device does not support CUDA memory pools", device);
+    FERRY_CUDA_TRY(runtime_.mem_pool_create(&pool_, device), device);
   }
 
-  device_arena(const device_arena&) = delete;
-  device_arena& operator=(const device_arena&) = delete;
+  basic_device_arena(const basic_device_arena&) = delete;
+  basic_device_arena& operator=(const basic_device_arena&) = delete;
 
   /// @brief Destroys the pool. Allocations must have been freed (and the frees completed).
-  ~device_arena() { FERRY_ASSERT_CUDA_SUCCESS(cudaMemPoolDestroy(pool_)); }
+  ~basic_device_arena() { FERRY_ASSERT_CUDA_SUCCESS(runtime_.mem_pool_destroy(pool_)); }
 
   /// @brief Allocates `bytes` bytes of device memory, ordered on `s`.
   /// @param bytes > 0
@@ -113,9 +110,9 @@ class device_arena {
       }
     } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
     void* p = nullptr;
-    const cudaError_t rc = cudaMallocFromPoolAsync(&p, cost, pool_, s.get());
+    const cudaError_t rc = runtime_.malloc_from_pool_async(&p, cost, pool_, s.get());
     if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
+      runtime_.clear_last_error();
       const std::size_t before = used_.fetch_sub(cost, std::memory_order_relaxed) - cost;
       if (rc == cudaErrorMemoryAllocation) {
         FERRY_THROW_OUT_OF_CAPACITY("device_arena (device memory exhausted)", cost, before, budget_);
@@ -135,7 +132,7 @@ class device_arena {
     if (p == nullptr) {
       return;
     }
-    FERRY_ASSERT_CUDA_SUCCESS(cudaFreeAsync(p, s.get()));
+    FERRY_ASSERT_CUDA_SUCCESS(runtime_.free_async(p, s.get()));
     used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);
   }
 
@@ -155,12 +152,16 @@ class device_arena {
   }
 
  private:
+  [[no_unique_address]] Runtime runtime_;
   std::size_t budget_;
   std::size_t alignment_;
   int device_;
   cudaMemPool_t pool_ = nullptr;
   std::atomic<std::size_t> used_{0};
 };
+
+/// @brief Device memory under a byte budget on the CUDA runtime (see `basic_device_arena`).
+using device_arena = basic_device_arena<>;
 
 }  // namespace ferry
 

@@ -53,9 +53,11 @@
 /// captured.
 ///
 /// ## Testing without a GPU
-/// Every CUDA call goes through the `Api` policy (`cuda_runtime_api` by default).
-/// tests/host/test_stream_scheduler.cpp substitutes a recording API to check, on a
-/// machine without a GPU, which calls are made on which streams in which order.
+/// Every CUDA call goes through the `Api` policy, a `ferry::device_runtime`
+/// (`cuda_runtime` by default, runtime/cuda_runtime.hpp). The tests run this backend on
+/// a CPU model of the runtime (tests/host/cuda_model.hpp) with adversarial timing and
+/// under ThreadSanitizer, and tests/host/test_stream_scheduler.cpp substitutes a
+/// recording one to check which calls are made on which streams in which order.
 #pragma once
 
 #include "ferry/config.hpp"
@@ -64,10 +66,10 @@
 
 #include "ferry/cuda/device.hpp"
 #include "ferry/error.hpp"
+#include "ferry/runtime/cuda_runtime.hpp"
 #include "ferry/schedule/scheduler.hpp"
 #include "ferry/transfer/ticket.hpp"
 
-#include <cuda.h>
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
@@ -89,82 +91,10 @@
 
 namespace ferry {
 
-/// @brief The CUDA runtime calls the CUDA backend makes: the real ones. A stateless
-/// policy; tests substitute one that records calls.
-struct cuda_runtime_api {
-  /// @brief `cudaMemcpyAsync`.
-  cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t s) const {
-    return cudaMemcpyAsync(dst, src, n, kind, s);
-  }
-  /// @brief `cudaMemcpy2DAsync`: `height` rows of `width` bytes, rows `dpitch` and
-  /// `spitch` bytes apart.
-  cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                             std::size_t height, cudaMemcpyKind kind, cudaStream_t s) const {
-    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s);
-  }
-  /// @brief `cudaEventCreateWithFlags`.
-  cudaError_t event_create(cudaEvent_t* e, unsigned flags) const { return cudaEventCreateWithFlags(e, flags); }
-  /// @brief `cudaEventDestroy`.
-  cudaError_t event_destroy(cudaEvent_t e) const { return cudaEventDestroy(e); }
-  /// @brief `cudaEventRecord`.
-  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) const { return cudaEventRecord(e, s); }
-  /// @brief `cudaEventQuery`.
-  cudaError_t event_query(cudaEvent_t e) const { return cudaEventQuery(e); }
-  /// @brief `cudaEventSynchronize`.
-  cudaError_t event_synchronize(cudaEvent_t e) const { return cudaEventSynchronize(e); }
-  /// @brief `cudaStreamWaitEvent`.
-  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) const { return cudaStreamWaitEvent(s, e, 0); }
-  /// @brief `cudaStreamCreateWithPriority`.
-  cudaError_t stream_create(cudaStream_t* s, unsigned flags, int priority) const {
-    return cudaStreamCreateWithPriority(s, flags, priority);
-  }
-  /// @brief `cudaStreamDestroy`.
-  cudaError_t stream_destroy(cudaStream_t s) const { return cudaStreamDestroy(s); }
-  /// @brief `cudaStreamSynchronize`.
-  cudaError_t stream_synchronize(cudaStream_t s) const { return cudaStreamSynchronize(s); }
-  /// @brief `cudaHostAlloc` with `cudaHostAllocMapped | cudaHostAllocPortable`.
-  cudaError_t host_alloc_mapped(void** p, std::size_t n) const {
-    return cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable);
-  }
-  /// @brief `cudaFreeHost`.
-  cudaError_t free_host(void* p) const { return cudaFreeHost(p); }
-  /// @brief `cudaHostGetDevicePointer`.
-  cudaError_t device_pointer(void** d, void* h) const { return cudaHostGetDevicePointer(d, h, 0); }
-  /// @brief `cudaGetDevice`.
-  cudaError_t get_device(int* d) const { return cudaGetDevice(d); }
-  /// @brief `cudaSetDevice`.
-  cudaError_t set_device(int d) const { return cudaSetDevice(d); }
-  /// @brief `cudaStreamIsCapturing`: whether `s` is being captured into a CUDA graph.
-  cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) const {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaError_t rc = cudaStreamIsCapturing(s, &status);
-    *capturing = status != cudaStreamCaptureStatusNone;
-    return rc;
-  }
-  /// @brief `cuStreamWaitValue32(s, address, value, CU_STREAM_WAIT_VALUE_GEQ)` through
-  /// the driver entry point; `cudaErrorNotSupported` where it is unavailable.
-  cudaError_t wait_value32(cudaStream_t s, void* device_address, std::uint32_t value) const {
-    using fn_t = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-    static const fn_t fn = [] {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-          q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return fn_t{nullptr};
-      }
-      return reinterpret_cast<fn_t>(p);
-    }();
-    if (fn == nullptr) return cudaErrorNotSupported;
-    const CUresult r = fn(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(device_address), value,
-                          CU_STREAM_WAIT_VALUE_GEQ);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorNotSupported;
-  }
-};
-
 /// @brief The CUDA backend of `basic_scheduler` (see the file comment).
-/// @tparam Api the CUDA calls (`cuda_runtime_api`; a recording fake in tests)
-template <class Api = cuda_runtime_api>
+/// @tparam Api the device runtime (`cuda_runtime`; the CPU model or a recording one in
+///             tests): every runtime call the backend makes goes through it
+template <device_runtime Api = cuda_runtime>
 class cuda_backend {
  public:
   /// @brief Streams are passed as `cuda::stream_ref`.

@@ -1,0 +1,136 @@
+// basic_device_arena (the arena every CUDA pipeline allocates from) on the CPU model's
+// stream-ordered memory pools: exact accounting against the budget before the runtime
+// is called, device memory exhausted, stream-ordered reuse, bad arguments, a device
+// without memory pools, and every block given back before the pool goes.
+#include <ferry/config.hpp>
+
+#if FERRY_HAS_CUDA
+
+#include <ferry/error.hpp>
+#include <ferry/memory/device_arena.hpp>
+#include <ferry/units.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "cuda_model.hpp"
+
+namespace {
+
+using ferry::MiB;
+using ferry_test::cuda_model;
+using ferry_test::model_api;
+using ferry_test::model_stream;
+using arena_type = ferry::basic_device_arena<model_api>;
+using Catch::Matchers::Contains;
+
+::cuda::stream_ref ref(cudaStream_t s) { return ::cuda::stream_ref{s}; }
+
+}  // namespace
+
+TEST_CASE("device_arena on the CPU model: the budget is enforced, in rounded bytes, before the runtime is called",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t s = model_stream(*m);
+  {
+    arena_type arena(3 * 256, {}, model_api{m});
+    CHECK(arena.budget() == 768);
+    void* a = arena.allocate(1, ref(s));    // costs 256
+    void* b = arena.allocate(257, ref(s));  // costs 512
+    CHECK(arena.used() == 768);
+    try {
+      (void)arena.allocate(1, ref(s));
+      FAIL("allocated past the budget");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(std::string(e.what()), Contains("device_arena") && Contains("256") && Contains("768"));
+    }
+    CHECK(arena.used() == 768);  // nothing taken by the refused request
+    arena.deallocate(a, 1, ref(s));
+    CHECK(arena.used() == 512);
+    void* c = arena.allocate(200, ref(s));  // the freed block, at once, on its stream
+    CHECK(c == a);
+    CHECK(m->pool_reused() == 1);
+    arena.deallocate(b, 257, ref(s));
+    arena.deallocate(c, 200, ref(s));
+    CHECK(arena.used() == 0);
+    REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+  }
+  CHECK(m->leaked_blocks() == 0);
+}
+
+TEST_CASE("device_arena on the CPU model: device memory exhausted is out_of_capacity and gives the budget back",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t s = model_stream(*m);
+  m->set_device_memory_limit(MiB);
+  arena_type arena(64 * MiB, {}, model_api{m});
+  void* a = arena.allocate(MiB / 2, ref(s));
+  try {
+    (void)arena.allocate(MiB, ref(s));
+    FAIL("allocated past the device's memory");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK_THAT(std::string(e.what()), Contains("device memory exhausted"));
+  }
+  CHECK(arena.used() == MiB / 2);
+  arena.deallocate(a, MiB / 2, ref(s));
+  CHECK(arena.used() == 0);
+  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+}
+
+TEST_CASE("device_arena on the CPU model: a block freed on one stream is reused on another only behind that free",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>(ferry_test::model_options{.seed = 3, .max_delay_us = 100});
+  const cudaStream_t reader = model_stream(*m);
+  const cudaStream_t writer = model_stream(*m);
+  arena_type arena(64 * MiB, {}, model_api{m});
+  const std::size_t n = 4096;
+  auto* p = static_cast<unsigned char*>(arena.allocate(n, ref(reader)));
+  std::memset(p, 1, n);
+  int seen = 0;
+  m->hold_streams_except(writer);  // the reader's work (and its free) waits
+  m->launch(reader, [&] { seen = p[n - 1]; });
+  arena.deallocate(p, n, ref(reader));
+  auto* q = static_cast<unsigned char*>(arena.allocate(n, ref(writer)));  // the same block, behind the free
+  CHECK(q == p);
+  m->launch(writer, [q] { std::memset(q, 2, n); });
+  m->release_streams();
+  REQUIRE(m->stream_synchronize(writer) == cudaSuccess);
+  REQUIRE(m->stream_synchronize(reader) == cudaSuccess);
+  CHECK(seen == 1);  // the reader read before the writer's tensor came
+  CHECK(q[0] == 2);
+  arena.deallocate(q, n, ref(writer));
+  REQUIRE(m->stream_synchronize(writer) == cudaSuccess);
+}
+
+TEST_CASE("device_arena on the CPU model: bad arguments and a device without memory pools are refused",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t s = model_stream(*m);
+  CHECK_THROWS_AS(arena_type(MiB, {.alignment = 100}, model_api{m}), ferry::logic_error);
+  CHECK_THROWS_AS(arena_type(MiB, {.device = 5}, model_api{m}), ferry::cuda_error);
+  arena_type arena(MiB, {}, model_api{m});
+  CHECK(arena.device() == 0);
+  CHECK_THROWS_AS(arena.allocate(0, ref(s)), ferry::logic_error);
+  CHECK_THROWS_AS(arena.allocate(16, ::cuda::stream_ref{cudaStreamLegacy}), ferry::logic_error);
+  CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::logic_error);
+  CHECK(arena.used() == 0);
+  m->set_memory_pools_supported(false);
+  CHECK_THROWS_WITH(arena_type(MiB, {}, model_api{m}), Contains("memory pools"));
+}
+
+TEST_CASE("device_arena on the CPU model: a block not given back is counted when the pool goes",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t s = model_stream(*m);
+  {
+    arena_type arena(MiB, {}, model_api{m});
+    (void)arena.allocate(1000, ref(s));  // never freed: the model's check has to see it
+  }
+  CHECK(m->leaked_blocks() == 1);
+}
+
+#endif  // FERRY_HAS_CUDA
