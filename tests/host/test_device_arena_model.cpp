@@ -118,6 +118,12 @@ TEST_CASE("device_arena on the CPU model: bad arguments and a device without mem
   CHECK_THROWS_AS(arena.allocate(16, ::cuda::stream_ref{cudaStreamLegacy}), ferry::logic_error);
   CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::logic_error);
   CHECK(arena.used() == 0);
+  void* p = arena.allocate(4096, ref(s));
+  CHECK_THROWS_WITH(arena.deallocate(p, 4096, ::cuda::stream_ref{cudaStreamLegacy}), Contains("legacy default stream"));
+  CHECK(arena.used() == 4096);  // still allocated: nothing freed on the refused call
+  arena.deallocate(p, 4096, ref(s));
+  CHECK(arena.used() == 0);
+  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
   m->set_memory_pools_supported(false);
   CHECK_THROWS_WITH(arena_type(MiB, {}, model_api{m}), Contains("memory pools"));
 }

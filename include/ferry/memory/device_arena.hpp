@@ -122,16 +122,23 @@ class basic_device_arena {
     return p;
   }
 
-  /// @brief Frees an allocation once the work enqueued on `s` so far completes; never throws.
+  /// @brief Frees an allocation once the work enqueued on `s` so far completes.
   /// @param p     a pointer `allocate` returned and not yet freed
   /// @param bytes the size it was allocated with
   /// @param s     a stream ordered after every use of the memory; not the legacy default stream
+  /// @throws ferry::logic_error on the legacy default stream (the memory stays allocated:
+  ///         free it on a stream of the program's own)
   ///
-  /// A CUDA failure goes to the destructor error handler (`set_destructor_error_handler`).
-  void deallocate(void* p, std::size_t bytes, ::cuda::stream_ref s) noexcept {
+  /// A CUDA failure of the free itself goes to the destructor error handler
+  /// (`set_destructor_error_handler`).
+  void deallocate(void* p, std::size_t bytes, ::cuda::stream_ref s) {
     if (p == nullptr) {
       return;
     }
+    const void* stream = s.get();
+    FERRY_EXPECTS(!is_legacy_default_stream(s),
+                  "ferry never frees on the legacy default stream; pass the stream ordered after the memory's last use",
+                  p, bytes, stream);
     FERRY_ASSERT_CUDA_SUCCESS(runtime_.free_async(p, s.get()));
     used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);
   }

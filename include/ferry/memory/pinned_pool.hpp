@@ -96,7 +96,8 @@ struct pinned_pool_options {
   /// Granularity of sub-allocations: a power of two, at most the page size. A request of
   /// N bytes costs N rounded up to it. 256 B matches CUDA's allocation alignment.
   std::size_t alignment = 256;
-  /// Largest single `cudaHostRegister` call (a multiple of the page size; at most 1 GiB by default).
+  /// Largest single `cudaHostRegister` call: a multiple of the page size, at most 1 GiB
+  /// (larger is refused: single registrations that large fail on some drivers).
   std::size_t registration_chunk_bytes = std::size_t{1} << 30;
   /// Pin slabs (ignored without CUDA unless `hooks.register_chunk` is given).
   bool pin = true;
@@ -126,7 +127,8 @@ class pinned_pool {
  public:
   /// @brief A pool; maps and pins nothing until the first allocation or `reserve()`.
   /// @throws ferry::logic_error for an alignment that is not a power of two at most the
-  ///         page size, or a registration chunk that is not a positive multiple of it
+  ///         page size, or a registration chunk that is not a positive multiple of it or
+  ///         is above 1 GiB
   /// @throws ferry::config_error when `budget_bytes` is 0 and `FERRY_PINNED_BUDGET_BYTES` is malformed
   explicit pinned_pool(pinned_pool_options options = {}) : options_(std::move(options)) {
     page_ = page_size();
@@ -137,6 +139,10 @@ class pinned_pool {
     const std::size_t chunk = options_.registration_chunk_bytes;
     FERRY_EXPECTS(chunk != 0 && chunk % page == 0, "registration chunk must be a positive multiple of the page size",
                   chunk, page);
+    constexpr std::size_t most = std::size_t{1} << 30;
+    FERRY_EXPECTS(chunk <= most,
+                  "registration chunk above 1 GiB: one cudaHostRegister call that large fails on some drivers", chunk,
+                  most);
     budget_ = options_.budget_bytes != 0 ? options_.budget_bytes
                                          : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
     slab_bytes_ = round_up(std::max<std::size_t>(options_.slab_bytes, 1), page_);
@@ -161,10 +167,15 @@ class pinned_pool {
   /// @param bytes > 0
   /// @return a pointer to `bytes` writable bytes (pinned unless `state()` says otherwise)
   /// @throws ferry::out_of_capacity ("pinned_pool", rounded request, `used()`, `budget()`)
-  ///         when no slab has room and a new one would pass the budget
+  ///         when no slab has room and a new one would pass the budget; also for a
+  ///         request past the budget that is too large even to round (up to SIZE_MAX),
+  ///         with the request as asked
   /// @throws ferry::logic_error for 0 bytes
   [[nodiscard]] void* allocate(std::size_t bytes) {
     FERRY_EXPECTS(bytes > 0, "an allocation of zero bytes", bytes);
+    if (bytes > budget_ || bytes > ~std::size_t{0} - (options_.alignment - 1)) {
+      FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", bytes, used(), budget_);
+    }
     const std::size_t cost = cost_of(bytes);
     std::optional<pinning_failure> report;
     void* result = nullptr;
@@ -202,7 +213,13 @@ class pinned_pool {
     }
   }
 
-  /// @brief Maps and pins slabs until `reserved() >= bytes`, off the hot path.
+  /// @brief Maps and pins ahead of time (off the hot path) so that one allocation of up
+  /// to `bytes` bytes maps nothing, and `reserved() >= bytes`.
+  ///
+  /// When no slab held has a free extent of `cost_of(bytes)`, one slab of that size
+  /// (rounded up to the page size, within the budget) is made, not several regular slabs
+  /// none of which could serve it; then regular slabs are added while `reserved()` is
+  /// below `bytes` (only where the budget cut the first short).
   /// @throws ferry::out_of_capacity when `bytes > budget()`
   void reserve(std::size_t bytes) {
     std::optional<pinning_failure> report;
@@ -210,6 +227,15 @@ class pinned_pool {
       const std::lock_guard lock(mutex_);
       if (bytes > budget_) {
         FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", bytes, used(), budget_);
+      }
+      const std::size_t cost = cost_of_noexcept(bytes);
+      bool fits = false;
+      for (const auto& [base, s] : slabs_) fits = fits || s->extents.largest_free() >= cost;
+      if (!fits && bytes > 0) {
+        const std::size_t held = reserved_.load(std::memory_order_relaxed);
+        const std::size_t left = budget_ >= held ? (budget_ - held) / page_ * page_ : 0;
+        const std::size_t size = std::min(round_up(cost, page_), left);
+        if (size != 0) make_slab(size, report);
       }
       while (reserved_.load(std::memory_order_relaxed) < bytes) {
         const std::size_t left = budget_ - reserved_.load(std::memory_order_relaxed);
