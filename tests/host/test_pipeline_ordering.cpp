@@ -15,10 +15,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "backend_harness.hpp"
@@ -202,6 +204,51 @@ TEMPLATE_TEST_CASE(
     device.deallocate(q, n, compute);
   }
   compute.synchronize();
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream, is read after its producer",
+                   "[ordering][tensor_cache]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& a = td.stream();  // the producer's stream (the scheduler's compute stream)
+  auto& b = td.stream();  // the consumer's
+  auto& sched = td.scheduler(a, options());
+  auto& device = td.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
+                                        {.resident_below_bytes = 64 * 1024, .keep_last = 2});
+  gate g;
+  a.enqueue([&g] { g.pass(); });  // the producer is held
+  void* small = cache.allocate(1000, a);
+  produce(a, small, 1000, 9);
+  cache.store(1, small, 1000, a);  // never offloaded: under resident_below_bytes
+  const std::size_t big = 2 * MiB + 8;
+  void* kept = cache.allocate(big, a);
+  produce(a, kept, big, 10);
+  cache.store(2, kept, big, a);  // kept on the device: among the last keep_last
+  CHECK(cache.tier_of(1) == 0);
+  CHECK(cache.tier_of(2) == 0);
+  std::uint64_t seen_small = 0;
+  std::uint64_t seen_big = 0;
+  std::atomic<bool> read{false};
+  const void* p1 = cache.get(1, b);
+  const void* p2 = cache.get(2, b);
+  b.enqueue([&, p1, p2] {
+    seen_small = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p1), 1000));
+    seen_big = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p2), big));
+    read = true;
+  });
+  for (int i = 0; i < 2000 && !read; ++i) std::this_thread::yield();  // time for a consumer that does not wait
+  CHECK_FALSE(read);  // the producer is held: a consumer that waits for it cannot have run
+  g.open();
+  b.synchronize();
+  CHECK(seen_small == expected_sum(1000, 9));
+  CHECK(seen_big == expected_sum(big, 10));
+  cache.erase(1, b);  // freed on b, after the producer and after b's read
+  cache.erase(2, b);
+  b.synchronize();
+  a.synchronize();
   CHECK(device.used() == 0);
 }
 

@@ -22,7 +22,10 @@
 /// ## Where a tensor lives
 /// - **On the device only**: tensors under `resident_below_bytes`, and the last
 ///   `keep_last` stored (the backward pass needs them first) stay where they are; a
-///   tensor leaving the `keep_last` window is offloaded then.
+///   tensor leaving the `keep_last` window is offloaded then. `store` records an event
+///   on the producer stream, and `get` of such a tensor makes the consumer stream wait
+///   for it (and `erase` orders the free after it), so a consumer on another stream
+///   never reads it before the producer has written it.
 /// - **Pinned memory**: every other stored tensor, encoded by the pipeline's codec, in a
 ///   block of the `pinned_pool`. The D2H copy runs on the scheduler's D2H stream after
 ///   an event on the producer stream; the device memory is freed on the D2H stream
@@ -289,7 +292,11 @@ class basic_tensor_cache {
       ++stats_.deduplicated;
       return;
     }
+    // A tensor that stays on the device is handed out as it is: a `get` (or the free of
+    // `erase`) on another stream waits for this marker, the end of the producer's work.
+    auto produced = sched_->backend().record(producer);
     auto rec = std::make_shared<record>();
+    rec->produced = produced;
     rec->key = key;
     rec->bytes = bytes;
     rec->encoded = codec_.encoded_bytes(bytes / element);
@@ -321,6 +328,7 @@ class basic_tensor_cache {
     record& r = find(key);
     record_access(key, r.bytes, access_kind::read, &r);
     if (r.device == nullptr) fetch(r, false);
+    if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, *r.produced);  // the stored buffer itself
     if (r.in.valid()) {
       if (r.in.ready()) {
         try {
@@ -421,6 +429,7 @@ class basic_tensor_cache {
     std::byte* host = nullptr;    // pinned copy (encoded)
     std::optional<nvme_region> disk;  // NVMe copy (encoded); stays valid while the bytes do
     std::optional<stream_type> producer;
+    std::optional<typename Backend::marker_type> produced;  // end of the producer's work, while on the device as stored
     ticket_type out;              // D2H into `host`
     ticket_type in;               // H2D (+ decode) into `device`
     ticket_type read_back;        // NVMe -> `host`
@@ -517,6 +526,7 @@ class basic_tensor_cache {
     if (auto p = by_pointer_.find(r.device); p != by_pointer_.end()) by_pointer_.erase(p);  // the buffer is gone
     device_->deallocate(r.device, r.bytes, d2h);  // returned once the copy has read it
     r.device = nullptr;
+    drop_produced(r);  // from now on the device copy is a fetched one, ordered by its ticket
     r.host = block;
     track(r);
     ++stats_.offloaded;
@@ -718,6 +728,17 @@ class basic_tensor_cache {
   }
 
   void release_all(record& r, stream_type last_user) noexcept {
+    if (r.device != nullptr && r.produced) {  // the stored buffer: freed after its producer too
+      try {
+        sched_->backend().wait(last_user, *r.produced);
+      } catch (...) {  // cannot order it on the stream: wait for the producer's work on the host
+        try {
+          sched_->backend().synchronize(*r.produced);
+        } catch (...) {  // the producer's stream failed: nothing more to wait for
+        }
+      }
+    }
+    drop_produced(r);
     if (r.device != nullptr) device_->deallocate(r.device, r.bytes, last_user);
     untrack(r);
     if (r.host != nullptr) host_->deallocate(r.host, r.encoded);
@@ -725,6 +746,12 @@ class basic_tensor_cache {
     r.device = nullptr;
     r.host = nullptr;
     r.disk.reset();
+  }
+
+  void drop_produced(record& r) noexcept {
+    if (!r.produced) return;
+    sched_->backend().release(*r.produced);
+    r.produced.reset();
   }
 
   scheduler_type* sched_;
