@@ -134,6 +134,10 @@ TEMPLATE_TEST_CASE("layer_streamer: forward and backward passes deliver every la
     host_layer_streamer ls(ex, w.spans(), slot_memory::host(k));
     CHECK(ls.layers() == 7);
     CHECK(ls.slots() == k);
+    // The gradient slabs are mapped (and, on a GPU, pinned) by the constructor, not on
+    // the first push_gradient: what the first push would have paid is paid here.
+    CHECK(ls.gradient_pool().reserved() == ls.gradient_pool().budget());
+    CHECK(ls.gradient_pool().reserved() >= 4 * slot_memory::stride(3 * chunk + 123) - 4096);
     CHECK(ls.slot_stride() == slot_memory::stride(3 * chunk + 123));
     for (int step = 0; step < 2; ++step) {  // two steps: the ring keeps turning across passes
       const auto before = ex.stats();

@@ -5,8 +5,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@
 
 #include "memory_test_util.hpp"
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace {
 
@@ -298,6 +301,36 @@ TEST_CASE("pinned_pool: a refused registration falls back to pageable memory, on
   }
   // Slab 1 unpinned at destruction; nothing else was left pinned.
   CHECK(log.unregistered.size() == 6);
+}
+
+TEST_CASE("pinned_pool: without an on_fallback hook, the fallback is one line on stderr", "[pinned_pool][fallback]") {
+  call_log log;
+  ferry::pinned_pool_options o;
+  o.budget_bytes = 64 * MiB;
+  o.slab_bytes = 4 * MiB;
+  o.hooks = fake_hooks(log, /*fail_at_call=*/0);  // the first registration is refused
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture != nullptr);
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  REQUIRE(saved >= 0);
+  REQUIRE(::dup2(::fileno(capture), STDERR_FILENO) == STDERR_FILENO);
+  {
+    ferry::pinned_pool pool(o);
+    (void)pool.allocate(3 * MiB);  // refused: falls back, says so
+    (void)pool.allocate(3 * MiB);  // a second slab: nothing more is said
+    CHECK(pool.state() == ferry::pinning_state::pageable_fallback);
+  }  // (fake mappings: nothing to free)
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::rewind(capture);
+  std::string text;
+  for (int c = std::fgetc(capture); c != EOF; c = std::fgetc(capture)) text.push_back(static_cast<char>(c));
+  std::fclose(capture);
+  CHECK_THAT(text, Catch::Contains("ferry: pinned_pool: pinning refused (mock error 2)") &&
+                       Catch::Contains("falling back to pageable memory"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
 }
 
 TEST_CASE("pinned_pool: pin = false is a page-aligned host pool", "[pinned_pool]") {

@@ -15,7 +15,8 @@
 /// When pinning is refused (no GPU, the locked-memory limit, a failed register) the
 /// pool unregisters what it had registered of that slab, falls back to page-aligned
 /// pageable memory, reports it once (`state()`, `failure()` and the callback in
-/// `pinned_pool_options::on_fallback`) and keeps working. In a build without CUDA it is
+/// `pinned_pool_options::on_fallback`; by default one line on stderr) and keeps
+/// working. In a build without CUDA it is
 /// a page-aligned host pool (`pinning_state::host_only`).
 #pragma once
 
@@ -107,6 +108,10 @@ struct pinned_pool_options {
   /// Ask for transparent huge pages on slabs (`madvise(MADV_HUGEPAGE)`), default map only.
   bool huge_pages = true;
   /// Called once, outside the pool's lock, when the pool falls back to pageable memory.
+  /// Empty: one line on stderr ("ferry: pinned_pool: pinning refused (...); falling back
+  /// to pageable memory: ..."), since copies to and from pageable memory block the
+  /// calling thread and run at a fraction of the link's speed. Set it to log elsewhere
+  /// (or to a function that does nothing to stay silent).
   std::function<void(const pinning_failure&)> on_fallback;
   /// Mapping and pinning functions; empty members get the defaults.
   pinned_pool_hooks hooks;
@@ -428,9 +433,16 @@ class pinned_pool {
   }
 
   void notify(std::optional<pinning_failure>& report) const {
-    if (report && options_.on_fallback) {
+    if (!report) return;
+    if (options_.on_fallback) {
       options_.on_fallback(*report);
+      return;
     }
+    std::fprintf(stderr,
+                 "ferry: pinned_pool: pinning refused (%s) for a slab of %zu bytes; falling back to pageable memory: "
+                 "copies from and to it block the calling thread and run slower (set "
+                 "pinned_pool_options::on_fallback to report this elsewhere)\n",
+                 report->description.c_str(), report->slab_bytes);
   }
 
   static void* default_map(std::size_t bytes, bool huge_pages) noexcept {

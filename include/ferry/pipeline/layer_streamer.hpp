@@ -307,7 +307,9 @@ struct layer_streamer_options {
   /// Element type of pushed gradients (with `accumulate`); the sum is always fp32.
   gradient_element element = gradient_element::f32;
   /// Where gradient slabs come from (must outlive the streamer); null: a pool of the
-  /// streamer's own, pinned, of `gradient_slabs` x the largest layer's bytes.
+  /// streamer's own, pinned, of `gradient_slabs` x the largest layer's bytes, all of it
+  /// mapped and pinned by the constructor (off the training loop's hot path). A pool
+  /// given here is used as it is (reserve it ahead with `pinned_pool::reserve`).
   pinned_pool* gradient_pool = nullptr;
   /// Slabs of the largest layer's size the streamer's own pool holds (pushes in flight
   /// before `push_gradient` waits for one to land); >= 1.
@@ -845,6 +847,8 @@ class basic_layer_streamer {
       po.slab_bytes = po.budget_bytes;
       own_gradient_pool_.emplace(std::move(po));
       gradient_pool_ = &*own_gradient_pool_;
+      // Pinned here, not on the first push_gradient: cudaHostRegister takes tens of ms per GiB.
+      own_gradient_pool_->reserve(own_gradient_pool_->budget());
     }
   }
 
