@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <random>
 #include <vector>
@@ -173,4 +174,26 @@ TEST_CASE("extent_allocator agrees with a byte-map model under random allocate a
   CHECK(a.used() == 0);
   CHECK(a.free_extent_count() == 1);
   CHECK(a.check());
+}
+
+TEST_CASE("extent_allocator refuses requests larger than its capacity, up to 2^64 - 1, as out_of_capacity") {
+  extent_allocator a(16 * 4096, 4096);
+  constexpr std::uint64_t max = ~std::uint64_t{0};
+  for (const std::uint64_t n : {max, max - 100, max - 4095, max - 4096, max / 2, std::uint64_t{16 * 4096 + 1}}) {
+    INFO("request " << n);
+    CHECK_FALSE(a.try_allocate(n).has_value());
+    try {
+      (void)a.allocate(n);
+      FAIL("allocated past the capacity");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK(e.requested() >= n);
+      CHECK(e.used() == 0);
+      CHECK(e.capacity() == 16 * 4096);
+    } catch (const std::exception& e) {
+      FAIL_CHECK("another exception: " << e.what());
+    }
+  }
+  CHECK(a.used() == 0);
+  CHECK(a.check());
+  CHECK(a.allocate(16 * 4096).length == 16 * 4096);  // the whole capacity still fits
 }

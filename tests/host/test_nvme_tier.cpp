@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <condition_variable>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -513,4 +515,37 @@ TEST_CASE("nvme_tier rejects stripe sizes and capacities that would overflow its
   } catch (const ferry::io_error& e) {
     CHECK(e.code().value() != 0);  // or the file system refuses the size: also a clear error
   }
+}
+
+TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is allocated", "[nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 4 * MiB));
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (const std::size_t n : {max, max - 1, max - 100, max - 4095, max - 4096, max / 2, 4 * MiB + 1}) {
+    INFO("allocate(" << n << ")");
+    CHECK_THROWS_AS(tier.allocate(n), ferry::out_of_capacity);
+    try {
+      (void)tier.allocate(n);
+      FAIL("allocated more than the capacity");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK(e.requested() >= n);
+      CHECK(e.used() == 0);
+      CHECK(e.capacity() == 4 * MiB);
+      CHECK_THAT(e.what(), Catch::Contains("nvme_tier") && Catch::Contains(std::to_string(e.requested())));
+    } catch (const std::exception& e) {
+      FAIL_CHECK("allocate(" << n << ") threw another exception: " << e.what());
+    }
+    CHECK(tier.used() == 0);
+    CHECK(tier.check());
+  }
+  // A normal allocation still works.
+  const std::vector<std::byte> src = ferry_test::pattern(MiB + 1, 7);
+  const auto r = tier.store(src);
+  CHECK(tier.used() == MiB + 4096);
+  std::vector<std::byte> back(src.size());
+  tier.read(r, back);
+  CHECK(back == src);
+  tier.deallocate(r);
+  CHECK(tier.used() == 0);
+  CHECK(tier.check());
 }

@@ -72,12 +72,24 @@ class extent_allocator {
     return (bytes + alignment_ - 1) & ~(alignment_ - 1);
   }
 
+  /// @brief The request size a refusal reports (`out_of_capacity::requested`):
+  /// `rounded(bytes)`, or `bytes` itself when the rounded value does not fit in 64 bits
+  /// (such a request is larger than any capacity).
+  [[nodiscard]] std::uint64_t reported_bytes(std::uint64_t bytes) const noexcept {
+    return bytes <= ~std::uint64_t{0} - (alignment_ - 1) ? (bytes + alignment_ - 1) & ~(alignment_ - 1) : bytes;
+  }
+
   /// @brief Allocates an extent of `rounded(bytes)` bytes, or returns `std::nullopt`
-  /// when no free extent is that large (the space is full or too fragmented).
+  /// when no free extent is that large (the space is full or too fragmented, or `bytes`
+  /// is larger than the capacity: any value up to 2^64 - 1, also one too large to round).
+  /// Nothing changes when it returns `std::nullopt`.
   /// @param bytes requested bytes, > 0
   /// @throws ferry::logic_error when `bytes` is 0
   [[nodiscard]] std::optional<extent> try_allocate(std::uint64_t bytes) {
     FERRY_EXPECTS(bytes > 0, "an extent of zero bytes", bytes);
+    if (bytes > capacity_) {
+      return std::nullopt;  // never fits; refused before rounding, which could overflow
+    }
     const std::uint64_t length = rounded(bytes);
     const auto fit = by_length_.lower_bound({length, 0});
     if (fit == by_length_.end()) {
@@ -95,14 +107,15 @@ class extent_allocator {
 
   /// @brief Allocates an extent of `rounded(bytes)` bytes.
   /// @param bytes requested bytes, > 0
-  /// @throws ferry::out_of_capacity ("extent_allocator", rounded bytes, `used()`,
-  ///         `capacity()`) when no free extent is large enough
+  /// @throws ferry::out_of_capacity ("extent_allocator", `reported_bytes(bytes)`, `used()`,
+  ///         `capacity()`) when no free extent is large enough, also for any request larger
+  ///         than the capacity (up to 2^64 - 1); nothing is allocated
   /// @throws ferry::logic_error when `bytes` is 0
   [[nodiscard]] extent allocate(std::uint64_t bytes) {
     if (auto e = try_allocate(bytes)) {
       return *e;
     }
-    FERRY_THROW_OUT_OF_CAPACITY("extent_allocator", static_cast<std::size_t>(rounded(bytes)),
+    FERRY_THROW_OUT_OF_CAPACITY("extent_allocator", static_cast<std::size_t>(reported_bytes(bytes)),
                                 static_cast<std::size_t>(used_), static_cast<std::size_t>(capacity_));
   }
 

@@ -395,13 +395,15 @@ class basic_nvme_tier {
   /// Thread-safe.
   /// @throws ferry::out_of_capacity ("nvme_tier", rounded bytes, used, capacity) when no
   ///         free extent is large enough — also when enough bytes are free in all but
-  ///         fragmented into smaller extents
+  ///         fragmented into smaller extents, and for any size larger than the capacity, up
+  ///         to `SIZE_MAX` (reported unrounded when rounding would overflow). Nothing is
+  ///         allocated then (`used()` is unchanged).
   [[nodiscard]] region_type allocate(std::size_t bytes) {
     if (bytes == 0) return region_type{};
     std::lock_guard lock(allocator_mutex_);
     const auto e = allocator_->try_allocate(bytes);
     if (!e) {
-      FERRY_THROW_OUT_OF_CAPACITY("nvme_tier", static_cast<std::size_t>(allocator_->rounded(bytes)),
+      FERRY_THROW_OUT_OF_CAPACITY("nvme_tier", static_cast<std::size_t>(allocator_->reported_bytes(bytes)),
                                   static_cast<std::size_t>(allocator_->used()),
                                   static_cast<std::size_t>(allocator_->capacity()));
     }
