@@ -142,6 +142,30 @@ TEST_CASE("direct_file open errors carry the path and errno") {
   CHECK_THROWS_AS(direct_file(sys, "/tmp/x.bin", {.block_alignment = 3000}), ferry::logic_error);
 }
 
+TEST_CASE("direct_file tells a file it created from one that was there, and removes only its own when it fails") {
+  auto plan = std::make_shared<fault_plan>();
+  faulty_syscalls<> sys(plan);
+  // Every open with O_DIRECT answers EINVAL: compat_mode::direct fails after the file exists.
+  plan->add({.call = syscall_kind::open, .error = EINVAL, .open_flags = O_DIRECT, .times = fault::forever});
+  scratch_path path(ferry_test::disk_dir);
+  CHECK_THROWS_AS(direct_file(sys, path.str(), {.mode = compat_mode::direct}), ferry::io_error);
+  CHECK_FALSE(std::filesystem::exists(path.path()));  // created by the failed open: removed again
+  {
+    direct_file made(sys, path.str(), {.mode = compat_mode::automatic});
+    CHECK(made.created());
+    CHECK(made.path_names_file());
+  }
+  {
+    direct_file existing(sys, path.str(), {.mode = compat_mode::buffered});
+    CHECK_FALSE(existing.created());
+    direct_file without_create(sys, path.str(), {.mode = compat_mode::buffered, .create = false});
+    CHECK_FALSE(without_create.created());
+  }
+  // A file that was there stays when the open fails.
+  CHECK_THROWS_AS(direct_file(sys, path.str(), {.mode = compat_mode::direct}), ferry::io_error);
+  CHECK(std::filesystem::exists(path.path()));
+}
+
 TEST_CASE("direct_file round trips odd sizes exactly, aligned and misaligned, without touching memory outside") {
   posix_syscalls sys;
   for (const std::string& dir : {ferry_test::disk_dir, ferry_test::tmpfs_dir}) {

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -515,6 +517,50 @@ TEST_CASE("nvme_tier rejects stripe sizes and capacities that would overflow its
   } catch (const ferry::io_error& e) {
     CHECK(e.code().value() != 0);  // or the file system refuses the size: also a clear error
   }
+}
+
+namespace {
+// Writes `text` as the whole content of `path` (a user's own file, made without ferry).
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  REQUIRE(out.good());
+}
+// The whole content of `path`.
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("nvme_tier: a failed construction removes the files it created, never a user's file or folder", "[nvme]") {
+  const std::string content = "a user's own file, not made by ferry";
+  scratch_path user(ferry_test::disk_dir), fresh(ferry_test::disk_dir), missing_dir(ferry_test::disk_dir, "no-dir");
+  write_text(user.path(), content);
+  // The third path cannot be opened (its folder does not exist): construction fails
+  // after the first two files are open.
+  auto o = ferry_test::small_options({user.path(), fresh.path(), missing_dir.path() / "x.bin"}, 1 * MiB);
+  o.truncate_on_open = false;           // so the tier itself leaves the user's bytes as they are
+  o.sizing = ferry::file_sizing::grow;  // ... and its size
+  CHECK_THROWS_AS(ferry::nvme_tier(o), ferry::io_error);
+  CHECK(std::filesystem::exists(user.path()));
+  CHECK(read_text(user.path()) == content);
+  CHECK_FALSE(std::filesystem::exists(fresh.path()));  // created by the failed construction: removed again
+
+  // With the default options the user's file is emptied (truncate_on_open) but stays.
+  write_text(user.path(), content);
+  o = ferry_test::small_options({user.path(), fresh.path(), missing_dir.path() / "x.bin"}, 1 * MiB);
+  CHECK_THROWS_AS(ferry::nvme_tier(o), ferry::io_error);
+  CHECK(std::filesystem::exists(user.path()));
+  CHECK_FALSE(std::filesystem::exists(fresh.path()));
+
+  // An empty folder given as a path cannot be opened as a file; it stays.
+  scratch_path folder(ferry_test::disk_dir, "folder");
+  REQUIRE(std::filesystem::create_directory(folder.path()));
+  o = ferry_test::small_options({fresh.path(), folder.path()}, 1 * MiB);
+  CHECK_THROWS_AS(ferry::nvme_tier(o), ferry::io_error);
+  CHECK(std::filesystem::is_directory(folder.path()));
+  CHECK_FALSE(std::filesystem::exists(fresh.path()));
 }
 
 TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is allocated", "[nvme]") {

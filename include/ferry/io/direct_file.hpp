@@ -50,6 +50,8 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 namespace ferry::io {
 
@@ -195,6 +197,33 @@ enum class step : std::uint8_t { done, progressed, retry, failed, no_progress };
   return static_cast<std::size_t>(result) >= asked ? step::done : step::progressed;
 }
 
+/// What makes two names the same file: its device and inode (`known` is false when
+/// `stat`/`fstat` failed, e.g. nothing is at the path).
+struct file_identity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  bool known = false;
+
+  /// Whether both are known and name the same file.
+  [[nodiscard]] bool same_as(const file_identity& o) const noexcept {
+    return known && o.known && device == o.device && inode == o.inode;
+  }
+};
+
+/// The identity of the file open as `fd` (`fstat`).
+[[nodiscard]] inline file_identity identity_of_fd(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {};
+  return {st.st_dev, st.st_ino, true};
+}
+
+/// The identity of the file `path` names now (`stat`, which follows a symbolic link).
+[[nodiscard]] inline file_identity identity_of_path(const char* path) noexcept {
+  struct stat st {};
+  if (::stat(path, &st) != 0) return {};
+  return {st.st_dev, st.st_ino, true};
+}
+
 /// The errno and operation name reported when a call made no progress.
 inline constexpr int no_progress_errno = EIO;
 [[nodiscard]] constexpr std::string_view no_progress_operation(op_kind k) noexcept {
@@ -206,7 +235,7 @@ inline constexpr int no_progress_errno = EIO;
 /// @brief How `direct_file` opens its file.
 struct open_options {
   compat_mode mode = compat_mode::automatic;  ///< direct, buffered, or direct where possible
-  bool create = true;                         ///< O_CREAT
+  bool create = true;                         ///< O_CREAT (a file it creates is reported by `created()`)
   bool truncate = false;                      ///< O_TRUNC: start empty
   unsigned permissions = 0600;                ///< mode bits of a created file
   std::size_t block_alignment = 4096;         ///< ferry's block alignment (power of two, >= the file system's)
@@ -224,58 +253,33 @@ template <class S = posix_syscalls>
 class direct_file {
  public:
   /// @brief Opens (by default creates) `path` for reading and writing.
+  ///
+  /// With `opts.create`, a missing file is first created on its own (`O_CREAT | O_EXCL`),
+  /// so that `created()` tells whether this constructor made the file. If the
+  /// constructor fails after creating the file, it removes it again (if the path still
+  /// names it); a file (or anything else) that was at the path before is never removed.
   /// @param sys  the syscalls object (outlives the file)
   /// @param path the file
   /// @param opts compat mode, creation flags, block alignment
   /// @throws ferry::io_error (operation "open" or "open O_DIRECT", the path, errno) when
-  ///         the open fails, or O_DIRECT is refused in `compat_mode::direct`
+  ///         the creation or the open fails (e.g. ENOENT in a missing folder, EISDIR for a
+  ///         folder), or O_DIRECT is refused in `compat_mode::direct`
   /// @throws ferry::logic_error when the block alignment is not a power of two, or not a
   ///         multiple of the file system's direct I/O offset alignment
   direct_file(S& sys, std::string path, open_options opts = {}) : sys_(&sys), path_(std::move(path)) {
     FERRY_EXPECTS(opts.block_alignment > 0 && (opts.block_alignment & (opts.block_alignment - 1)) == 0,
                   "the block alignment must be a power of two", opts.block_alignment);
-    const int base = O_RDWR | (opts.create ? O_CREAT : 0) | (opts.truncate ? O_TRUNC : 0);
-    geometry_.block_alignment = opts.block_alignment;
-    if (opts.mode == compat_mode::buffered) {
-      open_buffered(base, opts.permissions);
-      return;
+    if (opts.create) create_if_missing(opts.permissions);
+    try {
+      open_file(opts);
+    } catch (...) {
+      if (created_) (void)unlink_if_names(identity_);
+      throw;
     }
-    fd_ = sys_->open(path_.c_str(), base | O_DIRECT, opts.permissions);
-    if (fd_ == -EINVAL && opts.mode == compat_mode::automatic) {
-      fallback_reason_ = "open with O_DIRECT answered EINVAL";
-      open_buffered(base, opts.permissions);
-      return;
-    }
-    if (fd_ < 0) {
-      const int err = -fd_;
-      fd_ = -1;
-      FERRY_THROW_IO_ERROR(err, "open O_DIRECT", path_, io_error::no_offset, 0);
-    }
-    geometry_.mode = io_mode::direct;
-    std::size_t mem_align = 0;
-    std::size_t offset_align = 0;
-    if (query_dio_alignment(mem_align, offset_align) && (mem_align == 0 || offset_align == 0)) {
-      // The file system says it has no direct I/O for this file.
-      if (opts.mode == compat_mode::automatic) {
-        (void)sys_->close(fd_);
-        fd_ = -1;
-        fallback_reason_ = "statx reports no direct I/O support";
-        open_buffered(base & ~O_TRUNC, opts.permissions);
-        return;
-      }
-      (void)sys_->close(fd_);
-      fd_ = -1;
-      FERRY_THROW_IO_ERROR(EINVAL, "open O_DIRECT (statx: no direct I/O on this file system)", path_,
-                           io_error::no_offset, 0);
-    }
-    if (offset_align != 0 && opts.block_alignment % offset_align != 0) {
-      (void)sys_->close(fd_);
-      fd_ = -1;
-      FERRY_EXPECTS(opts.block_alignment % offset_align == 0,
-                    "the block alignment must be a multiple of the file system's direct I/O offset alignment",
-                    opts.block_alignment, offset_align);
-    }
-    geometry_.memory_alignment = mem_align != 0 ? mem_align : 4096;
+    // The file open is the one created only if nothing replaced it in between.
+    const detail::file_identity held = detail::identity_of_fd(fd_);
+    created_ = created_ && held.same_as(identity_);
+    identity_ = held;
   }
 
   /// @brief Takes over `o`'s descriptor; `o` is left closed.
@@ -284,7 +288,9 @@ class direct_file {
         path_(std::move(o.path_)),
         fd_(std::exchange(o.fd_, -1)),
         geometry_(o.geometry_),
-        fallback_reason_(std::move(o.fallback_reason_)) {}
+        fallback_reason_(std::move(o.fallback_reason_)),
+        created_(std::exchange(o.created_, false)),
+        identity_(std::exchange(o.identity_, {})) {}
   /// @brief Closes this file (errors ignored) and takes over `o`'s descriptor; `o` is left closed.
   direct_file& operator=(direct_file&& o) noexcept {
     if (this != &o) {
@@ -294,6 +300,8 @@ class direct_file {
       fd_ = std::exchange(o.fd_, -1);
       geometry_ = o.geometry_;
       fallback_reason_ = std::move(o.fallback_reason_);
+      created_ = std::exchange(o.created_, false);
+      identity_ = std::exchange(o.identity_, {});
     }
     return *this;
   }
@@ -306,6 +314,22 @@ class direct_file {
   [[nodiscard]] int fd() const noexcept { return fd_; }
   /// @brief The path it was opened with.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// @brief Whether this object's constructor created the file (nothing was at the path
+  /// before); false for a file that existed, and without `open_options::create`.
+  [[nodiscard]] bool created() const noexcept { return created_; }
+  /// @brief Whether `path()` still names the open file: `stat` of the path gives the
+  /// device and inode that `fstat` gave for the descriptor at the open. False once the
+  /// file was unlinked or renamed, whatever is at the path now.
+  [[nodiscard]] bool path_names_file() const noexcept {
+    return detail::identity_of_path(path_.c_str()).same_as(identity_);
+  }
+  /// @brief Removes `path()` (`unlink`) if it still names the open file
+  /// (`path_names_file()`); whatever else is at the path (a file made there after this
+  /// one was unlinked or renamed) is left alone. The file stays open and usable; its
+  /// blocks are freed when it is closed. The check and the unlink are two calls: a file
+  /// that someone else puts at the path between them would be removed.
+  /// @return whether the path was removed
+  bool remove() noexcept { return unlink_if_names(identity_); }
   /// @brief Direct or buffered.
   [[nodiscard]] io_mode mode() const noexcept { return geometry_.mode; }
   /// @brief The alignment rules of this file.
@@ -370,6 +394,72 @@ class direct_file {
   }
 
  private:
+  // Creates the file if nothing is at the path (O_CREAT | O_EXCL), so that `created()`
+  // tells a file of ours from one that was there; an existing one (a file, a folder) is
+  // left to the open that follows.
+  void create_if_missing(unsigned permissions) {
+    const int fd = sys_->open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL, permissions);
+    if (fd == -EEXIST) return;
+    if (fd < 0) {
+      FERRY_THROW_IO_ERROR(-fd, "open", path_, io_error::no_offset, 0);
+    }
+    identity_ = detail::identity_of_fd(fd);
+    created_ = true;
+    (void)sys_->close(fd);
+  }
+
+  // Opens the file in the compat mode's way; when it throws, nothing is open.
+  void open_file(const open_options& opts) {
+    const int base = O_RDWR | (opts.create ? O_CREAT : 0) | (opts.truncate ? O_TRUNC : 0);
+    geometry_.block_alignment = opts.block_alignment;
+    if (opts.mode == compat_mode::buffered) {
+      open_buffered(base, opts.permissions);
+      return;
+    }
+    fd_ = sys_->open(path_.c_str(), base | O_DIRECT, opts.permissions);
+    if (fd_ == -EINVAL && opts.mode == compat_mode::automatic) {
+      fallback_reason_ = "open with O_DIRECT answered EINVAL";
+      open_buffered(base, opts.permissions);
+      return;
+    }
+    if (fd_ < 0) {
+      const int err = -fd_;
+      fd_ = -1;
+      FERRY_THROW_IO_ERROR(err, "open O_DIRECT", path_, io_error::no_offset, 0);
+    }
+    geometry_.mode = io_mode::direct;
+    std::size_t mem_align = 0;
+    std::size_t offset_align = 0;
+    if (query_dio_alignment(mem_align, offset_align) && (mem_align == 0 || offset_align == 0)) {
+      // The file system says it has no direct I/O for this file.
+      if (opts.mode == compat_mode::automatic) {
+        (void)sys_->close(fd_);
+        fd_ = -1;
+        fallback_reason_ = "statx reports no direct I/O support";
+        open_buffered(base & ~O_TRUNC, opts.permissions);
+        return;
+      }
+      (void)sys_->close(fd_);
+      fd_ = -1;
+      FERRY_THROW_IO_ERROR(EINVAL, "open O_DIRECT (statx: no direct I/O on this file system)", path_,
+                           io_error::no_offset, 0);
+    }
+    if (offset_align != 0 && opts.block_alignment % offset_align != 0) {
+      (void)sys_->close(fd_);
+      fd_ = -1;
+      FERRY_EXPECTS(opts.block_alignment % offset_align == 0,
+                    "the block alignment must be a multiple of the file system's direct I/O offset alignment",
+                    opts.block_alignment, offset_align);
+    }
+    geometry_.memory_alignment = mem_align != 0 ? mem_align : 4096;
+  }
+
+  // Unlinks the path if it names the file `id`; true when it did.
+  bool unlink_if_names(const detail::file_identity& id) const noexcept {
+    if (!detail::identity_of_path(path_.c_str()).same_as(id)) return false;
+    return ::unlink(path_.c_str()) == 0;
+  }
+
   void open_buffered(int base, unsigned permissions) {
     fd_ = sys_->open(path_.c_str(), base, permissions);
     if (fd_ < 0) {
@@ -470,6 +560,8 @@ class direct_file {
   int fd_ = -1;
   io_geometry geometry_;
   std::string fallback_reason_;
+  bool created_ = false;            // this object created the file
+  detail::file_identity identity_;  // of the file open (of the created one, during the constructor)
 };
 
 }  // namespace ferry::io

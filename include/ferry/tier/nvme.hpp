@@ -283,10 +283,16 @@ class basic_nvme_tier {
 
   /// @brief Opens (creates) and sizes the files, starts the engine, registers the
   /// staging blocks.
+  ///
+  /// If it fails, the files are closed and those this construction created are removed
+  /// again (whatever `remove_on_close` says). A file (or folder) that was at a path
+  /// before is never removed — though one opened before the failure was already emptied
+  /// with `truncate_on_open`, and resized per `sizing`.
   /// @param options the settings (see `nvme_options`)
   /// @param sys     the syscalls object (copied into the tier)
-  /// @throws ferry::io_error when a file cannot be opened or sized (e.g. EFBIG, ENOSPC
-  ///         with `file_sizing::preallocate`), when O_DIRECT is refused in
+  /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
+  ///         folder, EISDIR for a folder) or sized (e.g. EFBIG, ENOSPC with
+  ///         `file_sizing::preallocate`), when O_DIRECT is refused in
   ///         `compat_mode::direct`, or when the engine cannot start (io_uring refused at
   ///         run time: there is no automatic fallback; build the tier on
   ///         `io::thread_pool_engine` instead, see docs/io.md)
@@ -368,7 +374,12 @@ class basic_nvme_tier {
       staging_registered_ = engine_->register_buffer(staging_memory_.span());
     } catch (...) {
       engine_.reset();
-      remove_files();
+      // Only what this construction created goes: a file that was at its path stays (a
+      // path that failed to open was cleaned up by direct_file itself).
+      for (auto& f : files_) {
+        if (f.created()) (void)f.remove();
+      }
+      files_.clear();
       throw;
     }
   }
