@@ -166,6 +166,33 @@ TEST_CASE("direct_file tells a file it created from one that was there, and remo
   CHECK(std::filesystem::exists(path.path()));
 }
 
+TEST_CASE("direct_file::remove unlinks its path only while the path names the open file") {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir), elsewhere(ferry_test::disk_dir);
+  {
+    direct_file f(sys, path.str(), {.mode = compat_mode::buffered});
+    CHECK(f.path_names_file());
+    CHECK(f.remove());
+    CHECK_FALSE(std::filesystem::exists(path.path()));
+    CHECK_FALSE(f.path_names_file());
+    CHECK_FALSE(f.remove());  // nothing at the path any more
+    const std::vector<std::byte> src = ferry_test::pattern(100, 1);
+    f.write(0, src);  // still open and usable
+  }
+  {
+    direct_file f(sys, path.str(), {.mode = compat_mode::buffered});
+    // Renamed away, and another file made at the path: neither is removed.
+    std::filesystem::rename(path.path(), elsewhere.path());
+    direct_file other(sys, path.str(), {.mode = compat_mode::buffered});
+    CHECK_FALSE(f.path_names_file());
+    CHECK_FALSE(f.remove());
+    CHECK(std::filesystem::exists(path.path()));
+    CHECK(std::filesystem::exists(elsewhere.path()));
+    CHECK(other.remove());
+    CHECK_FALSE(std::filesystem::exists(path.path()));
+  }
+}
+
 TEST_CASE("direct_file round trips odd sizes exactly, aligned and misaligned, without touching memory outside") {
   posix_syscalls sys;
   for (const std::string& dir : {ferry_test::disk_dir, ferry_test::tmpfs_dir}) {

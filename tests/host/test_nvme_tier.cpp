@@ -563,6 +563,30 @@ TEST_CASE("nvme_tier: a failed construction removes the files it created, never 
   CHECK_FALSE(std::filesystem::exists(fresh.path()));
 }
 
+TEST_CASE("nvme_tier: remove_on_close removes only the file the tier holds, not a new file at its path", "[nvme]") {
+  const std::string content = "someone else's file at the same path";
+  scratch_path path(ferry_test::disk_dir);
+  {
+    ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB));  // remove_on_close: the default
+    REQUIRE(std::filesystem::exists(path.path()));
+    // The backing file is unlinked and another file is made at its path.
+    REQUIRE(std::filesystem::remove(path.path()));
+    write_text(path.path(), content);
+    // The tier still works on the file it holds.
+    const std::vector<std::byte> src = ferry_test::pattern(5000, 3);
+    const auto r = tier.store(src);
+    std::vector<std::byte> back(src.size());
+    tier.read(r, back);
+    CHECK(back == src);
+    tier.deallocate(r);
+  }
+  REQUIRE(std::filesystem::exists(path.path()));
+  CHECK(read_text(path.path()) == content);
+  // A file the tier holds is removed at the end (also one that existed before it).
+  { ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB)); }
+  CHECK_FALSE(std::filesystem::exists(path.path()));
+}
+
 TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is allocated", "[nvme]") {
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 4 * MiB));

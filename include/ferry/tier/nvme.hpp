@@ -44,9 +44,10 @@
 /// region gives unspecified contents (as with `pwrite`). Memory passed to a transfer
 /// must stay valid until it completes (`wait()`, the callback, or the end of a
 /// synchronous call). The destructor waits for every transfer, then closes the files
-/// (and removes them, with `remove_on_close`); it must not run inside a completion
-/// callback of the same tier (it would wait for itself). Regions are plain values: using
-/// one after `deallocate`, or with another tier, is undefined.
+/// (and removes them, with `remove_on_close`, where their paths still name them); it
+/// must not run inside a completion callback of the same tier (it would wait for
+/// itself). Regions are plain values: using one after `deallocate`, or with another
+/// tier, is undefined.
 #pragma once
 
 #include "ferry/concepts.hpp"
@@ -150,7 +151,9 @@ struct nvme_options {
   /// Empty the files when opening them (O_TRUNC). Their old contents mean nothing to a
   /// new tier (the allocator starts empty); false keeps them (and their disk blocks).
   bool truncate_on_open = true;
-  /// Remove the files when the tier is destroyed.
+  /// Remove the files when the tier is destroyed: each path that still names the file
+  /// the tier opened there (a file made at the path after the tier's was unlinked or
+  /// renamed is left alone).
   bool remove_on_close = true;
   /// EINTR/EAGAIN/ECANCELED answers tolerated in a row for one request before it fails.
   unsigned retry_limit = 100;
@@ -389,6 +392,10 @@ class basic_nvme_tier {
 
   /// @brief Waits for every transfer, stops the engine, closes (and with
   /// `remove_on_close` removes) the files. Never throws.
+  ///
+  /// `remove_on_close` removes only the files the tier holds: a path that no longer
+  /// names its file (the file was unlinked or renamed, perhaps with another file made at
+  /// the path since) is left alone.
   ~basic_nvme_tier() {
     {
       std::unique_lock lock(active_mutex_);
@@ -396,7 +403,7 @@ class basic_nvme_tier {
     }
     if (staging_registered_) engine_->unregister_buffer(staging_memory_.span());
     engine_.reset();
-    remove_files();
+    close_files();
   }
 
   // --- ferry::tier ------------------------------------------------------------------
@@ -895,14 +902,13 @@ class basic_nvme_tier {
     }
   }
 
-  void remove_files() noexcept {
-    files_.clear();
+  // Closes the files; with remove_on_close first removes the path of each, if it still
+  // names the file held (not a file made there after the tier's was unlinked).
+  void close_files() noexcept {
     if (options_.remove_on_close) {
-      for (const auto& p : options_.paths) {
-        std::error_code ignored;
-        std::filesystem::remove(p, ignored);
-      }
+      for (auto& f : files_) (void)f.remove();
     }
+    files_.clear();
   }
 
   struct counters {
