@@ -109,6 +109,23 @@ TEST_CASE("host_tier: exact accounting at its alignment; page-aligned regions", 
   CHECK_THROWS_AS(ferry::host_tier(MiB, 100), ferry::logic_error);
 }
 
+TEMPLATE_TEST_CASE("tiers: sizes up to SIZE_MAX are out_of_capacity (the tier concept's error), nothing allocated",
+                   "[tier]", host_fixture, pinned_fixture) {
+  TestType f;
+  auto& tier = f.tier;
+  for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 1, ~std::size_t{0} - 100, ~std::size_t{0} - 4095,
+                                  ~std::size_t{0} / 2, tier.capacity() + 1}) {
+    INFO(bytes);
+    CHECK_THROWS_AS(tier.allocate(bytes), ferry::out_of_capacity);
+    CHECK(tier.used() == 0);
+  }
+  CHECK_THROWS_AS(tier.allocate(0), ferry::logic_error);
+  auto r = tier.allocate(4096);  // still works
+  CHECK(tier.used() >= 4096);
+  tier.deallocate(r);
+  CHECK(tier.used() == 0);
+}
+
 TEMPLATE_TEST_CASE("tiers: 8 threads allocate, write, read, free; used() <= capacity() throughout", "[tier][threads]",
                    host_fixture, pinned_fixture) {
   TestType f;

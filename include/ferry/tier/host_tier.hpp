@@ -53,11 +53,14 @@ class host_tier {
   /// @brief Allocates `bytes` bytes aligned to `alignment()`.
   /// @param bytes > 0
   /// @throws ferry::out_of_capacity ("host_tier", rounded bytes, `used()`, `capacity()`)
-  ///         past the capacity, or when the system has no memory left
+  ///         past the capacity, or when the system has no memory left; a request too
+  ///         large even to round (up to SIZE_MAX) reports the request as asked
   /// @throws ferry::logic_error for 0 bytes
   [[nodiscard]] host_region allocate(std::size_t bytes) {
-    FERRY_EXPECTS(bytes > 0 && bytes <= ~std::size_t{0} - alignment_, "host_tier request of 0 or too many bytes",
-                  bytes);
+    FERRY_EXPECTS(bytes > 0, "host_tier request of 0 bytes", bytes);
+    if (bytes > capacity_ || bytes > ~std::size_t{0} - alignment_) {
+      FERRY_THROW_OUT_OF_CAPACITY("host_tier", bytes, used(), capacity_);
+    }
     const std::size_t cost = cost_of(bytes);
     std::size_t now = used_.load(std::memory_order_relaxed);
     do {
