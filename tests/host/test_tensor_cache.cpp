@@ -95,7 +95,8 @@ TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device m
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     cache.store(static_cast<int>(i), prod.make(cache, sizes[i], i), sizes[i], compute);
   }
-  CHECK(cache.stats().offloaded == sizes.size() - 1);  // all but the last one stored
+  CHECK(cache.stats().offloaded == sizes.size() - 1);                 // all but the last one stored
+  CHECK(cache.stats().pageable_offloads == cache.stats().offloaded);  // the pool does not pin (pin = false)
   CHECK(cache.tier_of(static_cast<int>(sizes.size() - 1)) == 0);
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) CHECK(cache.tier_of(static_cast<int>(i)) == 1);
   sched.synchronize();
@@ -295,6 +296,32 @@ TEMPLATE_TEST_CASE("tensor_cache: later iterations prefetch from the recorded sc
   compute.synchronize();
   CHECK(pool.used() == 0);
   CHECK(tier.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("tensor_cache: offloads into pinned blocks are not counted as pageable", "[pipeline][tensor_cache]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, sched_options());
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool_options o = unpinned(64 * MiB);
+  o.pin = true;
+  o.hooks.register_chunk = [](void*, std::size_t) { return 0; };  // "pinned" (no GPU here)
+  o.hooks.unregister_chunk = [](void*, std::size_t) {};
+  ferry::pinned_pool pool(o);
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  producer prod{compute};
+  for (int i = 0; i < 3; ++i)
+    cache.store(i, prod.make(cache, MiB + 5, static_cast<std::uint64_t>(i)), MiB + 5, compute);
+  CHECK(cache.stats().offloaded == 3);
+  CHECK(cache.stats().pageable_offloads == 0);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(sum_on(compute, cache.get(i, compute), MiB + 5) == expected_sum(MiB + 5, static_cast<std::uint64_t>(i)));
+    cache.erase(i, compute);
+  }
+  sched.synchronize();
+  compute.synchronize();
 }
 
 // A codec on the CUDA backend runs kernels (tests/gpu): host backend only.

@@ -119,6 +119,10 @@ struct tensor_cache_stats {
   std::uint64_t kept_resident = 0;   ///< stores under `resident_below_bytes` (never offloaded)
   std::uint64_t offloaded = 0;       ///< tensors copied to pinned memory
   std::uint64_t offloaded_bytes = 0; ///< bytes copied D2H (encoded)
+  /// Of `offloaded`, copies into a pinned-pool block that is not pinned (pinning was refused,
+  /// or the pool does not pin): a D2H copy into pageable memory runs at a fraction of the
+  /// link's speed and blocks the calling thread until the producer stream reaches it.
+  std::uint64_t pageable_offloads = 0;
   std::uint64_t spilled = 0;         ///< tensors written from pinned memory to NVMe
   std::uint64_t spilled_bytes = 0;   ///< bytes written to NVMe
   std::uint64_t fetched = 0;         ///< tensors brought back to the device
@@ -531,6 +535,7 @@ class basic_tensor_cache {
     track(r);
     ++stats_.offloaded;
     stats_.offloaded_bytes += r.encoded;
+    if (!host_->is_pinned(block)) ++stats_.pageable_offloads;  // a D2H into pageable memory: slow, may block
   }
 
   // A pinned block of `bytes`, spilling tensors to NVMe while the pool refuses. With
