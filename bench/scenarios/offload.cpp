@@ -560,8 +560,18 @@ std::vector<row> run_offload(const run_options& options) {
                           {"chunk_bytes", so.chunk_bytes},
                           {"sweep", sweep_name}};
   };
+  // Offloads into pageable memory (the pool's pinning was refused): each such D2H is slow
+  // and blocks the host, which the figures would hide; counted in the rows and said here.
+  const std::uint64_t pageable_id = ferry_identity.stats().pageable_offloads - id_before.pageable_offloads;
+  const std::uint64_t pageable_fp8 = fp8 ? ferry_fp8->stats().pageable_offloads - fp8_before.pageable_offloads : 0;
+  if (pageable_id + pageable_fp8 > 0) {
+    std::printf("  warning: %llu offloads went to pageable memory (pinning was refused): slow and blocking D2H copies\n",
+                static_cast<unsigned long long>(pageable_id + pageable_fp8));
+  }
   const auto add_rows = [&](const char* name, double ms, double moved) {
-    const nlohmann::json p = params(name == std::string("fp8") ? "fp8" : "identity", layers, moved, "variants");
+    const bool is_fp8 = name == std::string("fp8");
+    nlohmann::json p = params(is_fp8 ? "fp8" : "identity", layers, moved, "variants");
+    p["pageable_offloads"] = is_fp8 ? pageable_fp8 : pageable_id;
     std::printf("  %-5s %9.2f ms (%.2fx none, %.2fx sync, %.2fx link floor), %.2f GiB moved per step\n", name, ms,
                 ms / none_ms, ms / sync_ms, ms / floor_ms, moved / static_cast<double>(ferry::GiB));
     const std::string c = std::string(name) + " " + shape;
