@@ -63,7 +63,9 @@ template <device_memory_runtime Runtime = cuda_runtime>
 class basic_device_arena {
  public:
   /// @brief An arena of at most `budget_bytes` bytes on a device.
-  /// @param runtime the runtime the arena's calls go through
+  /// @param budget_bytes the most bytes allocated at once (each request rounded up to the alignment)
+  /// @param options      alignment of the accounting and the device (-1: the current one)
+  /// @param runtime      the runtime the arena's calls go through
   /// @throws ferry::logic_error when the alignment is not a power of two, or the device
   ///         does not support memory pools
   /// @throws ferry::cuda_error when the pool cannot be made (no device, ...)
