@@ -252,4 +252,41 @@ TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream
   CHECK(device.used() == 0);
 }
 
+TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H2D copy; the block goes after it",
+                   "[ordering][tensor_cache]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  watchdog w("ordering: erase while the H2D copy is in flight (a hang is erase waiting on the host)", 60);
+  auto& compute = td.stream();
+  auto& sched = td.scheduler(compute, options());
+  auto& device = td.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  const std::size_t n = 3 * MiB + 3;
+  void* p = cache.allocate(n, compute);
+  produce(compute, p, n, 21);
+  cache.store(0, p, n, compute);  // offloaded at once
+  sched.synchronize();
+  compute.synchronize();
+  REQUIRE(cache.tier_of(0) == 1);
+  td.model().hold_streams_except(compute.native());  // the H2D lane waits
+  const void* q = cache.get(0, compute);             // its H2D is queued, not run
+  std::uint64_t seen = 0;
+  compute.enqueue([&seen, q, n] { seen = checksum(std::span<const std::byte>(static_cast<const std::byte*>(q), n)); });
+  cache.erase(0, compute);  // returns with the copy still to run: the free is ordered on the stream
+  CHECK(pool.used() > 0);   // the pinned block stays while the H2D reads it
+  CHECK_FALSE(cache.contains(0));
+  td.model().release_streams();
+  compute.synchronize();
+  CHECK(seen == expected_sum(n, 21));
+  sched.synchronize();
+  void* small = cache.allocate(1000, compute);  // a later call of the cache frees what erase kept
+  produce(compute, small, 1000, 22);
+  cache.store(1, small, 1000, compute);
+  CHECK(pool.used() == 0);
+  cache.erase(1, compute);
+  compute.synchronize();
+  CHECK(device.used() == 0);
+}
+
 #endif  // FERRY_HAS_CUDA

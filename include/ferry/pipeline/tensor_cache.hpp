@@ -261,6 +261,7 @@ class basic_tensor_cache {
     for (auto& [k, r] : records_) {
       if (std::find(unique.begin(), unique.end(), r.get()) == unique.end()) unique.push_back(r.get());
     }
+    for (auto& r : erased_) unique.push_back(r.get());  // erased, their moves still in flight
     for (record* r : unique) quiesce(*r);
     for (record* r : unique) {
       const bool stored_buffer = r->host == nullptr && !r->disk && r->producer.has_value();  // never offloaded
@@ -281,6 +282,7 @@ class basic_tensor_cache {
   ///         the element size); ferry::out_of_capacity (nothing could make room: the
   ///         tensor stays on the device, owned by the cache); the scheduler's errors
   void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
+    reap_erased();
     const std::size_t element = sizeof(element_type);
     FERRY_EXPECTS(p != nullptr && bytes > 0, "store of a null or empty tensor", p, bytes);
     FERRY_EXPECTS(bytes % element == 0, "the tensor's bytes must be a multiple of the codec's element size", bytes,
@@ -329,6 +331,7 @@ class basic_tensor_cache {
   /// @throws ferry::logic_error for an unknown key; the error of a failed move;
   ///         ferry::out_of_capacity when device memory cannot be had
   [[nodiscard]] void* get(const key_type& key, stream_type consumer) {
+    reap_erased();
     record& r = find(key);
     record_access(key, r.bytes, access_kind::read, &r);
     if (r.device == nullptr) fetch(r, false);
@@ -368,13 +371,19 @@ class basic_tensor_cache {
   }
 
   /// @brief Forgets `key`; when it was the buffer's last key, frees the device copy on
-  /// `last_user` (after the work enqueued on it so far), the pinned block and the NVMe
-  /// extent once no move uses them.
+  /// `last_user` (after the work enqueued on it so far, and after the H2D copy that
+  /// filled it: a wait on the stream, not on the host), the pinned block and the NVMe
+  /// extent once no move uses them — at once, or from a later call of the cache (or its
+  /// destructor) when a move is still in flight. Never waits on the host.
   /// @throws ferry::logic_error for an unknown key
   void erase(const key_type& key, stream_type last_user) {
     auto it = records_.find(key);
     FERRY_EXPECTS(it != records_.end(), "erase of a key the cache does not hold");
     auto rec = it->second;
+    reap_erased();
+    if (rec->keys == 1 && rec->device != nullptr && rec->in.valid() && !rec->in.ready()) {
+      rec->in.enqueue_wait(last_user);  // the device copy is freed after the H2D that fills it (on the GPU)
+    }
     records_.erase(it);
     if (--rec->keys > 0) {
       if (rec->key == key) rekey(rec);  // policies know the buffer by a key still stored
@@ -382,8 +391,13 @@ class basic_tensor_cache {
     }
     window_.erase(std::remove(window_.begin(), window_.end(), rec), window_.end());
     if (auto p = by_pointer_.find(rec->device); p != by_pointer_.end() && p->second == rec) by_pointer_.erase(p);
-    quiesce(*rec);
-    release_all(*rec, last_user);
+    release_device(*rec, last_user);
+    untrack(*rec);
+    if (in_flight(*rec)) {
+      erased_.push_back(rec);  // its pinned block and NVMe extent go once its moves are done
+    } else {
+      release_all(*rec, last_user);
+    }
   }
 
   /// @brief Ends an iteration. After the first, the recorded schedule drives the
@@ -548,6 +562,7 @@ class basic_tensor_cache {
       try {
         return static_cast<std::byte*>(host_->allocate(bytes));
       } catch (const out_of_capacity&) {
+        if (settle_one_erased()) continue;  // an erased tensor's block, once its move is done
         if (nvme_ == nullptr || !(spill_one(ahead) || (!ahead && settle_one_read_back()))) throw;
       }
     }
@@ -732,7 +747,48 @@ class basic_tensor_cache {
     }
   }
 
+  // A move of `r` still in flight (its pinned block or NVMe extent in use).
+  [[nodiscard]] static bool in_flight(const record& r) noexcept {
+    for (const ticket_type* t : {&r.out, &r.in, &r.read_back}) {
+      if (t->valid() && !t->ready()) return true;
+    }
+    return false;
+  }
+
+  // Waits for the oldest erased record's moves and frees what it kept; false when none is left.
+  bool settle_one_erased() noexcept {
+    if (erased_.empty()) return false;
+    auto rec = erased_.front();
+    erased_.erase(erased_.begin());
+    quiesce(*rec);
+    release_all(*rec, sched_->h2d());
+    return true;
+  }
+
+  // Frees what erased records kept for their moves, once those are done (never blocks).
+  void reap_erased() noexcept {
+    for (auto it = erased_.begin(); it != erased_.end();) {
+      if (in_flight(**it)) {
+        ++it;
+        continue;
+      }
+      quiesce(**it);  // consumes the tickets (ready: nothing waits)
+      release_all(**it, sched_->h2d());
+      it = erased_.erase(it);
+    }
+  }
+
   void release_all(record& r, stream_type last_user) noexcept {
+    release_device(r, last_user);
+    untrack(r);
+    if (r.host != nullptr) host_->deallocate(r.host, r.encoded);
+    if (r.disk && nvme_ != nullptr) nvme_->deallocate(*r.disk);
+    r.host = nullptr;
+    r.disk.reset();
+  }
+
+  // Frees the device copy on `last_user` (the stored buffer also after its producer).
+  void release_device(record& r, stream_type last_user) noexcept {
     if (r.device != nullptr && r.produced) {  // the stored buffer: freed after its producer too
       try {
         sched_->backend().wait(last_user, *r.produced);
@@ -745,12 +801,7 @@ class basic_tensor_cache {
     }
     drop_produced(r);
     if (r.device != nullptr) device_->deallocate(r.device, r.bytes, last_user);
-    untrack(r);
-    if (r.host != nullptr) host_->deallocate(r.host, r.encoded);
-    if (r.disk && nvme_ != nullptr) nvme_->deallocate(*r.disk);
     r.device = nullptr;
-    r.host = nullptr;
-    r.disk.reset();
   }
 
   void drop_produced(record& r) noexcept {
@@ -768,6 +819,7 @@ class basic_tensor_cache {
   std::unordered_map<key_type, std::shared_ptr<record>> records_;
   std::unordered_map<void*, std::shared_ptr<record>> by_pointer_;
   std::deque<std::shared_ptr<record>> window_;
+  std::vector<std::shared_ptr<record>> erased_;  // erased, with moves still in flight
   std::vector<key_type> reading_;
   schedule_type schedule_;
   bool recorded_ = false;
