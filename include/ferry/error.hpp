@@ -367,7 +367,9 @@ void put_value(std::ostream& os, const T& v) {
     if (v == nullptr) {
       os << "nullptr";
     } else if constexpr (std::is_object_v<std::remove_pointer_t<U>> || std::is_void_v<std::remove_pointer_t<U>>) {
-      os << static_cast<const volatile void*>(v);
+      // Through `const void*`: before C++23 `operator<<(const volatile void*)` does not
+      // exist, and such a pointer would print as the bool it converts to ("1").
+      os << const_cast<const void*>(static_cast<const volatile void*>(v));
     } else {
       os << "<function pointer>";
     }

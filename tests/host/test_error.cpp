@@ -10,6 +10,7 @@
 #include <exception>
 #include <new>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -139,6 +140,23 @@ TEST_CASE("values that are null, byte-sized, unterminated or hostile print safel
                               "unterminated = \"abcd\"", R"(control = "line1\nline2\x1b[0m\"q\"")",
                               "null_pointer = nullptr", "tail = 99]"}));
     CHECK(what.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("pointers print as addresses, not as the bool they convert to") {
+  int x = 0;
+  const int* p = &x;
+  void* v = &x;
+  try {
+    FERRY_EXPECTS(false, "pointers", p, v);
+    FAIL("no exception");
+  } catch (const ferry::logic_error& e) {
+    std::ostringstream want;
+    want << static_cast<const void*>(&x);
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains_all(what, {"p = " + want.str(), "v = " + want.str()}));
+    CHECK(what.find("p = 1") == std::string::npos);
   }
 }
 

@@ -289,4 +289,62 @@ TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H
   CHECK(device.used() == 0);
 }
 
+TEMPLATE_TEST_CASE("ordering: the same buffer stored again by a second producer is read after both",
+                   "[ordering][tensor_cache]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& a = td.stream();
+  auto& b = td.stream();
+  auto& c = td.stream();  // the consumer
+  auto& sched = td.scheduler(a, options());
+  auto& device = td.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
+  const std::size_t n = 8192;
+  void* p = cache.allocate(n, a);
+  produce(a, p, n, 1);
+  cache.store(1, p, n, a);
+  a.synchronize();
+  td.model().hold_streams_except(c.native());  // b's write waits until released
+  produce(b, p, n, 2);
+  cache.store(2, p, n, b);  // the same buffer, now written by b
+  CHECK(cache.stats().deduplicated == 1);
+  const void* q = cache.get(2, c);
+  std::uint64_t seen = 0;
+  c.enqueue([&seen, q, n] { seen = checksum(std::span<const std::byte>(static_cast<const std::byte*>(q), n)); });
+  td.model().release_streams();
+  c.synchronize();
+  CHECK(seen == expected_sum(n, 2));  // after b's write, not only a's
+  cache.erase(1, c);
+  cache.erase(2, c);
+  c.synchronize();
+  b.synchronize();
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are refused and change nothing",
+                   "[ordering][tensor_cache]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& a = td.stream();
+  auto& sched = td.scheduler(a, options());
+  auto& device = td.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(64 * MiB));
+  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
+  const ::cuda::stream_ref legacy{cudaStreamLegacy};
+  void* p = cache.allocate(4096, a);
+  CHECK_THROWS_AS(cache.store(1, p, 4096, legacy), ferry::logic_error);
+  CHECK(cache.size() == 0);
+  CHECK(cache.stats().stored == 0);
+  CHECK(cache.schedule().size() == 0);
+  produce(a, p, 4096, 3);
+  cache.store(1, p, 4096, a);
+  CHECK_THROWS_AS(cache.erase(1, legacy), ferry::logic_error);
+  CHECK(cache.contains(1));  // nothing erased
+  CHECK(sum_on(a, cache.get(1, a), 4096) == expected_sum(4096, 3));
+  cache.erase(1, a);
+  a.synchronize();
+  CHECK(device.used() == 0);
+}
+
 #endif  // FERRY_HAS_CUDA

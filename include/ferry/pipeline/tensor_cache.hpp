@@ -288,21 +288,31 @@ class basic_tensor_cache {
     FERRY_EXPECTS(bytes % element == 0, "the tensor's bytes must be a multiple of the codec's element size", bytes,
                   element);
     FERRY_EXPECTS(records_.find(key) == records_.end(), "this key is already stored (erase it first)");
-    ++stats_.stored;
-    record_access(key, bytes, access_kind::write);
-    if (auto same = by_pointer_.find(p); same != by_pointer_.end()) {  // the same buffer: kept once
-      auto rec = same->second;
-      FERRY_EXPECTS(rec->bytes == bytes, "the same buffer stored again with another size", bytes, rec->bytes);
-      ++rec->keys;
-      records_.emplace(key, rec);
-      ++stats_.deduplicated;
-      return;
+    const auto same = by_pointer_.find(p);
+    if (same != by_pointer_.end()) {
+      FERRY_EXPECTS(same->second->bytes == bytes, "the same buffer stored again with another size", bytes,
+                    same->second->bytes);
     }
     // A tensor that stays on the device is handed out as it is: a `get` (or the free of
     // `erase`) on another stream waits for this marker, the end of the producer's work.
-    auto produced = sched_->backend().record(producer);
+    // Taken first: a refused stream changes nothing.
+    marker_guard produced(sched_->backend(), sched_->backend().record(producer));
+    ++stats_.stored;
+    record_access(key, bytes, access_kind::write);
+    if (same != by_pointer_.end()) {  // the same buffer: kept once
+      auto rec = same->second;
+      if (rec->produced) {  // a later consumer waits for this producer too: chained after the first
+        sched_->backend().wait(producer, *rec->produced);
+        marker_guard chained(sched_->backend(), sched_->backend().record(producer));
+        sched_->backend().release(*rec->produced);
+        rec->produced = chained.release();
+      }
+      records_.emplace(key, rec);
+      ++rec->keys;
+      ++stats_.deduplicated;
+      return;
+    }
     auto rec = std::make_shared<record>();
-    rec->produced = produced;
     rec->key = key;
     rec->bytes = bytes;
     rec->encoded = codec_.encoded_bytes(bytes / element);
@@ -310,6 +320,7 @@ class basic_tensor_cache {
     rec->producer = producer;
     records_.emplace(key, rec);
     by_pointer_.emplace(p, rec);
+    rec->produced = produced.release();
     if (bytes < options_.resident_below_bytes) {
       rec->small = true;
       ++stats_.kept_resident;
@@ -375,10 +386,13 @@ class basic_tensor_cache {
   /// filled it: a wait on the stream, not on the host), the pinned block and the NVMe
   /// extent once no move uses them — at once, or from a later call of the cache (or its
   /// destructor) when a move is still in flight. Never waits on the host.
-  /// @throws ferry::logic_error for an unknown key
+  /// @throws ferry::logic_error for an unknown key, or the legacy default stream (nothing
+  ///         is erased)
   void erase(const key_type& key, stream_type last_user) {
     auto it = records_.find(key);
     FERRY_EXPECTS(it != records_.end(), "erase of a key the cache does not hold");
+    FERRY_EXPECTS(!is_legacy(last_user),
+                  "erase on the legacy default stream: pass the stream of the tensor's last use (nothing erased)");
     auto rec = it->second;
     reap_erased();
     if (rec->keys == 1 && rec->device != nullptr && rec->in.valid() && !rec->in.ready()) {
@@ -800,9 +814,43 @@ class basic_tensor_cache {
       }
     }
     drop_produced(r);
-    if (r.device != nullptr) device_->deallocate(r.device, r.bytes, last_user);
+    if (r.device != nullptr) {
+      try {
+        device_->deallocate(r.device, r.bytes, last_user);
+      } catch (...) {  // a stream the memory refuses (erase checked it): free behind the H2D stream's work
+        try {
+          device_->deallocate(r.device, r.bytes, sched_->h2d());
+        } catch (...) {
+        }
+      }
+    }
     r.device = nullptr;
   }
+
+  static bool is_legacy([[maybe_unused]] const stream_type& s) noexcept {
+#if FERRY_HAS_CUDA
+    if constexpr (std::is_same_v<stream_type, ::cuda::stream_ref>) return is_legacy_default_stream(s);
+#endif
+    return false;
+  }
+
+  // Releases a backend marker unless ownership is taken (`release()`).
+  struct marker_guard {
+    using marker_type = typename Backend::marker_type;
+    Backend& backend;
+    std::optional<marker_type> m;
+    marker_guard(Backend& b, marker_type marker) : backend(b), m(marker) {}
+    marker_guard(const marker_guard&) = delete;
+    marker_guard& operator=(const marker_guard&) = delete;
+    ~marker_guard() {
+      if (m) backend.release(*m);
+    }
+    marker_type release() noexcept {
+      marker_type out = *m;
+      m.reset();
+      return out;
+    }
+  };
 
   void drop_produced(record& r) noexcept {
     if (!r.produced) return;
