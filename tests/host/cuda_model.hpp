@@ -327,7 +327,8 @@ class cuda_model {
       return cudaSuccess;
     }
     if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return cudaErrorMemoryAllocation;
-    void* p = ::operator new (n, std::align_val_t{256});
+    void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
+    if (p == nullptr) return cudaErrorMemoryAllocation;
     pr->blocks.emplace(p, block_rec{n});
     owner_of_[p] = pr;
     device_bytes_ += n;

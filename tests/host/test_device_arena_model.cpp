@@ -116,7 +116,7 @@ TEST_CASE("device_arena on the CPU model: bad arguments and a device without mem
   CHECK(arena.device() == 0);
   CHECK_THROWS_AS(arena.allocate(0, ref(s)), ferry::logic_error);
   CHECK_THROWS_AS(arena.allocate(16, ::cuda::stream_ref{cudaStreamLegacy}), ferry::logic_error);
-  CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::logic_error);
+  CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::out_of_capacity);
   CHECK(arena.used() == 0);
   void* p = arena.allocate(4096, ref(s));
   CHECK_THROWS_WITH(arena.deallocate(p, 4096, ::cuda::stream_ref{cudaStreamLegacy}), Contains("legacy default stream"));
@@ -137,6 +137,29 @@ TEST_CASE("device_arena on the CPU model: a block not given back is counted when
     (void)arena.allocate(1000, ref(s));  // never freed: the model's check has to see it
   }
   CHECK(m->leaked_blocks() == 1);
+}
+
+TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capacity; a refused free keeps its bytes",
+          "[device_arena][cuda_model]") {
+  auto m = std::make_shared<cuda_model>();
+  const cudaStream_t s = model_stream(*m);
+  arena_type arena(MiB, {}, model_api{m});
+  for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 255, ~std::size_t{0} - 256, MiB + 1}) {
+    INFO(bytes);
+    CHECK_THROWS_AS(arena.allocate(bytes, ref(s)), ferry::out_of_capacity);
+    CHECK(arena.used() == 0);
+  }
+  void* p = arena.allocate(1024, ref(s));
+  arena.deallocate(p, 1024, ref(s));
+  CHECK(arena.used() == 0);
+  static int reported = 0;
+  const auto previous = ferry::set_destructor_error_handler([](const char*) noexcept { ++reported; });
+  arena.deallocate(p, 1024, ref(s));  // a double free: the runtime refuses it
+  ferry::set_destructor_error_handler(previous);
+  CHECK(reported == 1);
+  CHECK(arena.used() == 0);  // not 0 - 1024: the budget check stays sound
+  CHECK_THROWS_AS(arena.allocate(MiB + 256, ref(s)), ferry::out_of_capacity);
+  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
 }
 
 #endif  // FERRY_HAS_CUDA

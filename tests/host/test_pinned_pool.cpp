@@ -164,18 +164,32 @@ TEST_CASE("pinned_pool: past the budget throws out_of_capacity naming request, u
 TEST_CASE("pinned_pool: reserve pre-maps slabs; empty slabs kept, trimmed or released", "[pinned_pool]") {
   SECTION("kept, then trim") {
     ferry::pinned_pool pool(small_options());
-    pool.reserve(2 * MiB);  // within one regular slab
-    CHECK(pool.reserved() == 2 * MiB);
-    pool.reserve(3 * MiB);  // the 2 MiB slab cannot serve 3 MiB: one more of 3 MiB
-    CHECK(pool.reserved() == 5 * MiB);
+    pool.reserve(2 * MiB);  // one regular slab (4 MiB): room for what comes after
+    CHECK(pool.reserved() == 4 * MiB);
+    pool.reserve(3 * MiB);  // that slab can serve 3 MiB: nothing more
+    CHECK(pool.reserved() == 4 * MiB);
+    pool.reserve(10 * MiB);  // none can serve 10 MiB: one slab of 10 MiB
+    CHECK(pool.reserved() == 14 * MiB);
     CHECK(pool.slab_count() == 2);
     void* p = pool.allocate(MiB);
-    CHECK(pool.reserved() == 5 * MiB);
+    CHECK(pool.reserved() == 14 * MiB);
     const std::size_t trimmed = pool.trim();  // the slab the request did not use
-    CHECK((trimmed == 2 * MiB || trimmed == 3 * MiB));
-    CHECK(pool.reserved() == 5 * MiB - trimmed);
+    CHECK((trimmed == 4 * MiB || trimmed == 10 * MiB));
+    CHECK(pool.reserved() == 14 * MiB - trimmed);
     pool.deallocate(p, MiB);
-    CHECK(pool.trim() == 5 * MiB - trimmed);
+    CHECK(pool.trim() == 14 * MiB - trimmed);
+    CHECK(pool.reserved() == 0);
+  }
+  SECTION("a reservation the budget cannot hold in one slab is refused, nothing mapped") {
+    auto o = small_options();
+    o.budget_bytes = 6000;  // one page of budget: a 6000-byte request needs two
+    ferry::pinned_pool pool(o);
+    CHECK_THROWS_AS(pool.reserve(6000), ferry::out_of_capacity);
+    CHECK(pool.reserved() == 0);
+    CHECK_THROWS_AS(pool.reserve(~std::size_t{0}), ferry::out_of_capacity);
+    CHECK_THROWS_AS(pool.reserve(~std::size_t{0} - 100), ferry::out_of_capacity);
+    CHECK(pool.reserved() == 0);
+    pool.reserve(0);
     CHECK(pool.reserved() == 0);
   }
   SECTION("released when empty") {

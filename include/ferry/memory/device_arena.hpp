@@ -98,12 +98,17 @@ class basic_device_arena {
   ///         has no memory left (`cudaErrorMemoryAllocation`)
   /// @throws ferry::logic_error for 0 bytes or the legacy default stream
   /// @throws ferry::cuda_error when the allocation fails otherwise
+  ///
+  /// A request past the budget, up to SIZE_MAX, is `out_of_capacity` (with the request
+  /// as asked when it is too large even to round).
   [[nodiscard]] void* allocate(std::size_t bytes, ::cuda::stream_ref s) {
     const void* stream = s.get();
     FERRY_EXPECTS(!is_legacy_default_stream(s),
                   "ferry never allocates on the legacy default stream; pass the stream the memory is used on", stream);
-    FERRY_EXPECTS(bytes > 0 && bytes <= ~std::size_t{0} - alignment_, "device_arena request of 0 or too many bytes",
-                  bytes);
+    FERRY_EXPECTS(bytes > 0, "device_arena request of 0 bytes", bytes);
+    if (bytes > budget_ || bytes > ~std::size_t{0} - alignment_) {  // also too large to round: the request as asked
+      FERRY_THROW_OUT_OF_CAPACITY("device_arena", bytes, used(), budget_);
+    }
     const std::size_t cost = cost_of(bytes);
     std::size_t now = used_.load(std::memory_order_relaxed);
     do {
@@ -112,7 +117,13 @@ class basic_device_arena {
       }
     } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
     void* p = nullptr;
-    const cudaError_t rc = runtime_.malloc_from_pool_async(&p, cost, pool_, s.get());
+    cudaError_t rc = cudaSuccess;
+    try {
+      rc = runtime_.malloc_from_pool_async(&p, cost, pool_, s.get());
+    } catch (...) {  // a runtime that throws (a test's model): the budget taken back
+      used_.fetch_sub(cost, std::memory_order_relaxed);
+      throw;
+    }
     if (rc != cudaSuccess) {
       runtime_.clear_last_error();
       const std::size_t before = used_.fetch_sub(cost, std::memory_order_relaxed) - cost;
@@ -141,8 +152,9 @@ class basic_device_arena {
     FERRY_EXPECTS(!is_legacy_default_stream(s),
                   "ferry never frees on the legacy default stream; pass the stream ordered after the memory's last use",
                   p, bytes, stream);
-    FERRY_ASSERT_CUDA_SUCCESS(runtime_.free_async(p, s.get()));
-    used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);
+    const cudaError_t rc = runtime_.free_async(p, s.get());
+    FERRY_ASSERT_CUDA_SUCCESS(rc);
+    if (rc == cudaSuccess) used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);  // a refused free keeps its bytes
   }
 
   /// @brief Bytes allocated and not freed, each rounded up to `alignment()`.

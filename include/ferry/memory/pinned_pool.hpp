@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -219,39 +220,41 @@ class pinned_pool {
   }
 
   /// @brief Maps and pins ahead of time (off the hot path) so that one allocation of up
-  /// to `bytes` bytes maps nothing, and `reserved() >= bytes`.
+  /// to `bytes` bytes maps nothing; then `reserved() >= bytes`.
   ///
-  /// When no slab held has a free extent of `cost_of(bytes)`, one slab of that size
-  /// (rounded up to the page size, within the budget) is made, not several regular slabs
-  /// none of which could serve it; then regular slabs are added while `reserved()` is
-  /// below `bytes` (only where the budget cut the first short).
-  /// @throws ferry::out_of_capacity when `bytes > budget()`
+  /// When no slab held has a free extent of `cost_of(bytes)`, one slab is made that has:
+  /// of `cost_of(bytes)` rounded up to the page size, at least a regular slab where the
+  /// budget allows (so a small reservation still leaves room for the requests after it)
+  /// — not several regular slabs none of which could serve it. A fallback to pageable
+  /// memory during it is reported as for `allocate`.
+  /// @throws ferry::out_of_capacity ("pinned_pool", rounded request, `used()`, `budget()`)
+  ///         when that slab does not fit in what is left of the budget (nothing is mapped)
   void reserve(std::size_t bytes) {
     std::optional<pinning_failure> report;
+    std::exception_ptr error;
     {
       const std::lock_guard lock(mutex_);
-      if (bytes > budget_) {
-        FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", bytes, used(), budget_);
-      }
-      const std::size_t cost = cost_of_noexcept(bytes);
-      bool fits = false;
-      for (const auto& [base, s] : slabs_) fits = fits || s->extents.largest_free() >= cost;
-      if (!fits && bytes > 0) {
-        const std::size_t held = reserved_.load(std::memory_order_relaxed);
-        const std::size_t left = budget_ >= held ? (budget_ - held) / page_ * page_ : 0;
-        const std::size_t size = std::min(round_up(cost, page_), left);
-        if (size != 0) make_slab(size, report);
-      }
-      while (reserved_.load(std::memory_order_relaxed) < bytes) {
-        const std::size_t left = budget_ - reserved_.load(std::memory_order_relaxed);
-        const std::size_t size = std::min(slab_bytes_, left / page_ * page_);
-        if (size == 0) {
-          break;  // less than a page of budget left
+      try {
+        if (bytes > budget_ || bytes > ~std::size_t{0} - (options_.alignment - 1)) {
+          FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", bytes, used(), budget_);
         }
-        make_slab(size, report);
+        const std::size_t cost = cost_of_noexcept(bytes);
+        bool fits = bytes == 0;
+        for (const auto& [base, s] : slabs_) fits = fits || s->extents.largest_free() >= cost;
+        if (!fits) {
+          const std::size_t held = reserved_.load(std::memory_order_relaxed);
+          const std::size_t left = budget_ >= held ? (budget_ - held) / page_ * page_ : 0;
+          if (cost > left || round_up(cost, page_) > left) {  // `cost > left` first: no overflow in round_up
+            FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", cost, used(), budget_);
+          }
+          make_slab(std::min(std::max(round_up(cost, page_), slab_bytes_), left), report);
+        }
+      } catch (...) {
+        error = std::current_exception();
       }
     }
     notify(report);
+    if (error) std::rethrow_exception(error);
   }
 
   /// @brief Releases every empty slab (unpins and unmaps it).

@@ -140,6 +140,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 namespace ferry {
 
 /// @brief The order of a pass over the layers: forward (0, 1, ..., L-1) or backward
@@ -840,7 +842,8 @@ class basic_layer_streamer {
     grads_.resize(layers);
     gradient_pool_ = options_.gradient_pool;
     if (gradient_pool_ == nullptr) {
-      const std::size_t page = 4096;
+      const long sys_page = ::sysconf(_SC_PAGESIZE);  // 4 KiB on x86-64, 64 KiB on some aarch64 hosts
+      const std::size_t page = sys_page > 0 ? static_cast<std::size_t>(sys_page) : 4096;
       const std::size_t per = (largest + page - 1) / page * page;
       pinned_pool_options po;
       po.budget_bytes = per * gradient_slabs;
