@@ -587,6 +587,15 @@ TEST_CASE("nvme_tier: remove_on_close removes only the file the tier holds, not 
   CHECK_FALSE(std::filesystem::exists(path.path()));
 }
 
+TEST_CASE("nvme_tier: a dangling symbolic link as a path is refused; nothing is made at its target", "[nvme]") {
+  scratch_path link(ferry_test::disk_dir, "link"), target(ferry_test::disk_dir, "target");
+  std::filesystem::create_symlink(target.path(), link.path());
+  CHECK_THROWS_AS(ferry::nvme_tier(ferry_test::small_options({link.path()}, 1 * MiB)), ferry::io_error);
+  CHECK_FALSE(std::filesystem::exists(target.path()));
+  CHECK(std::filesystem::is_symlink(link.path()));  // the user's link stays
+  std::filesystem::remove(link.path());
+}
+
 TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is allocated", "[nvme]") {
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 4 * MiB));

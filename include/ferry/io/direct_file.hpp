@@ -262,8 +262,9 @@ class direct_file {
   /// @param path the file
   /// @param opts compat mode, creation flags, block alignment
   /// @throws ferry::io_error (operation "open" or "open O_DIRECT", the path, errno) when
-  ///         the creation or the open fails (e.g. ENOENT in a missing folder, EISDIR for a
-  ///         folder), or O_DIRECT is refused in `compat_mode::direct`
+  ///         the creation or the open fails (e.g. ENOENT in a missing folder or for a
+  ///         dangling symbolic link, EISDIR for a folder), or O_DIRECT is refused in
+  ///         `compat_mode::direct`
   /// @throws ferry::logic_error when the block alignment is not a power of two, or not a
   ///         multiple of the file system's direct I/O offset alignment
   direct_file(S& sys, std::string path, open_options opts = {}) : sys_(&sys), path_(std::move(path)) {
@@ -408,9 +409,11 @@ class direct_file {
     (void)sys_->close(fd);
   }
 
-  // Opens the file in the compat mode's way; when it throws, nothing is open.
+  // Opens the file in the compat mode's way; when it throws, nothing is open. Creation
+  // was done by create_if_missing: this open does not create (so a dangling symbolic
+  // link at the path is an error, not a file made at its target).
   void open_file(const open_options& opts) {
-    const int base = O_RDWR | (opts.create ? O_CREAT : 0) | (opts.truncate ? O_TRUNC : 0);
+    const int base = O_RDWR | (opts.truncate ? O_TRUNC : 0);
     geometry_.block_alignment = opts.block_alignment;
     if (opts.mode == compat_mode::buffered) {
       open_buffered(base, opts.permissions);
