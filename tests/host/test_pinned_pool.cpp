@@ -322,7 +322,8 @@ TEST_CASE("pinned_pool: without an on_fallback hook, the fallback is one line on
   ferry::pinned_pool_options o;
   o.budget_bytes = 64 * MiB;
   o.slab_bytes = 4 * MiB;
-  o.hooks = fake_hooks(log, /*fail_at_call=*/0);  // the first registration is refused
+  o.hooks = fake_hooks(log, /*fail_at_call=*/0);   // the first registration is refused
+  ferry::detail::pinning_fallback_said() = false;  // said once per process: as if first
   std::FILE* capture = std::tmpfile();
   REQUIRE(capture != nullptr);
   std::fflush(stderr);
@@ -334,6 +335,9 @@ TEST_CASE("pinned_pool: without an on_fallback hook, the fallback is one line on
     (void)pool.allocate(3 * MiB);  // refused: falls back, says so
     (void)pool.allocate(3 * MiB);  // a second slab: nothing more is said
     CHECK(pool.state() == ferry::pinning_state::pageable_fallback);
+    ferry::pinned_pool other(o);  // another pool of the process: not said again
+    (void)other.allocate(3 * MiB);
+    CHECK(other.state() == ferry::pinning_state::pageable_fallback);
   }  // (fake mappings: nothing to free)
   std::fflush(stderr);
   ::dup2(saved, STDERR_FILENO);

@@ -87,6 +87,14 @@ struct pinned_pool_hooks {
   std::function<std::string(int error_code)> describe;
 };
 
+namespace detail {
+// Whether the default fallback line was printed in this process (tests reset it).
+inline std::atomic<bool>& pinning_fallback_said() noexcept {
+  static std::atomic<bool> said{false};
+  return said;
+}
+}  // namespace detail
+
 /// @brief How a `pinned_pool` is set up. Sizes are bytes.
 struct pinned_pool_options {
   /// Most bytes of slabs the pool may hold (pinned or not). 0 means
@@ -110,9 +118,11 @@ struct pinned_pool_options {
   bool huge_pages = true;
   /// Called once, outside the pool's lock, when the pool falls back to pageable memory.
   /// Empty: one line on stderr ("ferry: pinned_pool: pinning refused (...); falling back
-  /// to pageable memory: ..."), since copies to and from pageable memory block the
-  /// calling thread and run at a fraction of the link's speed. Set it to log elsewhere
-  /// (or to a function that does nothing to stay silent).
+  /// to pageable memory: ..."), once per process (the first pool to fall back says it;
+  /// on a CUDA build without a GPU every pool would, the scheduler's bounce ring
+  /// included), since copies to and from pageable memory block the calling thread and
+  /// run at a fraction of the link's speed. Set it to log each pool elsewhere (or to a
+  /// function that does nothing to stay silent).
   std::function<void(const pinning_failure&)> on_fallback;
   /// Mapping and pinning functions; empty members get the defaults.
   pinned_pool_hooks hooks;
@@ -441,10 +451,11 @@ class pinned_pool {
       options_.on_fallback(*report);
       return;
     }
+    if (detail::pinning_fallback_said().exchange(true)) return;  // the default line: once per process
     std::fprintf(stderr,
                  "ferry: pinned_pool: pinning refused (%s) for a slab of %zu bytes; falling back to pageable memory: "
-                 "copies from and to it block the calling thread and run slower (set "
-                 "pinned_pool_options::on_fallback to report this elsewhere)\n",
+                 "copies from and to it block the calling thread and run slower (said once per process; set "
+                 "pinned_pool_options::on_fallback to report each pool's fallback elsewhere)\n",
                  report->description.c_str(), report->slab_bytes);
   }
 
