@@ -587,25 +587,6 @@ TEST_CASE("nvme_tier: remove_on_close removes only the file the tier holds, not 
   CHECK_FALSE(std::filesystem::exists(path.path()));
 }
 
-TEST_CASE("nvme_tier: a second tier on a file in use is refused, and the first one's data survives", "[nvme]") {
-  scratch_path path(ferry_test::disk_dir);
-  ferry::nvme_tier first(ferry_test::small_options({path.path()}, 1 * MiB));
-  const std::vector<std::byte> src = ferry_test::pattern(8192, 5);
-  const auto r = first.store(src);
-  try {
-    ferry::nvme_tier second(ferry_test::small_options({path.path()}, 1 * MiB));
-    FAIL("a second tier opened a file in use");
-  } catch (const ferry::io_error& e) {
-    CHECK(e.code().value() == EWOULDBLOCK);
-    CHECK_THAT(std::string(e.what()), Catch::Contains("flock") && Catch::Contains(path.path().string()));
-  }
-  REQUIRE(std::filesystem::exists(path.path()));  // not removed by the refused tier
-  std::vector<std::byte> back(src.size());
-  first.read(r, back);
-  CHECK(back == src);  // not truncated either: the lock comes before the truncation
-  first.deallocate(r);
-}
-
 TEST_CASE("nvme_tier: a dangling symbolic link as a path is refused; nothing is made at its target", "[nvme]") {
   scratch_path link(ferry_test::disk_dir, "link"), target(ferry_test::disk_dir, "target");
   std::filesystem::create_symlink(target.path(), link.path());

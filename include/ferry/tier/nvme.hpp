@@ -62,7 +62,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -83,8 +82,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <sys/file.h>
 
 namespace ferry {
 
@@ -151,11 +148,8 @@ struct nvme_options {
   std::size_t staging_blocks = 8;
   /// How the files are sized at construction.
   file_sizing sizing = file_sizing::sparse;
-  /// Empty the files when opening them (`ftruncate` to 0, once the tier holds the file's
-  /// lock). Their old contents mean nothing to a new tier (the allocator starts empty);
-  /// false keeps them (and their disk blocks). Each backing file is locked (`flock`,
-  /// exclusive) while the tier holds it: a second tier on a file in use is refused with
-  /// `io_error` (EWOULDBLOCK) and leaves the file as it was.
+  /// Empty the files when opening them (O_TRUNC). Their old contents mean nothing to a
+  /// new tier (the allocator starts empty); false keeps them (and their disk blocks).
   bool truncate_on_open = true;
   /// Remove the files when the tier is destroyed: each path that still names the file
   /// the tier opened there (a file made at the path after the tier's was unlinked or
@@ -358,17 +352,10 @@ class basic_nvme_tier {
       for (const auto& p : options_.paths) {
         io::open_options o;
         o.mode = options_.compat;
-        o.truncate = false;  // truncate_on_open: once the file's lock is held (below)
+        o.truncate = options_.truncate_on_open;
         o.block_alignment = a;
         files_.emplace_back(sys_, p.string(), o);
         fds.push_back(files_.back().fd());
-        // One tier per backing file: a second one (another tier, another process) would
-        // truncate and overwrite this one's data. An advisory lock, held while the file is open.
-        if (::flock(files_.back().fd(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-          FERRY_THROW_IO_ERROR(EWOULDBLOCK, "flock (the file backs another nvme_tier)", p.string(),
-                               io_error::no_offset, 0);
-        }
-        if (options_.truncate_on_open && !files_.back().created()) files_.back().truncate(0);
         if (options_.sizing == file_sizing::sparse) {
           files_.back().truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
