@@ -41,9 +41,12 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "io_test_support.hpp"
 
 namespace ferry_test {
 
@@ -208,5 +211,75 @@ class model_device {
 #else
 #define FERRY_TEST_DEVICES ferry_test::host_device
 #endif
+
+// --- helpers the pipeline tests share ---------------------------------------------
+
+/// Pinned-pool options without real pinning (no GPU here), `budget` bytes in 4 MiB
+/// slabs; empty slabs are unmapped unless `keep_empty_slabs`, so a test can see the
+/// pool return to zero.
+inline ferry::pinned_pool_options unpinned(std::size_t budget, bool keep_empty_slabs = false) {
+  ferry::pinned_pool_options o;
+  o.pin = false;
+  o.budget_bytes = budget;
+  o.slab_bytes = 4 * ferry::MiB;
+  o.keep_empty_slabs = keep_empty_slabs;
+  return o;
+}
+
+/// Scheduler options with small chunks (`chunk` bytes) and two bounce slots, so that a
+/// few-MiB tensor moves in many chunks and the bounce ring wraps.
+inline ferry::scheduler_options small_chunks(std::size_t chunk = 256 * 1024) {
+  ferry::scheduler_options o;
+  o.chunk_bytes = chunk;
+  o.bounce_slots = 2;
+  return o;
+}
+
+/// The checksum of `bytes` bytes of `fill`'s pattern for `seed`.
+inline std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
+  std::vector<std::byte> v(bytes);
+  fill(v, seed);
+  return checksum(v);
+}
+
+/// A "kernel" on `s` that writes `fill`'s pattern for `seed` to `bytes` bytes at `p`.
+template <class Stream>
+void produce(Stream& s, void* p, std::size_t bytes, std::uint64_t seed) {
+  s.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
+}
+
+/// A tensor the "forward pass" produced: device memory from the cache, then the pattern
+/// for `seed` written on the compute stream.
+template <class Stream>
+struct producer {
+  Stream& compute;
+  template <class Cache>
+  void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
+    void* p = cache.allocate(bytes, compute);
+    produce(compute, p, bytes, seed);
+    return p;
+  }
+};
+
+/// Reads `bytes` at `p` on `s` after everything before it (as a kernel would) and waits.
+template <class Stream>
+std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
+  std::uint64_t out = 0;
+  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
+  s.synchronize();
+  return out;
+}
+
+/// Waits until every move and every stream-ordered free before it has run.
+template <class Scheduler, class Stream>
+void settle(Scheduler& sched, Stream& compute) {
+  compute.synchronize();
+  sched.synchronize();
+  compute.synchronize();
+}
+
+/// The tensor cache over a test device's backend and device memory.
+template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
+using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
 
 }  // namespace ferry_test

@@ -34,6 +34,7 @@ using ferry_test::fill;
 using ferry_test::gate;
 using ferry_test::scratch_path;
 using ferry_test::watchdog;
+using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
 constexpr std::size_t chunk = 64 * 1024;
 
@@ -44,36 +45,7 @@ ferry::scheduler_options options() {
   return o;
 }
 
-ferry::pinned_pool_options unpinned(std::size_t budget) {
-  ferry::pinned_pool_options o;
-  o.pin = false;
-  o.budget_bytes = budget;
-  o.slab_bytes = 4 * MiB;
-  return o;
-}
-
-std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
-  std::vector<std::byte> v(bytes);
-  fill(v, seed);
-  return checksum(v);
-}
-
-template <class Stream>
-void produce(Stream& s, void* p, std::size_t bytes, std::uint64_t seed) {
-  s.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
-}
-
-template <class Stream>
-std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
-  std::uint64_t out = 0;
-  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
-  s.synchronize();
-  return out;
-}
-
 using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
-template <class Device, class Pipeline>
-using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type>;
 
 }  // namespace
 
@@ -85,7 +57,7 @@ TEMPLATE_TEST_CASE("ordering: a stored tensor's buffer, handed straight back for
   auto& compute = td.stream();
   auto& sched = td.scheduler(compute, options());
   auto& device = td.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(256 * MiB));
+  ferry::pinned_pool pool(unpinned(256 * MiB, true));
   const std::size_t bytes = 2 * MiB + 3;
   constexpr int n = 8;
   {
@@ -215,7 +187,7 @@ TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream
   auto& b = td.stream();  // the consumer's
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
                                         {.resident_below_bytes = 64 * 1024, .keep_last = 2});
   gate g;
@@ -260,7 +232,7 @@ TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H
   auto& compute = td.stream();
   auto& sched = td.scheduler(compute, options());
   auto& device = td.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
   const std::size_t n = 3 * MiB + 3;
   void* p = cache.allocate(n, compute);
@@ -298,7 +270,7 @@ TEMPLATE_TEST_CASE("ordering: the same buffer stored again by a second producer 
   auto& c = td.stream();  // the consumer
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
   const std::size_t n = 8192;
   void* p = cache.allocate(n, a);
@@ -329,7 +301,7 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   auto& a = td.stream();
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
   const ::cuda::stream_ref legacy{cudaStreamLegacy};
   void* p = cache.allocate(4096, a);

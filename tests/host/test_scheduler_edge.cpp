@@ -191,6 +191,7 @@ struct first_write_gated {
   ferry::nvme_tier& tier;
   gate& g;
   std::atomic<int> writes{0};
+  std::mutex held_mutex;
   std::thread held;
   first_write_gated(ferry::nvme_tier& t, gate& gt) : tier(t), g(gt) {}
   first_write_gated(const first_write_gated&) = delete;
@@ -202,7 +203,12 @@ struct first_write_gated {
   template <class F>
   void submit_write(const region_type& r, std::uint64_t offset, std::span<const std::byte> src, F&& done) {
     if (writes.fetch_add(1) == 0) {
+      // The thread starts before `held` is assigned: it takes the lock first, so that its
+      // write (and so the move's end, which the test waits for) happens after the
+      // assignment, and the destructor's read of `held` does not race with it.
+      const std::lock_guard lock(held_mutex);
       held = std::thread([this, r, offset, src, d = std::forward<F>(done)]() mutable {
+        { const std::lock_guard published(held_mutex); }
         g.pass();
         tier.submit_write(r, offset, src, std::move(d));
       });

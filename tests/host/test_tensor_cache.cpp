@@ -22,6 +22,7 @@ using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
 using ferry_test::scratch_path;
+using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
 using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
 using with_nvme = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>>;
@@ -30,53 +31,6 @@ using with_lru = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pi
 
 template <class Syscalls>
 using pool_tier = ferry::basic_nvme_tier<Syscalls, ferry::io::thread_pool_engine>;
-
-ferry::pinned_pool_options unpinned(std::size_t budget) {
-  ferry::pinned_pool_options o;
-  o.pin = false;
-  o.budget_bytes = budget;
-  o.slab_bytes = 4 * MiB;
-  o.keep_empty_slabs = false;
-  return o;
-}
-
-ferry::scheduler_options sched_options() {
-  ferry::scheduler_options o;
-  o.chunk_bytes = 256 * 1024;
-  o.bounce_slots = 2;
-  return o;
-}
-
-// A tensor the "forward pass" produced: pattern bytes written on the compute stream.
-template <class Stream>
-struct producer {
-  Stream& compute;
-  template <class Cache>
-  void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
-    void* p = cache.allocate(bytes, compute);
-    compute.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
-    return p;
-  }
-};
-
-std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
-  std::vector<std::byte> v(bytes);
-  fill(v, seed);
-  return checksum(v);
-}
-
-// Reads `bytes` at `p` on `s` after everything before (as a kernel would).
-template <class Stream>
-std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
-  std::uint64_t out = 0;
-  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
-  s.synchronize();
-  return out;
-}
-
-// The cache over a test device's backend and device memory.
-template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
-using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
 
 const std::vector<std::size_t> sizes = {MiB + 1, 3 * MiB + 5, 2 * MiB, MiB + 4095, 5 * MiB + 17, MiB + 3};
 
@@ -87,7 +41,7 @@ TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device m
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
@@ -121,7 +75,7 @@ TEMPLATE_TEST_CASE("tensor_cache: small tensors and the last N stored stay on th
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
@@ -147,7 +101,7 @@ TEMPLATE_TEST_CASE("tensor_cache: the same buffer stored under two keys is kept 
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
@@ -175,7 +129,7 @@ TEMPLATE_TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe 
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 128 * MiB));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(12 * MiB));  // room for three or so
   cache_on<TestType, with_lru> cache(sched, device, pool, &tier, {.keep_last = 1});
@@ -204,7 +158,7 @@ TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_cap
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
@@ -226,7 +180,7 @@ TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and 
   pool_tier<ferry::io::faulty_syscalls<>> tier(ferry_test::small_options({path.path()}, 128 * MiB),
                                                ferry::io::faulty_syscalls<>(plan));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
@@ -248,7 +202,7 @@ TEMPLATE_TEST_CASE("tensor_cache: a store waits for its producer before the copy
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
@@ -271,7 +225,7 @@ TEMPLATE_TEST_CASE("tensor_cache: later iterations prefetch from the recorded sc
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 256 * MiB));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(16 * MiB));
   cache_on<TestType, with_nvme> cache(sched, device, pool, &tier, {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
@@ -303,7 +257,7 @@ TEMPLATE_TEST_CASE("tensor_cache: offloads into pinned blocks are not counted as
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool_options o = unpinned(64 * MiB);
   o.pin = true;
@@ -330,7 +284,7 @@ TEMPLATE_TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
@@ -358,7 +312,7 @@ TEMPLATE_TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor
   TestType dev;
   INFO(dev.name());
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   cache_on<TestType, pinned_only> cache(sched, device, pool);

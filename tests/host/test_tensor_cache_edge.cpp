@@ -22,57 +22,9 @@ using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
 using ferry_test::scratch_path;
+using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
 using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
-
-ferry::pinned_pool_options unpinned(std::size_t budget) {
-  ferry::pinned_pool_options o;
-  o.pin = false;
-  o.budget_bytes = budget;
-  o.slab_bytes = 4 * MiB;
-  o.keep_empty_slabs = false;
-  return o;
-}
-
-ferry::scheduler_options sched_options() {
-  ferry::scheduler_options o;
-  o.chunk_bytes = 256 * 1024;
-  o.bounce_slots = 2;
-  return o;
-}
-
-template <class Stream>
-struct producer {
-  Stream& compute;
-  template <class Cache>
-  void* make(Cache& cache, std::size_t bytes, std::uint64_t seed) {
-    void* p = cache.allocate(bytes, compute);
-    compute.enqueue([p, bytes, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), bytes), seed); });
-    return p;
-  }
-};
-
-std::uint64_t expected_sum(std::size_t bytes, std::uint64_t seed) {
-  std::vector<std::byte> v(bytes);
-  fill(v, seed);
-  return checksum(v);
-}
-
-template <class Stream>
-std::uint64_t sum_on(Stream& s, const void* p, std::size_t bytes) {
-  std::uint64_t out = 0;
-  s.enqueue([&] { out = checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes)); });
-  s.synchronize();
-  return out;
-}
-
-// Every move and every stream-ordered free has run.
-template <class Scheduler, class Stream>
-void settle(Scheduler& sched, Stream& compute) {
-  compute.synchronize();
-  sched.synchronize();
-  compute.synchronize();
-}
 
 using lru_no_prefetch = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>,
                                              ferry::lru<int>, ferry::no_prefetch>;
@@ -89,10 +41,6 @@ struct recording_belady : ferry::belady<int> {
 
 }  // namespace
 
-// The cache over a test device's backend and device memory.
-template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
-using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
-
 TEMPLATE_TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it to the device once the read has landed",
                    "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
   TestType dev;
@@ -102,7 +50,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it 
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
@@ -135,7 +83,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only th
   scratch_path path(ferry_test::disk_dir);
   faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
@@ -175,7 +123,7 @@ TEMPLATE_TEST_CASE(
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));  // one 3 MiB block
   {
@@ -205,7 +153,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: an iteration longer than the recorded one
   // iteration's start, so after one longer iteration every later one was replayed at
   // an offset (here: no prefetch at all any more).
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(512 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
@@ -247,7 +195,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: the eviction policy sees each get at the 
   scratch_path path(ferry_test::disk_dir);
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, recording_belady,
@@ -287,7 +235,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: destroying the cache frees a stored tenso
   // Bug: the destructor freed every device copy on the H2D stream at once, also a stored
   // buffer still on the device whose producer had not yet run: use after free (ASan).
   auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, sched_options());
+  auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
   std::mutex m;
