@@ -4,7 +4,9 @@
 # (host code, CUDA code, benchmarks), and runs every test with CTest: host tests, GPU
 # tests (skipped without a GPU), compile-fail tests, the installed-package consumers,
 # the Conan test_package, and the dry run of the GPU check (scripts/gpu-build.sh first
-# builds the GPU machine's binaries when nvcc is there). Ends with CTest's summary.
+# builds the GPU machine's binaries when nvcc is there); before that, the host tests
+# under the asan and tsan presets (FERRY_SANITIZERS=0 skips them). Ends with CTest's
+# summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,4 +29,28 @@ fi
 preset=${FERRY_TEST_PRESET:-ci}
 cmake --preset "$preset"
 cmake --build --preset "$preset"
+
+# The host suite once more under each sanitizer preset (host code, no CUDA): ASan with
+# UBSan, then ThreadSanitizer, and under TSan the concurrent suites (pipelines,
+# scheduler, pinned pool, I/O engines) again, three times over with more jobs than
+# cores, so that they run under load. FERRY_SANITIZERS=0 skips this (a quicker local
+# run); CI runs it. A sanitizer report fails the test (halt_on_error, abort_on_error).
+if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}  # three builds' objects stay cached
+  for sanitizer in asan tsan; do
+    echo "== host tests under the $sanitizer preset"
+    cmake --preset "$sanitizer" >/dev/null
+    cmake --build --preset "$sanitizer"
+    ctest --preset "$sanitizer" --no-label-summary --quiet --output-log "build/$sanitizer/ctest.log" ||
+      { grep -E "Failed|\*\*\*|ThreadSanitizer|AddressSanitizer|runtime error" "build/$sanitizer/ctest.log" | head -200; exit 1; }
+    echo "   all passed (log: build/$sanitizer/ctest.log)"
+  done
+  echo "== concurrent suites under ThreadSanitizer, 3 repeats, 4 jobs on $(nproc) cores"
+  ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
+    -R "tensor_cache|layer_streamer|scheduler|host_executor|pinned_pool: 8 threads|engine|concurren|threads" \
+    --repeat until-fail:3 ||
+    { grep -E "Failed|\*\*\*|ThreadSanitizer|runtime error" build/tsan/ctest-repeat.log | head -200; exit 1; }
+  echo "   all passed (log: build/tsan/ctest-repeat.log)"
+fi
+
 ctest --preset "$preset" --no-label-summary

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include "backend_harness.hpp"
 #include "io_test_support.hpp"
+#include <sys/mman.h>
 
 namespace {
 
@@ -266,4 +268,85 @@ TEMPLATE_TEST_CASE("tensor_cache edge: destroying the cache frees a stored tenso
   CHECK(checksum(seen) == expected_sum(2 * MiB, 5));
   CHECK(device.used() == 0);
   CHECK(pool.used() == 0);
+}
+
+TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store maps and pins nothing",
+          "[pipeline][tensor_cache][pinned_pool]") {
+  // Bug: the cache never reserved, so mapping and cudaHostRegister (tens of ms per GiB)
+  // ran inside store() on the training loop's thread.
+  ferry_test::host_device dev;
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks());
+  auto& device = dev.memory(64 * MiB);
+  std::atomic<int> maps{0};
+  std::atomic<int> pins{0};
+  std::atomic<std::size_t> pinned_bytes{0};
+  auto counted = [&](std::size_t budget) {
+    ferry::pinned_pool_options o = unpinned(budget, true);
+    o.pin = true;  // with these hooks: pins without CUDA
+    o.hooks.map = [&maps](std::size_t bytes) -> void* {
+      ++maps;
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return p == MAP_FAILED ? nullptr : p;  // NOLINT(performance-no-int-to-ptr)
+    };
+    o.hooks.unmap = [](void* p, std::size_t bytes) { ::munmap(p, bytes); };
+    o.hooks.register_chunk = [&pins, &pinned_bytes](void*, std::size_t bytes) {
+      ++pins;
+      pinned_bytes += bytes;
+      return 0;
+    };
+    o.hooks.unregister_chunk = [](void*, std::size_t) {};
+    return o;
+  };
+  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+
+  SECTION("default: all of the budget, pinned in the constructor") {
+    ferry::pinned_pool pool(counted(32 * MiB + 100));  // not a multiple of the page: rounded down
+    {
+      cache_on<ferry_test::host_device, P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+      CHECK(pool.reserved() == 32 * MiB);
+      CHECK(pinned_bytes.load() == 32 * MiB);
+      const int maps_before = maps.load();
+      const int pins_before = pins.load();
+      producer prod{compute};
+      auto size_of = [](int i) { return 3 * MiB + 256 * static_cast<std::size_t>(i); };  // odd sizes
+      for (int i = 0; i < 8; ++i) {
+        cache.store(i, prod.make(cache, size_of(i), static_cast<std::uint64_t>(i)), size_of(i), compute);
+      }
+      settle(sched, compute);
+      CHECK(cache.stats().offloaded == 8);
+      CHECK(maps.load() == maps_before);  // store mapped nothing
+      CHECK(pins.load() == pins_before);  // and pinned nothing
+      for (int i = 0; i < 8; ++i) {
+        CHECK(sum_on(compute, cache.get(i, compute), size_of(i)) ==
+              expected_sum(size_of(i), static_cast<std::uint64_t>(i)));
+        cache.erase(i, compute);
+      }
+      settle(sched, compute);
+    }
+    CHECK(pool.used() == 0);
+  }
+  SECTION("a smaller reservation; none when the pool already holds it; 0 reserves nothing") {
+    ferry::pinned_pool pool(counted(64 * MiB));
+    {
+      cache_on<ferry_test::host_device, P> a(sched, device, pool, nullptr, {.reserve_pinned_bytes = 16 * MiB});
+      CHECK(pool.reserved() == 16 * MiB);
+      cache_on<ferry_test::host_device, P> b(sched, device, pool, nullptr, {.reserve_pinned_bytes = 16 * MiB});
+      CHECK(pool.reserved() == 16 * MiB);  // the pool holds it already: a second cache on it maps nothing
+      cache_on<ferry_test::host_device, P> c(sched, device, pool, nullptr, {.reserve_pinned_bytes = 0});
+      CHECK(pool.reserved() == 16 * MiB);
+    }
+    ferry::pinned_pool lazy(counted(64 * MiB));
+    cache_on<ferry_test::host_device, P> d(sched, device, lazy, nullptr, {.reserve_pinned_bytes = 0});
+    CHECK(lazy.reserved() == 0);
+  }
+  SECTION("a budget the pool cannot map: out_of_capacity from the constructor, nothing held") {
+    ferry::pinned_pool_options o = counted(32 * MiB);
+    o.hooks.map = [](std::size_t) -> void* { return nullptr; };
+    ferry::pinned_pool pool(std::move(o));
+    using cache_type = cache_on<ferry_test::host_device, P>;
+    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, device, pool, nullptr)), ferry::out_of_capacity);
+    CHECK(pool.reserved() == 0);
+    CHECK(pins.load() == 0);
+  }
 }

@@ -293,6 +293,8 @@ class pinned_pool {
   [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
   /// @brief Granularity of allocations in bytes.
   [[nodiscard]] std::size_t alignment() const noexcept { return options_.alignment; }
+  /// @brief The page size slabs are rounded to (the system's page size), in bytes.
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_; }
   /// @brief Bytes of one regular slab (a multiple of the page size).
   [[nodiscard]] std::size_t slab_bytes() const noexcept { return slab_bytes_; }
   /// @brief Number of slabs held.

@@ -29,7 +29,10 @@
 /// - **Pinned memory**: every other stored tensor, encoded by the pipeline's codec, in a
 ///   block of the `pinned_pool`. The D2H copy runs on the scheduler's D2H stream after
 ///   an event on the producer stream; the device memory is freed on the D2H stream
-///   behind the copy (stream-ordered, so the producer never waits).
+///   behind the copy (stream-ordered, so the producer never waits). The constructor
+///   reserves the pool's budget (`tensor_cache_options::reserve_pinned_bytes`), so the
+///   mapping and pinning (`cudaHostRegister`, tens of ms per GiB) happen there and not
+///   inside `store`.
 /// - **NVMe** (pipelines with an NVMe tier): when a pinned block cannot be had
 ///   (`out_of_capacity` from the pool), the eviction policy names a tensor in pinned
 ///   memory to spill; it is written to the NVMe tier (the calling thread waits for that
@@ -110,6 +113,16 @@ struct tensor_cache_options {
   std::size_t keep_last = 1;
   /// Device bytes that prefetched tensors may hold at once (schedule-driven prefetch).
   std::size_t prefetch_budget_bytes = std::size_t{1} << 30;
+  /// Pinned bytes the constructor maps and pins ahead (`pinned_pool::reserve`), so that
+  /// no `store` pays for pinning (`cudaHostRegister` takes tens of ms per GiB). Clamped to
+  /// what is left of the pool's budget (`budget() - reserved()`, rounded down to its
+  /// page size); nothing is reserved when the pool already holds this much. The default,
+  /// `whole_budget`, reserves all of it; 0 reserves nothing (slabs are pinned on first
+  /// use). The slabs stay held while the pool keeps empty slabs
+  /// (`pinned_pool_options::keep_empty_slabs`, the default).
+  std::size_t reserve_pinned_bytes = whole_budget;
+  /// `reserve_pinned_bytes`: all that is left of the pool's budget.
+  static constexpr std::size_t whole_budget = ~std::size_t{0};
 };
 
 /// @brief Counters of a `tensor_cache` (bytes are encoded bytes where they moved encoded).
@@ -236,8 +249,11 @@ class basic_tensor_cache {
 
   /// @brief A cache moving through `sched`, with device copies in `device`, pinned
   /// copies in `host`, spills in `*nvme` (required when the pipeline has an NVMe tier,
-  /// ignored otherwise). All must outlive the cache.
-  /// @throws ferry::logic_error for a missing NVMe tier in a pipeline that has one
+  /// ignored otherwise). All must outlive the cache. Reserves pinned memory in `host`
+  /// (`options.reserve_pinned_bytes`; a refused pinning falls back to pageable memory and
+  /// is reported by the pool, as for any slab).
+  /// @throws ferry::logic_error for a missing NVMe tier in a pipeline that has one;
+  ///         ferry::out_of_capacity when the reservation cannot be mapped (mmap refused)
   basic_tensor_cache(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme = nullptr,
                      tensor_cache_options options = {})
       : sched_(&sched), device_(&device), host_(&host), nvme_(nvme), options_(options) {
@@ -246,6 +262,7 @@ class basic_tensor_cache {
     FERRY_EXPECTS(!has_nvme || nvme != nullptr, "this pipeline has an NVMe tier: pass one", has_nvme, tier);
     if constexpr (!Pipeline::has_nvme) nvme_ = nullptr;
     make_policies();
+    reserve_pinned();
   }
   basic_tensor_cache(const basic_tensor_cache&) = delete;
   basic_tensor_cache& operator=(const basic_tensor_cache&) = delete;
@@ -498,6 +515,17 @@ class basic_tensor_cache {
     auto it = records_.find(key);
     FERRY_EXPECTS(it != records_.end(), "the cache does not hold this key");
     return *it->second;
+  }
+
+  // Maps and pins `reserve_pinned_bytes` (clamped to what is left of the budget) now,
+  // not inside the first stores.
+  void reserve_pinned() {
+    const std::size_t held = host_->reserved();
+    const std::size_t budget = host_->budget();
+    if (options_.reserve_pinned_bytes == 0 || held >= options_.reserve_pinned_bytes || held >= budget) return;
+    std::size_t bytes = std::min(options_.reserve_pinned_bytes - held, budget - held);
+    bytes -= bytes % host_->page_bytes();
+    if (bytes > 0) host_->reserve(bytes);
   }
 
   void make_policies() {
