@@ -501,3 +501,29 @@ TEST_CASE(
   CHECK(device.used() == 0);
   CHECK(pool.used() == 0);
 }
+
+TEST_CASE("fault matrix: host_device_memory sizes up to SIZE_MAX are out_of_capacity, nothing allocated",
+          "[faults][tensor_cache]") {
+  ferry::host_stream stream;
+  ferry::host_device_memory device(MiB);
+  void* kept = device.allocate(1000, ferry::host_stream_ref(stream));
+  const std::uint64_t sum = fill_memory(kept, 1000, 3);
+  for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 1, ~std::size_t{0} - 254, ~std::size_t{0} - 255,
+                                  ~std::size_t{0} / 2, MiB + 1}) {
+    INFO(bytes);
+    try {
+      (void)device.allocate(bytes, ferry::host_stream_ref(stream));
+      FAIL("allocated more than the budget");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("host_device_memory"));
+      CHECK(e.requested() >= bytes);
+      CHECK(e.used() == 1024);
+      CHECK(e.capacity() == MiB);
+    }
+    CHECK(device.used() == 1024);
+  }
+  CHECK(sum_memory(kept, 1000) == sum);
+  device.deallocate(kept, 1000, ferry::host_stream_ref(stream));
+  stream.synchronize();
+  CHECK(device.used() == 0);
+}
