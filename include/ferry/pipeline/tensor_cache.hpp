@@ -156,8 +156,12 @@ class host_device_memory {
   host_device_memory& operator=(const host_device_memory&) = delete;
 
   /// @brief `bytes` bytes (256-byte aligned), usable by work enqueued after the call.
-  /// @throws ferry::out_of_capacity past the budget
+  /// @throws ferry::out_of_capacity past the budget, also for a request too large even to
+  ///         round (up to SIZE_MAX: reported as asked)
   [[nodiscard]] void* allocate(std::size_t bytes, host_stream_ref /*s*/) {
+    if (bytes > ~std::size_t{0} - 255) {  // rounding would wrap (to 0: a block of 0 bytes handed out)
+      FERRY_THROW_OUT_OF_CAPACITY("host_device_memory", bytes, used(), budget_);
+    }
     const std::size_t cost = round(bytes);
     std::size_t now = used_.load(std::memory_order_relaxed);
     do {
