@@ -36,7 +36,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +44,8 @@
 #include <unistd.h>
 
 #if FERRY_HAS_CUDA
+#include "ferry/runtime/cuda_runtime.hpp"
+
 #include <cuda_runtime_api.h>
 #endif
 
@@ -424,7 +425,7 @@ class pinned_pool {
       options_.hooks.unregister_chunk(p, n);
     } else {
 #if FERRY_HAS_CUDA
-      FERRY_ASSERT_CUDA_SUCCESS(cudaHostUnregister(p));
+      FERRY_ASSERT_CUDA_SUCCESS(cuda_runtime{}.host_unregister(p));
 #endif
     }
   }
@@ -478,25 +479,18 @@ class pinned_pool {
 
   static int default_register([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) noexcept {
 #if FERRY_HAS_CUDA
-    const cudaError_t rc = cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();  // clear a non-sticky error
-    }
-    return static_cast<int>(rc);
+    return static_cast<int>(cuda_runtime{}.host_register(p, n));
 #else
     return 0;
 #endif
   }
 
   static std::string default_describe(int code) {
-    std::ostringstream os;
 #if FERRY_HAS_CUDA
-    const auto e = static_cast<cudaError_t>(code);
-    os << cudaGetErrorName(e) << " (" << code << "): " << cudaGetErrorString(e);
+    return cuda_runtime::describe(static_cast<cudaError_t>(code));
 #else
-    os << "error " << code;
+    return "error " + std::to_string(code);
 #endif
-    return std::move(os).str();
   }
 
   pinned_pool_options options_;

@@ -230,7 +230,7 @@ class slot_memory {
         slots,
         [&arena, stream](std::size_t n) {
           void* p = arena.allocate(n, stream);
-          const cudaError_t rc = cudaStreamSynchronize(stream.get());
+          const cudaError_t rc = cuda_runtime{}.stream_synchronize(stream.get());
           if (rc != cudaSuccess) {
             arena.deallocate(p, n, stream);
             FERRY_CUDA_TRY(rc, n);

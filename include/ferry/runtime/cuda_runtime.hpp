@@ -34,6 +34,7 @@
 #include <cuda_runtime_api.h>
 
 #include <concepts>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 
@@ -196,6 +197,25 @@ struct cuda_runtime {
   cudaError_t free_async(void* p, cudaStream_t s) const { return cudaFreeAsync(p, s); }
   /// @brief `cudaGetLastError` (clears the thread's last error after a handled failure).
   void clear_last_error() const { (void)cudaGetLastError(); }
+
+  // Pinned host memory (`pinned_pool`'s default hooks): not part of the scheduler's
+  // concepts, the pool takes them as hooks.
+
+  /// @brief `cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped)`:
+  /// pins `[p, p + n)` for every device and maps it into the device address space. A
+  /// failure's error is cleared from the thread (it is not sticky).
+  cudaError_t host_register(void* p, std::size_t n) const {
+    const cudaError_t rc = cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (rc != cudaSuccess) (void)cudaGetLastError();
+    return rc;
+  }
+  /// @brief `cudaHostUnregister` of what `host_register` pinned at `p`.
+  cudaError_t host_unregister(void* p) const { return cudaHostUnregister(p); }
+  /// @brief An error's name, code and text: "cudaErrorNoDevice (100): no CUDA-capable
+  /// device is detected".
+  static std::string describe(cudaError_t e) {
+    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(static_cast<int>(e)) + "): " + cudaGetErrorString(e);
+  }
 };
 
 /// @brief The name the CUDA backend's runtime policy had before the device runtime was
