@@ -35,7 +35,7 @@ static_assert(ferry::nvme_tier::traits.file_backed);
 static_assert(!ferry::nvme_tier::traits.host_accessible && !ferry::nvme_tier::traits.device_accessible);
 static_assert(ferry::tier<ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>>);
 #if FERRY_HAS_URING
-static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::uring_engine<>>);
+static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::auto_engine<>>);
 #else
 static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::thread_pool_engine<>>);
 #endif
@@ -627,4 +627,34 @@ TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is a
   tier.deallocate(r);
   CHECK(tier.used() == 0);
   CHECK(tier.check());
+}
+
+TEMPLATE_TEST_CASE("nvme_tier names the engine that runs; only the default engine can fall back", "[nvme]",
+                   FERRY_TEST_ALL_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 1 * MiB));
+  // This machine allows io_uring: the default engine runs it, and reports no fallback.
+  CHECK(tier.engine_name() == (TestType::is_uring ? "io_uring" : "thread_pool"));
+  CHECK_FALSE(tier.engine_fell_back());
+  CHECK(tier.engine_fallback_reason().empty());
+  const std::vector<std::byte> src = ferry_test::pattern(3 * 4096 + 5, 11);
+  const auto r = tier.store(src);
+  std::vector<std::byte> back(src.size());
+  tier.read(r, back);
+  CHECK(back == src);
+}
+
+TEST_CASE("nvme_tier: the default engine is io_uring where the kernel allows it", "[nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB));
+#if FERRY_HAS_URING
+  CHECK(tier.engine_name() == "io_uring");
+  CHECK(tier.engine().kind() == ferry::io::engine_kind::uring);
+  REQUIRE(tier.engine().uring() != nullptr);
+  CHECK(tier.engine().thread_pool() == nullptr);
+  CHECK(tier.engine().fixed_files());
+#else
+  CHECK(tier.engine_name() == "thread_pool");
+#endif
+  CHECK_FALSE(tier.engine_fell_back());
 }

@@ -33,6 +33,18 @@
 /// `io_error` naming the file, the file offset and size of the failed request, and the
 /// errno. The source memory of a write is only ever read.
 ///
+/// ## Engine
+/// By default (`io::default_engine`) a build with liburing runs the requests on
+/// io_uring, through `io::auto_engine`: where the kernel refuses io_uring (EPERM, EACCES
+/// or ENOSYS from the ring's setup: `kernel.io_uring_disabled`, a container's seccomp
+/// filter) the tier runs on the pread/pwrite thread pool instead, and says so:
+/// `engine_name()` ("io_uring" or "thread_pool"), `engine_fell_back()`,
+/// `engine_fallback_reason()` (e.g. "io_uring_queue_init: Operation not permitted
+/// (EPERM); running the thread-pool engine"), as `fell_back()` and `files()` report a
+/// file that fell back to buffered I/O. Any other failure of the ring (ENOMEM, EINVAL)
+/// is thrown. An explicit `io::uring_engine` never falls back; `io::thread_pool_engine`
+/// never tries io_uring. A build without liburing runs the thread pool.
+///
 /// ## Accounting
 /// `used()` is the sum of the lengths of the live extents (each region's size rounded
 /// up to the alignment) — exactly, at every moment; `check()` verifies it against the
@@ -53,6 +65,7 @@
 #include "ferry/concepts.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/io/auto_engine.hpp"
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
@@ -63,6 +76,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -86,11 +100,12 @@
 namespace ferry {
 
 namespace io {
-/// @brief The engine `ferry::nvme_tier` uses: io_uring when ferry is built with
-/// liburing (`FERRY_HAS_URING`), otherwise the pread/pwrite thread pool.
+/// @brief The engine `ferry::nvme_tier` uses: when ferry is built with liburing
+/// (`FERRY_HAS_URING`), `io::auto_engine` (io_uring, or the pread/pwrite thread pool
+/// where the kernel refuses io_uring); otherwise the thread pool.
 #if FERRY_HAS_URING
 template <class S>
-using default_engine = uring_engine<S>;
+using default_engine = auto_engine<S>;
 #else
 template <class S>
 using default_engine = thread_pool_engine<S>;
@@ -134,7 +149,8 @@ struct nvme_options {
   /// and a multiple of each file system's direct I/O offset alignment. 4096 = the page
   /// and the logical block of most NVMe drives.
   std::size_t alignment = 4096;
-  /// Thread pool engine: workers; 0: the `io_threads` knob (FERRY_IO_THREADS).
+  /// Thread pool engine (also the default engine's, where io_uring is refused): workers;
+  /// 0: the `io_threads` knob (FERRY_IO_THREADS).
   std::size_t threads = 0;
   /// io_uring engine: poll the submission queue from a kernel thread (IORING_SETUP_SQPOLL).
   bool sqpoll = false;
@@ -270,8 +286,9 @@ class io_ticket {
 ///
 /// @tparam S      syscalls policy (io/syscalls.hpp): `io::posix_syscalls`, or
 ///                `io::faulty_syscalls<>` in tests
-/// @tparam Engine the I/O engine template: `io::uring_engine` (with liburing),
-///                `io::thread_pool_engine`; default `io::default_engine`
+/// @tparam Engine the I/O engine template: `io::auto_engine` or `io::uring_engine`
+///                (with liburing), `io::thread_pool_engine`; default
+///                `io::default_engine`
 template <class S = io::posix_syscalls, template <class> class Engine = io::default_engine>
 class basic_nvme_tier {
  public:
@@ -295,10 +312,13 @@ class basic_nvme_tier {
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
   ///         folder, EISDIR for a folder) or sized (e.g. EFBIG, ENOSPC with
-  ///         `file_sizing::preallocate`), when O_DIRECT is refused in
-  ///         `compat_mode::direct`, or when the engine cannot start (io_uring refused at
-  ///         run time: there is no automatic fallback; build the tier on
-  ///         `io::thread_pool_engine` instead, see docs/io.md)
+  ///         `file_sizing::preallocate`); when O_DIRECT is refused in
+  ///         `compat_mode::direct`; or when the engine cannot start: with the default
+  ///         engine only for other reasons than a refusal of io_uring (ENOMEM, EINVAL:
+  ///         an `io::uring_setup_error`, path "io_uring"; a refusal — EPERM, EACCES,
+  ///         ENOSYS — runs the thread pool instead, see `engine_fallback_reason()`), with
+  ///         an explicit `io::uring_engine` for any failure of the ring, refusals
+  ///         included
   /// @throws ferry::logic_error for inconsistent options; ferry::config_error for a
   ///         malformed FERRY_* variable
   explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
@@ -375,6 +395,8 @@ class basic_nvme_tier {
         staging_free_.push_back(staging_memory_.data() + i * block_);
       }
       staging_registered_ = engine_->register_buffer(staging_memory_.span());
+      read_operation_ = operation_of(io::op_kind::read);
+      write_operation_ = operation_of(io::op_kind::write);
     } catch (...) {
       engine_.reset();
       // Only what this construction created goes: a file that was at its path stays (a
@@ -565,9 +587,37 @@ class basic_nvme_tier {
     for (const auto& f : files_) out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_});
     return out;
   }
-  /// @brief Whether any file fell back from direct to buffered I/O (`compat_mode::automatic`).
+  /// @brief Whether any file fell back from direct to buffered I/O
+  /// (`compat_mode::automatic`); the engine's fallback is `engine_fell_back()`.
   [[nodiscard]] bool fell_back() const noexcept {
     return std::any_of(files_.begin(), files_.end(), [](const auto& f) { return f.fell_back(); });
+  }
+  /// @brief The engine that runs the tier's I/O: "io_uring" or "thread_pool" (with the
+  /// default engine: the one it ended up with).
+  [[nodiscard]] std::string_view engine_name() const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.running_name() } -> std::convertible_to<std::string_view>;
+                  }) {
+      return engine_->running_name();
+    } else {
+      return engine_type::name;
+    }
+  }
+  /// @brief Whether the engine runs the thread pool because io_uring was refused (the
+  /// default engine, `io::auto_engine`; always false for the other engines).
+  [[nodiscard]] bool engine_fell_back() const noexcept { return !engine_fallback_reason().empty(); }
+  /// @brief Why the engine runs the thread pool: the failed call, the errno's
+  /// description and name, e.g. "io_uring_queue_init: Operation not permitted (EPERM);
+  /// running the thread-pool engine"; "" when it did not fall back.
+  [[nodiscard]] const std::string& engine_fallback_reason() const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.fallback_reason() } -> std::convertible_to<const std::string&>;
+                  }) {
+      return engine_->fallback_reason();
+    } else {
+      static const std::string none;
+      return none;
+    }
   }
   /// @brief Block alignment in bytes (offsets, tails, extents).
   [[nodiscard]] std::size_t alignment() const noexcept { return options_.alignment; }
@@ -723,7 +773,7 @@ class basic_nvme_tier {
     }
 
     std::string_view operation() const noexcept {
-      return kind_ == io::op_kind::read ? engine_type::read_operation : engine_type::write_operation;
+      return kind_ == io::op_kind::read ? tier_.read_operation_ : tier_.write_operation_;
     }
 
     void fail_locked(int err, std::string_view op, const io::io_request& q) noexcept {
@@ -911,6 +961,17 @@ class basic_nvme_tier {
     files_.clear();
   }
 
+  // The running engine's name of a read or a write, for the tier's errors.
+  std::string_view operation_of(io::op_kind k) const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.operation(k) } -> std::convertible_to<std::string_view>;
+                  }) {
+      return engine_->operation(k);
+    } else {
+      return k == io::op_kind::read ? engine_type::read_operation : engine_type::write_operation;
+    }
+  }
+
   struct counters {
     std::atomic<std::uint64_t> transfers{0}, requests{0}, staged{0}, retried{0}, continued{0}, failed{0},
         staging_waits{0};
@@ -927,6 +988,8 @@ class basic_nvme_tier {
   std::atomic<std::uint64_t> used_{0};
   std::vector<io::direct_file<S>> files_;
   std::unique_ptr<engine_type> engine_;
+  std::string_view read_operation_ = engine_type::read_operation;    // the running engine's names
+  std::string_view write_operation_ = engine_type::write_operation;  // (set once it has started)
   io::aligned_buffer staging_memory_;
   std::mutex staging_mutex_;
   std::vector<std::byte*> staging_free_;
