@@ -19,10 +19,11 @@
 /// | `int fsync(int fd)`                                   | `fsync(2)`                     |
 /// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result of an io_uring request, which a policy may replace (identity for the real one) |
 ///
-/// One more member is optional (a policy without it gets the real call):
+/// Two more members are optional (a policy without them gets the real call):
 ///
 /// | member                                                | wraps                          |
 /// |-------------------------------------------------------|--------------------------------|
+/// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with it) |
 /// | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it) |
 ///
 /// io_uring requests do not pass through `pread`/`pwrite` (the kernel executes them),
@@ -65,6 +66,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -105,6 +107,8 @@ struct posix_syscalls {
   int fsync(int fd) noexcept { return ::fsync(fd) == 0 ? 0 : -errno; }
   /// @brief The result of an io_uring request, unchanged.
   std::int64_t completed(op_kind, int, std::uint64_t, std::size_t, std::int64_t result) noexcept { return result; }
+  /// @brief `flock(2)`; 0 or `-errno`.
+  int flock(int fd, int operation) noexcept { return ::flock(fd, operation) == 0 ? 0 : -errno; }
 #if FERRY_HAS_URING
   /// @brief liburing's `io_uring_queue_init_params` (which returns 0 or `-errno` itself).
   int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
@@ -114,6 +118,16 @@ struct posix_syscalls {
 };
 
 namespace detail {
+
+/// `sys.flock(fd, operation)` where the policy has it, else the real `flock(2)`.
+template <class S>
+int flock_via(S& sys, int fd, int operation) noexcept {
+  if constexpr (requires { { sys.flock(fd, operation) } -> std::convertible_to<int>; }) {
+    return sys.flock(fd, operation);
+  } else {
+    return ::flock(fd, operation) == 0 ? 0 : -errno;
+  }
+}
 
 #if FERRY_HAS_URING
 /// `sys.uring_queue_init(...)` where the policy has it, else liburing's call.
@@ -138,6 +152,7 @@ enum class syscall_kind : std::uint8_t {
   fallocate,
   ftruncate,
   fsync,
+  flock,             ///< `flock(2)` (the tier's lock on each backing file)
   uring_queue_init,  ///< the io_uring ring's setup (path "io_uring"; only with `FERRY_HAS_URING`)
 };
 
@@ -149,7 +164,7 @@ struct fault {
   std::string path_contains{};         ///< only files whose path contains this ("" = any)
   std::uint64_t min_offset = 0;        ///< pread/pwrite/fallocate: only at offsets >= this
   std::uint64_t max_offset = std::numeric_limits<std::uint64_t>::max();  ///< ... and < this
-  int open_flags = 0;                  ///< only when the flags contain all of these: open's (e.g. O_DIRECT), the ring's setup flags (e.g. IORING_SETUP_SQPOLL)
+  int open_flags = 0;                  ///< only when the flags contain all of these: open's (e.g. O_DIRECT), flock's operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL)
   std::size_t skip = 0;                ///< matching calls to let pass before firing
   std::size_t times = 1;               ///< matching calls to fire on (`forever` = no limit)
 
@@ -276,6 +291,11 @@ class faulty_syscalls {
   int fsync(int fd) noexcept {
     if (const auto f = fire(syscall_kind::fsync, path_of(fd), 0, 0); f && f->error != 0) return -f->error;
     return base_.fsync(fd);
+  }
+  /// @brief `flock`, unless a `flock` fault fires (matched on the operation as flags).
+  int flock(int fd, int operation) noexcept {
+    if (const auto f = fire(syscall_kind::flock, path_of(fd), 0, operation); f && f->error != 0) return -f->error;
+    return detail::flock_via(base_, fd, operation);
   }
 #if FERRY_HAS_URING
   /// @brief The io_uring ring's setup, unless a `uring_queue_init` fault fires (path

@@ -45,6 +45,16 @@
 /// is thrown. An explicit `io::uring_engine` never falls back; `io::thread_pool_engine`
 /// never tries io_uring. A build without liburing runs the thread pool.
 ///
+/// ## One tier per file
+/// The tier holds an exclusive `flock` on each backing file from before it empties or
+/// sizes the file until its destructor: a second tier (in this process or another) on a
+/// file in use is refused with `io_error` EWOULDBLOCK and the first one's data stays
+/// as it was. The lock is released explicitly (`LOCK_UN`) when the tier ends or its
+/// construction fails, not left to the close: io_uring's registered files keep the
+/// open file (and so the lock) alive until the ring's asynchronous teardown is done.
+/// Where the file system has no `flock` (e.g. ENOLCK) the file is used unlocked
+/// (`files()[i].locked`).
+///
 /// ## Accounting
 /// `used()` is the sum of the lengths of the live extents (each region's size rounded
 /// up to the alignment) — exactly, at every moment; `check()` verifies it against the
@@ -76,6 +86,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
@@ -96,6 +107,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/file.h>
 
 namespace ferry {
 
@@ -164,8 +177,10 @@ struct nvme_options {
   std::size_t staging_blocks = 8;
   /// How the files are sized at construction.
   file_sizing sizing = file_sizing::sparse;
-  /// Empty the files when opening them (O_TRUNC). Their old contents mean nothing to a
-  /// new tier (the allocator starts empty); false keeps them (and their disk blocks).
+  /// Empty the files when opening them (`ftruncate` to 0 once the tier holds the file's
+  /// lock; a file the tier created is not truncated). Their old contents mean nothing
+  /// to a new tier (the allocator starts empty); false keeps them (and their disk
+  /// blocks).
   bool truncate_on_open = true;
   /// Remove the files when the tier is destroyed: each path that still names the file
   /// the tier opened there (a file made at the path after the tier's was unlinked or
@@ -181,6 +196,7 @@ struct nvme_file_info {
   io::io_mode mode;             ///< direct or buffered
   std::string fallback_reason;  ///< why `compat_mode::automatic` chose buffered ("" if it did not)
   std::uint64_t size;           ///< bytes of the file the tier may use
+  bool locked = false;          ///< whether the tier holds the file's `flock` (false where the file system has none)
 };
 
 /// @brief Counters of an `nvme_tier` (monotonic; relaxed reads).
@@ -301,18 +317,20 @@ class basic_nvme_tier {
   /// @brief Bytes in files: neither the CPU nor the GPU can address them directly.
   static constexpr memory_traits traits{.host_accessible = false, .device_accessible = false, .file_backed = true};
 
-  /// @brief Opens (creates) and sizes the files, starts the engine, registers the
-  /// staging blocks.
+  /// @brief Opens (creates) and locks the files, empties and sizes them, starts the
+  /// engine, registers the staging blocks.
   ///
-  /// If it fails, the files are closed and those this construction created are removed
-  /// again (whatever `remove_on_close` says). A file (or folder) that was at a path
-  /// before is never removed — though one opened before the failure was already emptied
-  /// with `truncate_on_open`, and resized per `sizing`.
+  /// If it fails, the files are unlocked and closed, and those this construction created
+  /// are removed again (whatever `remove_on_close` says). A file (or folder) that was at
+  /// a path before is never removed — though one opened and locked before the failure
+  /// was already emptied with `truncate_on_open`, and resized per `sizing`. A file in use
+  /// by another tier is left as it was.
   /// @param options the settings (see `nvme_options`)
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
   ///         folder, EISDIR for a folder) or sized (e.g. EFBIG, ENOSPC with
-  ///         `file_sizing::preallocate`); when O_DIRECT is refused in
+  ///         `file_sizing::preallocate`); EWOULDBLOCK ("flock", the path) when a file is
+  ///         in use by another tier (its lock is held); when O_DIRECT is refused in
   ///         `compat_mode::direct`; or when the engine cannot start: with the default
   ///         engine only for other reasons than a refusal of io_uring (ENOMEM, EINVAL:
   ///         an `io::uring_setup_error`, path "io_uring"; a refusal — EPERM, EACCES,
@@ -367,15 +385,23 @@ class basic_nvme_tier {
     allocator_.emplace(capacity, a);
 
     files_.reserve(options_.paths.size());
+    locked_.reserve(options_.paths.size());
     std::vector<int> fds;
     try {
       for (const auto& p : options_.paths) {
         io::open_options o;
         o.mode = options_.compat;
-        o.truncate = options_.truncate_on_open;
+        o.truncate = false;  // truncate_on_open: only once the lock is held (below)
         o.block_alignment = a;
-        files_.emplace_back(sys_, p.string(), o);
+        io::direct_file<S> file(sys_, p.string(), o);
+        // One tier per file: a second one would truncate and overwrite the first one's
+        // data. Refused here, before the file is changed (a file that is refused is
+        // closed by `file`'s destructor and never removed: it is the other tier's).
+        const bool locked = lock_file(file);
+        files_.push_back(std::move(file));  // capacity reserved: does not throw
+        locked_.push_back(locked ? 1 : 0);
         fds.push_back(files_.back().fd());
+        if (options_.truncate_on_open && !files_.back().created()) files_.back().truncate(0);
         if (options_.sizing == file_sizing::sparse) {
           files_.back().truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
@@ -400,10 +426,12 @@ class basic_nvme_tier {
     } catch (...) {
       engine_.reset();
       // Only what this construction created goes: a file that was at its path stays (a
-      // path that failed to open was cleaned up by direct_file itself).
+      // path that failed to open was cleaned up by direct_file itself). Removed while
+      // still locked, so no other tier can have begun to use it.
       for (auto& f : files_) {
         if (f.created()) (void)f.remove();
       }
+      unlock_files();
       files_.clear();
       throw;
     }
@@ -584,7 +612,10 @@ class basic_nvme_tier {
   /// @brief Each backing file: path, direct or buffered, fallback reason, usable size.
   [[nodiscard]] std::vector<nvme_file_info> files() const {
     std::vector<nvme_file_info> out;
-    for (const auto& f : files_) out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_});
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      const auto& f = files_[i];
+      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0});
+    }
     return out;
   }
   /// @brief Whether any file fell back from direct to buffered I/O
@@ -953,12 +984,39 @@ class basic_nvme_tier {
   }
 
   // Closes the files; with remove_on_close first removes the path of each, if it still
-  // names the file held (not a file made there after the tier's was unlinked).
+  // names the file held (not a file made there after the tier's was unlinked) — while
+  // the lock is held, so the file removed cannot be one another tier has begun to use.
   void close_files() noexcept {
     if (options_.remove_on_close) {
       for (auto& f : files_) (void)f.remove();
     }
+    unlock_files();
     files_.clear();
+  }
+
+  // Takes `f`'s lock (flock, exclusive, not waiting): true when held, false where the
+  // file system has no flock (ENOLCK, EOPNOTSUPP, ...: the file is used unlocked).
+  bool lock_file(const io::direct_file<S>& f) {
+    const int r = io::detail::flock_via(sys_, f.fd(), LOCK_EX | LOCK_NB);
+    if (r == 0) return true;
+    if (r == -EWOULDBLOCK) {
+      FERRY_THROW_IO_ERROR(EWOULDBLOCK, "flock LOCK_EX (the file is in use: locked by another nvme_tier)", f.path(),
+                           io_error::no_offset, 0);
+    }
+    return false;
+  }
+
+  // Releases the locks held, explicitly: a close would leave a lock alive while the
+  // open file is still referenced elsewhere (io_uring's registered files, until the
+  // ring's asynchronous teardown is done), and the next tier on the file would be
+  // refused.
+  void unlock_files() noexcept {
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      if (locked_[i] != 0) {
+        (void)io::detail::flock_via(sys_, files_[i].fd(), LOCK_UN);
+        locked_[i] = 0;
+      }
+    }
   }
 
   // The running engine's name of a read or a write, for the tier's errors.
@@ -987,6 +1045,7 @@ class basic_nvme_tier {
   std::optional<io::extent_allocator> allocator_;
   std::atomic<std::uint64_t> used_{0};
   std::vector<io::direct_file<S>> files_;
+  std::vector<unsigned char> locked_;  // per file: whether the tier holds its flock
   std::unique_ptr<engine_type> engine_;
   std::string_view read_operation_ = engine_type::read_operation;    // the running engine's names
   std::string_view write_operation_ = engine_type::write_operation;  // (set once it has started)
