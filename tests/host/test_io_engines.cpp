@@ -282,7 +282,8 @@ TEST_CASE("auto_engine runs io_uring where the kernel allows it", "[io][uring]")
 }
 
 TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says why", "[io][uring]") {
-  const auto [error, name] = GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
+  const auto [error, name] =
+      GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
   const bool sqpoll = GENERATE(false, true);
   INFO("errno " << name << (sqpoll ? ", SQPOLL" : ""));
   std::size_t rule = 0;
@@ -303,8 +304,8 @@ TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says 
   CHECK(engine.fell_back());
   CHECK(engine.fallback_errno() == error);
   const std::string call = sqpoll ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init";
-  CHECK(engine.fallback_reason() == call + ": " + std::generic_category().message(error) + " (" + name +
-                                        "); running the thread-pool engine");
+  CHECK(engine.fallback_reason() ==
+        call + ": " + std::generic_category().message(error) + " (" + name + "); running the thread-pool engine");
   REQUIRE(engine.thread_pool() != nullptr);
   CHECK(engine.uring() == nullptr);
   CHECK(engine.thread_pool()->threads() == 3);

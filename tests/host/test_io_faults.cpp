@@ -352,7 +352,8 @@ TEMPLATE_TEST_CASE("real EFBIG: a write past RLIMIT_FSIZE fails cleanly and earl
 
 TEST_CASE("nvme_tier falls back to the thread pool where io_uring is refused, says why, and round-trips",
           "[faults][nvme]") {
-  const auto [error, name] = GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
+  const auto [error, name] =
+      GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
   INFO("errno " << name);
   auto plan = std::make_shared<fault_plan>();
   const auto refusal = plan->add({.call = syscall_kind::uring_queue_init, .error = error, .times = fault::forever});

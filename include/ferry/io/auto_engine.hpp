@@ -166,7 +166,9 @@ class auto_engine {
     return kind_ == engine_kind::thread_pool ? &engines_.pool : nullptr;
   }
   /// @brief Whether the files are registered with the ring (false on the thread pool).
-  [[nodiscard]] bool fixed_files() const noexcept { return kind_ == engine_kind::uring && engines_.uring.fixed_files(); }
+  [[nodiscard]] bool fixed_files() const noexcept {
+    return kind_ == engine_kind::uring && engines_.uring.fixed_files();
+  }
   /// @brief Whether the ring has a registered-buffer table (false on the thread pool).
   [[nodiscard]] bool fixed_buffers() const noexcept {
     return kind_ == engine_kind::uring && engines_.uring.fixed_buffers();

@@ -164,7 +164,9 @@ struct fault {
   std::string path_contains{};         ///< only files whose path contains this ("" = any)
   std::uint64_t min_offset = 0;        ///< pread/pwrite/fallocate: only at offsets >= this
   std::uint64_t max_offset = std::numeric_limits<std::uint64_t>::max();  ///< ... and < this
-  int open_flags = 0;                  ///< only when the flags contain all of these: open's (e.g. O_DIRECT), flock's operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL)
+  /// Only when the call's flags contain all of these: open's (e.g. O_DIRECT), flock's
+  /// operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL).
+  int open_flags = 0;
   std::size_t skip = 0;                ///< matching calls to let pass before firing
   std::size_t times = 1;               ///< matching calls to fire on (`forever` = no limit)
 
