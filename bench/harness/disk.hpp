@@ -1,7 +1,7 @@
 /// @file
-/// @brief Helpers of ferry-bench's disk scenarios (nvme, adam-nvme): the free-space
-/// check made before anything is written to --scratch, and the validator of block-size
-/// flags given in KiB.
+/// @brief Helpers of ferry-bench's disk scenarios (nvme, adam-nvme, device-nvme): the
+/// free-space check made before anything is written to --scratch, the validator of
+/// block-size flags given in KiB, and the line that names the tier's I/O engine.
 #pragma once
 
 #include "harness/report.hpp"
@@ -20,6 +20,21 @@
 #include <sys/statvfs.h>
 
 namespace ferry::bench {
+
+/// @brief Prints which engine runs `tier`'s I/O, and why it is the thread pool where
+/// io_uring was refused: "  <scenario>: engine thread_pool (io_uring_queue_init: ...;
+/// running the thread-pool engine)", or "  <scenario>: engine io_uring".
+template <class Tier>
+void print_engine(const std::string& scenario, const Tier& tier) {
+  if (tier.engine_fell_back()) {
+    std::printf("  %s: engine %.*s (%s)\n", scenario.c_str(), static_cast<int>(tier.engine_name().size()),
+                tier.engine_name().data(), tier.engine_fallback_reason().c_str());
+  } else {
+    std::printf("  %s: engine %.*s\n", scenario.c_str(), static_cast<int>(tier.engine_name().size()),
+                tier.engine_name().data());
+  }
+  std::fflush(stdout);
+}
 
 /// @brief Bytes an unprivileged process may still write to the file system holding
 /// `folder` (`statvfs`: `f_bavail * f_frsize`).

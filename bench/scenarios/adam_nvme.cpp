@@ -152,6 +152,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   o.sizing = ferry::file_sizing::preallocate;
   ferry::nvme_tier tier(o);
   if (tier.fell_back()) throw std::runtime_error("adam-nvme: the scratch file system refuses O_DIRECT");
+  ferry::bench::print_engine("adam-nvme", tier);
 
   // The states in RAM (the compute reference) and the gradients (one buffer, every group).
   std::vector<std::vector<float>> p(groups), m(groups), v(groups);

@@ -14,6 +14,7 @@
 // ferry side: `stream_scheduler::device_to_nvme` (after an idle producer stream) and
 // `nvme_to_device` of the whole buffer to/from one region of an `nvme_tier` on
 // --scratch (O_DIRECT, one request per chunk, K requests in flight), then `wait()`.
+#include "harness/disk.hpp"
 #include "harness/fio.hpp"
 #include "harness/gpu.hpp"
 #include "harness/interrupt.hpp"
@@ -126,6 +127,7 @@ std::vector<row> run_device_nvme(const run_options& options) {
 
   ferry::nvme_tier tier(tier_options(file, size, slots, chunk));
   if (tier.fell_back()) throw std::runtime_error("device-nvme: the scratch file system refuses O_DIRECT");
+  ferry::bench::print_engine("device-nvme", tier);
   const auto region = tier.allocate(size);
   ferry::scheduler_options so;
   so.chunk_bytes = chunk;

@@ -213,6 +213,7 @@ std::vector<row> run_nvme(const run_options& options) {
     const auto region = tier.allocate(size);
     tier.write(region, memory.span());
     if (tier.fell_back()) throw std::runtime_error("nvme: the scratch file system refuses O_DIRECT");
+    ferry::bench::print_engine("nvme", tier);
   }
 
   const std::string reference =

@@ -11,6 +11,7 @@
 #include "ferry/config.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/io/auto_engine.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
 #include "ferry/io/request.hpp"

@@ -3,6 +3,7 @@
 // buffers, and the engine list the tier tests are templated over.
 #pragma once
 
+#include <ferry/io/auto_engine.hpp>
 #include <ferry/io/syscalls.hpp>
 #include <ferry/io/thread_pool_engine.hpp>
 #include <ferry/io/uring.hpp>
@@ -162,9 +163,19 @@ struct uring_engine {
   using engine = ferry::io::uring_engine<S>;
   static constexpr bool is_uring = true;
 };
+// io::auto_engine, the default engine: io_uring here, or the pool where io_uring is refused.
+struct auto_engine {
+  template <class S>
+  using tier = ferry::basic_nvme_tier<S, ferry::io::auto_engine>;
+  template <class S>
+  using engine = ferry::io::auto_engine<S>;
+  static constexpr bool is_uring = true;
+};
 #define FERRY_TEST_ENGINES ferry_test::pool_engine, ferry_test::uring_engine
+#define FERRY_TEST_ALL_ENGINES ferry_test::pool_engine, ferry_test::uring_engine, ferry_test::auto_engine
 #else
 #define FERRY_TEST_ENGINES ferry_test::pool_engine
+#define FERRY_TEST_ALL_ENGINES ferry_test::pool_engine
 #endif
 
 /// Options for a small test tier on `path`.

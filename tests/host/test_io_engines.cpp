@@ -1,5 +1,6 @@
-// The two I/O engines on raw requests: batches, submission from completion callbacks,
-// the syscalls hook, and (io_uring) registered buffers and SQPOLL.
+// The I/O engines on raw requests: batches, submission from completion callbacks,
+// the syscalls hook, (io_uring) registered buffers and SQPOLL, and the default engine's
+// fallback to the thread pool where io_uring is refused.
 #include "io_test_support.hpp"
 
 #include <ferry/io/direct_file.hpp>
@@ -241,5 +242,118 @@ TEST_CASE("uring_engine passes every result through the syscalls hook", "[io][ur
   c.wait_for(1);
   CHECK(c.worst_result() == -EIO);
   CHECK(plan->fired(rule) == 1);
+}
+#endif
+
+#if FERRY_HAS_URING
+namespace {
+
+// A rule that makes every io_uring setup answer `error`.
+std::shared_ptr<ferry::io::fault_plan> refusing_plan(int error, std::size_t& rule) {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  rule = plan->add(
+      {.call = ferry::io::syscall_kind::uring_queue_init, .error = error, .times = ferry::io::fault::forever});
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("auto_engine runs io_uring where the kernel allows it", "[io][uring]") {
+  posix_syscalls sys;
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 4;
+  ferry::io::auto_engine<> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(engine.kind() == ferry::io::engine_kind::uring);
+  CHECK(engine.running_name() == "io_uring");
+  CHECK(engine.operation(op_kind::read) == "io_uring read");
+  CHECK_FALSE(engine.fell_back());
+  CHECK(engine.fallback_reason().empty());
+  CHECK(engine.fallback_errno() == 0);
+  REQUIRE(engine.uring() != nullptr);
+  CHECK(engine.thread_pool() == nullptr);
+  CHECK(engine.uring()->queue_depth() == 4);
+  ferry::io::aligned_buffer memory(64 * 4096, 4096);
+  run_batches(engine, memory.span(), 4096, 2);
+  CHECK(engine.stats().completed == 128);
+  CHECK(engine.stats().submit_calls > 0);  // io_uring_submit calls: the ring ran them
+}
+
+TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says why", "[io][uring]") {
+  const auto [error, name] =
+      GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
+  const bool sqpoll = GENERATE(false, true);
+  INFO("errno " << name << (sqpoll ? ", SQPOLL" : ""));
+  std::size_t rule = 0;
+  ferry::io::faulty_syscalls<> sys(refusing_plan(error, rule));
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 4;
+  o.threads = 3;
+  o.sqpoll = sqpoll;
+  ferry::io::auto_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(sys.plan()->fired(rule) == 1);  // a refusal is not retried with other setup flags
+  CHECK(engine.kind() == ferry::io::engine_kind::thread_pool);
+  CHECK(engine.running_name() == "thread_pool");
+  CHECK(engine.operation(op_kind::read) == "pread");
+  CHECK(engine.operation(op_kind::write) == "pwrite");
+  CHECK(engine.fell_back());
+  CHECK(engine.fallback_errno() == error);
+  const std::string call = sqpoll ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init";
+  CHECK(engine.fallback_reason() ==
+        call + ": " + std::generic_category().message(error) + " (" + name + "); running the thread-pool engine");
+  REQUIRE(engine.thread_pool() != nullptr);
+  CHECK(engine.uring() == nullptr);
+  CHECK(engine.thread_pool()->threads() == 3);
+  CHECK_FALSE(engine.fixed_files());
+  CHECK_FALSE(engine.sqpoll());
+  ferry::io::aligned_buffer memory(64 * 4096, 4096);
+  CHECK_FALSE(engine.register_buffer(memory.span()));
+  run_batches(engine, memory.span(), 4096, 3);
+  CHECK(engine.stats().completed == 128);
+  CHECK(engine.stats().submit_calls == 0);  // no ring: pread/pwrite on the workers
+}
+
+TEST_CASE("auto_engine throws the other failures of io_uring's setup (ENOMEM, EINVAL)", "[io][uring]") {
+  const int error = GENERATE(ENOMEM, EINVAL);
+  std::size_t rule = 0;
+  ferry::io::faulty_syscalls<> sys(refusing_plan(error, rule));
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  try {
+    ferry::io::auto_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), {});
+    FAIL("the engine started");
+  } catch (const ferry::io::uring_setup_error& e) {
+    CHECK(e.code().value() == error);
+    CHECK(e.code().category() == std::generic_category());
+    CHECK_FALSE(e.refused());
+    CHECK(e.operation() == "io_uring_queue_init");
+    CHECK(e.path() == "io_uring");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("io_uring_queue_init"));
+  }
+  // EINVAL is what a kernel answers to setup flags it does not know: each set is tried.
+  CHECK(sys.plan()->fired(rule) == (error == EINVAL ? 3u : 1u));
+}
+
+TEST_CASE("uring_engine never falls back: a refused ring is a uring_setup_error", "[io][uring]") {
+  std::size_t rule = 0;
+  ferry::io::faulty_syscalls<> sys(refusing_plan(EPERM, rule));
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  try {
+    ferry::io::uring_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), {});
+    FAIL("the engine started");
+  } catch (const ferry::io::uring_setup_error& e) {
+    CHECK(e.code().value() == EPERM);
+    CHECK(e.refused());
+    CHECK(e.operation() == "io_uring_queue_init");
+  }
+  CHECK(sys.plan()->fired(rule) == 1);
 }
 #endif

@@ -346,3 +346,95 @@ TEMPLATE_TEST_CASE("real EFBIG: a write past RLIMIT_FSIZE fails cleanly and earl
   CHECK(ferry_test::checksum(back2.span()) == second_sum);
   CHECK(tier.check());
 }
+
+#if FERRY_HAS_URING
+// --- io_uring refused at run time -------------------------------------------------------
+
+TEST_CASE("nvme_tier falls back to the thread pool where io_uring is refused, says why, and round-trips",
+          "[faults][nvme]") {
+  const auto [error, name] =
+      GENERATE(table<int, std::string>({{EPERM, "EPERM"}, {EACCES, "EACCES"}, {ENOSYS, "ENOSYS"}}));
+  INFO("errno " << name);
+  auto plan = std::make_shared<fault_plan>();
+  const auto refusal = plan->add({.call = syscall_kind::uring_queue_init, .error = error, .times = fault::forever});
+  scratch_path disk(ferry_test::disk_dir), shm(ferry_test::tmpfs_dir);
+  auto o = ferry_test::small_options({disk.path(), shm.path()}, 16 * MiB);
+  o.stripe_bytes = 64 * 1024;
+  ferry::basic_nvme_tier<faulty_syscalls<>> tier(o, faulty_syscalls<>(plan));  // the default engine
+  CHECK(plan->fired(refusal) == 1);
+  CHECK(tier.engine_name() == "thread_pool");
+  CHECK(tier.engine_fell_back());
+  CHECK_THAT(tier.engine_fallback_reason(), Catch::StartsWith("io_uring_queue_init: ") &&
+                                                Catch::Contains("(" + name + ")") &&
+                                                Catch::EndsWith("; running the thread-pool engine"));
+  CHECK(tier.engine().fallback_errno() == error);
+  CHECK_FALSE(tier.fell_back());  // the files' O_DIRECT is another matter: still direct
+  CHECK_FALSE(tier.staging_registered());
+
+  // Odd sizes and misaligned memory across both files, checked by checksum.
+  std::vector<std::pair<ferry::nvme_region, std::uint64_t>> stored;
+  std::size_t k = 0;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{4097}, MiB + 1, std::size_t{3 * 64 * 1024 + 17}}) {
+    guarded_buffer src(n, k % 2 == 0 ? 0 : 3);
+    ferry_test::fill(src.span(), 100 + k++);
+    stored.emplace_back(tier.store(src.span()), ferry_test::checksum(src.span()));
+  }
+  for (const auto& [r, sum] : stored) {
+    guarded_buffer back(r.size(), 5);
+    tier.read(r, back.span());
+    CHECK(ferry_test::checksum(back.span()) == sum);
+    CHECK(back.guards_intact());
+  }
+  CHECK(tier.engine().stats().completed > 0);
+  CHECK(tier.engine().stats().submit_calls == 0);  // pread/pwrite, not a ring
+  CHECK(tier.check());
+
+  // Its errors name the calls that run: pwrite, not "io_uring write".
+  // The next store's one request lands after the last region (at its file offset).
+  const std::uint64_t target = tier.locate(stored.back().first.offset + stored.back().first.reserved).second;
+  plan->add(at(syscall_kind::pwrite, target, EIO));
+  guarded_buffer src(4096, 0);
+  try {
+    (void)tier.store(src.span());
+    FAIL("store succeeded");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EIO);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("pwrite") && !Catch::Contains("io_uring"));
+  }
+}
+
+TEST_CASE("nvme_tier's default engine still throws ENOMEM and EINVAL from io_uring's setup", "[faults][nvme]") {
+  const int error = GENERATE(ENOMEM, EINVAL);
+  auto plan = std::make_shared<fault_plan>();
+  plan->add({.call = syscall_kind::uring_queue_init, .error = error, .times = fault::forever});
+  scratch_path path(ferry_test::disk_dir);
+  try {
+    ferry::basic_nvme_tier<faulty_syscalls<>> tier(ferry_test::small_options({path.path()}, 1 * MiB),
+                                                   faulty_syscalls<>(plan));
+    FAIL("constructed");
+  } catch (const ferry::io::uring_setup_error& e) {
+    CHECK(e.code().value() == error);
+    CHECK(e.operation() == "io_uring_queue_init");
+    CHECK(e.path() == "io_uring");
+    CHECK(e.offset() == ferry::io_error::no_offset);
+  }
+  CHECK_FALSE(std::filesystem::exists(path.path()));  // the file it created is removed again
+}
+
+TEST_CASE("nvme_tier on an explicit uring_engine keeps throwing where io_uring is refused", "[faults][nvme]") {
+  const int error = GENERATE(EPERM, EACCES, ENOSYS);
+  auto plan = std::make_shared<fault_plan>();
+  plan->add({.call = syscall_kind::uring_queue_init, .error = error, .times = fault::forever});
+  scratch_path path(ferry_test::disk_dir);
+  using tier_t = ferry::basic_nvme_tier<faulty_syscalls<>, ferry::io::uring_engine>;
+  try {
+    tier_t tier(ferry_test::small_options({path.path()}, 1 * MiB), faulty_syscalls<>(plan));
+    FAIL("constructed");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == error);
+    CHECK(e.path() == "io_uring");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("io_uring_queue_init"));
+  }
+  CHECK_FALSE(std::filesystem::exists(path.path()));
+}
+#endif

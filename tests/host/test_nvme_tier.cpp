@@ -35,7 +35,7 @@ static_assert(ferry::nvme_tier::traits.file_backed);
 static_assert(!ferry::nvme_tier::traits.host_accessible && !ferry::nvme_tier::traits.device_accessible);
 static_assert(ferry::tier<ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>>);
 #if FERRY_HAS_URING
-static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::uring_engine<>>);
+static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::auto_engine<>>);
 #else
 static_assert(std::is_same_v<ferry::nvme_tier::engine_type, ferry::io::thread_pool_engine<>>);
 #endif
@@ -627,4 +627,208 @@ TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is a
   tier.deallocate(r);
   CHECK(tier.used() == 0);
   CHECK(tier.check());
+}
+
+TEMPLATE_TEST_CASE("nvme_tier names the engine that runs; only the default engine can fall back", "[nvme]",
+                   FERRY_TEST_ALL_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 1 * MiB));
+  // This machine allows io_uring: the default engine runs it, and reports no fallback.
+  CHECK(tier.engine_name() == (TestType::is_uring ? "io_uring" : "thread_pool"));
+  CHECK_FALSE(tier.engine_fell_back());
+  CHECK(tier.engine_fallback_reason().empty());
+  const std::vector<std::byte> src = ferry_test::pattern(3 * 4096 + 5, 11);
+  const auto r = tier.store(src);
+  std::vector<std::byte> back(src.size());
+  tier.read(r, back);
+  CHECK(back == src);
+}
+
+TEST_CASE("nvme_tier: the default engine is io_uring where the kernel allows it", "[nvme]") {
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB));
+#if FERRY_HAS_URING
+  CHECK(tier.engine_name() == "io_uring");
+  CHECK(tier.engine().kind() == ferry::io::engine_kind::uring);
+  REQUIRE(tier.engine().uring() != nullptr);
+  CHECK(tier.engine().thread_pool() == nullptr);
+  CHECK(tier.engine().fixed_files());
+#else
+  CHECK(tier.engine_name() == "thread_pool");
+#endif
+  CHECK_FALSE(tier.engine_fell_back());
+}
+
+// --- one tier per backing file --------------------------------------------------------
+
+TEMPLATE_TEST_CASE("nvme_tier: a second tier on a file in use is refused, and the first one's data survives",
+                   "[nvme]", FERRY_TEST_ALL_ENGINES) {
+  using tier_t = typename TestType::template tier<posix_syscalls>;
+  scratch_path path(ferry_test::disk_dir), fresh(ferry_test::disk_dir);
+  tier_t first(ferry_test::small_options({path.path()}, 1 * MiB));
+  CHECK(first.files()[0].locked);
+  const std::vector<std::byte> src = ferry_test::pattern(8192 + 77, 5);
+  const auto r = first.store(src);
+  const auto size_before = std::filesystem::file_size(path.path());
+  for (const bool truncate : {true, false}) {
+    auto o = ferry_test::small_options({path.path()}, 2 * MiB);
+    o.truncate_on_open = truncate;
+    o.sizing = ferry::file_sizing::preallocate;
+    try {
+      tier_t second(o);
+      FAIL("a second tier opened a file in use");
+    } catch (const ferry::io_error& e) {
+      CHECK(e.code().value() == EWOULDBLOCK);
+      CHECK(e.path() == path.str());
+      CHECK_THAT(std::string(e.what()), Catch::Contains("flock") && Catch::Contains(path.str()));
+    }
+  }
+  // Striped, with the file in use second: the file it created first is removed again.
+  try {
+    tier_t second(ferry_test::small_options({fresh.path(), path.path()}, 2 * MiB));
+    FAIL("a second tier opened a file in use");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EWOULDBLOCK);
+    CHECK(e.path() == path.str());
+  }
+  CHECK_FALSE(std::filesystem::exists(fresh.path()));
+  REQUIRE(std::filesystem::exists(path.path()));  // not removed by the refused tiers
+  CHECK(std::filesystem::file_size(path.path()) == size_before);  // nor truncated or resized
+  std::vector<std::byte> back(src.size());
+  first.read(r, back);
+  CHECK(back == src);
+  // The first tier goes on working.
+  const std::vector<std::byte> more = ferry_test::pattern(MiB / 2 + 1, 6);
+  const auto r2 = first.store(more);
+  std::vector<std::byte> more_back(more.size());
+  first.read(r2, more_back);
+  CHECK(more_back == more);
+}
+
+TEMPLATE_TEST_CASE("nvme_tier: tiers opened back to back on one path all succeed", "[nvme]", FERRY_TEST_ALL_ENGINES) {
+  using tier_t = typename TestType::template tier<posix_syscalls>;
+  scratch_path path(ferry_test::disk_dir);
+  const std::size_t n = 64 * 1024 + 4096;
+  // As ferry-bench nvme does: the file is kept, one tier after another reads what the
+  // one before wrote (the allocator of each starts empty: the same region every time).
+  auto o = ferry_test::small_options({path.path()}, 1 * MiB);
+  o.truncate_on_open = false;
+  o.remove_on_close = false;
+  std::vector<std::byte> previous;
+  for (int i = 0; i < 20; ++i) {
+    INFO("tier " << i);
+    tier_t tier(o);  // refused (EWOULDBLOCK) if the tier before still held the lock
+    CHECK(tier.files()[0].locked);
+    const auto r = tier.allocate(n);
+    std::vector<std::byte> back(n);
+    if (!previous.empty()) {
+      tier.read(r, back);
+      CHECK(back == previous);
+    }
+    previous = ferry_test::pattern(n, static_cast<std::uint64_t>(i));
+    tier.write(r, previous);
+    tier.read(r, back);
+    CHECK(back == previous);
+    // With registered buffers in flight on io_uring too.
+    ferry::io::aligned_buffer registered(n, 4096);
+    (void)tier.register_buffer(registered.span());
+    tier.read(r, 0, registered.span());
+    CHECK(std::equal(previous.begin(), previous.end(), registered.data()));
+    tier.unregister_buffer(registered.span());
+  }
+  // And with the default options (truncated when opened, removed when closed).
+  for (int i = 0; i < 20; ++i) {
+    INFO("tier " << i << " with the default options");
+    tier_t tier(ferry_test::small_options({path.path()}, 1 * MiB));
+    const std::vector<std::byte> src = ferry_test::pattern(5000, static_cast<std::uint64_t>(i));
+    const auto r = tier.store(src);
+    std::vector<std::byte> back(src.size());
+    tier.read(r, back);
+    CHECK(back == src);
+  }
+  CHECK_FALSE(std::filesystem::exists(path.path()));
+}
+
+TEMPLATE_TEST_CASE("nvme_tier: a failed construction releases the locks it took", "[nvme]", FERRY_TEST_ALL_ENGINES) {
+  using tier_t = typename TestType::template tier<ferry::io::faulty_syscalls<>>;
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  scratch_path kept(ferry_test::disk_dir), missing_dir(ferry_test::disk_dir, "no-dir");
+  write_text(kept.path(), "kept");  // there before: a failed construction leaves it
+  auto o = ferry_test::small_options({kept.path()}, 1 * MiB);
+  o.remove_on_close = false;
+
+  SECTION("a later file cannot be opened") {
+    auto bad = o;
+    bad.paths.push_back(missing_dir.path() / "x.bin");
+    CHECK_THROWS_AS(tier_t(bad, ferry::io::faulty_syscalls<>(plan)), ferry::io_error);
+  }
+  SECTION("a file cannot be sized") {
+    plan->add({.call = ferry::io::syscall_kind::ftruncate, .error = EFBIG, .times = ferry::io::fault::forever});
+    CHECK_THROWS_AS(tier_t(o, ferry::io::faulty_syscalls<>(plan)), ferry::io_error);
+  }
+#if FERRY_HAS_URING
+  SECTION("the engine cannot start") {
+    plan->add({.call = ferry::io::syscall_kind::uring_queue_init, .error = ENOMEM, .times = ferry::io::fault::forever});
+    if constexpr (std::is_same_v<TestType, ferry_test::pool_engine>) {
+      tier_t tier(o, ferry::io::faulty_syscalls<>(plan));  // the pool never sets up a ring
+    } else {
+      CHECK_THROWS_AS(tier_t(o, ferry::io::faulty_syscalls<>(plan)), ferry::io_error);
+    }
+  }
+#endif
+  plan->clear();
+  REQUIRE(std::filesystem::exists(kept.path()));
+  // The lock is free again: a tier on the file (here or in another process) opens it.
+  tier_t tier(o, ferry::io::faulty_syscalls<>(plan));
+  CHECK(tier.files()[0].locked);
+  const std::vector<std::byte> src = ferry_test::pattern(4097, 2);
+  const auto r = tier.store(src);
+  std::vector<std::byte> back(src.size());
+  tier.read(r, back);
+  CHECK(back == src);
+}
+
+TEST_CASE("nvme_tier empties a file it did not create, once, after taking its lock", "[nvme]") {
+  using tier_t = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>>;
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  scratch_path path(ferry_test::disk_dir);
+  // Rules that never fail: they count the calls.
+  const auto truncates = plan->add({.call = ferry::io::syscall_kind::ftruncate, .times = ferry::io::fault::forever});
+  const auto locks = plan->add(
+      {.call = ferry::io::syscall_kind::flock, .open_flags = LOCK_EX | LOCK_NB, .times = ferry::io::fault::forever});
+  const auto unlocks =
+      plan->add({.call = ferry::io::syscall_kind::flock, .open_flags = LOCK_UN, .times = ferry::io::fault::forever});
+  const auto truncating_opens =
+      plan->add({.call = ferry::io::syscall_kind::open, .open_flags = O_TRUNC, .times = ferry::io::fault::forever});
+  auto o = ferry_test::small_options({path.path()}, 1 * MiB);
+  {
+    tier_t tier(o, ferry::io::faulty_syscalls<>(plan));  // creates the file: sized once, not emptied
+    CHECK(plan->fired(truncates) == 1);
+    CHECK(plan->fired(locks) == 1);
+    CHECK(plan->fired(unlocks) == 0);
+  }
+  CHECK(plan->fired(unlocks) == 1);  // released explicitly, not left to the close
+  write_text(path.path(), std::string(10000, 'x'));
+  o.sizing = ferry::file_sizing::grow;
+  {
+    tier_t tier(o, ferry::io::faulty_syscalls<>(plan));  // a file that was there: emptied
+    CHECK(plan->fired(truncates) == 2);
+    CHECK(std::filesystem::file_size(path.path()) == 0);
+  }
+  CHECK(plan->fired(truncating_opens) == 0);  // never O_TRUNC: the lock comes first
+  CHECK(plan->fired(unlocks) == 2);
+}
+
+TEST_CASE("nvme_tier on a file system without flock runs unlocked and says so", "[nvme]") {
+  using tier_t = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>>;
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  plan->add({.call = ferry::io::syscall_kind::flock, .error = ENOLCK, .times = ferry::io::fault::forever});
+  scratch_path path(ferry_test::disk_dir);
+  tier_t tier(ferry_test::small_options({path.path()}, 1 * MiB), ferry::io::faulty_syscalls<>(plan));
+  CHECK_FALSE(tier.files()[0].locked);
+  const std::vector<std::byte> src = ferry_test::pattern(4096 * 3 + 1, 4);
+  const auto r = tier.store(src);
+  std::vector<std::byte> back(src.size());
+  tier.read(r, back);
+  CHECK(back == src);
 }

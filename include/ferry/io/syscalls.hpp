@@ -19,6 +19,13 @@
 /// | `int fsync(int fd)`                                   | `fsync(2)`                     |
 /// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result of an io_uring request, which a policy may replace (identity for the real one) |
 ///
+/// Two more members are optional (a policy without them gets the real call):
+///
+/// | member                                                | wraps                          |
+/// |-------------------------------------------------------|--------------------------------|
+/// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with it) |
+/// | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it) |
+///
 /// io_uring requests do not pass through `pread`/`pwrite` (the kernel executes them),
 /// so `completed` is the hook where a test policy rewrites their results; the thread
 /// pool engine calls `pread`/`pwrite` and not `completed`. A policy object must be
@@ -42,10 +49,12 @@
 /// test can tell that its fault really happened.
 #pragma once
 
+#include "ferry/config.hpp"
 #include "ferry/io/request.hpp"
 
 #include <algorithm>
 #include <cerrno>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -57,8 +66,13 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#if FERRY_HAS_URING
+#include <liburing.h>
+#endif
 
 namespace ferry::io {
 
@@ -70,7 +84,6 @@ struct posix_syscalls {
     return fd >= 0 ? fd : -errno;
   }
   /// @brief `close(2)`; 0 or `-errno`.
-  /// @brief `close`; a `close` fault reports `-error` (the fd is closed all the same, as close(2) does).
   int close(int fd) noexcept { return ::close(fd) == 0 ? 0 : -errno; }
   /// @brief `pread(2)`; bytes read or `-errno`.
   std::int64_t pread(int fd, void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
@@ -94,10 +107,54 @@ struct posix_syscalls {
   int fsync(int fd) noexcept { return ::fsync(fd) == 0 ? 0 : -errno; }
   /// @brief The result of an io_uring request, unchanged.
   std::int64_t completed(op_kind, int, std::uint64_t, std::size_t, std::int64_t result) noexcept { return result; }
+  /// @brief `flock(2)`; 0 or `-errno`.
+  int flock(int fd, int operation) noexcept { return ::flock(fd, operation) == 0 ? 0 : -errno; }
+#if FERRY_HAS_URING
+  /// @brief liburing's `io_uring_queue_init_params` (which returns 0 or `-errno` itself).
+  int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
+    return io_uring_queue_init_params(entries, ring, params);
+  }
+#endif
 };
 
+namespace detail {
+
+/// `sys.flock(fd, operation)` where the policy has it, else the real `flock(2)`.
+template <class S>
+int flock_via(S& sys, int fd, int operation) noexcept {
+  if constexpr (requires { { sys.flock(fd, operation) } -> std::convertible_to<int>; }) {
+    return sys.flock(fd, operation);
+  } else {
+    return ::flock(fd, operation) == 0 ? 0 : -errno;
+  }
+}
+
+#if FERRY_HAS_URING
+/// `sys.uring_queue_init(...)` where the policy has it, else liburing's call.
+template <class S>
+int uring_queue_init_via(S& sys, unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
+  if constexpr (requires { { sys.uring_queue_init(entries, ring, params) } -> std::convertible_to<int>; }) {
+    return sys.uring_queue_init(entries, ring, params);
+  } else {
+    return io_uring_queue_init_params(entries, ring, params);
+  }
+}
+#endif
+
+}  // namespace detail
+
 /// @brief Which call a `fault` applies to.
-enum class syscall_kind : std::uint8_t { open, close, pread, pwrite, fallocate, ftruncate, fsync };
+enum class syscall_kind : std::uint8_t {
+  open,
+  close,
+  pread,
+  pwrite,
+  fallocate,
+  ftruncate,
+  fsync,
+  flock,             ///< `flock(2)` (the tier's lock on each backing file)
+  uring_queue_init,  ///< the io_uring ring's setup (path "io_uring"; only with `FERRY_HAS_URING`)
+};
 
 /// @brief One scripted failure (see the file comment).
 struct fault {
@@ -107,7 +164,9 @@ struct fault {
   std::string path_contains{};         ///< only files whose path contains this ("" = any)
   std::uint64_t min_offset = 0;        ///< pread/pwrite/fallocate: only at offsets >= this
   std::uint64_t max_offset = std::numeric_limits<std::uint64_t>::max();  ///< ... and < this
-  int open_flags = 0;                  ///< open: only when the flags contain all of these (e.g. O_DIRECT)
+  /// Only when the call's flags contain all of these: open's (e.g. O_DIRECT), flock's
+  /// operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL).
+  int open_flags = 0;
   std::size_t skip = 0;                ///< matching calls to let pass before firing
   std::size_t times = 1;               ///< matching calls to fire on (`forever` = no limit)
 
@@ -235,6 +294,22 @@ class faulty_syscalls {
     if (const auto f = fire(syscall_kind::fsync, path_of(fd), 0, 0); f && f->error != 0) return -f->error;
     return base_.fsync(fd);
   }
+  /// @brief `flock`, unless a `flock` fault fires (matched on the operation as flags).
+  int flock(int fd, int operation) noexcept {
+    if (const auto f = fire(syscall_kind::flock, path_of(fd), 0, operation); f && f->error != 0) return -f->error;
+    return detail::flock_via(base_, fd, operation);
+  }
+#if FERRY_HAS_URING
+  /// @brief The io_uring ring's setup, unless a `uring_queue_init` fault fires (path
+  /// "io_uring", matched on the setup flags): then `-error` and no ring is made.
+  int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
+    if (const auto f = fire(syscall_kind::uring_queue_init, "io_uring", 0, static_cast<int>(params->flags));
+        f && f->error != 0) {
+      return -f->error;
+    }
+    return detail::uring_queue_init_via(base_, entries, ring, params);
+  }
+#endif
   /// @brief io_uring results: a pread/pwrite fault turns the real result into `-error`,
   /// or caps it at `short_bytes` (the kernel moved more; the caller moves the rest again).
   std::int64_t completed(op_kind kind, int fd, std::uint64_t offset, std::size_t bytes,

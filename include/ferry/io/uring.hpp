@@ -76,6 +76,61 @@
 
 namespace ferry::io {
 
+/// @brief Whether `errno_value`, from setting up an io_uring ring, means that io_uring is
+/// refused here rather than that this ring's settings are wrong: EPERM
+/// (`kernel.io_uring_disabled = 2`, or a seccomp filter), EACCES
+/// (`kernel.io_uring_disabled = 1` for a process outside `kernel.io_uring_group`) and
+/// ENOSYS (a kernel without io_uring, or a seccomp filter). ENOMEM, EINVAL and the
+/// others are not refusals. `io::auto_engine` falls back to the thread pool on these.
+[[nodiscard]] constexpr bool is_uring_refusal(int errno_value) noexcept {
+  return errno_value == EPERM || errno_value == EACCES || errno_value == ENOSYS;
+}
+
+namespace detail {
+
+/// The symbolic name of the errno values ring setup answers ("EPERM"), else "errno N".
+[[nodiscard]] inline std::string errno_name(int e) {
+  switch (e) {
+    case EPERM: return "EPERM";
+    case EACCES: return "EACCES";
+    case ENOSYS: return "ENOSYS";
+    case ENOMEM: return "ENOMEM";
+    case EINVAL: return "EINVAL";
+    case EFAULT: return "EFAULT";
+    case EMFILE: return "EMFILE";
+    case ENFILE: return "ENFILE";
+    case EBUSY: return "EBUSY";
+    case ENODEV: return "ENODEV";
+    default: return "errno " + std::to_string(e);
+  }
+}
+
+}  // namespace detail
+
+/// @brief No io_uring ring could be made: the `ferry::io_error` that `uring_engine`'s
+/// constructor throws, with the call that failed.
+///
+/// `path()` is "io_uring", `offset()` is `io_error::no_offset`, `bytes()` is 0, `code()`
+/// the errno. `operation()` is "io_uring_queue_init", "io_uring_queue_init (SQPOLL)" or
+/// "eventfd"; `refused()` tells a refusal of io_uring itself (`is_uring_refusal`) from
+/// other failures (ENOMEM, EINVAL for unknown setup flags, ...).
+class uring_setup_error : public ferry::io_error {
+ public:
+  /// @param errno_value the errno (positive)
+  /// @param operation   the failed call
+  /// @param site        where it was detected
+  uring_setup_error(int errno_value, std::string_view operation, source_site site)
+      : io_error(errno_value, operation, std::string("io_uring"), io_error::no_offset, 0, site),
+        operation_(operation) {}
+  /// @brief The call that failed, e.g. "io_uring_queue_init".
+  [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
+  /// @brief Whether the errno says io_uring is refused here (EPERM, EACCES, ENOSYS).
+  [[nodiscard]] bool refused() const noexcept { return is_uring_refusal(code().value()); }
+
+ private:
+  std::string operation_;
+};
+
 /// @brief Runs `io_request`s on an io_uring ring owned by one thread; models
 /// `ferry::io::io_engine`.
 ///
@@ -101,10 +156,15 @@ class uring_engine {
   /// @param sys     the syscalls policy (its `completed` hook sees every result)
   /// @param fds     file descriptors; `io_request::file` indexes this table
   /// @param options queue depth (0: the `io_queue_depth` knob), SQPOLL, buffer slots
-  /// @throws ferry::io_error ("io_uring_queue_init" or "eventfd", errno) when no ring can
-  ///         be made (io_uring disabled by `kernel.io_uring_disabled` or seccomp, ENOMEM,
-  ///         EPERM for SQPOLL); ferry::config_error from `defaults::current()`;
-  ///         ferry::logic_error for a depth outside 1 .. 4096
+  /// The ring is set up with the syscalls policy's `uring_queue_init` where it has one
+  /// (so a test can make io_uring refuse), else with liburing's call.
+  /// @throws ferry::io::uring_setup_error, a ferry::io_error ("io_uring_queue_init",
+  ///         "io_uring_queue_init (SQPOLL)" or "eventfd", errno) when no ring can be made:
+  ///         io_uring refused (EPERM from `kernel.io_uring_disabled = 2` or seccomp,
+  ///         EACCES from `kernel.io_uring_disabled = 1`, ENOSYS), ENOMEM, EPERM for SQPOLL.
+  ///         There is no fallback here (`io::auto_engine` has one);
+  ///         ferry::config_error from `defaults::current()`; ferry::logic_error for a
+  ///         depth outside 1 .. 4096
   uring_engine(S& sys, std::span<const int> fds, const engine_options& options = {})
       : sys_(&sys), fds_(fds.begin(), fds.end()) {
     depth_ = options.queue_depth != 0 ? options.queue_depth : defaults::current().io_queue_depth;
@@ -112,7 +172,8 @@ class uring_engine {
     FERRY_EXPECTS(options.buffer_slots <= 16384, "at most 16384 registered buffer slots", options.buffer_slots);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) {
-      FERRY_THROW_IO_ERROR(errno, "eventfd", std::string("io_uring"), io_error::no_offset, 0);
+      const int err = errno;
+      throw uring_setup_error(err, "eventfd", FERRY_DETAIL_SITE());
     }
     std::unique_lock lock(mutex_);
     try {
@@ -126,8 +187,8 @@ class uring_engine {
       lock.unlock();
       thread_.join();
       ::close(wake_fd_);
-      FERRY_THROW_IO_ERROR(init_error_, init_sqpoll_ ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init",
-                           std::string("io_uring"), io_error::no_offset, 0);
+      throw uring_setup_error(init_error_, init_sqpoll_ ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init",
+                              FERRY_DETAIL_SITE());
     }
   }
   uring_engine(const uring_engine&) = delete;
@@ -359,7 +420,7 @@ class uring_engine {
     if (options.sqpoll) {
       params.flags = IORING_SETUP_CLAMP | IORING_SETUP_SQPOLL;
       params.sq_thread_idle = options.sqpoll_idle_ms;
-      r = io_uring_queue_init_params(entries, &ring_, &params);
+      r = detail::uring_queue_init_via(*sys_, entries, &ring_, &params);
       sqpoll_ = r == 0;
       init_sqpoll_ = true;
     } else {
@@ -369,7 +430,7 @@ class uring_engine {
       for (const unsigned flags : flag_sets) {
         params = io_uring_params{};
         params.flags = IORING_SETUP_CLAMP | flags;
-        r = io_uring_queue_init_params(entries, &ring_, &params);
+        r = detail::uring_queue_init_via(*sys_, entries, &ring_, &params);
         if (r != -EINVAL) {
           defer_taskrun_ = r == 0 && (flags & IORING_SETUP_DEFER_TASKRUN) != 0;
           break;

@@ -33,6 +33,28 @@
 /// `io_error` naming the file, the file offset and size of the failed request, and the
 /// errno. The source memory of a write is only ever read.
 ///
+/// ## Engine
+/// By default (`io::default_engine`) a build with liburing runs the requests on
+/// io_uring, through `io::auto_engine`: where the kernel refuses io_uring (EPERM, EACCES
+/// or ENOSYS from the ring's setup: `kernel.io_uring_disabled`, a container's seccomp
+/// filter) the tier runs on the pread/pwrite thread pool instead, and says so:
+/// `engine_name()` ("io_uring" or "thread_pool"), `engine_fell_back()`,
+/// `engine_fallback_reason()` (e.g. "io_uring_queue_init: Operation not permitted
+/// (EPERM); running the thread-pool engine"), as `fell_back()` and `files()` report a
+/// file that fell back to buffered I/O. Any other failure of the ring (ENOMEM, EINVAL)
+/// is thrown. An explicit `io::uring_engine` never falls back; `io::thread_pool_engine`
+/// never tries io_uring. A build without liburing runs the thread pool.
+///
+/// ## One tier per file
+/// The tier holds an exclusive `flock` on each backing file from before it empties or
+/// sizes the file until its destructor: a second tier (in this process or another) on a
+/// file in use is refused with `io_error` EWOULDBLOCK and the first one's data stays
+/// as it was. The lock is released explicitly (`LOCK_UN`) when the tier ends or its
+/// construction fails, not left to the close: io_uring's registered files keep the
+/// open file (and so the lock) alive until the ring's asynchronous teardown is done.
+/// Where the file system has no `flock` (e.g. ENOLCK) the file is used unlocked
+/// (`files()[i].locked`).
+///
 /// ## Accounting
 /// `used()` is the sum of the lengths of the live extents (each region's size rounded
 /// up to the alignment) — exactly, at every moment; `check()` verifies it against the
@@ -53,6 +75,7 @@
 #include "ferry/concepts.hpp"
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
+#include "ferry/io/auto_engine.hpp"
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
@@ -63,6 +86,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -83,14 +108,17 @@
 #include <utility>
 #include <vector>
 
+#include <sys/file.h>
+
 namespace ferry {
 
 namespace io {
-/// @brief The engine `ferry::nvme_tier` uses: io_uring when ferry is built with
-/// liburing (`FERRY_HAS_URING`), otherwise the pread/pwrite thread pool.
+/// @brief The engine `ferry::nvme_tier` uses: when ferry is built with liburing
+/// (`FERRY_HAS_URING`), `io::auto_engine` (io_uring, or the pread/pwrite thread pool
+/// where the kernel refuses io_uring); otherwise the thread pool.
 #if FERRY_HAS_URING
 template <class S>
-using default_engine = uring_engine<S>;
+using default_engine = auto_engine<S>;
 #else
 template <class S>
 using default_engine = thread_pool_engine<S>;
@@ -134,7 +162,8 @@ struct nvme_options {
   /// and a multiple of each file system's direct I/O offset alignment. 4096 = the page
   /// and the logical block of most NVMe drives.
   std::size_t alignment = 4096;
-  /// Thread pool engine: workers; 0: the `io_threads` knob (FERRY_IO_THREADS).
+  /// Thread pool engine (also the default engine's, where io_uring is refused): workers;
+  /// 0: the `io_threads` knob (FERRY_IO_THREADS).
   std::size_t threads = 0;
   /// io_uring engine: poll the submission queue from a kernel thread (IORING_SETUP_SQPOLL).
   bool sqpoll = false;
@@ -148,8 +177,10 @@ struct nvme_options {
   std::size_t staging_blocks = 8;
   /// How the files are sized at construction.
   file_sizing sizing = file_sizing::sparse;
-  /// Empty the files when opening them (O_TRUNC). Their old contents mean nothing to a
-  /// new tier (the allocator starts empty); false keeps them (and their disk blocks).
+  /// Empty the files when opening them (`ftruncate` to 0 once the tier holds the file's
+  /// lock; a file the tier created is not truncated). Their old contents mean nothing
+  /// to a new tier (the allocator starts empty); false keeps them (and their disk
+  /// blocks).
   bool truncate_on_open = true;
   /// Remove the files when the tier is destroyed: each path that still names the file
   /// the tier opened there (a file made at the path after the tier's was unlinked or
@@ -165,6 +196,7 @@ struct nvme_file_info {
   io::io_mode mode;             ///< direct or buffered
   std::string fallback_reason;  ///< why `compat_mode::automatic` chose buffered ("" if it did not)
   std::uint64_t size;           ///< bytes of the file the tier may use
+  bool locked = false;          ///< whether the tier holds the file's `flock` (false where the file system has none)
 };
 
 /// @brief Counters of an `nvme_tier` (monotonic; relaxed reads).
@@ -270,8 +302,9 @@ class io_ticket {
 ///
 /// @tparam S      syscalls policy (io/syscalls.hpp): `io::posix_syscalls`, or
 ///                `io::faulty_syscalls<>` in tests
-/// @tparam Engine the I/O engine template: `io::uring_engine` (with liburing),
-///                `io::thread_pool_engine`; default `io::default_engine`
+/// @tparam Engine the I/O engine template: `io::auto_engine` or `io::uring_engine`
+///                (with liburing), `io::thread_pool_engine`; default
+///                `io::default_engine`
 template <class S = io::posix_syscalls, template <class> class Engine = io::default_engine>
 class basic_nvme_tier {
  public:
@@ -284,21 +317,26 @@ class basic_nvme_tier {
   /// @brief Bytes in files: neither the CPU nor the GPU can address them directly.
   static constexpr memory_traits traits{.host_accessible = false, .device_accessible = false, .file_backed = true};
 
-  /// @brief Opens (creates) and sizes the files, starts the engine, registers the
-  /// staging blocks.
+  /// @brief Opens (creates) and locks the files, empties and sizes them, starts the
+  /// engine, registers the staging blocks.
   ///
-  /// If it fails, the files are closed and those this construction created are removed
-  /// again (whatever `remove_on_close` says). A file (or folder) that was at a path
-  /// before is never removed — though one opened before the failure was already emptied
-  /// with `truncate_on_open`, and resized per `sizing`.
+  /// If it fails, the files are unlocked and closed, and those this construction created
+  /// are removed again (whatever `remove_on_close` says). A file (or folder) that was at
+  /// a path before is never removed — though one opened and locked before the failure
+  /// was already emptied with `truncate_on_open`, and resized per `sizing`. A file in use
+  /// by another tier is left as it was.
   /// @param options the settings (see `nvme_options`)
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
   ///         folder, EISDIR for a folder) or sized (e.g. EFBIG, ENOSPC with
-  ///         `file_sizing::preallocate`), when O_DIRECT is refused in
-  ///         `compat_mode::direct`, or when the engine cannot start (io_uring refused at
-  ///         run time: there is no automatic fallback; build the tier on
-  ///         `io::thread_pool_engine` instead, see docs/io.md)
+  ///         `file_sizing::preallocate`); EWOULDBLOCK ("flock", the path) when a file is
+  ///         in use by another tier (its lock is held); when O_DIRECT is refused in
+  ///         `compat_mode::direct`; or when the engine cannot start: with the default
+  ///         engine only for other reasons than a refusal of io_uring (ENOMEM, EINVAL:
+  ///         an `io::uring_setup_error`, path "io_uring"; a refusal — EPERM, EACCES,
+  ///         ENOSYS — runs the thread pool instead, see `engine_fallback_reason()`), with
+  ///         an explicit `io::uring_engine` for any failure of the ring, refusals
+  ///         included
   /// @throws ferry::logic_error for inconsistent options; ferry::config_error for a
   ///         malformed FERRY_* variable
   explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
@@ -347,15 +385,23 @@ class basic_nvme_tier {
     allocator_.emplace(capacity, a);
 
     files_.reserve(options_.paths.size());
+    locked_.reserve(options_.paths.size());
     std::vector<int> fds;
     try {
       for (const auto& p : options_.paths) {
         io::open_options o;
         o.mode = options_.compat;
-        o.truncate = options_.truncate_on_open;
+        o.truncate = false;  // truncate_on_open: only once the lock is held (below)
         o.block_alignment = a;
-        files_.emplace_back(sys_, p.string(), o);
+        io::direct_file<S> file(sys_, p.string(), o);
+        // One tier per file: a second one would truncate and overwrite the first one's
+        // data. Refused here, before the file is changed (a file that is refused is
+        // closed by `file`'s destructor and never removed: it is the other tier's).
+        const bool locked = lock_file(file);
+        files_.push_back(std::move(file));  // capacity reserved: does not throw
+        locked_.push_back(locked ? 1 : 0);
         fds.push_back(files_.back().fd());
+        if (options_.truncate_on_open && !files_.back().created()) files_.back().truncate(0);
         if (options_.sizing == file_sizing::sparse) {
           files_.back().truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
@@ -375,13 +421,17 @@ class basic_nvme_tier {
         staging_free_.push_back(staging_memory_.data() + i * block_);
       }
       staging_registered_ = engine_->register_buffer(staging_memory_.span());
+      read_operation_ = operation_of(io::op_kind::read);
+      write_operation_ = operation_of(io::op_kind::write);
     } catch (...) {
       engine_.reset();
       // Only what this construction created goes: a file that was at its path stays (a
-      // path that failed to open was cleaned up by direct_file itself).
+      // path that failed to open was cleaned up by direct_file itself). Removed while
+      // still locked, so no other tier can have begun to use it.
       for (auto& f : files_) {
         if (f.created()) (void)f.remove();
       }
+      unlock_files();
       files_.clear();
       throw;
     }
@@ -562,12 +612,43 @@ class basic_nvme_tier {
   /// @brief Each backing file: path, direct or buffered, fallback reason, usable size.
   [[nodiscard]] std::vector<nvme_file_info> files() const {
     std::vector<nvme_file_info> out;
-    for (const auto& f : files_) out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_});
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      const auto& f = files_[i];
+      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0});
+    }
     return out;
   }
-  /// @brief Whether any file fell back from direct to buffered I/O (`compat_mode::automatic`).
+  /// @brief Whether any file fell back from direct to buffered I/O
+  /// (`compat_mode::automatic`); the engine's fallback is `engine_fell_back()`.
   [[nodiscard]] bool fell_back() const noexcept {
     return std::any_of(files_.begin(), files_.end(), [](const auto& f) { return f.fell_back(); });
+  }
+  /// @brief The engine that runs the tier's I/O: "io_uring" or "thread_pool" (with the
+  /// default engine: the one it ended up with).
+  [[nodiscard]] std::string_view engine_name() const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.running_name() } -> std::convertible_to<std::string_view>;
+                  }) {
+      return engine_->running_name();
+    } else {
+      return engine_type::name;
+    }
+  }
+  /// @brief Whether the engine runs the thread pool because io_uring was refused (the
+  /// default engine, `io::auto_engine`; always false for the other engines).
+  [[nodiscard]] bool engine_fell_back() const noexcept { return !engine_fallback_reason().empty(); }
+  /// @brief Why the engine runs the thread pool: the failed call, the errno's
+  /// description and name, e.g. "io_uring_queue_init: Operation not permitted (EPERM);
+  /// running the thread-pool engine"; "" when it did not fall back.
+  [[nodiscard]] const std::string& engine_fallback_reason() const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.fallback_reason() } -> std::convertible_to<const std::string&>;
+                  }) {
+      return engine_->fallback_reason();
+    } else {
+      static const std::string none;
+      return none;
+    }
   }
   /// @brief Block alignment in bytes (offsets, tails, extents).
   [[nodiscard]] std::size_t alignment() const noexcept { return options_.alignment; }
@@ -723,7 +804,7 @@ class basic_nvme_tier {
     }
 
     std::string_view operation() const noexcept {
-      return kind_ == io::op_kind::read ? engine_type::read_operation : engine_type::write_operation;
+      return kind_ == io::op_kind::read ? tier_.read_operation_ : tier_.write_operation_;
     }
 
     void fail_locked(int err, std::string_view op, const io::io_request& q) noexcept {
@@ -903,12 +984,50 @@ class basic_nvme_tier {
   }
 
   // Closes the files; with remove_on_close first removes the path of each, if it still
-  // names the file held (not a file made there after the tier's was unlinked).
+  // names the file held (not a file made there after the tier's was unlinked) — while
+  // the lock is held, so the file removed cannot be one another tier has begun to use.
   void close_files() noexcept {
     if (options_.remove_on_close) {
       for (auto& f : files_) (void)f.remove();
     }
+    unlock_files();
     files_.clear();
+  }
+
+  // Takes `f`'s lock (flock, exclusive, not waiting): true when held, false where the
+  // file system has no flock (ENOLCK, EOPNOTSUPP, ...: the file is used unlocked).
+  bool lock_file(const io::direct_file<S>& f) {
+    const int r = io::detail::flock_via(sys_, f.fd(), LOCK_EX | LOCK_NB);
+    if (r == 0) return true;
+    if (r == -EWOULDBLOCK) {
+      FERRY_THROW_IO_ERROR(EWOULDBLOCK, "flock LOCK_EX (the file is in use: locked by another nvme_tier)", f.path(),
+                           io_error::no_offset, 0);
+    }
+    return false;
+  }
+
+  // Releases the locks held, explicitly: a close would leave a lock alive while the
+  // open file is still referenced elsewhere (io_uring's registered files, until the
+  // ring's asynchronous teardown is done), and the next tier on the file would be
+  // refused.
+  void unlock_files() noexcept {
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      if (locked_[i] != 0) {
+        (void)io::detail::flock_via(sys_, files_[i].fd(), LOCK_UN);
+        locked_[i] = 0;
+      }
+    }
+  }
+
+  // The running engine's name of a read or a write, for the tier's errors.
+  std::string_view operation_of(io::op_kind k) const noexcept {
+    if constexpr (requires(const engine_type& e) {
+                    { e.operation(k) } -> std::convertible_to<std::string_view>;
+                  }) {
+      return engine_->operation(k);
+    } else {
+      return k == io::op_kind::read ? engine_type::read_operation : engine_type::write_operation;
+    }
   }
 
   struct counters {
@@ -926,7 +1045,10 @@ class basic_nvme_tier {
   std::optional<io::extent_allocator> allocator_;
   std::atomic<std::uint64_t> used_{0};
   std::vector<io::direct_file<S>> files_;
+  std::vector<unsigned char> locked_;  // per file: whether the tier holds its flock
   std::unique_ptr<engine_type> engine_;
+  std::string_view read_operation_ = engine_type::read_operation;    // the running engine's names
+  std::string_view write_operation_ = engine_type::write_operation;  // (set once it has started)
   io::aligned_buffer staging_memory_;
   std::mutex staging_mutex_;
   std::vector<std::byte*> staging_free_;
