@@ -32,7 +32,7 @@ cmake --build --preset "$preset"
 
 # The host suite once more under each sanitizer preset (host code, no CUDA): ASan with
 # UBSan, then ThreadSanitizer, and under TSan the concurrent suites (pipelines,
-# scheduler, pinned pool, I/O engines) again, three times over with more jobs than
+# scheduler, pinned pool, I/O engines) again, twice over with more jobs than
 # cores, so that they run under load. FERRY_SANITIZERS=0 skips this (a quicker local
 # run); CI runs it. A sanitizer report fails the test (halt_on_error, abort_on_error).
 if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
@@ -45,10 +45,10 @@ if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
       { grep -E "Failed|\*\*\*|ThreadSanitizer|AddressSanitizer|runtime error" "build/$sanitizer/ctest.log" | head -200; exit 1; }
     echo "   all passed (log: build/$sanitizer/ctest.log)"
   done
-  echo "== concurrent suites under ThreadSanitizer, 3 repeats, 4 jobs on $(nproc) cores"
+  echo "== concurrent suites under ThreadSanitizer, 2 repeats, 4 jobs on $(nproc) cores"
   ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
     -R "tensor_cache|layer_streamer|scheduler|host_executor|pinned_pool: 8 threads|engine|concurren|threads" \
-    --repeat until-fail:3 ||
+    --repeat until-fail:2 ||
     { grep -E "Failed|\*\*\*|ThreadSanitizer|runtime error" build/tsan/ctest-repeat.log | head -200; exit 1; }
   echo "   all passed (log: build/tsan/ctest-repeat.log)"
 fi

@@ -296,16 +296,17 @@ TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says 
   o.threads = 3;
   o.sqpoll = sqpoll;
   ferry::io::auto_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
-  CHECK(sys.plan()->fired(rule) == 1);  // a refusal is not retried with other setup flags
+  // A refusal is not retried with other setup flags; a refused SQPOLL ring is tried again
+  // without SQPOLL (refused too here).
+  CHECK(sys.plan()->fired(rule) == (sqpoll ? 2u : 1u));
   CHECK(engine.kind() == ferry::io::engine_kind::thread_pool);
   CHECK(engine.running_name() == "thread_pool");
   CHECK(engine.operation(op_kind::read) == "pread");
   CHECK(engine.operation(op_kind::write) == "pwrite");
   CHECK(engine.fell_back());
   CHECK(engine.fallback_errno() == error);
-  const std::string call = sqpoll ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init";
-  CHECK(engine.fallback_reason() ==
-        call + ": " + std::generic_category().message(error) + " (" + name + "); running the thread-pool engine");
+  CHECK(engine.fallback_reason() == "io_uring_queue_init: " + std::generic_category().message(error) + " (" + name +
+                                        "); running the thread-pool engine");
   REQUIRE(engine.thread_pool() != nullptr);
   CHECK(engine.uring() == nullptr);
   CHECK(engine.thread_pool()->threads() == 3);
@@ -316,6 +317,34 @@ TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says 
   run_batches(engine, memory.span(), 4096, 3);
   CHECK(engine.stats().completed == 128);
   CHECK(engine.stats().submit_calls == 0);  // no ring: pread/pwrite on the workers
+}
+
+TEST_CASE("auto_engine runs io_uring without SQPOLL where only SQPOLL is refused, and says why", "[io][uring]") {
+  // Kernels before 5.11 refuse SQPOLL to unprivileged users with EPERM and allow a plain ring.
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  const std::size_t rule = plan->add({.call = ferry::io::syscall_kind::uring_queue_init,
+                                      .error = EPERM,
+                                      .open_flags = static_cast<int>(IORING_SETUP_SQPOLL),
+                                      .times = ferry::io::fault::forever});
+  ferry::io::faulty_syscalls<> sys(plan);
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 4;
+  o.sqpoll = true;
+  ferry::io::auto_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
+  CHECK(plan->fired(rule) == 1);
+  CHECK(engine.kind() == ferry::io::engine_kind::uring);
+  CHECK_FALSE(engine.fell_back());  // still io_uring
+  CHECK_FALSE(engine.sqpoll());
+  CHECK(engine.fallback_errno() == EPERM);
+  CHECK(engine.fallback_reason() == "io_uring_queue_init (SQPOLL): " + std::generic_category().message(EPERM) +
+                                        " (EPERM); running io_uring without SQPOLL");
+  ferry::io::aligned_buffer memory(64 * 4096, 4096);
+  run_batches(engine, memory.span(), 4096, 2);
+  CHECK(engine.stats().completed == 128);
+  CHECK(engine.stats().submit_calls > 0);  // the ring ran them
 }
 
 TEST_CASE("auto_engine throws the other failures of io_uring's setup (ENOMEM, EINVAL)", "[io][uring]") {

@@ -547,11 +547,12 @@ TEST_CASE("nvme_tier: a failed construction removes the files it created, never 
   CHECK(read_text(user.path()) == content);
   CHECK_FALSE(std::filesystem::exists(fresh.path()));  // created by the failed construction: removed again
 
-  // With the default options the user's file is emptied (truncate_on_open) but stays.
+  // With the default options too (truncate_on_open, sparse sizing): every path is opened
+  // before any file is emptied or sized, so the user's file keeps its bytes.
   write_text(user.path(), content);
   o = ferry_test::small_options({user.path(), fresh.path(), missing_dir.path() / "x.bin"}, 1 * MiB);
   CHECK_THROWS_AS(ferry::nvme_tier(o), ferry::io_error);
-  CHECK(std::filesystem::exists(user.path()));
+  CHECK(read_text(user.path()) == content);
   CHECK_FALSE(std::filesystem::exists(fresh.path()));
 
   // An empty folder given as a path cannot be opened as a file; it stays.

@@ -70,7 +70,9 @@ class auto_engine {
   static constexpr std::string_view write_operation = "write";
 
   /// @brief Starts an `io::uring_engine`, or an `io::thread_pool_engine` when io_uring
-  /// is refused (EPERM, EACCES, ENOSYS from the ring's setup).
+  /// is refused (EPERM, EACCES, ENOSYS from the ring's setup). With `options.sqpoll`, a
+  /// refused SQPOLL ring is tried again without SQPOLL first (still io_uring, the reason
+  /// reported), and the thread pool runs only if that is refused too.
   /// @param sys     the syscalls policy (its `uring_queue_init`, where it has one, sets
   ///                the ring up: tests make io_uring refuse through it)
   /// @param fds     file descriptors; `io_request::file` indexes this table
@@ -84,16 +86,19 @@ class auto_engine {
   ///         queue depth outside 1 .. 4096 or a thread count outside 1 .. 1024;
   ///         std::system_error when a thread cannot start; std::bad_alloc
   auto_engine(S& sys, std::span<const int> fds, const engine_options& options = {}) {
-    try {
-      std::construct_at(&engines_.uring, sys, fds, options);
-      kind_ = engine_kind::uring;
-      return;
-    } catch (const uring_setup_error& e) {
-      if (!e.refused()) throw;
-      fallback_errno_ = e.code().value();
-      fallback_reason_ = e.operation() + ": " + std::generic_category().message(fallback_errno_) + " (" +
-                         detail::errno_name(fallback_errno_) + "); running the thread-pool engine";
+    if (start_uring(sys, fds, options)) return;
+    if (options.sqpoll) {
+      // EPERM for SQPOLL alone is what kernels before 5.11 answer an unprivileged user:
+      // io_uring without the polling thread beats the thread pool.
+      engine_options plain = options;
+      plain.sqpoll = false;
+      const std::string sqpoll_reason = fallback_reason_;
+      if (start_uring(sys, fds, plain)) {
+        fallback_reason_ = sqpoll_reason + "; running io_uring without SQPOLL";
+        return;
+      }
     }
+    fallback_reason_ += "; running the thread-pool engine";
     std::construct_at(&engines_.pool, sys, fds, options);
     kind_ = engine_kind::thread_pool;
   }
@@ -144,11 +149,14 @@ class auto_engine {
   }
   /// @brief Whether io_uring was refused and the thread pool runs instead.
   [[nodiscard]] bool fell_back() const noexcept { return kind_ == engine_kind::thread_pool; }
-  /// @brief Why the thread pool runs: the failed call, the errno's description and
-  /// name, e.g. "io_uring_queue_init: Operation not permitted (EPERM); running the
-  /// thread-pool engine"; "" when io_uring runs.
+  /// @brief Why the thread pool runs (or io_uring without the SQPOLL asked for): the
+  /// refused call, the errno's description and name, and what runs instead, e.g.
+  /// "io_uring_queue_init: Operation not permitted (EPERM); running the thread-pool
+  /// engine" or "io_uring_queue_init (SQPOLL): Operation not permitted (EPERM); running
+  /// io_uring without SQPOLL"; "" when io_uring runs as asked.
   [[nodiscard]] const std::string& fallback_reason() const noexcept { return fallback_reason_; }
-  /// @brief The errno of the refusal (EPERM, EACCES or ENOSYS); 0 when io_uring runs.
+  /// @brief The errno of the last refusal (EPERM, EACCES or ENOSYS); 0 when io_uring
+  /// runs as asked.
   [[nodiscard]] int fallback_errno() const noexcept { return fallback_errno_; }
 
   /// @brief The io_uring engine, or nullptr when the thread pool runs.
@@ -177,6 +185,21 @@ class auto_engine {
   [[nodiscard]] bool sqpoll() const noexcept { return kind_ == engine_kind::uring && engines_.uring.sqpoll(); }
 
  private:
+  // Constructs the io_uring engine; false (the reason kept) when the kernel refuses it.
+  bool start_uring(S& sys, std::span<const int> fds, const engine_options& options) {
+    try {
+      std::construct_at(&engines_.uring, sys, fds, options);
+      kind_ = engine_kind::uring;
+      return true;
+    } catch (const uring_setup_error& e) {
+      if (!e.refused()) throw;
+      fallback_errno_ = e.code().value();
+      fallback_reason_ = e.operation() + ": " + std::generic_category().message(fallback_errno_) + " (" +
+                         detail::errno_name(fallback_errno_) + ")";
+      return false;
+    }
+  }
+
   // The running engine, constructed in place; `kind_` says which member lives.
   union storage {
     storage() noexcept {}

@@ -322,9 +322,10 @@ class basic_nvme_tier {
   ///
   /// If it fails, the files are unlocked and closed, and those this construction created
   /// are removed again (whatever `remove_on_close` says). A file (or folder) that was at
-  /// a path before is never removed — though one opened and locked before the failure
-  /// was already emptied with `truncate_on_open`, and resized per `sizing`. A file in use
-  /// by another tier is left as it was.
+  /// a path before is never removed. Every path is opened and locked before any file is
+  /// emptied (`truncate_on_open`) or sized (`sizing`), so a path that cannot be opened or
+  /// a file in use by another tier leaves every file as it was; a failure while sizing
+  /// (ENOSPC, EFBIG) comes after the files before it were emptied and sized.
   /// @param options the settings (see `nvme_options`)
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
@@ -401,11 +402,15 @@ class basic_nvme_tier {
         files_.push_back(std::move(file));  // capacity reserved: does not throw
         locked_.push_back(locked ? 1 : 0);
         fds.push_back(files_.back().fd());
-        if (options_.truncate_on_open && !files_.back().created()) files_.back().truncate(0);
+      }
+      // Every path is open and locked before any file is changed: a path that cannot be
+      // opened, or a file in use, leaves the files before it in the list as they were.
+      for (auto& f : files_) {
+        if (options_.truncate_on_open && !f.created()) f.truncate(0);
         if (options_.sizing == file_sizing::sparse) {
-          files_.back().truncate(file_bytes_);
+          f.truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
-          files_.back().preallocate(0, file_bytes_);
+          f.preallocate(0, file_bytes_);
         }
       }
       io::engine_options eo;
@@ -634,12 +639,14 @@ class basic_nvme_tier {
       return engine_type::name;
     }
   }
-  /// @brief Whether the engine runs the thread pool because io_uring was refused (the
-  /// default engine, `io::auto_engine`; always false for the other engines).
+  /// @brief Whether the engine runs otherwise than asked because the kernel refused it:
+  /// the thread pool instead of io_uring, or io_uring without the SQPOLL of
+  /// `nvme_options::sqpoll` (the default engine, `io::auto_engine`; always false for
+  /// the other engines).
   [[nodiscard]] bool engine_fell_back() const noexcept { return !engine_fallback_reason().empty(); }
-  /// @brief Why the engine runs the thread pool: the failed call, the errno's
-  /// description and name, e.g. "io_uring_queue_init: Operation not permitted (EPERM);
-  /// running the thread-pool engine"; "" when it did not fall back.
+  /// @brief Why: the refused call, the errno's description and name, and what runs
+  /// instead, e.g. "io_uring_queue_init: Operation not permitted (EPERM); running the
+  /// thread-pool engine"; "" when it did not fall back.
   [[nodiscard]] const std::string& engine_fallback_reason() const noexcept {
     if constexpr (requires(const engine_type& e) {
                     { e.fallback_reason() } -> std::convertible_to<const std::string&>;
