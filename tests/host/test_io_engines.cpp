@@ -305,8 +305,9 @@ TEST_CASE("auto_engine runs the thread pool where io_uring is refused, and says 
   CHECK(engine.operation(op_kind::write) == "pwrite");
   CHECK(engine.fell_back());
   CHECK(engine.fallback_errno() == error);
-  CHECK(engine.fallback_reason() == "io_uring_queue_init: " + std::generic_category().message(error) + " (" + name +
-                                        "); running the thread-pool engine");
+  const std::string refused = ": " + std::generic_category().message(error) + " (" + name + ")";
+  CHECK(engine.fallback_reason() == (sqpoll ? "io_uring_queue_init (SQPOLL)" + refused + ", then " : std::string()) +
+                                        "io_uring_queue_init" + refused + "; running the thread-pool engine");
   REQUIRE(engine.thread_pool() != nullptr);
   CHECK(engine.uring() == nullptr);
   CHECK(engine.thread_pool()->threads() == 3);
@@ -345,6 +346,43 @@ TEST_CASE("auto_engine runs io_uring without SQPOLL where only SQPOLL is refused
   run_batches(engine, memory.span(), 4096, 2);
   CHECK(engine.stats().completed == 128);
   CHECK(engine.stats().submit_calls > 0);  // the ring ran them
+}
+
+TEST_CASE("io_uring_enter refused alone (a seccomp filter): auto_engine runs the thread pool, uring_engine throws",
+          "[io][uring]") {
+  // The ring's setup is allowed, io_uring_enter is not: the engine's NOP probe at setup
+  // finds it (before, the first submit was a fatal error on the ring thread).
+  const bool sqpoll = GENERATE(false, true);
+  INFO((sqpoll ? "SQPOLL" : "no SQPOLL"));
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  const std::size_t rule =
+      plan->add({.call = ferry::io::syscall_kind::uring_enter, .error = EPERM, .times = ferry::io::fault::forever});
+  ferry::io::faulty_syscalls<> sys(plan);
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 4;
+  o.sqpoll = sqpoll;
+  {
+    ferry::io::auto_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
+    CHECK(plan->fired(rule) == (sqpoll ? 2u : 1u));
+    CHECK(engine.kind() == ferry::io::engine_kind::thread_pool);
+    const std::string refused = "io_uring_enter: " + std::generic_category().message(EPERM) + " (EPERM)";
+    CHECK(engine.fallback_reason() ==
+          (sqpoll ? refused + ", then " : std::string()) + refused + "; running the thread-pool engine");
+    ferry::io::aligned_buffer memory(64 * 4096, 4096);
+    run_batches(engine, memory.span(), 4096, 3);
+    CHECK(engine.stats().completed == 128);
+  }
+  try {
+    ferry::io::uring_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
+    FAIL("the engine started");
+  } catch (const ferry::io::uring_setup_error& e) {
+    CHECK(e.code().value() == EPERM);
+    CHECK(e.refused());
+    CHECK(e.operation() == "io_uring_enter");
+  }
 }
 
 TEST_CASE("auto_engine throws the other failures of io_uring's setup (ENOMEM, EINVAL)", "[io][uring]") {

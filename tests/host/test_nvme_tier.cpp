@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/file.h>
+
 #include "io_test_support.hpp"
 
 using ferry::MiB;
@@ -833,3 +835,71 @@ TEST_CASE("nvme_tier on a file system without flock runs unlocked and says so", 
   tier.read(r, back);
   CHECK(back == src);
 }
+
+namespace {
+// The real calls, except that the first `flock` first unlinks the file's path: what a
+// tier on the same path that is ending with `remove_on_close` does between this tier's
+// open and its lock.
+struct unlink_before_first_lock : ferry::io::posix_syscalls {
+  std::shared_ptr<std::atomic<int>> locks = std::make_shared<std::atomic<int>>(0);
+  std::filesystem::path path;
+  int flock(int fd, int operation) noexcept {
+    if ((operation & LOCK_EX) != 0 && locks->fetch_add(1) == 0) {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+    return ferry::io::posix_syscalls::flock(fd, operation);
+  }
+};
+}  // namespace
+
+TEST_CASE("nvme_tier: a file unlinked from its path between the open and the lock is opened again", "[nvme]") {
+  // Bug: the tier locked the unlinked file and ran on it, while the next tier made a new
+  // file at the path: two tiers "on one path", each on its own inode.
+  scratch_path path(ferry_test::disk_dir);
+  write_text(path.path(), "the file of a tier that is ending");
+  unlink_before_first_lock sys;
+  sys.path = path.path();
+  ferry::basic_nvme_tier<unlink_before_first_lock, ferry::io::thread_pool_engine> tier(
+      ferry_test::small_options({path.path()}, 1 * MiB), sys);
+  CHECK(sys.locks->load() == 2);                       // locked, found unlinked, opened and locked again
+  REQUIRE(std::filesystem::exists(path.path()));       // the tier's file is the one at the path
+  CHECK(std::filesystem::file_size(path.path()) > 0);  // sized by this tier
+  const auto data = ferry_test::pattern(8192, 3);
+  const auto r = tier.allocate(data.size());
+  tier.write(r, data);
+  std::vector<std::byte> back(data.size());
+  tier.read(r, back);
+  CHECK(ferry_test::checksum(back) == ferry_test::checksum(data));
+  tier.deallocate(r);
+  // A second tier on the path is refused: the first one holds the file that is there.
+  CHECK_THROWS_AS(ferry::nvme_tier(ferry_test::small_options({path.path()}, 1 * MiB)), ferry::io_error);
+}
+
+TEST_CASE("nvme_tier: a symbolic-link loop is an io_error (ELOOP), not two paths naming one file", "[nvme]") {
+  scratch_path a(ferry_test::disk_dir, "loop-a"), b(ferry_test::disk_dir, "loop-b");
+  std::filesystem::create_symlink(b.path(), a.path());
+  std::filesystem::create_symlink(a.path(), b.path());
+  try {
+    ferry::nvme_tier tier(ferry_test::small_options({a.path() / "x.bin", b.path() / "y.bin"}, 1 * MiB));
+    FAIL("the tier was made");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == ELOOP);
+  }
+}
+
+#if FERRY_HAS_URING
+TEST_CASE("nvme_tier: an engine that cannot start leaves a user's file as it was", "[nvme]") {
+  // Bug: the files were emptied and sized before the engine started, so a ring that
+  // failed (ENOMEM) had already emptied the user's file.
+  const std::string content = "a user's own file, not made by ferry";
+  scratch_path user(ferry_test::disk_dir);
+  write_text(user.path(), content);
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  plan->add({.call = ferry::io::syscall_kind::uring_queue_init, .error = ENOMEM, .times = ferry::io::fault::forever});
+  using tier_type = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>>;  // the default engine
+  CHECK_THROWS_AS(tier_type(ferry_test::small_options({user.path()}, 1 * MiB), ferry::io::faulty_syscalls<>(plan)),
+                  ferry::io::uring_setup_error);
+  CHECK(read_text(user.path()) == content);
+}
+#endif

@@ -306,6 +306,7 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
       cache_on<ferry_test::host_device, P> cache(sched, device, pool, nullptr, {.keep_last = 0});
       CHECK(pool.reserved() == 32 * MiB);
       CHECK(pinned_bytes.load() == 32 * MiB);
+      CHECK(cache.stats().reserved_pinned_bytes == 32 * MiB);
       const int maps_before = maps.load();
       const int pins_before = pins.load();
       producer prod{compute};
@@ -340,13 +341,27 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
     cache_on<ferry_test::host_device, P> d(sched, device, lazy, nullptr, {.reserve_pinned_bytes = 0});
     CHECK(lazy.reserved() == 0);
   }
-  SECTION("a budget the pool cannot map: out_of_capacity from the constructor, nothing held") {
+  SECTION("a reservation the pool cannot map: the default pins on first use, an explicit one throws") {
     ferry::pinned_pool_options o = counted(32 * MiB);
-    o.hooks.map = [](std::size_t) -> void* { return nullptr; };
+    o.hooks.map = [](std::size_t) -> void* { return nullptr; };  // as for a budget larger than the machine maps
     ferry::pinned_pool pool(std::move(o));
     using cache_type = cache_on<ferry_test::host_device, P>;
-    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, device, pool, nullptr)), ferry::out_of_capacity);
+    {
+      cache_type cache(sched, device, pool, nullptr);
+      CHECK(cache.stats().reserved_pinned_bytes == 0);
+      CHECK(pool.reserved() == 0);
+    }
+    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, device, pool, nullptr, {.reserve_pinned_bytes = 8 * MiB})),
+                    ferry::out_of_capacity);
     CHECK(pool.reserved() == 0);
     CHECK(pins.load() == 0);
+  }
+  SECTION("a pool that releases empty slabs: the default reserves nothing (it would go after its first use)") {
+    ferry::pinned_pool_options o = counted(32 * MiB);
+    o.keep_empty_slabs = false;
+    ferry::pinned_pool pool(std::move(o));
+    cache_on<ferry_test::host_device, P> cache(sched, device, pool, nullptr);
+    CHECK(cache.stats().reserved_pinned_bytes == 0);
+    CHECK(pool.reserved() == 0);
   }
 }

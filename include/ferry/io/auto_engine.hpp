@@ -97,6 +97,7 @@ class auto_engine {
         fallback_reason_ = sqpoll_reason + "; running io_uring without SQPOLL";
         return;
       }
+      fallback_reason_ = sqpoll_reason + ", then " + fallback_reason_;
     }
     fallback_reason_ += "; running the thread-pool engine";
     std::construct_at(&engines_.pool, sys, fds, options);
@@ -153,7 +154,8 @@ class auto_engine {
   /// refused call, the errno's description and name, and what runs instead, e.g.
   /// "io_uring_queue_init: Operation not permitted (EPERM); running the thread-pool
   /// engine" or "io_uring_queue_init (SQPOLL): Operation not permitted (EPERM); running
-  /// io_uring without SQPOLL"; "" when io_uring runs as asked.
+  /// io_uring without SQPOLL" (both refusals, joined by ", then ", when that was refused
+  /// too); "" when io_uring runs as asked.
   [[nodiscard]] const std::string& fallback_reason() const noexcept { return fallback_reason_; }
   /// @brief The errno of the last refusal (EPERM, EACCES or ENOSYS); 0 when io_uring
   /// runs as asked.

@@ -19,12 +19,13 @@
 /// | `int fsync(int fd)`                                   | `fsync(2)`                     |
 /// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result of an io_uring request, which a policy may replace (identity for the real one) |
 ///
-/// Two more members are optional (a policy without them gets the real call):
+/// Three more members are optional (a policy without them gets the real call):
 ///
 /// | member                                                | wraps                          |
 /// |-------------------------------------------------------|--------------------------------|
 /// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with it) |
 /// | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it) |
+/// | `int uring_submit_and_wait(io_uring* ring, unsigned wait_nr)` | liburing's `io_uring_submit_and_wait`: >= 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` probes io_uring_enter with one NOP at setup) |
 ///
 /// io_uring requests do not pass through `pread`/`pwrite` (the kernel executes them),
 /// so `completed` is the hook where a test policy rewrites their results; the thread
@@ -114,6 +115,8 @@ struct posix_syscalls {
   int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
     return io_uring_queue_init_params(entries, ring, params);
   }
+  /// @brief liburing's `io_uring_submit_and_wait` (>= 0 or `-errno`).
+  int uring_submit_and_wait(io_uring* ring, unsigned wait_nr) noexcept { return io_uring_submit_and_wait(ring, wait_nr); }
 #endif
 };
 
@@ -130,6 +133,15 @@ int flock_via(S& sys, int fd, int operation) noexcept {
 }
 
 #if FERRY_HAS_URING
+/// `sys.uring_submit_and_wait(ring, n)` where the policy has it, else liburing's call.
+template <class S>
+int uring_submit_and_wait_via(S& sys, io_uring* ring, unsigned wait_nr) noexcept {
+  if constexpr (requires { { sys.uring_submit_and_wait(ring, wait_nr) } -> std::convertible_to<int>; }) {
+    return sys.uring_submit_and_wait(ring, wait_nr);
+  } else {
+    return io_uring_submit_and_wait(ring, wait_nr);
+  }
+}
 /// `sys.uring_queue_init(...)` where the policy has it, else liburing's call.
 template <class S>
 int uring_queue_init_via(S& sys, unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
@@ -154,6 +166,7 @@ enum class syscall_kind : std::uint8_t {
   fsync,
   flock,             ///< `flock(2)` (the tier's lock on each backing file)
   uring_queue_init,  ///< the io_uring ring's setup (path "io_uring"; only with `FERRY_HAS_URING`)
+  uring_enter,       ///< the io_uring engine's probe of io_uring_enter at setup (path "io_uring")
 };
 
 /// @brief One scripted failure (see the file comment).
@@ -308,6 +321,12 @@ class faulty_syscalls {
       return -f->error;
     }
     return detail::uring_queue_init_via(base_, entries, ring, params);
+  }
+  /// @brief The engine's probe of io_uring_enter at setup (one NOP), unless a
+  /// `uring_enter` fault fires (path "io_uring"): then `-error`.
+  int uring_submit_and_wait(io_uring* ring, unsigned wait_nr) noexcept {
+    if (const auto f = fire(syscall_kind::uring_enter, "io_uring", 0, 0); f && f->error != 0) return -f->error;
+    return detail::uring_submit_and_wait_via(base_, ring, wait_nr);
   }
 #endif
   /// @brief io_uring results: a pread/pwrite fault turns the real result into `-error`,

@@ -159,7 +159,9 @@ class uring_engine {
   /// The ring is set up with the syscalls policy's `uring_queue_init` where it has one
   /// (so a test can make io_uring refuse), else with liburing's call.
   /// @throws ferry::io::uring_setup_error, a ferry::io_error ("io_uring_queue_init",
-  ///         "io_uring_queue_init (SQPOLL)" or "eventfd", errno) when no ring can be made:
+  ///         "io_uring_queue_init (SQPOLL)", "io_uring_enter" — a NOP submitted at setup,
+  ///         so a filter refusing only io_uring_enter is found here — or "eventfd", errno)
+  ///         when no ring can be made:
   ///         io_uring refused (EPERM from `kernel.io_uring_disabled = 2` or seccomp,
   ///         EACCES from `kernel.io_uring_disabled = 1`, ENOSYS), ENOMEM, EPERM for SQPOLL.
   ///         There is no fallback here (`io::auto_engine` has one);
@@ -187,7 +189,10 @@ class uring_engine {
       lock.unlock();
       thread_.join();
       ::close(wake_fd_);
-      throw uring_setup_error(init_error_, init_sqpoll_ ? "io_uring_queue_init (SQPOLL)" : "io_uring_queue_init",
+      throw uring_setup_error(init_error_,
+                              init_call_ != nullptr ? init_call_
+                              : init_sqpoll_        ? "io_uring_queue_init (SQPOLL)"
+                                                    : "io_uring_queue_init",
                               FERRY_DETAIL_SITE());
     }
   }
@@ -438,6 +443,15 @@ class uring_engine {
       }
     }
     if (r < 0) return -r;
+    // A filter may allow the ring's setup and refuse io_uring_enter alone (seccomp):
+    // one NOP through the kernel now makes that a setup refusal instead of a fatal
+    // error at the first submit.
+    if (const int probe = probe_enter(); probe != 0) {
+      io_uring_queue_exit(&ring_);
+      sqpoll_ = false;
+      init_call_ = "io_uring_enter";
+      return probe;
+    }
     submit_batch_ = options.submit_batch != 0 ? options.submit_batch : std::max<std::size_t>(1, depth_ / 4);
     if (!fds_.empty()) {
       fixed_files_ = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size())) == 0;
@@ -450,6 +464,20 @@ class uring_engine {
         (void)io_uring_unregister_buffers(&ring_);
       }
     }
+    return 0;
+  }
+
+  // Submits one NOP and waits for it (through the syscalls policy, where it has
+  // `uring_submit_and_wait`); 0, or the errno io_uring_enter answered.
+  int probe_enter() noexcept {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return 0;  // cannot happen on a new ring; the first submit would tell
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);
+    const int rc = detail::uring_submit_and_wait_via(*sys_, &ring_, 1);
+    if (rc < 0) return -rc;
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&ring_, &cqe) == 0) io_uring_cqe_seen(&ring_, cqe);
     return 0;
   }
 
@@ -604,6 +632,7 @@ class uring_engine {
 
   // Written by the ring thread before init_done_ is published, read-only afterwards.
   bool init_sqpoll_ = false;
+  const char* init_call_ = nullptr;  // the refused call when it is not the ring's setup
   bool sqpoll_ = false;
   bool defer_taskrun_ = false;
   bool fixed_files_ = false;

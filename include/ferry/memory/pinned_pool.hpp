@@ -294,6 +294,8 @@ class pinned_pool {
   [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
   /// @brief Granularity of allocations in bytes.
   [[nodiscard]] std::size_t alignment() const noexcept { return options_.alignment; }
+  /// @brief Whether empty slabs are kept for reuse (`pinned_pool_options::keep_empty_slabs`).
+  [[nodiscard]] bool keeps_empty_slabs() const noexcept { return options_.keep_empty_slabs; }
   /// @brief The page size slabs are rounded to (the system's page size), in bytes.
   [[nodiscard]] std::size_t page_bytes() const noexcept { return page_; }
   /// @brief Bytes of one regular slab (a multiple of the page size).

@@ -117,9 +117,13 @@ struct tensor_cache_options {
   /// no `store` pays for pinning (`cudaHostRegister` takes tens of ms per GiB). Clamped to
   /// what is left of the pool's budget (`budget() - reserved()`, rounded down to its
   /// page size); nothing is reserved when the pool already holds this much. The default,
-  /// `whole_budget`, reserves all of it; 0 reserves nothing (slabs are pinned on first
-  /// use). The slabs stay held while the pool keeps empty slabs
-  /// (`pinned_pool_options::keep_empty_slabs`, the default).
+  /// `whole_budget`, reserves all of it where that helps and can be had: not with a pool
+  /// that releases empty slabs (`pinned_pool_options::keep_empty_slabs = false`: the
+  /// reservation would go after its first use), and not when the whole budget cannot be
+  /// mapped at once (a budget larger than the machine maps: `out_of_capacity` from the
+  /// pool is taken as "pin on first use"); `stats().reserved_pinned_bytes` says what was
+  /// reserved. An explicit value is reserved or the constructor throws. 0 reserves
+  /// nothing (slabs are pinned on first use).
   std::size_t reserve_pinned_bytes = whole_budget;
   /// `reserve_pinned_bytes`: all that is left of the pool's budget.
   static constexpr std::size_t whole_budget = ~std::size_t{0};
@@ -142,6 +146,10 @@ struct tensor_cache_stats {
   std::uint64_t fetched_bytes = 0;   ///< bytes copied H2D (encoded)
   std::uint64_t prefetched = 0;      ///< of those, started by a prefetch
   std::uint64_t read_back = 0;       ///< tensors read from NVMe into pinned memory
+  /// Pinned bytes the constructor reserved in the pool (`reserve_pinned_bytes`; 0 when it
+  /// reserved nothing: the pool held enough, releases empty slabs, or could not map the
+  /// whole budget at once).
+  std::uint64_t reserved_pinned_bytes = 0;
 };
 
 /// @brief Device memory for the host backend: host memory, allocated at once and
@@ -257,7 +265,8 @@ class basic_tensor_cache {
   /// (`options.reserve_pinned_bytes`; a refused pinning falls back to pageable memory and
   /// is reported by the pool, as for any slab).
   /// @throws ferry::logic_error for a missing NVMe tier in a pipeline that has one;
-  ///         ferry::out_of_capacity when the reservation cannot be mapped (mmap refused)
+  ///         ferry::out_of_capacity when an explicit `reserve_pinned_bytes` cannot be
+  ///         mapped (mmap refused; the default `whole_budget` then reserves nothing)
   basic_tensor_cache(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme = nullptr,
                      tensor_cache_options options = {})
       : sched_(&sched), device_(&device), host_(&host), nvme_(nvme), options_(options) {
@@ -524,12 +533,23 @@ class basic_tensor_cache {
   // Maps and pins `reserve_pinned_bytes` (clamped to what is left of the budget) now,
   // not inside the first stores.
   void reserve_pinned() {
+    const bool whole = options_.reserve_pinned_bytes == tensor_cache_options::whole_budget;
+    // A pool that releases empty slabs would release the reservation after its first use.
+    if (whole && !host_->keeps_empty_slabs()) return;
     const std::size_t held = host_->reserved();
     const std::size_t budget = host_->budget();
     if (options_.reserve_pinned_bytes == 0 || held >= options_.reserve_pinned_bytes || held >= budget) return;
     std::size_t bytes = std::min(options_.reserve_pinned_bytes - held, budget - held);
     bytes -= bytes % host_->page_bytes();
-    if (bytes > 0) host_->reserve(bytes);
+    if (bytes == 0) return;
+    try {
+      host_->reserve(bytes);
+    } catch (const out_of_capacity&) {
+      // The default asks for the whole budget, which may be more than the machine maps
+      // at once (a generous or unlimited budget): slabs are then pinned on first use.
+      if (!whole) throw;
+    }
+    stats_.reserved_pinned_bytes = host_->reserved() - std::min(held, host_->reserved());
   }
 
   void make_policies() {

@@ -322,10 +322,11 @@ class basic_nvme_tier {
   ///
   /// If it fails, the files are unlocked and closed, and those this construction created
   /// are removed again (whatever `remove_on_close` says). A file (or folder) that was at
-  /// a path before is never removed. Every path is opened and locked before any file is
-  /// emptied (`truncate_on_open`) or sized (`sizing`), so a path that cannot be opened or
-  /// a file in use by another tier leaves every file as it was; a failure while sizing
-  /// (ENOSPC, EFBIG) comes after the files before it were emptied and sized.
+  /// a path before is never removed. Every path is opened and locked, and the engine
+  /// started, before any file is emptied (`truncate_on_open`) or sized (`sizing`), so a
+  /// path that cannot be opened, a file in use by another tier or an engine that cannot
+  /// start leaves every file as it was; a failure while sizing (ENOSPC, EFBIG) comes
+  /// after the files before it were emptied and sized.
   /// @param options the settings (see `nvme_options`)
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
@@ -377,9 +378,16 @@ class basic_nvme_tier {
       for (std::size_t j = i + 1; j < options_.paths.size(); ++j) {
         const std::filesystem::path& first = options_.paths[i];
         const std::filesystem::path& second = options_.paths[j];
+        // A path whose canonical form cannot be had (ELOOP, ENAMETOOLONG, EACCES) is
+        // compared as written; its open below gives the error with the errno.
         std::error_code ec;
-        const bool same = std::filesystem::equivalent(first, second, ec) ||
-                          std::filesystem::weakly_canonical(first, ec) == std::filesystem::weakly_canonical(second, ec);
+        const bool same_file = std::filesystem::equivalent(first, second, ec);
+        std::error_code ec_first;
+        std::error_code ec_second;
+        const auto canonical_first = std::filesystem::weakly_canonical(first, ec_first);
+        const auto canonical_second = std::filesystem::weakly_canonical(second, ec_second);
+        const bool same = same_file || (ec_first || ec_second ? first.lexically_normal() == second.lexically_normal()
+                                                              : canonical_first == canonical_second);
         FERRY_EXPECTS(!same, "two backing paths name the same file", first.string(), second.string());
       }
     }
@@ -394,24 +402,10 @@ class basic_nvme_tier {
         o.mode = options_.compat;
         o.truncate = false;  // truncate_on_open: only once the lock is held (below)
         o.block_alignment = a;
-        io::direct_file<S> file(sys_, p.string(), o);
-        // One tier per file: a second one would truncate and overwrite the first one's
-        // data. Refused here, before the file is changed (a file that is refused is
-        // closed by `file`'s destructor and never removed: it is the other tier's).
-        const bool locked = lock_file(file);
+        auto [file, locked] = open_locked(p, o);
         files_.push_back(std::move(file));  // capacity reserved: does not throw
         locked_.push_back(locked ? 1 : 0);
         fds.push_back(files_.back().fd());
-      }
-      // Every path is open and locked before any file is changed: a path that cannot be
-      // opened, or a file in use, leaves the files before it in the list as they were.
-      for (auto& f : files_) {
-        if (options_.truncate_on_open && !f.created()) f.truncate(0);
-        if (options_.sizing == file_sizing::sparse) {
-          f.truncate(file_bytes_);
-        } else if (options_.sizing == file_sizing::preallocate) {
-          f.preallocate(0, file_bytes_);
-        }
       }
       io::engine_options eo;
       eo.queue_depth = depth_ * files_.size();
@@ -420,6 +414,17 @@ class basic_nvme_tier {
       eo.sqpoll_idle_ms = options_.sqpoll_idle_ms;
       eo.submit_batch = options_.submit_batch;
       engine_ = std::make_unique<engine_type>(sys_, std::span<const int>(fds), eo);
+      // Every path is open and locked, and the engine runs, before any file is changed:
+      // a path that cannot be opened, a file in use or an engine that cannot start leaves
+      // every file as it was.
+      for (auto& f : files_) {
+        if (options_.truncate_on_open && !f.created()) f.truncate(0);
+        if (options_.sizing == file_sizing::sparse) {
+          f.truncate(file_bytes_);
+        } else if (options_.sizing == file_sizing::preallocate) {
+          f.preallocate(0, file_bytes_);
+        }
+      }
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
       staging_free_.reserve(options_.staging_blocks);
       for (std::size_t i = 0; i < options_.staging_blocks; ++i) {
@@ -1003,6 +1008,31 @@ class basic_nvme_tier {
 
   // Takes `f`'s lock (flock, exclusive, not waiting): true when held, false where the
   // file system has no flock (ENOLCK, EOPNOTSUPP, ...: the file is used unlocked).
+  // Opens and locks the file at `p`. One tier per file: a second one would truncate and
+  // overwrite the first one's data, so a file in use is refused here, before it is
+  // changed (a refused file is closed and never removed: it is the other tier's). A
+  // tier on the same path that is ending with `remove_on_close` may unlink the file
+  // between this open and this lock (then the lock is on a file no longer at the path:
+  // opened again, so that no two tiers run on one path), or between the creation
+  // attempt and the open (ENOENT: tried again).
+  std::pair<io::direct_file<S>, bool> open_locked(const std::filesystem::path& p, const io::open_options& o) {
+    constexpr int attempts = 8;
+    for (int attempt = 1;; ++attempt) {
+      std::optional<io::direct_file<S>> file;
+      try {
+        file.emplace(sys_, p.string(), o);
+      } catch (const io_error& e) {
+        std::error_code ec;
+        const bool folder_exists = std::filesystem::is_directory(p.parent_path().empty() ? "." : p.parent_path(), ec);
+        if (e.code().value() == ENOENT && folder_exists && attempt < attempts) continue;
+        throw;
+      }
+      const bool locked = lock_file(*file);
+      if (!locked || file->path_names_file() || attempt == attempts) return {std::move(*file), locked};
+      (void)io::detail::flock_via(sys_, file->fd(), LOCK_UN);  // an unlinked file: not ours to use
+    }
+  }
+
   bool lock_file(const io::direct_file<S>& f) {
     const int r = io::detail::flock_via(sys_, f.fd(), LOCK_EX | LOCK_NB);
     if (r == 0) return true;
