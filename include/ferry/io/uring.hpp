@@ -111,8 +111,8 @@ namespace detail {
 /// constructor throws, with the call that failed.
 ///
 /// `path()` is "io_uring", `offset()` is `io_error::no_offset`, `bytes()` is 0, `code()`
-/// the errno. `operation()` is "io_uring_queue_init", "io_uring_queue_init (SQPOLL)" or
-/// "eventfd"; `refused()` tells a refusal of io_uring itself (`is_uring_refusal`) from
+/// the errno. `operation()` is "io_uring_queue_init", "io_uring_queue_init (SQPOLL)",
+/// "io_uring_enter" (the NOP probe at setup) or "eventfd"; `refused()` tells a refusal of io_uring itself (`is_uring_refusal`) from
 /// other failures (ENOMEM, EINVAL for unknown setup flags, ...).
 class uring_setup_error : public ferry::io_error {
  public:
