@@ -949,13 +949,15 @@ class basic_scheduler {
       if (e) stop_locked(s, std::move(e));
       --s->in_flight;
       done = s->in_flight == 0 && (s->stopped || s->next == s->chunks);
+      // Held before the lock is let go: once it is, another chunk's completion may finish
+      // the move and its last ticket recycle the state under this thread.
+      if (!done) detail::add_ref(s);
     }
     if (done) {
       release_slot(sl);  // may start chunks of a waiting move
       finish(s, nullptr);
       return;
     }
-    detail::add_ref(s);  // another thread may finish it once the slot is released
     release_slot(sl);
     pump(s);
     detail::drop_ref(s);
