@@ -1012,25 +1012,22 @@ class basic_nvme_tier {
   // overwrite the first one's data, so a file in use is refused here, before it is
   // changed (a refused file is closed and never removed: it is the other tier's). A
   // tier on the same path that is ending with `remove_on_close` may unlink the file
-  // between this open and this lock (then the lock is on a file no longer at the path:
-  // opened again, so that no two tiers run on one path), or between the creation
-  // attempt and the open (ENOENT: tried again).
+  // between this open and this lock: the lock is then on a file no longer at the path,
+  // and running on it would make two tiers "on one path" (each on its own file), so it
+  // is refused as well (EWOULDBLOCK: try again). Nothing is made at the path again: a
+  // file removed from under the constructor (by a signal handler's cleanup, say) stays
+  // removed.
   std::pair<io::direct_file<S>, bool> open_locked(const std::filesystem::path& p, const io::open_options& o) {
-    constexpr int attempts = 8;
-    for (int attempt = 1;; ++attempt) {
-      std::optional<io::direct_file<S>> file;
-      try {
-        file.emplace(sys_, p.string(), o);
-      } catch (const io_error& e) {
-        std::error_code ec;
-        const bool folder_exists = std::filesystem::is_directory(p.parent_path().empty() ? "." : p.parent_path(), ec);
-        if (e.code().value() == ENOENT && folder_exists && attempt < attempts) continue;
-        throw;
-      }
-      const bool locked = lock_file(*file);
-      if (!locked || file->path_names_file() || attempt == attempts) return {std::move(*file), locked};
-      (void)io::detail::flock_via(sys_, file->fd(), LOCK_UN);  // an unlinked file: not ours to use
+    io::direct_file<S> file(sys_, p.string(), o);
+    const bool locked = lock_file(file);
+    if (locked && !file.path_names_file()) {
+      (void)io::detail::flock_via(sys_, file.fd(), LOCK_UN);
+      FERRY_THROW_IO_ERROR(EWOULDBLOCK,
+                           "open (the file was removed from the path while it was opened: another tier on it was "
+                           "ending; try again)",
+                           file.path(), io_error::no_offset, 0);
     }
+    return {std::move(file), locked};
   }
 
   bool lock_file(const io::direct_file<S>& f) {
