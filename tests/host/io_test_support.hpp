@@ -15,10 +15,13 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -179,6 +182,19 @@ struct auto_engine {
 #endif
 
 /// Options for a small test tier on `path`.
+/// Writes `text` to `path` (created or emptied): a user's own file in the tests.
+inline void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.good()) throw std::runtime_error("write_text: cannot write " + path.string());
+}
+
+/// The whole content of `path`.
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 inline ferry::nvme_options small_options(std::vector<std::filesystem::path> paths, std::uint64_t capacity) {
   ferry::nvme_options o;
   o.paths = std::move(paths);

@@ -48,7 +48,9 @@ using ferry::io::fault_plan;
 using ferry::io::faulty_syscalls;
 using ferry::io::syscall_kind;
 using ferry_test::guarded_buffer;
+using ferry_test::read_text;
 using ferry_test::scratch_path;
+using ferry_test::write_text;
 
 namespace {
 
@@ -108,16 +110,6 @@ struct one_callback {
   }
 };
 
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  REQUIRE(out.good());
-}
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 std::uint64_t fill_memory(void* p, std::size_t n, std::uint64_t seed) {
   const std::span<std::byte> s(static_cast<std::byte*>(p), n);

@@ -30,7 +30,9 @@
 using ferry::MiB;
 using ferry::io::posix_syscalls;
 using ferry_test::guarded_buffer;
+using ferry_test::read_text;
 using ferry_test::scratch_path;
+using ferry_test::write_text;
 
 static_assert(ferry::tier<ferry::nvme_tier>);
 static_assert(ferry::nvme_tier::traits.file_backed);
@@ -520,20 +522,6 @@ TEST_CASE("nvme_tier rejects stripe sizes and capacities that would overflow its
     CHECK(e.code().value() != 0);  // or the file system refuses the size: also a clear error
   }
 }
-
-namespace {
-// Writes `text` as the whole content of `path` (a user's own file, made without ferry).
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  REQUIRE(out.good());
-}
-// The whole content of `path`.
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-}  // namespace
 
 TEST_CASE("nvme_tier: a failed construction removes the files it created, never a user's file or folder", "[nvme]") {
   const std::string content = "a user's own file, not made by ferry";
