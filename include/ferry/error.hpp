@@ -7,7 +7,8 @@
 /// | type                     | standard base        | thrown when                                     |
 /// |--------------------------|----------------------|-------------------------------------------------|
 /// | `ferry::logic_error`     | `std::logic_error`   | a precondition of a call is violated            |
-/// | `ferry::cuda_error`      | `std::runtime_error` | a CUDA runtime call fails                       |
+/// | `ferry::device_error`    | `std::runtime_error` | a device-runtime call fails (CUDA or the CPU model) |
+/// | `ferry::cuda_error`      | `std::runtime_error` | a CUDA runtime call fails (a `device_error`)    |
 /// | `ferry::io_error`        | `std::system_error`  | a file operation fails (carries `errno`)        |
 /// | `ferry::out_of_capacity` | `std::bad_alloc`     | a tier, pool or budget cannot hold a request    |
 /// | `ferry::config_error`    | `std::runtime_error` | a runtime setting (e.g. a `FERRY_*` variable) is malformed |
@@ -117,23 +118,37 @@ class logic_error : public std::logic_error, public error {
   [[nodiscard]] const char* what() const noexcept override { return std::logic_error::what(); }
 };
 
-/// @brief A failed CUDA runtime call.
+/// @brief A failed call of a device runtime (`ferry::device_runtime`): the CUDA runtime
+/// (`cuda_error`, derived from this) or ferry's CPU model of it (`ferry::cpu_runtime`).
 ///
-/// Thrown by `FERRY_CUDA_TRY`. `code()` is the `cudaError_t` value as an `int` (so
-/// this type exists in builds without CUDA, and `catch` clauses compile everywhere).
-class cuda_error : public std::runtime_error, public error {
+/// Thrown by `FERRY_RUNTIME_TRY`. `code()` is the runtime's status code as an `int`
+/// (`cudaError_t` for CUDA, `ferry::cpu_errc` for the CPU model).
+class device_error : public std::runtime_error, public error {
  public:
-  /// @param message full message, naming the call, the error's name and description
-  /// @param code    the `cudaError_t` the call returned
+  /// @param message full message, naming the call, the status's name and description
+  /// @param code    the status code the call returned
   /// @param site    where the call was made
-  cuda_error(const std::string& message, int code, source_site site)
+  device_error(const std::string& message, int code, source_site site)
       : std::runtime_error(message), error(site), code_(code) {}
   [[nodiscard]] const char* what() const noexcept override { return std::runtime_error::what(); }
-  /// @brief The `cudaError_t` returned by the failed call.
+  /// @brief The status code returned by the failed call.
   [[nodiscard]] int code() const noexcept { return code_; }
 
  private:
   int code_;
+};
+
+/// @brief A failed CUDA runtime call: a `device_error` whose `code()` is the
+/// `cudaError_t` value as an `int` (so this type exists in builds without CUDA, and
+/// `catch` clauses compile everywhere).
+///
+/// Thrown by `FERRY_CUDA_TRY` and, through `ferry::cuda_runtime`, by `FERRY_RUNTIME_TRY`.
+class cuda_error : public device_error {
+ public:
+  /// @param message full message, naming the call, the error's name and description
+  /// @param code    the `cudaError_t` the call returned
+  /// @param site    where the call was made
+  cuda_error(const std::string& message, int code, source_site site) : device_error(message, code, site) {}
 };
 
 /// @brief A failed file operation; a `std::system_error` whose `code()` holds `errno`
@@ -439,6 +454,34 @@ template <class Message, class... T>
   throw ferry::config_error(std::move(os).str(), std::move(variable), std::move(value), site);
 }
 
+// A failed call of device runtime `R`: the message names the site, the call, the
+// status (`R::describe`) and the values; `R::raise` throws (its own exception type, or
+// an exception the status carries).
+template <class R, class Status, class... T>
+[[noreturn]] FERRY_COLD void throw_runtime(source_site site, const Status& status, const char* call,
+                                           const named_value<T>&... values) {
+  std::ostringstream os;
+  put_site(os, site);
+  os << call << " failed: " << R::describe(status);
+  put_values(os, values...);
+  R::raise(status, std::move(os).str(), site);
+  std::abort();  // R::raise is [[noreturn]]; not reached
+}
+
+template <class R, class Status>
+FERRY_COLD void report_destructor_runtime_error(source_site site, const Status& status, const char* call) noexcept {
+  if (R::ignorable_at_teardown(status)) return;
+  try {
+    std::ostringstream os;
+    put_site(os, site);
+    os << call << " failed: " << R::describe(status);
+    const std::string text = std::move(os).str();
+    destructor_handler_slot().load()(text.c_str());
+  } catch (...) {
+    destructor_handler_slot().load()("a device-runtime call failed in a destructor (no memory for its message)");
+  }
+}
+
 #if FERRY_HAS_CUDA
 template <class... T>
 [[noreturn]] FERRY_COLD void throw_cuda(source_site site, cudaError_t status, const char* call,
@@ -525,6 +568,35 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// @param capacity  bytes the resource may hold in all
 #define FERRY_THROW_OUT_OF_CAPACITY(resource, requested, used, capacity) \
   throw ::ferry::out_of_capacity((resource), (requested), (used), (capacity), FERRY_DETAIL_SITE())
+
+/// @brief Calls a member of device runtime `R` (a `ferry::device_runtime`); throws what
+/// `R::raise` throws (`ferry::cuda_error` for `cuda_runtime`, `ferry::device_error` or
+/// the exception a failed stream carries for `cpu_runtime`) unless `R::ok(status)`.
+///
+/// `FERRY_RUNTIME_TRY(Runtime, api_.memcpy_async(dst, src, n, d, s), n);` throws with
+/// `file:line (function): api_.memcpy_async(dst, src, n, d, s) failed: <status> [n = 4096]`.
+///
+/// @param R    the runtime type
+/// @param call a call returning `R::status_type`
+/// @param ...  values to show in the message by name (evaluated only on failure)
+#define FERRY_RUNTIME_TRY(R, call, ...)                                                                 \
+  do {                                                                                                \
+    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {      \
+      ::ferry::detail::throw_runtime<R>(FERRY_DETAIL_SITE(), ferry_runtime_status_,                   \
+                                        #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                  \
+    }                                                                                                 \
+  } while (false)
+
+/// @brief Calls a member of device runtime `R` from a destructor or other `noexcept`
+/// code: never throws; a failure's message goes to the destructor error handler
+/// (`ferry::set_destructor_error_handler`), except what `R::ignorable_at_teardown` says
+/// is the runtime going away at process exit.
+#define FERRY_RUNTIME_ASSERT(R, call)                                                                        \
+  do {                                                                                                     \
+    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {           \
+      ::ferry::detail::report_destructor_runtime_error<R>(FERRY_DETAIL_SITE(), ferry_runtime_status_, #call); \
+    }                                                                                                      \
+  } while (false)
 
 #if FERRY_HAS_CUDA
 /// @brief Calls a CUDA runtime function; throws `ferry::cuda_error` if it does not

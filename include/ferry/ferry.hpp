@@ -18,6 +18,7 @@
 #include "ferry/io/syscalls.hpp"
 #include "ferry/io/thread_pool_engine.hpp"
 #include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
+#include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/optim/adamw.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
@@ -26,8 +27,10 @@
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"
 #include "ferry/policy.hpp"
+#include "ferry/runtime/cpu_runtime.hpp"
+#include "ferry/runtime/device_runtime.hpp"
+#include "ferry/schedule/device_backend.hpp"
 #include "ferry/schedule/host_executor.hpp"
-#include "ferry/schedule/host_stream.hpp"
 #include "ferry/schedule/scheduler.hpp"
 #include "ferry/tier/host_tier.hpp"
 #include "ferry/tier/nvme.hpp"
@@ -40,7 +43,7 @@
 #include "ferry/cuda/device.hpp"
 #include "ferry/cuda/event.hpp"
 #include "ferry/cuda/stream.hpp"
-#include "ferry/memory/device_arena.hpp"
+#include "ferry/runtime/cuda_runtime.hpp"
 #include "ferry/schedule/stream_scheduler.hpp"
 #include "ferry/tier/device_tier.hpp"
 #endif

@@ -1,28 +1,28 @@
 /// @file
-/// @brief `ferry::device_arena`: stream-ordered device memory under a byte budget the
-/// user sets.
+/// @brief `ferry::basic_device_arena<Runtime>`: stream-ordered device memory under a
+/// byte budget the user sets — `ferry::device_arena` on CUDA (when `FERRY_HAS_CUDA` is
+/// 1), `ferry::host_device_arena` on the CPU model of the runtime (every build).
 ///
-/// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise). Plain host C++.
+/// Plain host C++.
 ///
 /// The budget lets a pipeline run, and be tested, as if the GPU were smaller than it
 /// is. Memory comes from a CUDA memory pool (`cudaMemPoolCreate`) owned by the arena,
 /// through `cudaMallocFromPoolAsync` and `cudaFreeAsync` on the caller's stream; the
 /// pool's release threshold is set to the maximum, so freed memory is kept for reuse
 /// instead of going back to the driver at each synchronisation. Every runtime call goes
-/// through the arena's `Runtime` (a `ferry::device_memory_runtime`: `cuda_runtime` by
-/// default), so the accounting and the checks run in CI on the CPU model of the runtime.
+/// through the arena's `Runtime` (a `ferry::device_memory_runtime`: `cuda_runtime` or
+/// `cpu_runtime`), so the accounting and the checks run in CI on the CPU model.
 #pragma once
 
 #include "ferry/config.hpp"
 
-#if FERRY_HAS_CUDA
-
-#include "ferry/cuda/device.hpp"
 #include "ferry/error.hpp"
-#include "ferry/runtime/cuda_runtime.hpp"
+#include "ferry/runtime/cpu_runtime.hpp"
+#include "ferry/runtime/device_runtime.hpp"
 
-#include <cuda/stream_ref>
-#include <cuda_runtime_api.h>
+#if FERRY_HAS_CUDA
+#include "ferry/runtime/cuda_runtime.hpp"
+#endif
 
 #include <atomic>
 #include <cstddef>
@@ -57,37 +57,39 @@ struct device_arena_options {
 ///   streams synchronised), before the arena is destroyed; the destructor destroys the
 ///   pool (`cudaMemPoolDestroy`). Not copyable or movable.
 ///
-/// @tparam Runtime the device runtime's memory calls (`cuda_runtime`; the CPU model in
-///                 tests)
-template <device_memory_runtime Runtime = cuda_runtime>
+/// @tparam Runtime the device runtime's memory calls (`cuda_runtime`, `cpu_runtime`)
+template <device_memory_runtime Runtime>
 class basic_device_arena {
  public:
+  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  using stream_ref = typename Runtime::stream_ref;
+
   /// @brief An arena of at most `budget_bytes` bytes on a device.
   /// @param budget_bytes the most bytes allocated at once (each request rounded up to the alignment)
   /// @param options      alignment of the accounting and the device (-1: the current one)
   /// @param runtime      the runtime the arena's calls go through
   /// @throws ferry::logic_error when the alignment is not a power of two, or the device
   ///         does not support memory pools
-  /// @throws ferry::cuda_error when the pool cannot be made (no device, ...)
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the pool cannot be made (no device, ...)
   explicit basic_device_arena(std::size_t budget_bytes, device_arena_options options = {}, Runtime runtime = {})
       : runtime_(std::move(runtime)), budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
     const std::size_t alignment = alignment_;
     FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two", alignment);
     if (device_ < 0) {
-      FERRY_CUDA_TRY(runtime_.get_device(&device_));
+      FERRY_RUNTIME_TRY(Runtime, runtime_.get_device(&device_));
     }
     bool supported = false;
-    FERRY_CUDA_TRY(runtime_.memory_pools_supported(device_, &supported), device_);
+    FERRY_RUNTIME_TRY(Runtime, runtime_.memory_pools_supported(device_, &supported), device_);
     const int device = device_;
     FERRY_EXPECTS(supported, "the device does not support CUDA memory pools", device);
-    FERRY_CUDA_TRY(runtime_.mem_pool_create(&pool_, device), device);
+    FERRY_RUNTIME_TRY(Runtime, runtime_.mem_pool_create(&pool_, device), device);
   }
 
   basic_device_arena(const basic_device_arena&) = delete;
   basic_device_arena& operator=(const basic_device_arena&) = delete;
 
   /// @brief Destroys the pool. Allocations must have been freed (and the frees completed).
-  ~basic_device_arena() { FERRY_ASSERT_CUDA_SUCCESS(runtime_.mem_pool_destroy(pool_)); }
+  ~basic_device_arena() { FERRY_RUNTIME_ASSERT(Runtime, runtime_.mem_pool_destroy(pool_)); }
 
   /// @brief Allocates `bytes` bytes of device memory, ordered on `s`.
   /// @param bytes > 0
@@ -97,13 +99,13 @@ class basic_device_arena {
   ///         past the budget (checked before CUDA is called), or when the device itself
   ///         has no memory left (`cudaErrorMemoryAllocation`)
   /// @throws ferry::logic_error for 0 bytes or the legacy default stream
-  /// @throws ferry::cuda_error when the allocation fails otherwise
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the allocation fails otherwise
   ///
   /// A request past the budget, up to SIZE_MAX, is `out_of_capacity` (with the request
   /// as asked when it is too large even to round).
-  [[nodiscard]] void* allocate(std::size_t bytes, ::cuda::stream_ref s) {
-    const void* stream = s.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(s),
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) {
+    const void* stream = Runtime::handle(s);
+    FERRY_EXPECTS(!Runtime::is_legacy_default(s),
                   "ferry never allocates on the legacy default stream; pass the stream the memory is used on", stream);
     FERRY_EXPECTS(bytes > 0, "device_arena request of 0 bytes", bytes);
     if (bytes > budget_ || bytes > ~std::size_t{0} - alignment_) {  // also too large to round: the request as asked
@@ -117,20 +119,20 @@ class basic_device_arena {
       }
     } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
     void* p = nullptr;
-    cudaError_t rc = cudaSuccess;
+    typename Runtime::status_type rc{};
     try {
-      rc = runtime_.malloc_from_pool_async(&p, cost, pool_, s.get());
+      rc = runtime_.malloc_from_pool_async(&p, cost, pool_, Runtime::handle(s));
     } catch (...) {  // a runtime that throws (a test's model): the budget taken back
       used_.fetch_sub(cost, std::memory_order_relaxed);
       throw;
     }
-    if (rc != cudaSuccess) {
+    if (!Runtime::ok(rc)) {
       runtime_.clear_last_error();
       const std::size_t before = used_.fetch_sub(cost, std::memory_order_relaxed) - cost;
-      if (rc == cudaErrorMemoryAllocation) {
+      if (Runtime::out_of_memory(rc)) {
         FERRY_THROW_OUT_OF_CAPACITY("device_arena (device memory exhausted)", cost, before, budget_);
       }
-      FERRY_CUDA_TRY(rc, bytes, stream);
+      FERRY_RUNTIME_TRY(Runtime, rc, bytes, stream);
     }
     return p;
   }
@@ -144,17 +146,17 @@ class basic_device_arena {
   ///
   /// A CUDA failure of the free itself goes to the destructor error handler
   /// (`set_destructor_error_handler`).
-  void deallocate(void* p, std::size_t bytes, ::cuda::stream_ref s) {
+  void deallocate(void* p, std::size_t bytes, stream_ref s) {
     if (p == nullptr) {
       return;
     }
-    const void* stream = s.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(s),
+    const void* stream = Runtime::handle(s);
+    FERRY_EXPECTS(!Runtime::is_legacy_default(s),
                   "ferry never frees on the legacy default stream; pass the stream ordered after the memory's last use",
                   p, bytes, stream);
-    const cudaError_t rc = runtime_.free_async(p, s.get());
-    FERRY_ASSERT_CUDA_SUCCESS(rc);
-    if (rc == cudaSuccess) used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);  // a refused free keeps its bytes
+    const auto rc = runtime_.free_async(p, Runtime::handle(s));
+    FERRY_RUNTIME_ASSERT(Runtime, rc);
+    if (Runtime::ok(rc)) used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);  // a refused free keeps its bytes
   }
 
   /// @brief Bytes allocated and not freed, each rounded up to `alignment()`.
@@ -165,8 +167,10 @@ class basic_device_arena {
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
   /// @brief The device ordinal.
   [[nodiscard]] int device() const noexcept { return device_; }
-  /// @brief The CUDA memory pool (owned by the arena).
-  [[nodiscard]] cudaMemPool_t pool() const noexcept { return pool_; }
+  /// @brief The runtime's memory pool (owned by the arena).
+  [[nodiscard]] typename Runtime::pool_handle pool() const noexcept { return pool_; }
+  /// @brief The runtime the arena's calls go through.
+  [[nodiscard]] const Runtime& runtime() const noexcept { return runtime_; }
   /// @brief The bytes a request of `bytes` costs.
   [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept {
     return (bytes + alignment_ - 1) & ~(alignment_ - 1);
@@ -177,13 +181,17 @@ class basic_device_arena {
   std::size_t budget_;
   std::size_t alignment_;
   int device_;
-  cudaMemPool_t pool_ = nullptr;
+  typename Runtime::pool_handle pool_{};
   std::atomic<std::size_t> used_{0};
 };
 
+/// @brief "Device memory" under a byte budget on the CPU model (host memory, freed in
+/// stream order, reused as CUDA's pools reuse it; see `basic_device_arena`).
+using host_device_arena = basic_device_arena<cpu_runtime>;
+
+#if FERRY_HAS_CUDA
 /// @brief Device memory under a byte budget on the CUDA runtime (see `basic_device_arena`).
-using device_arena = basic_device_arena<>;
+using device_arena = basic_device_arena<cuda_runtime>;
+#endif
 
 }  // namespace ferry
-
-#endif  // FERRY_HAS_CUDA

@@ -1,107 +1,85 @@
 /// @file
-/// @brief The device runtime: the primitives ferry's CUDA backend and device arena use,
-/// named as two concepts (`ferry::device_runtime`, `ferry::device_memory_runtime`), and
-/// `ferry::cuda_runtime`, their thin map onto the CUDA runtime.
+/// @brief `ferry::cuda_runtime`: the device runtime (`ferry::device_runtime`,
+/// `ferry::device_memory_runtime`, runtime/device_runtime.hpp) on CUDA — each member the
+/// CUDA runtime call it names.
 ///
 /// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise). Plain host C++.
 ///
-/// Everything above these concepts — the CUDA backend of the scheduler
-/// (`cuda_backend<Runtime>`: completion threads, event waits, stream waits on flags,
-/// device selection, capture refusal), the stream-ordered device arena
-/// (`basic_device_arena<Runtime>`), and the pipelines over them — is written once and
-/// takes every runtime call through its `Runtime`. `cuda_runtime` is the only model that
-/// calls CUDA; each of its members is one call (or, for `wait_value32`, the driver entry
-/// point found at run time), so the part of ferry that only a GPU can execute stays this
-/// map, the owning `stream`/`event` wrappers and the kernels of `codec/device.cuh`.
-/// The tests substitute a CPU model of the same calls (tests/host/cuda_model.hpp:
-/// streams as ordered worker threads, numbered event records, host functions on a
-/// callback thread, adversarial timing, the stream-ordered allocator's reuse rules), on
-/// which CI runs the backend, the arena and every pipeline, also under ThreadSanitizer.
-///
-/// Semantics a model must keep (CUDA Runtime API, "Stream Management", "Event
-/// Management", "Stream Ordered Memory Allocator"): a stream runs its operations in
-/// order, and a copy reads its source when the stream reaches it; `event_record`
-/// captures the work enqueued before it and `stream_wait_event` waits for that record
-/// only (an event never recorded is complete); `event_synchronize` blocks the caller;
-/// `wait_value32` blocks its stream until the 32-bit word is >= the value; memory freed
-/// with `free_async` on a stream is reusable by work ordered after the free.
+/// This map, the owning `ferry::stream`/`ferry::event` wrappers (cuda/) and the kernels
+/// of `codec/device.cuh` are the only code in `include/ferry` that calls CUDA, and so the
+/// only code that CI (which has no GPU) does not run: everything above the runtime
+/// concepts runs there on `ferry::cpu_runtime`, with adversarial timing and under
+/// ThreadSanitizer. Keep it a map: one call per member.
 #pragma once
 
 #include "ferry/config.hpp"
 
 #if FERRY_HAS_CUDA
 
+#include "ferry/cuda/device.hpp"
+#include "ferry/error.hpp"
+#include "ferry/runtime/device_runtime.hpp"
+
+#include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
-#include <concepts>
-#include <string>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <cuda.h>
 
 namespace ferry {
 
-/// @brief The runtime calls of the CUDA backend (`cuda_backend<Runtime>`): asynchronous
-/// 1D and 2D copies, events (create, record, query, synchronize, stream waits), streams
-/// with priority, mapped pinned memory for stream-wait flags, the current device, the
-/// stream wait-on-value, and graph-capture status. Each returns a `cudaError_t`.
-template <class R>
-concept device_runtime = requires(const R r, void* p, const void* cp, void** pp, std::size_t n, cudaMemcpyKind kind,
-                                  cudaStream_t s, cudaStream_t* ps, cudaEvent_t e, cudaEvent_t* pe, unsigned flags,
-                                  int i, int* pi, bool* pb, std::uint32_t v) {
-  { r.memcpy_async(p, cp, n, kind, s) } -> std::same_as<cudaError_t>;
-  { r.memcpy2d_async(p, n, cp, n, n, n, kind, s) } -> std::same_as<cudaError_t>;
-  { r.event_create(pe, flags) } -> std::same_as<cudaError_t>;
-  { r.event_destroy(e) } -> std::same_as<cudaError_t>;
-  { r.event_record(e, s) } -> std::same_as<cudaError_t>;
-  { r.event_query(e) } -> std::same_as<cudaError_t>;
-  { r.event_synchronize(e) } -> std::same_as<cudaError_t>;
-  { r.stream_wait_event(s, e) } -> std::same_as<cudaError_t>;
-  { r.stream_create(ps, flags, i) } -> std::same_as<cudaError_t>;
-  { r.stream_destroy(s) } -> std::same_as<cudaError_t>;
-  { r.stream_synchronize(s) } -> std::same_as<cudaError_t>;
-  { r.host_alloc_mapped(pp, n) } -> std::same_as<cudaError_t>;
-  { r.free_host(p) } -> std::same_as<cudaError_t>;
-  { r.device_pointer(pp, p) } -> std::same_as<cudaError_t>;
-  { r.get_device(pi) } -> std::same_as<cudaError_t>;
-  { r.set_device(i) } -> std::same_as<cudaError_t>;
-  { r.wait_value32(s, p, v) } -> std::same_as<cudaError_t>;
-  { r.stream_is_capturing(s, pb) } -> std::same_as<cudaError_t>;
-};
-
-/// @brief The runtime calls of the stream-ordered device arena
-/// (`basic_device_arena<Runtime>`): a memory pool of its own on a device (release
-/// threshold at the maximum: freed memory is kept for reuse), allocation from it and
-/// frees in stream order, and the current device. Each returns a `cudaError_t`, except
-/// `clear_last_error` (`cudaGetLastError`, after a failure the caller handles).
-template <class R>
-concept device_memory_runtime = requires(const R r, void* p, void** pp, std::size_t n, cudaStream_t s,
-                                         cudaMemPool_t pool, cudaMemPool_t* ppool, int i, int* pi, bool* pb) {
-  { r.get_device(pi) } -> std::same_as<cudaError_t>;
-  { r.memory_pools_supported(i, pb) } -> std::same_as<cudaError_t>;
-  { r.mem_pool_create(ppool, i) } -> std::same_as<cudaError_t>;
-  { r.mem_pool_destroy(pool) } -> std::same_as<cudaError_t>;
-  { r.malloc_from_pool_async(pp, n, pool, s) } -> std::same_as<cudaError_t>;
-  { r.free_async(p, s) } -> std::same_as<cudaError_t>;
-  r.clear_last_error();
-};
-
 /// @brief The device runtime on CUDA: each member is the CUDA runtime call it names. A
 /// stateless policy (empty; stored with `[[no_unique_address]]` by its users).
 struct cuda_runtime {
-  /// @brief `cudaMemcpyAsync`.
-  cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t s) const {
-    return cudaMemcpyAsync(dst, src, n, kind, s);
+  /// @brief What every call returns.
+  using status_type = cudaError_t;
+  /// @brief A stream.
+  using stream_handle = cudaStream_t;
+  /// @brief An event.
+  using event_handle = cudaEvent_t;
+  /// @brief A stream-ordered memory pool.
+  using pool_handle = cudaMemPool_t;
+  /// @brief How callers pass streams.
+  using stream_ref = ::cuda::stream_ref;
+
+  /// @brief `status == cudaSuccess`.
+  static bool ok(cudaError_t status) noexcept { return status == cudaSuccess; }
+  /// @brief `cudaErrorNotReady` (an event whose work is still pending).
+  static bool not_ready(cudaError_t status) noexcept { return status == cudaErrorNotReady; }
+  /// @brief `cudaErrorMemoryAllocation`.
+  static bool out_of_memory(cudaError_t status) noexcept { return status == cudaErrorMemoryAllocation; }
+  /// @brief `cudaErrorCudartUnloading`: the runtime is gone at process exit.
+  static bool ignorable_at_teardown(cudaError_t status) noexcept { return status == cudaErrorCudartUnloading; }
+  /// @brief Clears the thread's last (non-sticky) error and throws `ferry::cuda_error`.
+  [[noreturn]] static void raise(cudaError_t status, const std::string& message, source_site site) {
+    (void)cudaGetLastError();
+    throw cuda_error(message, static_cast<int>(status), site);
+  }
+  /// @brief `s.get()`.
+  static cudaStream_t handle(::cuda::stream_ref s) noexcept { return s.get(); }
+  /// @brief `cuda::stream_ref{s}`.
+  static ::cuda::stream_ref ref(cudaStream_t s) noexcept { return ::cuda::stream_ref{s}; }
+  /// @brief The legacy default stream (null or `cudaStreamLegacy`).
+  static bool is_legacy_default(::cuda::stream_ref s) noexcept { return is_legacy_default_stream(s); }
+
+  /// @brief `cudaMemcpyAsync` with the kind `direction` names.
+  cudaError_t memcpy_async(void* dst, const void* src, std::size_t n, copy_direction direction, cudaStream_t s) const {
+    return cudaMemcpyAsync(dst, src, n, kind(direction), s);
   }
   /// @brief `cudaMemcpy2DAsync`: `height` rows of `width` bytes, rows `dpitch` and
   /// `spitch` bytes apart.
   cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                             std::size_t height, cudaMemcpyKind kind, cudaStream_t s) const {
-    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s);
+                             std::size_t height, copy_direction direction, cudaStream_t s) const {
+    return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind(direction), s);
   }
-  /// @brief `cudaEventCreateWithFlags`.
-  cudaError_t event_create(cudaEvent_t* e, unsigned flags) const { return cudaEventCreateWithFlags(e, flags); }
+  /// @brief `cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync)`:
+  /// an event for ordering, whose synchronisation sleeps instead of spinning.
+  cudaError_t event_create(cudaEvent_t* e) const {
+    return cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync);
+  }
   /// @brief `cudaEventDestroy`.
   cudaError_t event_destroy(cudaEvent_t e) const { return cudaEventDestroy(e); }
   /// @brief `cudaEventRecord`.
@@ -112,9 +90,9 @@ struct cuda_runtime {
   cudaError_t event_synchronize(cudaEvent_t e) const { return cudaEventSynchronize(e); }
   /// @brief `cudaStreamWaitEvent`.
   cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) const { return cudaStreamWaitEvent(s, e, 0); }
-  /// @brief `cudaStreamCreateWithPriority`.
-  cudaError_t stream_create(cudaStream_t* s, unsigned flags, int priority) const {
-    return cudaStreamCreateWithPriority(s, flags, priority);
+  /// @brief `cudaStreamCreateWithPriority(s, cudaStreamNonBlocking, priority)`.
+  cudaError_t stream_create(cudaStream_t* s, int priority) const {
+    return cudaStreamCreateWithPriority(s, cudaStreamNonBlocking, priority);
   }
   /// @brief `cudaStreamDestroy`.
   cudaError_t stream_destroy(cudaStream_t s) const { return cudaStreamDestroy(s); }
@@ -215,6 +193,11 @@ struct cuda_runtime {
   /// device is detected".
   static std::string describe(cudaError_t e) {
     return std::string(cudaGetErrorName(e)) + " (" + std::to_string(static_cast<int>(e)) + "): " + cudaGetErrorString(e);
+  }
+
+ private:
+  static cudaMemcpyKind kind(copy_direction d) noexcept {
+    return d == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   }
 };
 

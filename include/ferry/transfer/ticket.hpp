@@ -21,6 +21,7 @@
 #pragma once
 
 #include "ferry/error.hpp"
+#include "ferry/runtime/device_runtime.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -34,12 +35,6 @@
 #include <vector>
 
 namespace ferry {
-
-/// @brief The direction of a copy between memory the device owns and host memory.
-enum class copy_direction : std::uint8_t {
-  host_to_device,  ///< H2D
-  device_to_host,  ///< D2H
-};
 
 /// @brief The two copy lanes a scheduler owns: one stream for H2D and one for D2H, so
 /// that both directions of the link carry data at the same time.
