@@ -1,12 +1,13 @@
-// One pipeline test, two runtimes: the pipelines' host tests are templated on a "test
-// device" that makes compute streams, schedulers and device memory, so the same case
-// runs on
-// - `host_device`: the host backend (`host_executor`, host streams), and
-// - `model_device<Seed>` (where CUDA's headers are): ferry's CUDA backend
-//   (`cuda_backend<model_api>`, the code that runs on a GPU) on the CPU model of the
-//   CUDA runtime (cuda_model.hpp), with adversarial delays from `Seed`, and device
-//   memory from `basic_device_arena<model_api>` (the arena itself, on the model's
-//   stream-ordered pools).
+// One pipeline test, several timings: the pipelines' host tests are templated on a
+// "test device" that makes compute streams, schedulers and device memory, so the same
+// case runs on ferry's device backend (`device_backend<cpu_runtime>`, the code that
+// runs on a GPU) over the CPU model of the device runtime (ferry/runtime/cpu_runtime.hpp)
+// with device memory from `host_device_arena` (the arena itself, on the model's
+// stream-ordered pools):
+// - `host_device`: the process's default CPU device, as `host_executor` users get it
+//   (no delays), and
+// - `model_device<Seed>`: a device of its own with adversarial delays from `Seed` (0:
+//   none), whose controls (held streams, counters) the test may use.
 //
 // A test writes
 //
@@ -22,15 +23,10 @@
 #pragma once
 
 #include <ferry/config.hpp>
-#include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/schedule/host_executor.hpp>
-
-#if FERRY_HAS_CUDA
 #include <ferry/memory/device_arena.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
-
-#include "cuda_model.hpp"
-#endif
+#include <ferry/pipeline/tensor_cache.hpp>
+#include <ferry/runtime/cpu_runtime.hpp>
+#include <ferry/schedule/host_executor.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -46,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_model.hpp"
 #include "io_test_support.hpp"
 
 namespace ferry_test {
@@ -71,36 +68,35 @@ class owner {
  private:
   std::vector<std::shared_ptr<void>> items_;
 };
-}  // namespace detail
 
-/// The host backend: host streams, `host_executor`, `host_device_memory`.
-class host_device {
+// What both test devices share: a runtime, its streams, schedulers and arenas.
+class cpu_test_device {
  public:
   using backend_type = ferry::host_backend;
   using scheduler_type = ferry::host_executor;
-  using memory_type = ferry::host_device_memory;
-  static constexpr bool is_model = false;
+  using memory_type = ferry::host_device_arena;
 
-  /// A compute stream: items run in order on a worker thread.
+  /// A compute stream of the device: items run in order on its worker thread.
   class compute_stream {
    public:
-    compute_stream() = default;
+    explicit compute_stream(const ferry::cpu_runtime& rt) : s_(rt) {}
     template <class F>
     void enqueue(F&& f) {
       s_.enqueue(std::forward<F>(f));
     }
     void synchronize() { s_.synchronize(); }
-    operator ferry::host_stream_ref() { return ferry::host_stream_ref(s_); }  // NOLINT(google-explicit-constructor)
-    ferry::host_stream& native() { return s_; }
+    operator ferry::host_stream_ref() const { return s_; }  // NOLINT(google-explicit-constructor)
+    [[nodiscard]] ferry::cpu_runtime::stream_handle native() const { return s_.get(); }
+    ferry::host_stream& stream() { return s_; }
 
    private:
     ferry::host_stream s_;
   };
 
-  host_device() = default;
-  host_device(const host_device&) = delete;
-  host_device& operator=(const host_device&) = delete;
-  ~host_device() {
+  explicit cpu_test_device(ferry::cpu_runtime rt) : rt_(std::move(rt)) {}
+  cpu_test_device(const cpu_test_device&) = delete;
+  cpu_test_device& operator=(const cpu_test_device&) = delete;
+  ~cpu_test_device() {
     for (compute_stream* s : streams_) {  // the frees the test's objects enqueued
       try {
         s->synchronize();
@@ -110,85 +106,25 @@ class host_device {
   }
 
   compute_stream& stream() {
-    compute_stream& s = own_.make<compute_stream>();
+    compute_stream& s = own_.make<compute_stream>(rt_);
     streams_.push_back(&s);
     return s;
   }
+  /// A scheduler on `compute`; without a bounce pool in `o`, one that does not pin.
   scheduler_type& scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return own_.make<scheduler_type>(compute, o);
+    return own_.make<scheduler_type>(ferry::host_stream_ref(compute), unpinned_ring(o), rt_);
   }
   /// A scheduler the test destroys itself (to test what its destructor does).
   std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return std::make_unique<scheduler_type>(compute, o);
-  }
-  memory_type& memory(std::size_t budget_bytes) { return memory_.make<memory_type>(budget_bytes); }
-  [[nodiscard]] std::string name() const { return "host backend"; }
-
- private:
-  detail::owner memory_;  // device memory goes last: stream-ordered frees still reach it
-  detail::owner own_;
-  std::vector<compute_stream*> streams_;
-};
-
-#if FERRY_HAS_CUDA
-
-/// ferry's CUDA backend on the CPU model, adversarial delays seeded by `Seed` (0: none).
-template <std::uint64_t Seed, std::uint32_t MaxDelayUs = 60>
-class model_device {
- public:
-  using backend_type = ferry::cuda_backend<model_api>;
-  using scheduler_type = ferry::basic_scheduler<backend_type>;
-  using memory_type = ferry::basic_device_arena<model_api>;  // the arena itself, on the model's pools
-  static constexpr bool is_model = true;
-
-  /// A stream of the model: operations run in order on its worker thread.
-  class compute_stream {
-   public:
-    explicit compute_stream(std::shared_ptr<cuda_model> m) : m_(std::move(m)), s_(model_stream(*m_)) {}
-    template <class F>
-    void enqueue(F&& f) {
-      m_->launch(s_, std::function<void()>(std::forward<F>(f)));
-    }
-    void synchronize() {
-      if (m_->stream_synchronize(s_) != cudaSuccess) std::abort();
-    }
-    operator ::cuda::stream_ref() const { return ::cuda::stream_ref{s_}; }  // NOLINT(google-explicit-constructor)
-    [[nodiscard]] cudaStream_t native() const { return s_; }
-
-   private:
-    std::shared_ptr<cuda_model> m_;
-    cudaStream_t s_;
-  };
-
-  model_device() : m_(std::make_shared<cuda_model>(model_options{.seed = Seed, .max_delay_us = MaxDelayUs})) {}
-  model_device(const model_device&) = delete;
-  model_device& operator=(const model_device&) = delete;
-  ~model_device() {
-    for (compute_stream* s : streams_) s->synchronize();  // the frees the test's objects enqueued
-  }
-
-  compute_stream& stream() {
-    compute_stream& s = own_.make<compute_stream>(m_);
-    streams_.push_back(&s);
-    return s;
-  }
-  /// A scheduler on `compute`; without a bounce pool in `o`, one that does not pin (the
-  /// model keeps clear of the real CUDA runtime).
-  scheduler_type& scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return own_.make<scheduler_type>(::cuda::stream_ref(compute), unpinned(o), model_api{m_});
-  }
-  /// A scheduler the test destroys itself (to test what its destructor does).
-  std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return std::make_unique<scheduler_type>(::cuda::stream_ref(compute), unpinned(o), model_api{m_});
+    return std::make_unique<scheduler_type>(ferry::host_stream_ref(compute), unpinned_ring(o), rt_);
   }
   memory_type& memory(std::size_t budget_bytes) {
-    return memory_.make<memory_type>(budget_bytes, ferry::device_arena_options{}, model_api{m_});
+    return memory_.make<memory_type>(budget_bytes, ferry::device_arena_options{}, rt_);
   }
-  [[nodiscard]] std::string name() const { return "CUDA backend on the CPU model, seed " + std::to_string(Seed); }
-  cuda_model& model() { return *m_; }
+  [[nodiscard]] const ferry::cpu_runtime& runtime() const { return rt_; }
 
  private:
-  ferry::scheduler_options unpinned(ferry::scheduler_options o) {
+  ferry::scheduler_options unpinned_ring(ferry::scheduler_options o) {
     if (o.bounce_pool == nullptr) {
       ferry::pinned_pool_options p;
       p.pin = false;
@@ -197,20 +133,37 @@ class model_device {
     }
     return o;
   }
-  std::shared_ptr<cuda_model> m_;
+  ferry::cpu_runtime rt_;
   detail::owner memory_;  // device memory goes after the streams: stream-ordered frees still reach it
-  detail::owner own_;     // after m_: what it owns goes before the model
+  detail::owner own_;
   std::vector<compute_stream*> streams_;
 };
+}  // namespace detail
 
-/// The CUDA backend on the model at three seeds: no delays, and two adversarial ones.
+/// The process's default CPU device (what `host_executor` users get): no delays.
+class host_device : public detail::cpu_test_device {
+ public:
+  static constexpr bool is_model = false;
+  host_device() : cpu_test_device(ferry::cpu_runtime{}) {}
+  [[nodiscard]] std::string name() const { return "CPU runtime, default device"; }
+};
+
+/// A CPU device of its own, adversarial delays seeded by `Seed` (0: none); its controls
+/// are the test's (`model()`).
+template <std::uint64_t Seed, std::uint32_t MaxDelayUs = 60>
+class model_device : public detail::cpu_test_device {
+ public:
+  static constexpr bool is_model = true;
+  model_device() : cpu_test_device(ferry::cpu_runtime(ferry::cpu_options{.seed = Seed, .max_delay_us = MaxDelayUs})) {}
+  [[nodiscard]] std::string name() const { return "CPU runtime, own device, seed " + std::to_string(Seed); }
+  ferry::cpu_device& model() { return runtime().device(); }
+};
+
+/// The model at three seeds: no delays, and two adversarial ones.
 #define FERRY_MODEL_DEVICES \
   (ferry_test::model_device<0, 0>), (ferry_test::model_device<1>), (ferry_test::model_device<2>)
-/// Both runtimes.
-#define FERRY_TEST_DEVICES ferry_test::host_device, FERRY_MODEL_DEVICES
-#else
-#define FERRY_TEST_DEVICES ferry_test::host_device
-#endif
+/// The default device, and the model at two adversarial seeds.
+#define FERRY_TEST_DEVICES ferry_test::host_device, (ferry_test::model_device<1>), (ferry_test::model_device<2>)
 
 // --- helpers the pipeline tests share ---------------------------------------------
 

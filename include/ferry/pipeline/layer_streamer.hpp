@@ -112,12 +112,10 @@
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/ticket.hpp"
 
-#if FERRY_HAS_CUDA
 #include "ferry/memory/device_arena.hpp"
-#include "ferry/schedule/stream_scheduler.hpp"
 
-#include <cuda/stream_ref>
-#include <cuda_runtime_api.h>
+#if FERRY_HAS_CUDA
+#include "ferry/schedule/stream_scheduler.hpp"
 #endif
 
 #include <algorithm>
@@ -219,27 +217,29 @@ class slot_memory {
         [](void* p, std::size_t /*n*/) { ::operator delete(p, std::align_val_t{slot_alignment}); });
   }
 
-#if FERRY_HAS_CUDA
-  /// @brief `slots` slots in one allocation of `arena`, made on `stream` (which is then
+  /// @brief `slots` slots in one allocation of `arena` (a `device_arena`, or a
+  /// `host_device_arena` on the CPU runtime), made on `stream` (which is then
   /// synchronised once, so the scheduler's H2D lane may write the memory) and freed on
   /// `stream` in stream order when the streamer is destroyed — pass the compute stream,
   /// so the free is ordered after the last kernel that reads a slot.
-  /// @throws ferry::out_of_capacity from the arena; ferry::cuda_error
-  [[nodiscard]] static slot_memory arena(std::size_t slots, device_arena& arena, ::cuda::stream_ref stream) {
+  /// @throws ferry::out_of_capacity from the arena; ferry::device_error
+  ///         (`ferry::cuda_error` on CUDA)
+  template <class Runtime>
+  [[nodiscard]] static slot_memory arena(std::size_t slots, basic_device_arena<Runtime>& arena,
+                                         typename Runtime::stream_ref stream) {
     return slot_memory(
         slots,
         [&arena, stream](std::size_t n) {
           void* p = arena.allocate(n, stream);
-          const cudaError_t rc = cuda_runtime{}.stream_synchronize(stream.get());
-          if (rc != cudaSuccess) {
+          const auto rc = arena.runtime().stream_synchronize(Runtime::handle(stream));
+          if (!Runtime::ok(rc)) {
             arena.deallocate(p, n, stream);
-            FERRY_CUDA_TRY(rc, n);
+            FERRY_RUNTIME_TRY(Runtime, rc, n);
           }
           return p;
         },
         [&arena, stream](void* p, std::size_t n) { arena.deallocate(p, n, stream); });
   }
-#endif
 
   /// @brief Takes over `o`'s slots and memory; `o` is left owning nothing.
   slot_memory(slot_memory&& o) noexcept
@@ -336,7 +336,7 @@ struct layer_streamer_stats {
 /// @brief Weights streamed into K device slots ahead of the compute stream, gradients
 /// streamed out to pinned memory (see the file comment).
 ///
-/// @tparam Backend the scheduler's backend: `cuda_backend<>` (`ferry::layer_streamer`)
+/// @tparam Backend the scheduler's backend: `device_backend<cuda_runtime>` (`ferry::layer_streamer`)
 ///         or `host_backend` (`ferry::host_layer_streamer`)
 template <class Backend>
 class basic_layer_streamer {
@@ -1197,12 +1197,12 @@ class basic_layer_streamer {
   layer_streamer_stats stats_;
 };
 
-/// @brief A layer streamer on host threads (`host_executor`): "device memory" is host memory.
+/// @brief A layer streamer on the CPU runtime (`host_executor`): "device memory" is host memory.
 using host_layer_streamer = basic_layer_streamer<host_backend>;
 
 #if FERRY_HAS_CUDA
 /// @brief A layer streamer on CUDA streams (`stream_scheduler`).
-using layer_streamer = basic_layer_streamer<cuda_backend<>>;
+using layer_streamer = basic_layer_streamer<device_backend<cuda_runtime>>;
 #endif
 
 }  // namespace ferry

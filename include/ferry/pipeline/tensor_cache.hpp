@@ -80,6 +80,7 @@
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/offload_pipeline.hpp"
 #include "ferry/policy/access_schedule.hpp"
+#include "ferry/memory/device_arena.hpp"
 #include "ferry/schedule/host_executor.hpp"
 #include "ferry/schedule/scheduler.hpp"
 #include "ferry/tier/nvme.hpp"
@@ -98,7 +99,6 @@
 #include <vector>
 
 #if FERRY_HAS_CUDA
-#include "ferry/memory/device_arena.hpp"
 #include "ferry/schedule/stream_scheduler.hpp"
 #endif
 
@@ -152,72 +152,21 @@ struct tensor_cache_stats {
   std::uint64_t reserved_pinned_bytes = 0;
 };
 
-/// @brief Device memory for the host backend: host memory, allocated at once and
-/// freed in stream order (an item on the stream). Models what `tensor_cache` needs from
-/// its device memory (`allocate(bytes, stream)`, `deallocate(p, bytes, stream)`), with a
-/// byte budget standing for the GPU's capacity.
-class host_device_memory {
- public:
-  /// @param budget_bytes the most bytes allocated at once
-  explicit host_device_memory(std::size_t budget_bytes) : budget_(budget_bytes) {}
-  host_device_memory(const host_device_memory&) = delete;
-  host_device_memory& operator=(const host_device_memory&) = delete;
-
-  /// @brief `bytes` bytes (256-byte aligned), usable by work enqueued after the call.
-  /// @throws ferry::out_of_capacity past the budget, also for a request too large even to
-  ///         round (up to SIZE_MAX: reported as asked)
-  [[nodiscard]] void* allocate(std::size_t bytes, host_stream_ref /*s*/) {
-    if (bytes > ~std::size_t{0} - 255) {  // rounding would wrap (to 0: a block of 0 bytes handed out)
-      FERRY_THROW_OUT_OF_CAPACITY("host_device_memory", bytes, used(), budget_);
-    }
-    const std::size_t cost = round(bytes);
-    std::size_t now = used_.load(std::memory_order_relaxed);
-    do {
-      if (cost > budget_ - std::min(now, budget_)) FERRY_THROW_OUT_OF_CAPACITY("host_device_memory", cost, now, budget_);
-    } while (!used_.compare_exchange_weak(now, now + cost, std::memory_order_relaxed));
-    return ::operator new(cost, std::align_val_t{256});
-  }
-  /// @brief Frees `p` once the work enqueued on `s` before the call has run.
-  void deallocate(void* p, std::size_t bytes, host_stream_ref s) noexcept {
-    if (p == nullptr) return;
-    const std::size_t cost = round(bytes);
-    try {
-      s->enqueue([p, cost, this] {
-        ::operator delete(p, std::align_val_t{256});
-        used_.fetch_sub(cost, std::memory_order_relaxed);
-      });
-    } catch (...) {  // could not enqueue: wait for the stream, then free here
-      s->block(s->record());
-      ::operator delete(p, std::align_val_t{256});
-      used_.fetch_sub(cost, std::memory_order_relaxed);
-    }
-  }
-  /// @brief Bytes allocated (frees count once they have run).
-  [[nodiscard]] std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
-  /// @brief The budget.
-  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
-
- private:
-  static std::size_t round(std::size_t n) noexcept { return (std::max<std::size_t>(n, 1) + 255) & ~std::size_t{255}; }
-  std::size_t budget_;
-  std::atomic<std::size_t> used_{0};
-};
-
 namespace detail {
-// Runs the codec on a stream of the backend: kernels on a CUDA stream, a queued item
-// on a host stream.
+// Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
+// queued host function) on a stream of the CPU runtime.
 template <class Codec>
 struct codec_on_stream {
   using T = typename Codec::value_type;
   static void encode(const Codec& c, host_stream_ref s, const void* in, std::size_t n, std::byte* out,
                      std::size_t out_bytes) {
-    s->enqueue([c, in, n, out, out_bytes] {
+    s.enqueue([c, in, n, out, out_bytes] {
       (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
     });
   }
   static void decode(const Codec& c, host_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
                      std::size_t n) {
-    s->enqueue([c, in, in_bytes, out, n] {
+    s.enqueue([c, in, in_bytes, out, n] {
       c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));
     });
   }
@@ -242,9 +191,10 @@ inline constexpr bool is_identity_codec<identity<T>> = true;
 /// @brief Activation offload over a pipeline's tiers and policies (see the file comment).
 ///
 /// @tparam Pipeline     an `offload_pipeline` (usually from `make_pipeline`)
-/// @tparam Backend      the scheduler's backend: `cuda_backend<>` or `host_backend`
-/// @tparam DeviceMemory where device copies live: `device_arena` (CUDA) or
-///                      `host_device_memory` (host backend)
+/// @tparam Backend      the scheduler's backend: `device_backend<cuda_runtime>` or
+///                      `host_backend` (`device_backend<cpu_runtime>`)
+/// @tparam DeviceMemory where device copies live: a `basic_device_arena` of the same
+///                      runtime (`device_arena`, `host_device_arena`)
 /// @tparam Nvme         the NVMe tier type (used when the pipeline has one)
 template <class Pipeline, class Backend, class DeviceMemory, class Nvme = nvme_tier>
 class basic_tensor_cache {
@@ -879,12 +829,7 @@ class basic_tensor_cache {
     r.device = nullptr;
   }
 
-  static bool is_legacy([[maybe_unused]] const stream_type& s) noexcept {
-#if FERRY_HAS_CUDA
-    if constexpr (std::is_same_v<stream_type, ::cuda::stream_ref>) return is_legacy_default_stream(s);
-#endif
-    return false;
-  }
+  static bool is_legacy(const stream_type& s) noexcept { return Backend::runtime_type::is_legacy_default(s); }
 
   // Releases a backend marker unless ownership is taken (`release()`).
   struct marker_guard {
@@ -929,14 +874,15 @@ class basic_tensor_cache {
   tensor_cache_stats stats_;
 };
 
-/// @brief A tensor cache on the host backend (no GPU): "device" memory is host memory.
+/// @brief A tensor cache on the CPU model of the device runtime (no GPU): "device"
+/// memory is host memory from a `host_device_arena`.
 template <class Pipeline, class Nvme = nvme_tier>
-using host_tensor_cache = basic_tensor_cache<Pipeline, host_backend, host_device_memory, Nvme>;
+using host_tensor_cache = basic_tensor_cache<Pipeline, host_backend, host_device_arena, Nvme>;
 
 #if FERRY_HAS_CUDA
 /// @brief A tensor cache on CUDA streams, with device copies in a `device_arena`.
 template <class Pipeline, class Nvme = nvme_tier>
-using tensor_cache = basic_tensor_cache<Pipeline, cuda_backend<>, device_arena, Nvme>;
+using tensor_cache = basic_tensor_cache<Pipeline, device_backend<cuda_runtime>, device_arena, Nvme>;
 #endif
 
 }  // namespace ferry

@@ -1,20 +1,12 @@
 /// @file
-/// @brief `ferry::device_tier`: the `ferry::tier` view of a `ferry::device_arena`, on
-/// one stream.
-///
-/// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise).
+/// @brief `ferry::basic_device_tier<Runtime>`: the `ferry::tier` view of a
+/// `ferry::basic_device_arena`, on one stream — `ferry::device_tier` on CUDA (when
+/// `FERRY_HAS_CUDA` is 1), `ferry::host_device_tier` on the CPU runtime (every build).
 #pragma once
 
-#include "ferry/config.hpp"
-
-#if FERRY_HAS_CUDA
-
 #include "ferry/concepts.hpp"
-#include "ferry/cuda/device.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/device_arena.hpp"
-
-#include <cuda/stream_ref>
 
 #include <cstddef>
 
@@ -38,8 +30,14 @@ struct device_region {
 /// enqueued on `stream()` so far. `capacity()` is the arena's budget, `used()` its
 /// exact use, so tiers over one arena share its budget. Thread-safe as the arena is.
 /// Lifetime: the arena and the stream must outlive the tier and its regions.
-class device_tier {
+/// @tparam Runtime the device runtime (`cuda_runtime`, `cpu_runtime`)
+template <class Runtime>
+class basic_device_tier {
  public:
+  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  using stream_ref = typename Runtime::stream_ref;
+  /// @brief The arena type.
+  using arena_type = basic_device_arena<Runtime>;
   /// @brief What `allocate` returns: a `device_region`.
   using region_type = device_region;
   /// Device memory: kernels read it, the CPU does not, no file behind it.
@@ -48,15 +46,15 @@ class device_tier {
   /// @param arena  the arena to allocate from; must outlive the tier
   /// @param stream the stream allocations and frees are ordered on; not the legacy default stream
   /// @throws ferry::logic_error for the legacy default stream
-  device_tier(device_arena& arena, ::cuda::stream_ref stream) : arena_(&arena), stream_(stream) {
-    const void* s = stream.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(stream), "ferry never allocates on the legacy default stream", s);
+  basic_device_tier(arena_type& arena, stream_ref stream) : arena_(&arena), stream_(stream) {
+    const void* s = Runtime::handle(stream);
+    FERRY_EXPECTS(!Runtime::is_legacy_default(stream), "ferry never allocates on the legacy default stream", s);
   }
 
   /// @brief Allocates `bytes` bytes on `stream()`.
   /// @throws ferry::out_of_capacity past the arena's budget (or when the device is full)
   /// @throws ferry::logic_error for 0 bytes
-  /// @throws ferry::cuda_error when CUDA fails otherwise
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the runtime fails otherwise
   [[nodiscard]] device_region allocate(std::size_t bytes) { return device_region{arena_->allocate(bytes, stream_), bytes}; }
   /// @brief Frees a region after the work enqueued on `stream()` so far; never throws.
   void deallocate(device_region r) noexcept { arena_->deallocate(r.ptr, r.bytes, stream_); }
@@ -65,17 +63,23 @@ class device_tier {
   /// @brief The arena's exact use in bytes.
   [[nodiscard]] std::size_t used() const noexcept { return arena_->used(); }
   /// @brief The stream allocations and frees are ordered on.
-  [[nodiscard]] ::cuda::stream_ref stream() const noexcept { return stream_; }
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
   /// @brief The arena behind the tier.
-  [[nodiscard]] device_arena& arena() const noexcept { return *arena_; }
+  [[nodiscard]] arena_type& arena() const noexcept { return *arena_; }
 
  private:
-  device_arena* arena_;
-  ::cuda::stream_ref stream_;
+  arena_type* arena_;
+  stream_ref stream_;
 };
 
+/// @brief Device memory as a tier on the CPU runtime (host memory standing for it).
+using host_device_tier = basic_device_tier<cpu_runtime>;
+static_assert(check_tier<host_device_tier>());
+
+#if FERRY_HAS_CUDA
+/// @brief Device memory as a tier on CUDA.
+using device_tier = basic_device_tier<cuda_runtime>;
 static_assert(check_tier<device_tier>());
+#endif
 
 }  // namespace ferry
-
-#endif  // FERRY_HAS_CUDA
