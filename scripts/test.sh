@@ -47,7 +47,7 @@ if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
   done
   echo "== concurrent suites under ThreadSanitizer, 2 repeats, 4 jobs on $(nproc) cores"
   ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
-    -R "tensor_cache|layer_streamer|scheduler|host_executor|pinned_pool: 8 threads|engine|concurren|threads" \
+    -R "tensor_cache|layer_streamer|scheduler|host_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" \
     --repeat until-fail:2 ||
     { grep -E "Failed|\*\*\*|ThreadSanitizer|runtime error" build/tsan/ctest-repeat.log | head -200; exit 1; }
   echo "   all passed (log: build/tsan/ctest-repeat.log)"

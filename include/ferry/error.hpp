@@ -23,14 +23,14 @@
 ///   synchronous `read`/`write` and the completion callback's `std::exception_ptr` then
 ///   carry a plain `std::bad_alloc`);
 /// - `std::system_error` from `std::thread` when a thread cannot be started: a
-///   `host_stream` (and so a `host_executor`'s lanes and pooled streams), the workers
-///   of `ferry::adamw` and of `io::thread_pool_engine`, the ring thread of
-///   `io::uring_engine`, and the completion threads of a `stream_scheduler`'s CUDA
-///   backend.
+///   `cpu_device`'s callback thread, the workers of `ferry::adamw` and of
+///   `io::thread_pool_engine`, the ring thread of `io::uring_engine`, and the
+///   completion threads of a scheduler's backend (`device_backend`). (A stream of the
+///   CPU runtime whose worker cannot start is a `device_error`, `cpu_errc::memory_allocation`.)
 ///
 /// So `catch (const ferry::error&)` catches what ferry raises itself, not these two.
 /// An exception thrown by the caller's own code that ferry runs (an item queued on a
-/// `host_stream`, a `layer_streamer` gradient callback) is kept and rethrown as it is,
+/// `host_stream`: a "kernel" of the CPU runtime, a `layer_streamer` gradient callback) is kept and rethrown as it is,
 /// whatever its type, where that component says so.
 ///
 /// Messages name the file, line and function, the failed call or condition and the

@@ -78,6 +78,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -154,7 +155,9 @@ struct cpu_event {
   std::uint64_t recorded = 0;                         // number of the latest record (0: never)
   std::set<std::uint64_t> pending;                    // records their stream has not passed yet
   std::map<std::uint64_t, std::exception_ptr> failed; // records made on a failed stream
-  std::map<std::uint64_t, const cpu_stream*> captured;  // records made on a capturing stream
+  // Records made on a capturing stream, and the capture's origin: until that capture
+  // ends (whether or not the stream has passed them), a wait for one joins the capture.
+  std::map<std::uint64_t, const cpu_stream*> captured;
   [[nodiscard]] bool passed(std::uint64_t gen) const { return gen == 0 || pending.count(gen) == 0; }
   [[nodiscard]] std::exception_ptr error_of(std::uint64_t gen) const {
     auto it = failed.find(gen);
@@ -287,6 +290,7 @@ class cpu_device {
       std::lock_guard lock(events_mutex_);
       gen = ++ev->recorded;
       ev->pending.insert(gen);
+      ev->captured.clear();  // only the latest record is ever waited for from now on
       if (origin != nullptr) ev->captured[gen] = origin;
     }
     enqueue(s, [this, ev, gen, s] {
@@ -299,7 +303,6 @@ class cpu_device {
         std::lock_guard lock(events_mutex_);
         ev->pending.erase(gen);
         if (error) ev->failed[gen] = error;
-        ev->captured.erase(gen);
       }
       events_cv_.notify_all();
     });
@@ -379,6 +382,7 @@ class cpu_device {
       std::lock_guard lock(mutex_);
       if (streams_.erase(s) == 0) return {cpu_errc::invalid_value};
     }
+    end_capture(s);  // a capture begun on it ends with it (no one keeps its address)
     stop(s);  // CUDA lets queued work finish first
     delete s;
     return {};
@@ -591,6 +595,19 @@ class cpu_device {
       if (r->capture_origin == s) {
         r->capturing = false;
         r->capture_origin = nullptr;
+      }
+    }
+    {
+      std::lock_guard stream_lock(s->mutex);  // s itself, also when it is being destroyed
+      if (s->capture_origin == s) {
+        s->capturing = false;
+        s->capture_origin = nullptr;
+      }
+    }
+    std::lock_guard events_lock(events_mutex_);  // its records no longer join anyone to it
+    for (auto& [p, ev] : events_) {
+      for (auto it = ev->captured.begin(); it != ev->captured.end();) {
+        it = it->second == s ? ev->captured.erase(it) : std::next(it);
       }
     }
   }

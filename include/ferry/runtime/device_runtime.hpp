@@ -13,8 +13,9 @@
 /// and takes every runtime call through its `Runtime`.
 ///
 /// ## What a runtime provides
-/// Types: `status_type` (what each call returns), `stream_handle` and `event_handle`
-/// (trivially copyable handles), `stream_ref` (how callers pass a stream: a non-owning
+/// Types: `status_type` (what each call returns; default-constructed: success),
+/// `stream_handle` and `event_handle` (trivially copyable, regular handles; a
+/// value-initialised one is "none"), `stream_ref` (how callers pass a stream: a non-owning
 /// view, `cuda::stream_ref` on CUDA). Static members: `ok(status)` (success),
 /// `not_ready(status)` (an event query whose work is still pending), `describe(status)`
 /// (name, code and text), `raise(status, message, site)` (throws the runtime's
@@ -45,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace ferry {
 
@@ -63,7 +65,8 @@ concept runtime_types =
       typename R::status_type;
       typename R::stream_handle;
       typename R::stream_ref;
-    } &&
+    } && std::default_initializable<typename R::status_type> && std::regular<typename R::stream_handle> &&
+    std::is_trivially_copyable_v<typename R::stream_handle> &&
     requires(const typename R::status_type st, typename R::stream_handle s, typename R::stream_ref ref,
              std::string message, source_site site) {
       { R::ok(st) } noexcept -> std::same_as<bool>;
@@ -83,7 +86,8 @@ concept runtime_types =
 /// runtime's `status_type`.
 template <class R>
 concept device_runtime =
-    runtime_types<R> && requires { typename R::event_handle; } &&
+    runtime_types<R> && requires { typename R::event_handle; } && std::regular<typename R::event_handle> &&
+    std::is_trivially_copyable_v<typename R::event_handle> &&
     requires(const R r, const typename R::status_type st, void* p, const void* cp, void** pp, std::size_t n,
              copy_direction d, typename R::stream_handle s, typename R::stream_handle* ps,
              typename R::event_handle e, typename R::event_handle* pe, int i, int* pi, bool* pb, std::uint32_t v) {
@@ -115,7 +119,7 @@ concept device_runtime =
 /// failure the caller handles). `out_of_memory(status)`: the device has no memory left.
 template <class R>
 concept device_memory_runtime =
-    runtime_types<R> && requires { typename R::pool_handle; } &&
+    runtime_types<R> && requires { typename R::pool_handle; } && std::regular<typename R::pool_handle> &&
     requires(const R r, const typename R::status_type st, void* p, void** pp, std::size_t n,
              typename R::stream_handle s, typename R::pool_handle pool, typename R::pool_handle* ppool, int i, int* pi,
              bool* pb) {

@@ -1,8 +1,9 @@
 /// @file
 /// @brief `ferry::basic_scheduler`: chunked, asynchronous moves between device memory,
 /// host memory and NVMe, ordered on an H2D and a D2H lane — one implementation of the
-/// ordering logic, run by two backends: CUDA streams (`ferry::stream_scheduler`,
-/// schedule/stream_scheduler.hpp) and host threads (`ferry::host_executor`,
+/// ordering logic over one backend (`ferry::device_backend<Runtime>`,
+/// schedule/device_backend.hpp) on two device runtimes: CUDA (`ferry::stream_scheduler`,
+/// schedule/stream_scheduler.hpp) and the CPU model of it (`ferry::host_executor`,
 /// schedule/host_executor.hpp), so that what runs on the GPU is tested without one.
 ///
 /// ## The moves
@@ -110,14 +111,14 @@ struct scheduler_stats {
 
 /// @brief Chunked asynchronous moves on an H2D and a D2H lane (see the file comment).
 ///
-/// @tparam Backend `cuda_backend<Api>` or `host_backend`; it provides the lanes,
+/// @tparam Backend `device_backend<Runtime>` (or a test's own); it provides the lanes,
 ///   copies, markers, completion callbacks and host-signalled stream waits
 template <class Backend>
 class basic_scheduler {
  public:
   /// @brief The backend type.
   using backend_type = Backend;
-  /// @brief How streams are passed: `cuda::stream_ref` or `host_stream_ref`.
+  /// @brief How streams are passed: `cuda::stream_ref` or `host_stream_ref` (the runtime's `stream_ref`).
   using stream_type = typename Backend::stream_type;
   /// @brief What every move returns.
   using ticket_type = basic_ticket<Backend>;
@@ -128,7 +129,8 @@ class basic_scheduler {
   ///        default stream that moves with no producer are ordered after: none)
   /// @param options chunk size, bounce ring and stream priorities (see `scheduler_options`)
   /// @param backend_args passed to the backend's constructor after `options` (the `Api`
-  ///        of a `cuda_backend<Api>`; nothing for `host_backend`)
+  ///        runtime object of a `device_backend<Runtime>`: a `cpu_runtime` on a device of
+  ///        its own, say; nothing for the default one)
   /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096, or
   ///         fewer than 1 bounce slot; ferry::cuda_error; ferry::out_of_capacity when the
   ///         bounce pool cannot hold the ring

@@ -213,7 +213,7 @@ inline void drop_ref(move_state<Backend>* s) noexcept {
 /// @brief The handle of one move of a `basic_scheduler` (`ferry::stream_scheduler`,
 /// `ferry::host_executor`); move-only. See the file comment.
 ///
-/// @tparam Backend the scheduler's backend (`cuda_backend<>`, `host_backend`)
+/// @tparam Backend the scheduler's backend (`device_backend<cuda_runtime>`, `host_backend`)
 template <class Backend>
 class basic_ticket {
  public:
@@ -243,7 +243,7 @@ class basic_ticket {
   [[nodiscard]] bool valid() const noexcept { return s_ != nullptr; }
 
   /// @brief Whether the move has completed, successfully or not. Never blocks.
-  /// @throws ferry::cuda_error when the query itself fails (e.g. a broken context)
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the query itself fails (e.g. a broken context)
   [[nodiscard]] bool ready() const {
     if (s_ == nullptr || s_->finished.load(std::memory_order_acquire) != 0) return true;
     if (s_->kind != detail::move_kind::copy) return false;
@@ -254,7 +254,7 @@ class basic_ticket {
   }
 
   /// @brief Blocks until the move has completed, then throws its error, if any.
-  /// @throws ferry::io_error, ferry::cuda_error, std::bad_alloc, ... — the error of the
+  /// @throws ferry::io_error, ferry::device_error, std::bad_alloc, ... — the error of the
   ///         first chunk that failed (each call rethrows it)
   void wait() const {
     if (s_ == nullptr) return;
@@ -274,7 +274,7 @@ class basic_ticket {
   /// operations are refused: then this call returns once the move has completed). A
   /// failed move also releases the stream (so nothing hangs): check `wait()` or
   /// `ready()`/`error()` before trusting the bytes.
-  /// @throws ferry::cuda_error, ferry::logic_error (the legacy default stream, or a stream
+  /// @throws ferry::device_error, ferry::logic_error (the legacy default stream, or a stream
   ///         being captured into a CUDA graph: a captured wait would not wait on replay)
   void enqueue_wait(stream_type s) const {
     if (s_ == nullptr) return;
