@@ -1,13 +1,11 @@
-// basic_device_arena (the arena every CUDA pipeline allocates from) on the CPU model's
-// stream-ordered memory pools: exact accounting against the budget before the runtime
-// is called, device memory exhausted, stream-ordered reuse, bad arguments, a device
+// basic_device_arena (the arena every pipeline allocates from) on the stream-ordered
+// memory pools of the CPU model of the device runtime (`ferry::host_device_arena` over
+// `ferry::cpu_runtime`): exact accounting against the budget before the runtime is
+// called, device memory exhausted, stream-ordered reuse, bad arguments, a device
 // without memory pools, and every block given back before the pool goes.
-#include <ferry/config.hpp>
-
-#if FERRY_HAS_CUDA
-
 #include <ferry/error.hpp>
 #include <ferry/memory/device_arena.hpp>
+#include <ferry/runtime/cpu_runtime.hpp>
 #include <ferry/units.hpp>
 
 #include <catch2/catch.hpp>
@@ -17,27 +15,30 @@
 #include <memory>
 #include <string>
 
-#include "cuda_model.hpp"
+#include "cpu_model.hpp"
 
 namespace {
 
+using ferry::cpu_device;
+using ferry::cpu_runtime;
 using ferry::MiB;
-using ferry_test::cuda_model;
-using ferry_test::model_api;
 using ferry_test::model_stream;
-using arena_type = ferry::basic_device_arena<model_api>;
+using arena_type = ferry::host_device_arena;
+using stream_t = cpu_runtime::stream_handle;
 using Catch::Matchers::Contains;
 
-::cuda::stream_ref ref(cudaStream_t s) { return ::cuda::stream_ref{s}; }
+ferry::host_stream_ref ref(stream_t s) { return ferry::host_stream_ref{s}; }
+
+bool ok(const ferry::cpu_status& s) { return cpu_runtime::ok(s); }
 
 }  // namespace
 
 TEST_CASE("device_arena on the CPU model: the budget is enforced, in rounded bytes, before the runtime is called",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>();
-  const cudaStream_t s = model_stream(*m);
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t s = model_stream(*m);
   {
-    arena_type arena(3 * 256, {}, model_api{m});
+    arena_type arena(3 * 256, {}, cpu_runtime{m});
     CHECK(arena.budget() == 768);
     void* a = arena.allocate(1, ref(s));    // costs 256
     void* b = arena.allocate(257, ref(s));  // costs 512
@@ -57,17 +58,17 @@ TEST_CASE("device_arena on the CPU model: the budget is enforced, in rounded byt
     arena.deallocate(b, 257, ref(s));
     arena.deallocate(c, 200, ref(s));
     CHECK(arena.used() == 0);
-    REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+    REQUIRE(ok(m->stream_synchronize(s)));
   }
   CHECK(m->leaked_blocks() == 0);
 }
 
 TEST_CASE("device_arena on the CPU model: device memory exhausted is out_of_capacity and gives the budget back",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>();
-  const cudaStream_t s = model_stream(*m);
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t s = model_stream(*m);
   m->set_device_memory_limit(MiB);
-  arena_type arena(64 * MiB, {}, model_api{m});
+  arena_type arena(64 * MiB, {}, cpu_runtime{m});
   void* a = arena.allocate(MiB / 2, ref(s));
   try {
     (void)arena.allocate(MiB, ref(s));
@@ -78,15 +79,15 @@ TEST_CASE("device_arena on the CPU model: device memory exhausted is out_of_capa
   CHECK(arena.used() == MiB / 2);
   arena.deallocate(a, MiB / 2, ref(s));
   CHECK(arena.used() == 0);
-  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+  REQUIRE(ok(m->stream_synchronize(s)));
 }
 
 TEST_CASE("device_arena on the CPU model: a block freed on one stream is reused on another only behind that free",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>(ferry_test::model_options{.seed = 3, .max_delay_us = 100});
-  const cudaStream_t reader = model_stream(*m);
-  const cudaStream_t writer = model_stream(*m);
-  arena_type arena(64 * MiB, {}, model_api{m});
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>(ferry::cpu_options{.seed = 3, .max_delay_us = 100});
+  const stream_t reader = model_stream(*m);
+  const stream_t writer = model_stream(*m);
+  arena_type arena(64 * MiB, {}, cpu_runtime{m});
   const std::size_t n = 4096;
   auto* p = static_cast<unsigned char*>(arena.allocate(n, ref(reader)));
   std::memset(p, 1, n);
@@ -98,52 +99,52 @@ TEST_CASE("device_arena on the CPU model: a block freed on one stream is reused 
   CHECK(q == p);
   m->launch(writer, [q] { std::memset(q, 2, n); });
   m->release_streams();
-  REQUIRE(m->stream_synchronize(writer) == cudaSuccess);
-  REQUIRE(m->stream_synchronize(reader) == cudaSuccess);
+  REQUIRE(ok(m->stream_synchronize(writer)));
+  REQUIRE(ok(m->stream_synchronize(reader)));
   CHECK(seen == 1);  // the reader read before the writer's tensor came
   CHECK(q[0] == 2);
   arena.deallocate(q, n, ref(writer));
-  REQUIRE(m->stream_synchronize(writer) == cudaSuccess);
+  REQUIRE(ok(m->stream_synchronize(writer)));
 }
 
 TEST_CASE("device_arena on the CPU model: bad arguments and a device without memory pools are refused",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>();
-  const cudaStream_t s = model_stream(*m);
-  CHECK_THROWS_AS(arena_type(MiB, {.alignment = 100}, model_api{m}), ferry::logic_error);
-  CHECK_THROWS_AS(arena_type(MiB, {.device = 5}, model_api{m}), ferry::cuda_error);
-  arena_type arena(MiB, {}, model_api{m});
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t s = model_stream(*m);
+  CHECK_THROWS_AS(arena_type(MiB, {.alignment = 100}, cpu_runtime{m}), ferry::logic_error);
+  CHECK_THROWS_AS(arena_type(MiB, {.device = 5}, cpu_runtime{m}), ferry::device_error);
+  arena_type arena(MiB, {}, cpu_runtime{m});
   CHECK(arena.device() == 0);
   CHECK_THROWS_AS(arena.allocate(0, ref(s)), ferry::logic_error);
-  CHECK_THROWS_AS(arena.allocate(16, ::cuda::stream_ref{cudaStreamLegacy}), ferry::logic_error);
+  CHECK_THROWS_AS(arena.allocate(16, ferry::host_stream_ref{nullptr}), ferry::logic_error);
   CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::out_of_capacity);
   CHECK(arena.used() == 0);
   void* p = arena.allocate(4096, ref(s));
-  CHECK_THROWS_WITH(arena.deallocate(p, 4096, ::cuda::stream_ref{cudaStreamLegacy}), Contains("legacy default stream"));
+  CHECK_THROWS_WITH(arena.deallocate(p, 4096, ferry::host_stream_ref{nullptr}), Contains("legacy default stream"));
   CHECK(arena.used() == 4096);  // still allocated: nothing freed on the refused call
   arena.deallocate(p, 4096, ref(s));
   CHECK(arena.used() == 0);
-  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+  REQUIRE(ok(m->stream_synchronize(s)));
   m->set_memory_pools_supported(false);
-  CHECK_THROWS_WITH(arena_type(MiB, {}, model_api{m}), Contains("memory pools"));
+  CHECK_THROWS_WITH(arena_type(MiB, {}, cpu_runtime{m}), Contains("memory pools"));
 }
 
 TEST_CASE("device_arena on the CPU model: a block not given back is counted when the pool goes",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>();
-  const cudaStream_t s = model_stream(*m);
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t s = model_stream(*m);
   {
-    arena_type arena(MiB, {}, model_api{m});
+    arena_type arena(MiB, {}, cpu_runtime{m});
     (void)arena.allocate(1000, ref(s));  // never freed: the model's check has to see it
   }
   CHECK(m->leaked_blocks() == 1);
 }
 
 TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capacity; a refused free keeps its bytes",
-          "[device_arena][cuda_model]") {
-  auto m = std::make_shared<cuda_model>();
-  const cudaStream_t s = model_stream(*m);
-  arena_type arena(MiB, {}, model_api{m});
+          "[device_arena][cpu_runtime]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t s = model_stream(*m);
+  arena_type arena(MiB, {}, cpu_runtime{m});
   for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 255, ~std::size_t{0} - 256, MiB + 1}) {
     INFO(bytes);
     CHECK_THROWS_AS(arena.allocate(bytes, ref(s)), ferry::out_of_capacity);
@@ -159,7 +160,6 @@ TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capaci
   CHECK(reported == 1);
   CHECK(arena.used() == 0);  // not 0 - 1024: the budget check stays sound
   CHECK_THROWS_AS(arena.allocate(MiB + 256, ref(s)), ferry::out_of_capacity);
-  REQUIRE(m->stream_synchronize(s) == cudaSuccess);
+  REQUIRE(ok(m->stream_synchronize(s)));
 }
 
-#endif  // FERRY_HAS_CUDA

@@ -160,6 +160,31 @@ TEMPLATE_TEST_CASE("layer_streamer: forward and backward passes deliver every la
   }
 }
 
+TEMPLATE_TEST_CASE("layer_streamer: slots in one allocation of the device arena, freed on the compute stream",
+                   "[layer_streamer]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using host_layer_streamer = ferry::basic_layer_streamer<typename TestType::backend_type>;
+  const host_weights w(layer_sizes);
+  const auto want = w.sums();
+  auto& device = dev.memory(64 * MiB);
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
+  {
+    host_layer_streamer ls(ex, w.spans(), slot_memory::arena(2, device, compute));
+    // The slots are one block of the arena: the whole stride x K, rounded to its alignment.
+    CHECK(device.used() == device.cost_of(2 * ls.slot_stride()));
+    CHECK(run_pass(ls, compute, pass_direction::forward, nullptr) == want);
+    CHECK(run_pass(ls, compute, pass_direction::backward, nullptr) == want);
+  }
+  compute.synchronize();  // the slots' free, ordered after the last kernel that read them
+  CHECK(device.used() == 0);
+  // A budget too small for the slots: out_of_capacity from the arena, nothing allocated.
+  auto& small = dev.memory(4096);
+  CHECK_THROWS_AS(host_layer_streamer(ex, w.spans(), slot_memory::arena(2, small, compute)), ferry::out_of_capacity);
+  CHECK(small.used() == 0);
+}
+
 TEMPLATE_TEST_CASE("layer_streamer: the K-1 layers after the acquired one load ahead while compute is held",
                    "[layer_streamer]", FERRY_TEST_DEVICES) {
   TestType dev;

@@ -1,16 +1,14 @@
-// Ordering cases that real programs get wrong, on the CUDA backend over the CPU model
-// (and, where the case has one, the host backend): a stored tensor's device buffer
-// handed straight back to the allocator for the next tensor, a kernel's output on one
-// stream offloaded by a scheduler running on another, and memory freed on one stream
-// while another still reads it. The model's device memory reuses a freed block at once,
-// as CUDA's stream-ordered allocator does, and poisons it when the free runs; holding
-// the scheduler's streams (`hold_streams_except`) makes the wrong order the one that
-// happens, so a missing wait gives wrong bytes every time, not by chance.
-#include <ferry/config.hpp>
-
-#if FERRY_HAS_CUDA
-
+// Ordering cases that real programs get wrong, on the device backend over the CPU model
+// of the device runtime (a device of its own with adversarial timing and, where a case
+// needs none of its controls, the process's default CPU device too): a stored tensor's
+// device buffer handed straight back to the allocator for the next tensor, a kernel's
+// output on one stream offloaded by a scheduler running on another, and memory freed on
+// one stream while another still reads it. The model's device memory reuses a freed
+// block at once, as CUDA's stream-ordered allocator does, and poisons it when the free
+// runs; holding the scheduler's streams (`hold_streams_except`) makes the wrong order
+// the one that happens, so a missing wait gives wrong bytes every time, not by chance.
 #include <ferry/pipeline/tensor_cache.hpp>
+#include <ferry/runtime/cpu_runtime.hpp>
 #include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>
@@ -303,7 +301,7 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
-  const ::cuda::stream_ref legacy{cudaStreamLegacy};
+  const ferry::host_stream_ref legacy{nullptr};  // the CPU runtime's counterpart of the legacy default stream
   void* p = cache.allocate(4096, a);
   CHECK_THROWS_AS(cache.store(1, p, 4096, legacy), ferry::logic_error);
   CHECK(cache.size() == 0);
@@ -319,4 +317,3 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   CHECK(device.used() == 0);
 }
 
-#endif  // FERRY_HAS_CUDA

@@ -18,7 +18,6 @@
 namespace {
 
 using ferry::host_executor;
-using ferry::host_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
@@ -42,48 +41,6 @@ const std::vector<std::size_t> odd_sizes = {1,         4095, 4096, 4097, chunk -
                                             10 * chunk};
 
 }  // namespace
-
-TEST_CASE("host_stream runs items in order and markers cover what was enqueued", "[scheduler]") {
-  host_stream s;
-  std::vector<int> seen;
-  for (int i = 0; i < 100; ++i) s.enqueue([&seen, i] { seen.push_back(i); });
-  const auto m = s.record();
-  CHECK(m.seq == 100);
-  s.synchronize(m);
-  REQUIRE(seen.size() == 100);
-  for (int i = 0; i < 100; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
-}
-
-TEST_CASE("host_stream: a stream waits for another's marker without blocking the caller", "[scheduler]") {
-  host_stream a, b;
-  gate g;
-  int value = 0;
-  a.enqueue([&] {
-    g.pass();
-    value = 42;
-  });
-  const auto m = a.record();
-  b.wait(m);  // returns at once although `a` is blocked
-  int seen = -1;
-  b.enqueue([&] { seen = value; });
-  const auto mb = b.record();
-  CHECK_FALSE(b.done(mb));
-  g.open();
-  b.synchronize(mb);
-  CHECK(seen == 42);
-}
-
-TEST_CASE("host_stream: an item's exception fails the stream from there on, like a sticky error", "[scheduler]") {
-  host_stream s;
-  s.enqueue([] {});
-  const auto before = s.record();
-  s.enqueue([] { throw std::runtime_error("boom"); });
-  bool ran_after = false;
-  s.enqueue([&] { ran_after = true; });
-  CHECK_NOTHROW(s.synchronize(before));
-  CHECK_THROWS_WITH(s.synchronize(), "boom");
-  CHECK(ran_after);
-}
 
 TEMPLATE_TEST_CASE("scheduler: H2D and D2H copies at odd sizes arrive intact, in chunks", "[scheduler]",
                    FERRY_TEST_DEVICES) {

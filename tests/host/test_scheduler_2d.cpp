@@ -1,17 +1,13 @@
 // Pitched 2D moves (`to_host_2d`, `to_device_2d`): a region of rows with a pitch moves
 // between device and host memory in chunks of whole rows and comes back with its pitch;
 // the bytes between a row's end and the next row are never touched; bad pitches and
-// sizes are refused with their values. On the host backend, and (with the CUDA
-// toolkit) on the CUDA backend over the CPU model of the runtime with adversarial timing.
+// sizes are refused with their values. On `host_executor` over the process's default CPU
+// device, and over a CPU device of its own with adversarial timing.
+#include <ferry/runtime/cpu_runtime.hpp>
 #include <ferry/schedule/host_executor.hpp>
 
+#include "cpu_model.hpp"
 #include "io_test_support.hpp"
-
-#if FERRY_HAS_CUDA
-#include <ferry/schedule/stream_scheduler.hpp>
-
-#include "cuda_model.hpp"
-#endif
 
 #include <catch2/catch.hpp>
 
@@ -113,12 +109,11 @@ TEST_CASE("host_executor: pitched 2D moves come back with their pitch, padding u
   refusals(ex, ferry::host_stream_ref{compute});
 }
 
-#if FERRY_HAS_CUDA
-TEST_CASE("CPU model: pitched 2D moves after a producer, under adversarial timing", "[cuda_model][scheduler][2d]") {
+TEST_CASE("CPU model: pitched 2D moves after a producer, under adversarial timing", "[cpu_runtime][scheduler][2d]") {
   for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{21}, std::uint64_t{22}}) {
     INFO("seed " << seed);
-    auto m = std::make_shared<ferry_test::cuda_model>(ferry_test::model_options{.seed = seed, .max_delay_us = 100});
-    const cudaStream_t compute = ferry_test::model_stream(*m);
+    auto m = std::make_shared<ferry::cpu_device>(ferry::cpu_options{.seed = seed, .max_delay_us = 100});
+    const ferry::cpu_runtime::stream_handle compute = ferry_test::model_stream(*m);
     ferry::scheduler_options o = small_chunks();
     static ferry::pinned_pool pool([] {
       ferry::pinned_pool_options po;
@@ -127,19 +122,17 @@ TEST_CASE("CPU model: pitched 2D moves after a producer, under adversarial timin
       return po;
     }());
     o.bounce_pool = &pool;
-    ferry::basic_scheduler<ferry::cuda_backend<ferry_test::model_api>> sched(::cuda::stream_ref{compute}, o,
-                                                                             ferry_test::model_api{m});
+    ferry::host_executor sched(ferry::host_stream_ref{compute}, o, ferry::cpu_runtime{m});
     // The producer writes the rows on its stream when it gets there; the 2D copy must wait.
     const std::size_t row_bytes = 1000, rows = 37;
     pitched device(1024, row_bytes, rows), host(1500, row_bytes, rows);
     m->launch(compute, [&] { device.fill_rows(77); });
     auto out = sched.to_host_2d(host.bytes.data(), host.pitch, device.bytes.data(), device.pitch, row_bytes, rows,
-                                ::cuda::stream_ref{compute});
+                                ferry::host_stream_ref{compute});
     out.wait();
     CHECK(host.holds(77));
-    round_trip(sched, ::cuda::stream_ref{compute}, 1000, 37);
-    round_trip(sched, ::cuda::stream_ref{compute}, 10000, 5);
-    refusals(sched, ::cuda::stream_ref{compute});
+    round_trip(sched, ferry::host_stream_ref{compute}, 1000, 37);
+    round_trip(sched, ferry::host_stream_ref{compute}, 10000, 5);
+    refusals(sched, ferry::host_stream_ref{compute});
   }
 }
-#endif

@@ -165,8 +165,9 @@ enum class gradient_element : std::uint8_t {
 ///
 /// Each slot holds the largest layer: the slots are `slot_memory::stride(max)` bytes
 /// apart (the largest layer rounded up to `slot_alignment`, 256 bytes, CUDA's allocation
-/// alignment), `bytes_for(k, max)` in all. For the host backend "device memory" is host
-/// memory (`slot_memory::host(k)`); on a GPU it is device memory (`slot_memory::arena`).
+/// alignment), `bytes_for(k, max)` in all. On the CPU runtime "device memory" is host
+/// memory (`slot_memory::host(k)`, or `slot_memory::arena` of a `host_device_arena`); on a
+/// GPU it is device memory (`slot_memory::arena` of a `device_arena`).
 class slot_memory {
  public:
   /// @brief Alignment of every slot, in bytes.
@@ -209,8 +210,8 @@ class slot_memory {
                   "slot_memory needs an allocate and a free function");
   }
 
-  /// @brief `slots` slots in ordinary host memory (aligned `operator new`): the device
-  /// memory of the host backend (`host_executor`).
+  /// @brief `slots` slots in ordinary host memory (aligned `operator new`): device
+  /// memory on the CPU runtime (`host_executor`).
   [[nodiscard]] static slot_memory host(std::size_t slots) {
     return slot_memory(
         slots, [](std::size_t n) { return ::operator new(n, std::align_val_t{slot_alignment}); },

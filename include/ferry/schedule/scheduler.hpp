@@ -34,7 +34,7 @@
 /// 4. Nothing is issued on the legacy default stream (the CUDA backend refuses it).
 /// 5. `copy_on` issues only copies on the caller's stream: capturable in a CUDA graph.
 /// 6. A continuation (`then`) runs once its own move has completed: for a copy, on the
-///    copy's own marker, not behind later work on the lane (tests/host/test_cuda_model.cpp).
+///    copy's own marker, not behind later work on the lane (tests/host/test_cpu_runtime.cpp).
 /// 7. A move ordered after a stream that is being captured into a CUDA graph, and a
 ///    stream wait from one, are refused (`ferry::logic_error` naming the stream).
 ///

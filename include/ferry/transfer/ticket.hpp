@@ -242,13 +242,19 @@ class basic_ticket {
   /// @brief Whether the ticket refers to a move.
   [[nodiscard]] bool valid() const noexcept { return s_ != nullptr; }
 
-  /// @brief Whether the move has completed, successfully or not. Never blocks.
-  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the query itself fails (e.g. a broken context)
-  [[nodiscard]] bool ready() const {
+  /// @brief Whether the move has completed, successfully or not. Never blocks and never
+  /// throws: a copy whose marker reports a failure (a sticky error: a broken CUDA
+  /// context, a failed stream of the CPU runtime) has completed, with that error
+  /// (`error()` returns it, `wait()` throws it).
+  [[nodiscard]] bool ready() const noexcept {
     if (s_ == nullptr || s_->finished.load(std::memory_order_acquire) != 0) return true;
     if (s_->kind != detail::move_kind::copy) return false;
     if (!s_->has_marker) return true;  // no chunk was issued (it failed before the first)
-    if (!s_->pool->backend().query(s_->marker)) return false;
+    try {
+      if (!s_->pool->backend().query(s_->marker)) return false;
+    } catch (...) {  // failed, so complete; not marked finished: `wait()` and `error()` read the marker's error
+      return true;
+    }
     s_->finished.store(1, std::memory_order_release);
     return true;
   }
