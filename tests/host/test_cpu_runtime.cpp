@@ -733,6 +733,12 @@ TEST_CASE("CPU runtime: a move ordered after a failed kernel fails with the kern
     });
     CHECK_THROWS_AS(copy.wait(), kernel_fault);
     CHECK_THROWS_WITH(copy.wait(), "the producer's kernel");  // each wait rethrows it
+    // Failed is complete: ready() says so without throwing, error() hands the exception.
+    CHECK(copy.ready());
+    const std::exception_ptr error = copy.error();
+    REQUIRE(error != nullptr);
+    CHECK_THROWS_AS(std::rethrow_exception(error), kernel_fault);
+    CHECK_THROWS_AS(copy.wait(), kernel_fault);  // and wait() still throws after them
     CHECK_THROWS_AS(disk.wait(), kernel_fault);
     while (!fired.load()) fired.wait(false);
     REQUIRE(seen != nullptr);

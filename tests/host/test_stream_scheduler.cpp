@@ -20,6 +20,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,16 @@ struct fake_state {
   int events_created = 0;
   int copies_until_failure = -1;  // >= 0: that many more copies succeed, then one fails
   bool wait_value_supported = true;
+  std::set<void*> mapped;  // host_alloc_mapped memory not freed yet
+
+  fake_state() = default;
+  fake_state(const fake_state&) = delete;
+  fake_state& operator=(const fake_state&) = delete;
+  // As a CUDA context frees its mapped memory when it goes: the flag pages a backend
+  // leaves allocated once streams were told to wait on them.
+  ~fake_state() {
+    for (void* p : mapped) std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+  }
 
   void add(call c) {
     std::lock_guard lock(mutex);
@@ -182,10 +193,17 @@ struct fake_api {
   fake_status stream_synchronize(stream_handle /*s*/) const { return fake_status::success; }
   fake_status host_alloc_mapped(void** p, std::size_t n) const {
     *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-    return *p != nullptr ? fake_status::success : fake_status::memory_allocation;
+    if (*p == nullptr) return fake_status::memory_allocation;
+    std::lock_guard lock(st->mutex);
+    st->mapped.insert(*p);
+    return fake_status::success;
   }
   fake_status free_host(void* p) const {
-    std::free(p);  // NOLINT
+    {
+      std::lock_guard lock(st->mutex);
+      if (st->mapped.erase(p) == 0) return fake_status::invalid_value;
+    }
+    std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
     return fake_status::success;
   }
   fake_status device_pointer(void** d, void* h) const {

@@ -245,6 +245,7 @@ class cpu_device {
 
   // --- the runtime calls (see cpu_runtime for each) --------------------------------
 
+  /// @brief A copy of `n` bytes, run when `s` reaches it (`cudaMemcpyAsync`); fails when made to (`fail_copies_after`).
   status memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
@@ -252,6 +253,7 @@ class cpu_device {
     enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); });
     return {};
   }
+  /// @brief A copy of `height` rows of `width` bytes, rows `dpitch` and `spitch` apart (`cudaMemcpy2DAsync`); `invalid_pitch` for a pitch below `width`.
   status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                         std::size_t height, copy_direction /*d*/, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
@@ -263,6 +265,7 @@ class cpu_device {
     });
     return {};
   }
+  /// @brief A new event on the calling thread's current device.
   status event_create(event_t* e) {
     if (refused()) return {cpu_errc::not_permitted};
     auto r = std::make_shared<detail::cpu_event>();
@@ -272,11 +275,13 @@ class cpu_device {
     *e = r.get();
     return {};
   }
+  /// @brief Destroys an event; records and waits still queued keep it until they have run.
   status event_destroy(event_t e) {
     if (refused()) return {cpu_errc::not_permitted};
     std::lock_guard lock(mutex_);  // records and waits still queued keep it alive
     return events_.erase(e) == 1 ? status{} : status{cpu_errc::invalid_value};
   }
+  /// @brief Records `e` after what is enqueued on `s` (numbered; carries the stream's error if it failed by then); `invalid_resource_handle` across devices.
   status event_record(event_t e, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     if (e->device != s->device) {
@@ -308,12 +313,14 @@ class cpu_device {
     });
     return {};
   }
+  /// @brief Whether `e`'s latest record has passed (`not_ready` if not; `stream_failed` with its error).
   status event_query(event_t e) {
     if (refused()) return {cpu_errc::not_permitted};
     std::lock_guard lock(events_mutex_);
     if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
     return of(e->error_of(e->recorded));
   }
+  /// @brief Blocks until `e`'s latest record has passed (`stream_failed` with its error).
   status event_synchronize(event_t e) {
     if (refused()) return {cpu_errc::not_permitted};
     std::unique_lock lock(events_mutex_);
@@ -321,6 +328,7 @@ class cpu_device {
     events_cv_.wait(lock, [&] { return e->passed(target); });
     return of(e->error_of(target));
   }
+  /// @brief Makes `s` wait for `e`'s latest record (none: nothing to wait for); a failed record fails `s`, a captured one makes `s` join the capture.
   status stream_wait_event(stream_t s, event_t e) {
     if (refused()) return {cpu_errc::not_permitted};
     std::shared_ptr<detail::cpu_event> ev = shared(e);
@@ -348,6 +356,7 @@ class cpu_device {
     });
     return {};
   }
+  /// @brief A new stream (its own worker thread) on the calling thread's current device.
   status stream_create(stream_t* out, int priority) {
     if (refused()) return {cpu_errc::not_permitted};
     auto* r = new (std::nothrow) detail::cpu_stream;
@@ -376,6 +385,7 @@ class cpu_device {
     *out = r;
     return {};
   }
+  /// @brief Runs what `s` has queued, then destroys it (ending a capture begun on it).
   status stream_destroy(stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     {
@@ -387,12 +397,14 @@ class cpu_device {
     delete s;
     return {};
   }
+  /// @brief Blocks until `s` is idle; `stream_failed` with its first error if it failed.
   status stream_synchronize(stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     std::unique_lock lock(s->mutex);
     s->idle_cv.wait(lock, [&] { return s->queue.empty() && !s->busy; });
     return of(s->error);
   }
+  /// @brief Runs `fn(data)` on the callback thread when `s` reaches it; `s` waits for it to return.
   status launch_host_func(stream_t s, void (*fn)(void*), void* data) {
     if (refused()) return {cpu_errc::not_permitted};
     host_funcs_.fetch_add(1);
@@ -412,6 +424,7 @@ class cpu_device {
     });
     return {};
   }
+  /// @brief `n` bytes of "mapped pinned" memory (4096-aligned host memory).
   status host_alloc_mapped(void** p, std::size_t n) {
     if (refused()) return {cpu_errc::not_permitted};
     if (n > ~std::size_t{0} - 4095) return {cpu_errc::memory_allocation};
@@ -421,6 +434,7 @@ class cpu_device {
     live_host_[*p] = n;
     return {};
   }
+  /// @brief Frees what `host_alloc_mapped` gave (`invalid_value` for anything else).
   status free_host(void* p) {
     {
       std::lock_guard lock(mutex_);
@@ -429,19 +443,23 @@ class cpu_device {
     std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
     return {};
   }
+  /// @brief The device address of mapped memory: the same address.
   status device_pointer(void** d, void* h) {
     *d = h;
     return {};
   }
+  /// @brief The calling thread's current device.
   status get_device(int* d) {
     *d = current_device();
     return {};
   }
+  /// @brief Makes `d` the calling thread's current device (`invalid_device` outside 0 .. devices-1).
   status set_device(int d) {
     if (d < 0 || d >= options_.devices) return {cpu_errc::invalid_device};
     current_device_ref() = d;
     return {};
   }
+  /// @brief Makes `s` wait until the 32-bit word at `address` is >= `value` (`not_supported` when turned off).
   status wait_value32(stream_t s, void* address, std::uint32_t value) {
     if (refused()) return {cpu_errc::not_permitted};
     if (!wait_value_supported_.load()) return {cpu_errc::not_supported};
@@ -458,6 +476,7 @@ class cpu_device {
     });
     return {};
   }
+  /// @brief Whether `s` is being captured.
   status stream_is_capturing(stream_t s, bool* capturing) {
     if (refused()) return {cpu_errc::not_permitted};
     std::lock_guard lock(s->mutex);
@@ -465,11 +484,13 @@ class cpu_device {
     return {};
   }
 
+  /// @brief Whether device `device` has stream-ordered memory pools (`set_memory_pools_supported`).
   status memory_pools_supported(int device, bool* supported) {
     if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};
     *supported = pools_supported_.load();
     return {};
   }
+  /// @brief A stream-ordered memory pool on `device`.
   status mem_pool_create(pool_t* pool, int device) {
     if (refused()) return {cpu_errc::not_permitted};
     if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};
@@ -480,6 +501,7 @@ class cpu_device {
     *pool = r.get();
     return {};
   }
+  /// @brief Destroys a pool (blocks still allocated are counted in `leaked_blocks`).
   status mem_pool_destroy(pool_t pool) {
     std::lock_guard lock(pool_mutex_);
     for (auto it = pools_.begin(); it != pools_.end(); ++it) {
@@ -493,6 +515,7 @@ class cpu_device {
     }
     return {cpu_errc::invalid_value};
   }
+  /// @brief `n` bytes from `pool`, usable by work ordered after the call on `s` (a freed block of the same size first; see the file comment).
   status malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     std::unique_lock lock(pool_mutex_);
@@ -518,6 +541,7 @@ class cpu_device {
     *out = p;
     return {};
   }
+  /// @brief Frees `p` when `s` reaches the free (the block may be handed out again before that, as CUDA does).
   status free_async(void* p, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
     std::shared_ptr<detail::cpu_pool> pool;
