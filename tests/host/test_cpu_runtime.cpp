@@ -12,6 +12,7 @@
 #include "io_test_support.hpp"
 
 #include <ferry/error.hpp>
+#include <ferry/memory/device_arena.hpp>
 #include <ferry/runtime/cpu_runtime.hpp>
 #include <ferry/schedule/host_executor.hpp>
 #include <ferry/tier/nvme.hpp>
@@ -898,4 +899,93 @@ TEST_CASE("host_stream: an item's exception fails the stream from there on, like
   CHECK_THROWS_WITH(s.synchronize(), "boom");  // for good
   REQUIRE(ok(rt.event_destroy(before)));
   REQUIRE(ok(rt.event_destroy(after)));
+}
+
+// --- misuse: foreign streams, blocking inside a kernel, bad settings ----------------
+
+TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's device; foreign streams are refused",
+          "[cpu_runtime][scheduler]") {
+  const cpu_runtime a(cpu_options{.seed = 3, .max_delay_us = 50});
+  const cpu_runtime b(cpu_options{});
+  ferry::host_stream on_a(a);
+  {
+    // No runtime given: the lanes are made on on_a's device (not the process's default).
+    ferry::host_executor ex(ferry::host_stream_ref{on_a}, options());
+    CHECK(ex.backend().api().shared_device() == a.shared_device());
+    std::vector<std::byte> src(3 * chunk + 7), dst(src.size());
+    fill(src, 9);
+    auto t = ex.to_host(dst.data(), src.data(), src.size(), on_a);
+    t.wait();
+    CHECK(checksum(dst) == checksum(src));
+  }
+  {
+    // A runtime given that is not the stream's: the move is refused by the runtime
+    // (a handle of another device object), nothing is copied.
+    ferry::host_executor ex(ferry::host_stream_ref{on_a}, options(), b);
+    std::vector<std::byte> src(chunk, std::byte{1}), dst(chunk, std::byte{0});
+    const int before = b.device().foreign_streams();
+    CHECK_THROWS_AS(ex.to_host(dst.data(), src.data(), chunk, on_a), ferry::device_error);
+    CHECK(b.device().foreign_streams() > before);
+    ex.synchronize();
+    CHECK(dst[0] == std::byte{0});
+  }
+  // Device memory of one device, allocated on a stream of another: refused, budget unchanged.
+  ferry::host_device_arena arena(MiB, {}, b);
+  CHECK_THROWS_AS(arena.allocate(4096, on_a), ferry::device_error);
+  CHECK(arena.used() == 0);
+  // A null stream: refused by the calls that take one.
+  CHECK_THROWS_AS(ferry::host_stream_ref{nullptr}.enqueue([] {}), ferry::logic_error);
+  CHECK_THROWS_AS(ferry::host_stream_ref{nullptr}.synchronize(), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_runtime::of(ferry::host_stream_ref{nullptr}), ferry::logic_error);
+}
+
+TEST_CASE("CPU runtime: a kernel that synchronizes its own stream is refused instead of hanging", "[cpu_runtime]") {
+  const watchdog dog("a kernel synchronizing its own stream", 30);
+  const cpu_runtime rt(cpu_options{});
+  ferry::host_stream s(rt);
+  std::atomic<int> outcome{0};
+  s.enqueue([&] {
+    try {
+      ferry::host_stream_ref{s}.synchronize();
+      outcome.store(1);
+    } catch (const ferry::device_error& e) {
+      outcome.store(e.code() == static_cast<int>(cpu_errc::not_permitted) ? 2 : 3);
+    }
+  });
+  // An event recorded on s after this kernel, synchronized from inside it: refused too.
+  cpu_runtime::event_handle e = nullptr;
+  REQUIRE(cpu_runtime::ok(rt.event_create(&e)));
+  std::atomic<int> event_outcome{0};
+  s.enqueue([&] { event_outcome.store(rt.event_synchronize(e) == cpu_errc::not_permitted ? 2 : 1); });
+  REQUIRE(cpu_runtime::ok(rt.event_record(e, s.get())));
+  s.synchronize();
+  CHECK(outcome.load() == 2);
+  CHECK(event_outcome.load() == 2);
+  CHECK(cpu_runtime::ok(rt.event_destroy(e)));
+}
+
+TEST_CASE("CPU runtime: settings outside their range are refused", "[cpu_runtime]") {
+  CHECK_THROWS_AS(cpu_device(cpu_options{.devices = 0}), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_device(cpu_options{.devices = -3}), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_device(cpu_options{.devices = 65}), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_device(cpu_options{.seed = 1, .max_delay_us = 2000000}), ferry::logic_error);
+  CHECK_NOTHROW(cpu_device(cpu_options{.devices = 64}));
+}
+
+TEST_CASE("CPU runtime: the pools' footprint stays near the peak in use when allocation sizes vary",
+          "[cpu_runtime][device_arena]") {
+  const cpu_runtime rt(cpu_options{});
+  ferry::host_stream s(rt);
+  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  std::size_t most = 0;
+  for (std::size_t k = 0; k < 200; ++k) {
+    const std::size_t n = 2 * MiB + k * 256;  // a new size every time: no block fits exactly
+    void* p = arena.allocate(n, s);
+    s.enqueue([p, n] { std::memset(p, 1, n); });
+    arena.deallocate(p, n, s);
+    s.synchronize();  // the free has run: the block may go back to the host
+    most = std::max(most, rt.device().pooled_bytes());
+  }
+  CHECK(arena.used() == 0);
+  CHECK(most <= 2 * (2 * MiB + 200 * 256));  // the block in use and at most one freed one
 }

@@ -28,7 +28,17 @@
 ///   (later operations still run, so waits behind it are released); records made after
 ///   the failure carry its exception, a stream that waits for such a record fails too,
 ///   and `event_synchronize`/`event_query`/`stream_synchronize` return
-///   `cpu_errc::stream_failed` with it; `raise` rethrows that exception as it is.
+///   `cpu_errc::stream_failed` with it; `raise` rethrows that exception as it is. So a
+///   scheduler lane that waited for a failed producer stays failed, as a CUDA context
+///   does after a kernel fault: every later move in that direction on that scheduler
+///   fails with the error (make a new scheduler; streams that did not wait for the
+///   failure are unaffected). A stream made to wait on a copy's ticket (an event) fails
+///   with it; one made to wait on a disk move's ticket (a flag) is released without the
+///   error: check the ticket.
+/// - **Misuse is refused, not hung**: a null stream, or one of another `cpu_device`
+///   object, gets `cpu_errc::invalid_resource_handle` (counted: `foreign_streams`); a
+///   kernel that synchronizes its own stream, or an event recorded on it after the kernel,
+///   gets `cpu_errc::not_permitted` (it would wait for itself).
 /// - **`wait_value32`** blocks its stream until the 32-bit word reaches the value (>=);
 ///   a word whose memory `free_host` released before the stream got there is counted
 ///   (`use_after_free`) and the wait gives up.
@@ -46,7 +56,10 @@
 ///   to one on another stream behind an inserted wait on the freeing stream (CUDA's
 ///   `cudaMemPoolReuseAllowInternalDependencies`, on by default). So a block freed on a
 ///   stream while another stream still reads it is overwritten by the next tensor made
-///   there. When a free runs, the block is poisoned (0xDB). A device-memory limit
+///   there. When a free runs, the block is poisoned (0xDB; all of it up to 64 MiB, its
+///   first and last 16 MiB above); blocks whose free has run go back to the host before a
+///   block of a new size is made, so the footprint (`pooled_bytes`) stays near the peak
+///   in use whatever the sizes. A device-memory limit
 ///   (`set_device_memory_limit`) makes allocations past it fail with
 ///   `cpu_errc::memory_allocation`.
 /// - **Adversarial timing**: with a seed (`cpu_options::seed`), every operation of every
@@ -60,8 +73,10 @@
 /// ## Threads and lifetime
 /// A `cpu_device` owns its streams' workers and its callback thread; a `cpu_runtime` is a
 /// shared handle to one (copyable; a default-constructed one is the process's default
-/// device: no delays, one device, alive until the process exits). Every member may be
-/// called from any thread. Destroying a stream runs what it has queued first.
+/// device: no delays, one device, alive until the process exits). A scheduler made for a
+/// stream without a runtime runs on that stream's device (`cpu_runtime::of`). Every
+/// member may be called from any thread. Destroying a stream runs what it has queued
+/// first.
 #pragma once
 
 #include "ferry/error.hpp"
@@ -153,7 +168,7 @@ struct cpu_stream {
 struct cpu_event {
   int device = 0;
   std::uint64_t recorded = 0;                         // number of the latest record (0: never)
-  std::set<std::uint64_t> pending;                    // records their stream has not passed yet
+  std::map<std::uint64_t, const cpu_stream*> pending; // records their stream has not passed yet, and the stream
   std::map<std::uint64_t, std::exception_ptr> failed; // records made on a failed stream
   // Records made on a capturing stream, and the capture's origin: until that capture
   // ends (whether or not the stream has passed them), a wait for one joins the capture.
@@ -211,7 +226,7 @@ class host_stream_ref {
 /// host functions, mapped memory, devices, capture, stream-ordered memory pools, and the
 /// controls tests use (delays, held streams, failures on demand, counters). Not copyable;
 /// shared by `cpu_runtime` handles.
-class cpu_device {
+class cpu_device : public std::enable_shared_from_this<cpu_device> {
  public:
   using status = cpu_status;          ///< what the calls return
   using stream_t = detail::cpu_stream*;  ///< a stream handle
@@ -220,7 +235,8 @@ class cpu_device {
 
   /// @brief Starts the callback thread.
   /// @throws std::system_error when it cannot be started
-  explicit cpu_device(cpu_options o = {}) : options_(o), callbacks_([this] { run_callbacks(); }) {}
+  /// @throws ferry::logic_error for `devices` outside [1, 64] or `max_delay_us` above 1 s
+  explicit cpu_device(cpu_options o = {}) : options_(checked(o)), callbacks_([this] { run_callbacks(); }) {}
   cpu_device(const cpu_device&) = delete;
   cpu_device& operator=(const cpu_device&) = delete;
   /// @brief Runs what every stream has queued, stops their workers and the callback
@@ -248,6 +264,7 @@ class cpu_device {
   /// @brief A copy of `n` bytes, run when `s` reaches it (`cudaMemcpyAsync`); fails when made to (`fail_copies_after`).
   status memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
     if (fail_copies_after_.load() > 0) --fail_copies_after_;
     enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); });
@@ -257,6 +274,7 @@ class cpu_device {
   status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                         std::size_t height, copy_direction /*d*/, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
     enqueue(s, [=] {
       for (std::size_t i = 0; i < height; ++i) {
@@ -284,6 +302,7 @@ class cpu_device {
   /// @brief Records `e` after what is enqueued on `s` (numbered; carries the stream's error if it failed by then); `invalid_resource_handle` across devices.
   status event_record(event_t e, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     if (e->device != s->device) {
       wrong_device_.fetch_add(1);
       return {cpu_errc::invalid_resource_handle};
@@ -294,7 +313,7 @@ class cpu_device {
     {
       std::lock_guard lock(events_mutex_);
       gen = ++ev->recorded;
-      ev->pending.insert(gen);
+      ev->pending.emplace(gen, s);
       ev->captured.clear();  // only the latest record is ever waited for from now on
       if (origin != nullptr) ev->captured[gen] = origin;
     }
@@ -325,12 +344,17 @@ class cpu_device {
     if (refused()) return {cpu_errc::not_permitted};
     std::unique_lock lock(events_mutex_);
     const std::uint64_t target = e->recorded;
+    auto own = e->pending.find(target);
+    if (own != e->pending.end() && own->second == worker_of()) {
+      return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
+    }
     events_cv_.wait(lock, [&] { return e->passed(target); });
     return of(e->error_of(target));
   }
   /// @brief Makes `s` wait for `e`'s latest record (none: nothing to wait for); a failed record fails `s`, a captured one makes `s` join the capture.
   status stream_wait_event(stream_t s, event_t e) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     std::shared_ptr<detail::cpu_event> ev = shared(e);
     std::uint64_t target = 0;
     const detail::cpu_stream* joins = nullptr;
@@ -388,6 +412,8 @@ class cpu_device {
   /// @brief Runs what `s` has queued, then destroys it (ending a capture begun on it).
   status stream_destroy(stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+    if (worker_of() == s) return {cpu_errc::not_permitted};  // from its own kernel: it would join itself
     {
       std::lock_guard lock(mutex_);
       if (streams_.erase(s) == 0) return {cpu_errc::invalid_value};
@@ -400,6 +426,8 @@ class cpu_device {
   /// @brief Blocks until `s` is idle; `stream_failed` with its first error if it failed.
   status stream_synchronize(stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+    if (worker_of() == s) return {cpu_errc::not_permitted};  // from its own kernel: it would wait for itself
     std::unique_lock lock(s->mutex);
     s->idle_cv.wait(lock, [&] { return s->queue.empty() && !s->busy; });
     return of(s->error);
@@ -407,6 +435,7 @@ class cpu_device {
   /// @brief Runs `fn(data)` on the callback thread when `s` reaches it; `s` waits for it to return.
   status launch_host_func(stream_t s, void (*fn)(void*), void* data) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     host_funcs_.fetch_add(1);
     enqueue(s, [this, fn, data] {
       // The stream waits for its host function, which runs on the callback thread.
@@ -462,6 +491,7 @@ class cpu_device {
   /// @brief Makes `s` wait until the 32-bit word at `address` is >= `value` (`not_supported` when turned off).
   status wait_value32(stream_t s, void* address, std::uint32_t value) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     if (!wait_value_supported_.load()) return {cpu_errc::not_supported};
     auto* word = static_cast<std::uint32_t*>(address);
     enqueue(s, [this, word, value] {
@@ -479,6 +509,7 @@ class cpu_device {
   /// @brief Whether `s` is being captured.
   status stream_is_capturing(stream_t s, bool* capturing) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     std::lock_guard lock(s->mutex);
     *capturing = s->capturing;
     return {};
@@ -518,6 +549,7 @@ class cpu_device {
   /// @brief `n` bytes from `pool`, usable by work ordered after the call on `s` (a freed block of the same size first; see the file comment).
   status malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     std::unique_lock lock(pool_mutex_);
     for (auto& [p, b] : pool->blocks) {
       if (b.state == detail::cpu_block::live || b.bytes != n) continue;
@@ -533,6 +565,18 @@ class cpu_device {
       return {};
     }
     if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return {cpu_errc::memory_allocation};
+    // Blocks whose free has run, of other sizes, go back to the host before a new one is
+    // made (a CUDA pool reuses freed memory of any size): the footprint stays near the peak
+    // in use, whatever the sizes.
+    for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
+      if (it->second.state != detail::cpu_block::free_done) {
+        ++it;
+        continue;
+      }
+      owner_of_.erase(it->first);
+      ::operator delete (it->first, std::align_val_t{256});
+      it = pool->blocks.erase(it);
+    }
     void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
     if (p == nullptr) return {cpu_errc::memory_allocation};
     pool->blocks.emplace(p, detail::cpu_block{n});
@@ -544,6 +588,7 @@ class cpu_device {
   /// @brief Frees `p` when `s` reaches the free (the block may be handed out again before that, as CUDA does).
   status free_async(void* p, stream_t s) {
     if (refused()) return {cpu_errc::not_permitted};
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
     std::shared_ptr<detail::cpu_pool> pool;
     std::uint64_t generation = 0;
     {
@@ -562,7 +607,7 @@ class cpu_device {
       std::lock_guard lock(pool_mutex_);
       detail::cpu_block& b = pool->blocks.at(p);
       if (b.generation != generation || b.state != detail::cpu_block::free_pending) return;  // reused first
-      std::memset(p, 0xDB, b.bytes);
+      poison(p, b.bytes);
       b.state = detail::cpu_block::free_done;
     });
     return {};
@@ -572,6 +617,9 @@ class cpu_device {
   /// from `f` fails the stream (see the file comment).
   /// @throws std::bad_alloc
   void launch(stream_t s, std::function<void()> f) {
+    const void* stream = s;
+    FERRY_EXPECTS(s != nullptr && s->owner == this, "a kernel launched on a null stream or one of another cpu_device",
+                  stream);
     enqueue(s, [this, s, f = std::move(f)] {
       try {
         f();
@@ -599,6 +647,16 @@ class cpu_device {
   [[nodiscard]] std::size_t leaked_blocks() {
     std::lock_guard lock(pool_mutex_);
     return leaked_blocks_;
+  }
+  /// @brief Host bytes the device's pools hold now: blocks in use, freed ones still to be
+  /// reused, and ones whose free has not run (the footprint, against `device_bytes`).
+  [[nodiscard]] std::size_t pooled_bytes() {
+    std::lock_guard lock(pool_mutex_);
+    std::size_t total = 0;
+    for (const auto& pool : pools_) {
+      for (const auto& [p, b] : pool->blocks) total += b.bytes;
+    }
+    return total;
   }
   /// @brief Device bytes allocated now (frees count when made).
   [[nodiscard]] std::size_t device_bytes() {
@@ -663,6 +721,8 @@ class cpu_device {
   [[nodiscard]] int violations() const { return violations_.load(); }
   /// @brief Events recorded on a stream of another device (refused).
   [[nodiscard]] int wrong_device() const { return wrong_device_.load(); }
+  /// @brief Calls refused for a null stream or one of another `cpu_device` object.
+  [[nodiscard]] int foreign_streams() const { return foreign_.load(); }
   /// @brief Operations enqueued on a capturing stream.
   [[nodiscard]] int captured_calls() const { return captured_.load(); }
   /// @brief Stream waits that found their flag's memory freed when they ran.
@@ -683,9 +743,28 @@ class cpu_device {
     return device;
   }
   static int current_device() { return current_device_ref(); }
+  // The stream whose worker the calling thread is (null: none).
+  static const detail::cpu_stream*& worker_of() {
+    thread_local const detail::cpu_stream* stream = nullptr;
+    return stream;
+  }
   static bool& in_callback() {
     thread_local bool inside = false;
     return inside;
+  }
+  // A stream of another device object, or none: refused (as CUDA refuses a handle of
+  // another context).
+  bool foreign(stream_t s) {
+    if (s != nullptr && s->owner == this) return false;
+    foreign_.fetch_add(1);
+    return true;
+  }
+  static cpu_options checked(cpu_options o) {
+    const int devices = o.devices;
+    const std::uint32_t max_delay_us = o.max_delay_us;
+    FERRY_EXPECTS(devices >= 1 && devices <= 64, "a cpu_device has 1 to 64 devices", devices);
+    FERRY_EXPECTS(max_delay_us <= 1000000, "the adversarial delay is at most 1 s (1000000 us)", max_delay_us);
+    return o;
   }
   static status of(std::exception_ptr e) {
     if (!e) return {};
@@ -707,6 +786,19 @@ class cpu_device {
   static void fail(stream_t s, std::exception_ptr e) {
     std::lock_guard lock(s->mutex);
     if (!s->error) s->error = std::move(e);
+  }
+  // 0xDB over a freed block: all of it up to 64 MiB, else its first and last 16 MiB (a
+  // read after the free sees poison at both ends, without touching every page of a
+  // block of GiBs).
+  static void poison(void* p, std::size_t bytes) noexcept {
+    constexpr std::size_t whole = std::size_t{64} << 20;
+    constexpr std::size_t ends = std::size_t{16} << 20;
+    if (bytes <= whole) {
+      std::memset(p, 0xDB, bytes);
+      return;
+    }
+    std::memset(p, 0xDB, ends);
+    std::memset(static_cast<std::byte*>(p) + bytes - ends, 0xDB, ends);
   }
   // `s` waits for what `on` has enqueued so far (under pool_mutex_: no pool call inside).
   status insert_wait(stream_t s, stream_t on) {
@@ -743,6 +835,7 @@ class cpu_device {
 
   void run_stream(stream_t r) {
     current_device_ref() = r->device;
+    worker_of() = r;
     std::unique_lock lock(r->mutex);
     for (;;) {
       r->cv.wait(lock, [&] { return r->stopping || !r->queue.empty(); });
@@ -817,6 +910,7 @@ class cpu_device {
   std::atomic<bool> wait_value_supported_{true};
   std::atomic<int> violations_{0};
   std::atomic<int> wrong_device_{0};
+  std::atomic<int> foreign_{0};
   std::atomic<int> captured_{0};
   std::atomic<int> use_after_free_{0};
   std::atomic<int> host_funcs_{0};
@@ -848,6 +942,17 @@ class cpu_runtime {
   /// @brief A runtime on a new device with settings `o`.
   /// @throws std::system_error, std::bad_alloc
   explicit cpu_runtime(cpu_options o) : device_(std::make_shared<cpu_device>(o)) {}
+
+  /// @brief The runtime of the device stream `s` belongs to (what a scheduler made for
+  /// `s` runs on: `basic_scheduler` asks for it when given no runtime).
+  /// @throws ferry::logic_error for a null stream, or a device not owned by a `shared_ptr`
+  static cpu_runtime of(host_stream_ref s) {
+    const void* stream = s.get();
+    FERRY_EXPECTS(stream != nullptr, "a null host_stream_ref has no device", stream);
+    std::shared_ptr<cpu_device> device = s.get()->owner->weak_from_this().lock();
+    FERRY_EXPECTS(device != nullptr, "the stream's cpu_device is not owned by a std::shared_ptr", stream);
+    return cpu_runtime(std::move(device));
+  }
 
   /// @brief The device (its controls and counters).
   [[nodiscard]] cpu_device& device() const noexcept { return *device_; }
@@ -1029,10 +1134,12 @@ class host_stream {
 template <class F>
 requires std::is_invocable_v<std::decay_t<F>&>
 void host_stream_ref::enqueue(F&& f) const {
+  FERRY_EXPECTS(s_ != nullptr, "enqueue on a null host_stream_ref");
   s_->owner->launch(s_, std::function<void()>(std::forward<F>(f)));
 }
 
 inline void host_stream_ref::synchronize() const {
+  FERRY_EXPECTS(s_ != nullptr, "synchronize of a null host_stream_ref");
   FERRY_RUNTIME_TRY(cpu_runtime, s_->owner->stream_synchronize(s_));
 }
 

@@ -129,8 +129,8 @@ class basic_scheduler {
   ///        default stream that moves with no producer are ordered after: none)
   /// @param options chunk size, bounce ring and stream priorities (see `scheduler_options`)
   /// @param backend_args passed to the backend's constructor after `options` (the `Api`
-  ///        runtime object of a `device_backend<Runtime>`: a `cpu_runtime` on a device of
-  ///        its own, say; nothing for the default one)
+  ///        runtime object of a `device_backend<Runtime>`; none: `cuda_runtime{}`, or for
+  ///        `cpu_runtime` the runtime of `compute`'s own device)
   /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096, or
   ///         fewer than 1 bounce slot; ferry::cuda_error; ferry::out_of_capacity when the
   ///         bounce pool cannot hold the ring
@@ -145,7 +145,13 @@ class basic_scheduler {
     FERRY_EXPECTS(bounce_slots >= 1 && bounce_slots <= 1024, "bounce_slots must be in [1, 1024]", bounce_slots);
     FERRY_EXPECTS(chunk_bytes <= (std::size_t{1} << 40) / bounce_slots, "the bounce ring would exceed 1 TiB",
                   chunk_bytes, bounce_slots);
-    core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
+    if constexpr (sizeof...(BackendArgs) == 0 && requires { Backend::runtime_type::of(compute); }) {
+      // A runtime whose streams know their device (`cpu_runtime`): the lanes go where
+      // the compute stream is, not to a default device.
+      core_ = std::make_shared<detail::state_pool<Backend>>(options_, Backend::runtime_type::of(compute));
+    } else {
+      core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
+    }
     pinned_pool* pool = options_.bounce_pool;
     const std::size_t ring_bytes = chunk_bytes * bounce_slots + disk_alignment;  // + alignment slack
     if (pool == nullptr) {
