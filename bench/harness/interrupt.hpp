@@ -6,9 +6,11 @@
 /// A disk scenario's scratch files can be gigabytes; a run stopped half way must not
 /// leave them on the user's drive, nor a half-written output folder. RAII removers cover
 /// exceptions; this covers signals, whose default action ends the process without
-/// unwinding. The handler uses only async-signal-safe calls (`unlink`, `unlinkat`,
+/// unwinding. The handler runs on the thread that installed it (a signal another thread
+/// takes is sent on with `pthread_kill`), so that thread cannot make a file again while
+/// it is removed. It uses only async-signal-safe calls (`unlink`, `unlinkat`,
 /// `open`, `close`, the `getdents64` system call, `kill`, `waitpid`, `nanosleep`,
-/// `sigaction`, `raise`): paths live in a
+/// `sigaction`, `raise`, `pthread_kill`): paths live in a
 /// fixed table of character arrays filled when a path is registered, never allocated in
 /// the handler. Folders are emptied two levels deep (the output folder's `plots/`) and
 /// removed.
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <time.h>
 #include <sys/syscall.h>
@@ -92,7 +95,21 @@ inline void remove_tree_at(int dfd, int depth) noexcept {
   }
 }
 
+// The thread that installed the handler (the main thread, which runs the scenarios).
+inline pthread_t& handler_thread() {
+  static pthread_t t = ::pthread_self();
+  return t;
+}
+
 inline void interrupt_handler(int sig) noexcept {
+  // Run the cleanup on the thread that runs the scenarios, so that it cannot make a
+  // scratch file again (a new tier on the same path) between the removal and the end
+  // of the process: a signal taken by another thread (an I/O engine's, a runtime
+  // worker's) is sent on to it (`pthread_kill` is async-signal-safe).
+  if (::pthread_equal(::pthread_self(), handler_thread()) == 0) {
+    (void)::pthread_kill(handler_thread(), sig);
+    return;
+  }
   const int saved = errno;
   // Stop the commands first (fio would go on writing, even re-creating removed files):
   // SIGTERM to each and its process group, up to 2 s for it to end (reaped here), then
@@ -148,6 +165,7 @@ inline void interrupt_handler(int sig) noexcept {
 /// calls do nothing). Call it before registering paths.
 inline void install_interrupt_cleanup() {
   static const bool installed = [] {
+    (void)detail::handler_thread();  // this thread's id, before any signal can come
     struct sigaction sa {};
     sa.sa_handler = detail::interrupt_handler;
     ::sigemptyset(&sa.sa_mask);
