@@ -146,6 +146,104 @@ struct cpu_options {
 class cpu_device;
 
 namespace detail {
+// A queued operation: a callable kept inline up to 64 bytes (every operation the runtime
+// queues itself fits, so queueing one allocates nothing), on the heap above. Move-only.
+class cpu_op {
+ public:
+  cpu_op() noexcept = default;
+  template <class F>
+  requires(!std::is_same_v<std::decay_t<F>, cpu_op> && std::is_invocable_v<std::decay_t<F>&>)
+  explicit cpu_op(F&& f) {
+    using T = std::decay_t<F>;
+    if constexpr (sizeof(T) <= inline_bytes && alignof(T) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<T>) {
+      ::new (static_cast<void*>(buf_)) T(std::forward<F>(f));
+      ops_ = &inline_ops<T>;
+    } else {
+      T* heap = new T(std::forward<F>(f));
+      std::memcpy(buf_, &heap, sizeof heap);
+      ops_ = &heap_ops<T>;
+    }
+  }
+  cpu_op(cpu_op&& o) noexcept : ops_(o.ops_) {
+    if (ops_ != nullptr) ops_->move(buf_, o.buf_);
+    o.ops_ = nullptr;
+  }
+  cpu_op& operator=(cpu_op&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ops_ = o.ops_;
+      if (ops_ != nullptr) ops_->move(buf_, o.buf_);
+      o.ops_ = nullptr;
+    }
+    return *this;
+  }
+  cpu_op(const cpu_op&) = delete;
+  cpu_op& operator=(const cpu_op&) = delete;
+  ~cpu_op() { reset(); }
+  void operator()() { ops_->call(buf_); }
+  void reset() noexcept {
+    if (ops_ != nullptr) ops_->destroy(buf_);
+    ops_ = nullptr;
+  }
+
+ private:
+  static constexpr std::size_t inline_bytes = 64;
+  struct vtable {
+    void (*call)(void*);
+    void (*move)(void* dst, void* src) noexcept;  // leaves src destroyed (or empty)
+    void (*destroy)(void*) noexcept;
+  };
+  template <class T>
+  static T* heap_of(void* p) noexcept {
+    T* t = nullptr;
+    std::memcpy(&t, p, sizeof t);
+    return t;
+  }
+  template <class T>
+  static constexpr vtable inline_ops{
+      [](void* p) { (*static_cast<T*>(p))(); },
+      [](void* d, void* src) noexcept {
+        ::new (d) T(std::move(*static_cast<T*>(src)));
+        static_cast<T*>(src)->~T();
+      },
+      [](void* p) noexcept { static_cast<T*>(p)->~T(); }};
+  template <class T>
+  static constexpr vtable heap_ops{[](void* p) { (*heap_of<T>(p))(); },
+                                   [](void* d, void* src) noexcept { std::memcpy(d, src, sizeof(T*)); },
+                                   [](void* p) noexcept { delete heap_of<T>(p); }};
+  alignas(std::max_align_t) unsigned char buf_[inline_bytes];
+  const vtable* ops_ = nullptr;
+};
+
+// A FIFO of operations in one growing ring (a deque allocates a block every few pushes).
+class cpu_op_queue {
+ public:
+  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  void push_back(cpu_op op) {
+    if (count_ == ring_.size()) grow();
+    ring_[(head_ + count_) % ring_.size()] = std::move(op);
+    ++count_;
+  }
+  cpu_op pop_front() noexcept {
+    cpu_op op = std::move(ring_[head_]);
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+    return op;
+  }
+
+ private:
+  void grow() {
+    std::vector<cpu_op> bigger(std::max<std::size_t>(16, ring_.size() * 2));
+    for (std::size_t i = 0; i < count_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+    ring_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<cpu_op> ring_;
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
+};
+
 // A stream of a cpu_device. Its address is the stream handle.
 struct cpu_stream {
   cpu_device* owner = nullptr;
@@ -154,7 +252,7 @@ struct cpu_stream {
   std::mutex mutex;
   std::condition_variable cv;       // work or stopping
   std::condition_variable idle_cv;  // queue drained
-  std::deque<std::function<void()>> queue;
+  cpu_op_queue queue;
   bool busy = false;
   bool stopping = false;
   bool capturing = false;
@@ -168,12 +266,18 @@ struct cpu_stream {
 struct cpu_event {
   int device = 0;
   std::uint64_t recorded = 0;                         // number of the latest record (0: never)
-  std::map<std::uint64_t, const cpu_stream*> pending; // records their stream has not passed yet, and the stream
+  std::vector<std::pair<std::uint64_t, const cpu_stream*>> pending;  // records not passed yet, and their stream
   std::map<std::uint64_t, std::exception_ptr> failed; // records made on a failed stream
   // Records made on a capturing stream, and the capture's origin: until that capture
   // ends (whether or not the stream has passed them), a wait for one joins the capture.
   std::map<std::uint64_t, const cpu_stream*> captured;
-  [[nodiscard]] bool passed(std::uint64_t gen) const { return gen == 0 || pending.count(gen) == 0; }
+  [[nodiscard]] const cpu_stream* pending_on(std::uint64_t gen) const {
+    for (const auto& [g, s] : pending) {
+      if (g == gen) return s;
+    }
+    return nullptr;
+  }
+  [[nodiscard]] bool passed(std::uint64_t gen) const { return gen == 0 || pending_on(gen) == nullptr; }
   [[nodiscard]] std::exception_ptr error_of(std::uint64_t gen) const {
     auto it = failed.find(gen);
     return it == failed.end() ? nullptr : it->second;
@@ -313,7 +417,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     {
       std::lock_guard lock(events_mutex_);
       gen = ++ev->recorded;
-      ev->pending.emplace(gen, s);
+      ev->pending.emplace_back(gen, s);
       ev->captured.clear();  // only the latest record is ever waited for from now on
       if (origin != nullptr) ev->captured[gen] = origin;
     }
@@ -325,7 +429,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
       }
       {
         std::lock_guard lock(events_mutex_);
-        ev->pending.erase(gen);
+        std::erase_if(ev->pending, [gen](const auto& entry) { return entry.first == gen; });
         if (error) ev->failed[gen] = error;
       }
       events_cv_.notify_all();
@@ -344,8 +448,8 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     if (refused()) return {cpu_errc::not_permitted};
     std::unique_lock lock(events_mutex_);
     const std::uint64_t target = e->recorded;
-    auto own = e->pending.find(target);
-    if (own != e->pending.end() && own->second == worker_of()) {
+    const detail::cpu_stream* on = e->pending_on(target);
+    if (on != nullptr && on == worker_of()) {
       return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
     }
     events_cv_.wait(lock, [&] { return e->passed(target); });
@@ -616,11 +720,13 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// @brief Runs `f` on stream `s` when the stream reaches it (a kernel); an exception
   /// from `f` fails the stream (see the file comment).
   /// @throws std::bad_alloc
-  void launch(stream_t s, std::function<void()> f) {
+  template <class F>
+  requires std::is_invocable_v<std::decay_t<F>&>
+  void launch(stream_t s, F&& f) {
     const void* stream = s;
     FERRY_EXPECTS(s != nullptr && s->owner == this, "a kernel launched on a null stream or one of another cpu_device",
                   stream);
-    enqueue(s, [this, s, f = std::move(f)] {
+    enqueue(s, [this, s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
       try {
         f();
       } catch (...) {
@@ -817,7 +923,9 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     return static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + it->second;
   }
 
-  void enqueue(stream_t r, std::function<void()> op) {
+  template <class F>
+  void enqueue(stream_t r, F&& f) {
+    detail::cpu_op op(std::forward<F>(f));  // made outside the lock (it may allocate)
     {
       std::lock_guard lock(r->mutex);
       if (r->capturing) captured_.fetch_add(1);
@@ -840,8 +948,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     for (;;) {
       r->cv.wait(lock, [&] { return r->stopping || !r->queue.empty(); });
       if (r->queue.empty()) break;
-      std::function<void()> op = std::move(r->queue.front());
-      r->queue.pop_front();
+      detail::cpu_op op = r->queue.pop_front();
       r->busy = true;
       lock.unlock();
       {
@@ -850,7 +957,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
       }
       delay(r->rng);
       op();
-      op = nullptr;  // destroy captures outside the lock
+      op.reset();  // destroy captures outside the lock
       lock.lock();
       r->busy = false;
       if (r->queue.empty()) r->idle_cv.notify_all();
@@ -1109,7 +1216,7 @@ class host_stream {
   template <class F>
   requires std::is_invocable_v<std::decay_t<F>&>
   void enqueue(F&& f) {
-    runtime_.device().launch(s_, std::function<void()>(std::forward<F>(f)));
+    runtime_.device().launch(s_, std::forward<F>(f));
   }
   /// @brief Blocks until everything enqueued so far has run; rethrows the stream's first
   /// error (it stays: the stream is failed for good, as a sticky CUDA error).
@@ -1135,7 +1242,7 @@ template <class F>
 requires std::is_invocable_v<std::decay_t<F>&>
 void host_stream_ref::enqueue(F&& f) const {
   FERRY_EXPECTS(s_ != nullptr, "enqueue on a null host_stream_ref");
-  s_->owner->launch(s_, std::function<void()>(std::forward<F>(f)));
+  s_->owner->launch(s_, std::forward<F>(f));
 }
 
 inline void host_stream_ref::synchronize() const {
