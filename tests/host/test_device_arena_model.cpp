@@ -6,6 +6,7 @@
 #include <ferry/error.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/runtime/cpu_runtime.hpp>
+#include <ferry/tier/device_tier.hpp>
 #include <ferry/units.hpp>
 
 #include <catch2/catch.hpp>
@@ -163,3 +164,28 @@ TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capaci
   REQUIRE(ok(m->stream_synchronize(s)));
 }
 
+
+TEST_CASE("host_device_tier: the tier view of an arena on one stream, sharing its budget", "[device_arena][cpu_runtime]") {
+  const cpu_runtime rt(ferry::cpu_options{.seed = 4, .max_delay_us = 50});
+  ferry::host_stream s(rt);
+  arena_type arena(MiB, {}, rt);
+  ferry::host_device_tier a(arena, s);
+  ferry::host_device_tier b(arena, s);
+  CHECK(a.capacity() == MiB);
+  const ferry::device_region r = a.allocate(1000);
+  REQUIRE(r.ptr != nullptr);
+  CHECK(r.size() == 1000);
+  CHECK(a.used() == 1024);  // rounded to the arena's 256-byte granularity
+  CHECK(b.used() == 1024);  // one budget for both views
+  s.enqueue([p = r.data()] { std::memset(p, 0x5A, 1000); });
+  s.synchronize();
+  CHECK(r.data()[999] == std::byte{0x5A});
+  CHECK_THROWS_AS(b.allocate(MiB), ferry::out_of_capacity);  // past what is left: nothing taken
+  CHECK(b.used() == 1024);
+  a.deallocate(r);
+  s.synchronize();
+  CHECK(a.used() == 0);
+  CHECK(a.stream() == ferry::host_stream_ref{s});
+  CHECK(&a.arena() == &arena);
+  CHECK_THROWS_AS(ferry::host_device_tier(arena, ferry::host_stream_ref{nullptr}), ferry::logic_error);
+}

@@ -77,10 +77,10 @@
 #pragma once
 
 #include "ferry/error.hpp"
+#include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/offload_pipeline.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/memory/device_arena.hpp"
 #include "ferry/schedule/host_executor.hpp"
 #include "ferry/schedule/scheduler.hpp"
 #include "ferry/tier/nvme.hpp"
