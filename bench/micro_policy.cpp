@@ -200,6 +200,8 @@ int main(int argc, char** argv) {
   register_policy<ferry::fifo<key>>("fifo");
   register_policy<ferry::lfu<key>>("lfu");
   register_policy<ferry::greedy_dual_size<key>>("greedy_dual_size");
+  register_policy<ferry::gdsf<key>>("gdsf");
+  register_policy<ferry::lfu_da<key>>("lfu_da");
   register_policy<ferry::belady<key>>("belady");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {

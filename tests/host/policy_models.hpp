@@ -3,6 +3,8 @@
 // and its model with the same random operations and compare their victims.
 #pragma once
 
+#include <ferry/policy/eviction/greedy_dual_size.hpp>
+
 #include <ferry/policy/access_schedule.hpp>
 
 #include <algorithm>
@@ -99,18 +101,22 @@ class lfu {
 
 // GreedyDual-Size by linear scan: H = L + cost / bytes; smallest (H, last touch) goes;
 // erasing an unpinned key with the smallest H raises L to it.
-class gds {
+// GreedyDual with the value rule of `Rule` (GDS, GDSF, LFU-DA): every value computed
+// from the definition, the victim found by scanning every key.
+template <ferry::greedy_dual_rule Rule>
+class greedy_dual {
  public:
   void on_insert(int k, std::size_t bytes) { on_insert(k, bytes, 1.0); }
   void on_insert(int k, std::size_t bytes, double cost) {
-    entry e{cost / static_cast<double>(bytes), 0.0, 0, 0};
-    e.h = floor_ + e.ratio;
+    entry e{cost, bytes, 1, 0.0, 0, 0};
+    e.h = floor_ + weight(e);
     e.touch = ++clock_;
     keys_[k] = e;
   }
   void on_access(int k) {
     entry& e = keys_.at(k);
-    e.h = floor_ + e.ratio;
+    ++e.uses;
+    e.h = floor_ + weight(e);
     e.touch = ++clock_;
   }
   void on_erase(int k) {
@@ -128,7 +134,8 @@ class gds {
   void unpin(int k) {
     entry& e = keys_.at(k);
     if (--e.pins == 0) {
-      e.h = floor_ + e.ratio;
+      ++e.uses;
+      e.h = floor_ + weight(e);
       e.touch = ++clock_;
     }
   }
@@ -146,15 +153,29 @@ class gds {
 
  private:
   struct entry {
-    double ratio;
+    double cost;
+    std::size_t bytes;
+    std::uint64_t uses;
     double h;
     std::uint64_t touch;
     int pins;
   };
+  static double weight(const entry& e) {
+    switch (Rule) {
+      case ferry::greedy_dual_rule::size: return e.cost / static_cast<double>(e.bytes);
+      case ferry::greedy_dual_rule::frequency_size:
+        return static_cast<double>(e.uses) * (e.cost / static_cast<double>(e.bytes));
+      case ferry::greedy_dual_rule::frequency: return static_cast<double>(e.uses) * e.cost;
+    }
+    return 0.0;
+  }
   std::map<int, entry> keys_;
   double floor_ = 0.0;
   std::uint64_t clock_ = 0;
 };
+using gds = greedy_dual<ferry::greedy_dual_rule::size>;
+using gdsf = greedy_dual<ferry::greedy_dual_rule::frequency_size>;
+using lfu_da = greedy_dual<ferry::greedy_dual_rule::frequency>;
 
 // Belady with next uses found by walking the recorded keys one position at a time.
 class belady {

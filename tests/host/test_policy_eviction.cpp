@@ -67,9 +67,10 @@ bool throws_logic_error_with(P& p, void (*op)(P&), const std::string& fragment) 
 }  // namespace
 
 #define FERRY_EVICTION_POLICIES                                                                         \
-  ferry::lru<int>, ferry::fifo<int>, ferry::lfu<int>, ferry::greedy_dual_size<int>, ferry::belady<int>, \
-      ferry::lru<std::string>, ferry::fifo<std::string>, ferry::lfu<std::string>,                       \
-      ferry::greedy_dual_size<std::string>, ferry::belady<std::string>
+  ferry::lru<int>, ferry::fifo<int>, ferry::lfu<int>, ferry::greedy_dual_size<int>, ferry::gdsf<int>,   \
+      ferry::lfu_da<int>, ferry::belady<int>, ferry::lru<std::string>, ferry::fifo<std::string>,        \
+      ferry::lfu<std::string>, ferry::greedy_dual_size<std::string>, ferry::gdsf<std::string>,          \
+      ferry::lfu_da<std::string>, ferry::belady<std::string>
 
 TEMPLATE_TEST_CASE("eviction policies model ferry::eviction_policy", "[policy][eviction]", FERRY_EVICTION_POLICIES) {
   using Key = typename TestType::key_type;
@@ -213,6 +214,14 @@ struct gds_case {
   using policy = ferry::greedy_dual_size<int>;
   using model = models::gds;
 };
+struct gdsf_case {
+  using policy = ferry::gdsf<int>;
+  using model = models::gdsf;
+};
+struct lfu_da_case {
+  using policy = ferry::lfu_da<int>;
+  using model = models::lfu_da;
+};
 struct belady_case {
   using policy = ferry::belady<int>;
   using model = models::belady;
@@ -289,7 +298,7 @@ void drive(P& p, M& m, std::mt19937& rng, int universe, int steps, std::size_t& 
 }  // namespace
 
 TEMPLATE_TEST_CASE("each eviction policy chooses the victims of its reference model", "[policy][eviction]", lru_case,
-                   fifo_case, lfu_case, gds_case, belady_case) {
+                   fifo_case, lfu_case, gds_case, gdsf_case, lfu_da_case, belady_case) {
   using P = typename TestType::policy;
   using M = typename TestType::model;
   for (unsigned seed = 1; seed <= 40; ++seed) {
@@ -314,7 +323,8 @@ TEMPLATE_TEST_CASE("each eviction policy chooses the victims of its reference mo
       P p;
       M m;
       drive(p, m, rng, universe, 600, position);
-      if constexpr (std::is_same_v<P, ferry::greedy_dual_size<int>>) {
+      if constexpr (std::is_same_v<P, ferry::greedy_dual_size<int>> || std::is_same_v<P, ferry::gdsf<int>> ||
+                    std::is_same_v<P, ferry::lfu_da<int>>) {
         CHECK(p.inflation() == m.inflation());
       }
     }
@@ -384,6 +394,60 @@ TEST_CASE("lfu counts uses and breaks ties by recency", "[policy][eviction]") {
   CHECK(q.victim() == 2);
   q.unpin(0);
   CHECK(q.victim() == 0);
+}
+
+TEST_CASE("gdsf keeps a large key that is read often, which greedy_dual_size evicts", "[policy][eviction]") {
+  ferry::greedy_dual_size<int> gds;
+  ferry::gdsf<int> f;
+  // Key 1: 4 units, read 5 times; key 2: 1 unit, read once. GDS: H1 = 1/4 < H2 = 1;
+  // GDSF: H1 = 5/4 > H2 = 1.
+  gds.on_insert(1, 4);
+  f.on_insert(1, 4);
+  for (int i = 0; i < 4; ++i) {
+    gds.on_access(1);
+    f.on_access(1);
+  }
+  gds.on_insert(2, 1);
+  f.on_insert(2, 1);
+  CHECK(gds.victim() == 1);
+  CHECK(f.victim() == 2);
+  CHECK(f.uses(1) == 5);
+  CHECK(f.value(1) == 1.25);
+  CHECK(f.value(2) == 1.0);
+  // Evicting 2 raises L to 1: a new key of 1 unit read once is worth L + 1 = 2, more
+  // than key 1 (1.25): the floor ages key 1's old count.
+  f.on_erase(2);
+  CHECK(f.inflation() == 1.0);
+  f.on_insert(3, 1);
+  CHECK(f.victim() == 1);
+}
+
+TEST_CASE("lfu_da ages counts: a key used often long ago goes once the floor passes it", "[policy][eviction]") {
+  ferry::lfu_da<int> p;
+  ferry::lfu<int> plain;
+  p.on_insert(0, 0);  // size plays no part: 0 bytes accepted
+  plain.on_insert(0, 1);
+  for (int i = 0; i < 3; ++i) {  // key 0: 4 uses, H = 4
+    p.on_access(0);
+    plain.on_access(0);
+  }
+  // Keys 1.. arrive and are read twice each, one evicted per arrival: the floor climbs.
+  int evicted_zero_at = -1;
+  for (int k = 1; k <= 8 && evicted_zero_at < 0; ++k) {
+    p.on_insert(k, 1);
+    p.on_access(k);
+    plain.on_insert(k, 1);
+    plain.on_access(k);
+    const int v = *p.victim();
+    if (v == 0) evicted_zero_at = k;
+    p.on_erase(v);
+    plain.on_erase(*plain.victim());
+  }
+  // Key 1 (H = 2) goes first and raises L to 2; key 2 then reaches L + 2 = 4, key 0's
+  // value, and the tie goes to the least recent: key 0, on the second arrival.
+  CHECK(evicted_zero_at == 2);
+  CHECK(p.inflation() == 4.0);
+  CHECK(plain.contains(0));  // plain LFU keeps the old count for ever
 }
 
 TEST_CASE("greedy_dual_size prefers to evict large, cheap keys and inflates L", "[policy][eviction]") {

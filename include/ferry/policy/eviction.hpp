@@ -1,6 +1,6 @@
 /// @file
 /// @brief All of ferry's eviction policies: `lru`, `fifo`, `lfu`, `greedy_dual_size`,
-/// `belady`. See docs/policies.md for how to choose.
+/// `gdsf`, `lfu_da`, `belady`. See docs/policies.md for how to choose.
 #pragma once
 
 #include "ferry/policy/eviction/belady.hpp"

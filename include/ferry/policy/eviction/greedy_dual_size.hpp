@@ -1,5 +1,8 @@
 /// @file
-/// @brief `ferry::greedy_dual_size`: cost- and size-aware eviction (Cao & Irani, 1997).
+/// @brief The GreedyDual family: `ferry::greedy_dual_size` (GDS: cost- and size-aware,
+/// Cao & Irani, 1997), `ferry::gdsf` (GDS with frequency, Cherkasova, 1998) and
+/// `ferry::lfu_da` (LFU with dynamic aging, Arlitt et al., 2000), one implementation
+/// (`ferry::basic_greedy_dual`) with the value rule as its parameter.
 #pragma once
 
 #include "ferry/concepts.hpp"
@@ -16,6 +19,24 @@
 #include <string>
 
 namespace ferry {
+
+/// @brief How a `basic_greedy_dual` values a key on each use: `H = L + weight`.
+enum class greedy_dual_rule : std::uint8_t {
+  size,            ///< GDS: `weight = cost / bytes`
+  frequency_size,  ///< GDSF: `weight = uses * cost / bytes`
+  frequency,       ///< LFU-DA: `weight = uses * cost` (size plays no part)
+};
+
+/// @brief GreedyDual eviction with value rule `Rule` (see `greedy_dual_size`, `gdsf`,
+/// `lfu_da`): each key carries `H = L + weight`; the victim is the unpinned key with the
+/// smallest `H` (the least recently used among equals), and evicting it raises the
+/// floor `L` to its `H`. `uses` counts the key's insert, its accesses and the releases
+/// of its last pin since it became resident.
+///
+/// The class comment of `greedy_dual_size` gives the costs, the inflation rule, pinning
+/// and errors; they hold for every rule.
+template <class Key, greedy_dual_rule Rule, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+class basic_greedy_dual;
 
 /// @brief GreedyDual-Size eviction: each key carries a value `H = L + cost / bytes`;
 /// the victim is the unpinned key with the smallest `H`, and evicting it raises the
@@ -56,14 +77,49 @@ namespace ferry {
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class greedy_dual_size {
+class greedy_dual_size : public basic_greedy_dual<Key, greedy_dual_rule::size, Hash, KeyEqual> {};
+
+/// @brief GreedyDual-Size-Frequency eviction (GDSF): `H = L + uses * cost / bytes` — GDS
+/// that also keeps what is used often, as web and KV caches do: a large key read many
+/// times outlives a small one read once.
+///
+/// L. Cherkasova, "Improving WWW Proxies Performance with Greedy-Dual-Size-Frequency
+/// Caching Policy", HP Laboratories report HPL-98-69R1, 1998. The same costs,
+/// inflation, pinning, complexity and errors as `greedy_dual_size`. With every key read
+/// once it is GDS.
+///
+/// @tparam Key      copyable key
+/// @tparam Hash     hash of `Key`
+/// @tparam KeyEqual equality of `Key`
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+class gdsf : public basic_greedy_dual<Key, greedy_dual_rule::frequency_size, Hash, KeyEqual> {};
+
+/// @brief LFU with dynamic aging (LFU-DA): `H = L + uses * cost` (with `cost = 1`:
+/// `L + uses`) — LFU whose counts age: a key used often long ago goes once the floor `L`,
+/// raised by every eviction, passes its count, where plain LFU would keep it for ever.
+/// Size plays no part (`bytes` may be 0).
+///
+/// M. Arlitt, L. Cherkasova, J. Dilley, R. Friedrich and T. Jin, "Evaluating Content
+/// Management Techniques for Web Proxy Caches", ACM SIGMETRICS Performance Evaluation
+/// Review 27(4), 2000. The same inflation, pinning and complexity as `greedy_dual_size`.
+///
+/// @tparam Key      copyable key
+/// @tparam Hash     hash of `Key`
+/// @tparam KeyEqual equality of `Key`
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+class lfu_da : public basic_greedy_dual<Key, greedy_dual_rule::frequency, Hash, KeyEqual> {};
+
+template <class Key, greedy_dual_rule Rule, class Hash, class KeyEqual>
+class basic_greedy_dual {
  public:
   using key_type = Key;  ///< the key type
+  /// The value rule.
+  static constexpr greedy_dual_rule rule = Rule;
 
   /// The cost the two-argument `on_insert` gives a key (GDS(1)).
   static constexpr double default_cost = 1.0;
 
-  greedy_dual_size() = default;
+  basic_greedy_dual() = default;
 
   /// @brief Key `k` of `bytes` bytes became resident with cost `default_cost`.
   /// O(log n) amortised.
@@ -71,30 +127,35 @@ class greedy_dual_size {
   void on_insert(const Key& k, std::size_t bytes) { on_insert(k, bytes, default_cost); }
 
   /// @brief Key `k` of `bytes` bytes became resident; a miss on it costs `cost` (any
-  /// unit, the same for every key: e.g. ns of transfer). `H = L + cost / bytes`.
+  /// unit, the same for every key: e.g. ns of transfer). `H = L + weight` with one use.
   /// O(log n) amortised.
-  /// @throws ferry::logic_error if `k` is resident, `bytes == 0`, or `cost` is negative
-  ///         or not finite
+  /// @throws ferry::logic_error if `k` is resident, `bytes == 0` (except for `lfu_da`),
+  ///         or `cost` is negative or not finite
   void on_insert(const Key& k, std::size_t bytes, double cost) {
     FERRY_EXPECTS(keys_.find(k) == detail::no_node, "the key is already resident", k, bytes);
-    FERRY_EXPECTS(bytes > 0, "greedy_dual_size needs a positive size (H = L + cost / bytes)", k, bytes);
+    if constexpr (Rule != greedy_dual_rule::frequency) {
+      FERRY_EXPECTS(bytes > 0, "greedy_dual_size and gdsf need a positive size (H = L + cost / bytes)", k, bytes);
+    }
     FERRY_EXPECTS(cost >= 0.0 && cost <= std::numeric_limits<double>::max(), "the cost must be finite and non-negative",
                   k, cost);
     const detail::node_id id = keys_.insert(k);
     payload& p = keys_[id];
-    p.ratio = cost / static_cast<double>(bytes);
-    p.h = inflation_ + p.ratio;
+    p.ratio = Rule == greedy_dual_rule::frequency ? cost : cost / static_cast<double>(bytes);
+    p.uses = 1;
+    p.h = inflation_ + weight(p);
     p.stamp = ++clock_;
     heap_.push(id, priority{p.h, p.stamp});
   }
 
-  /// @brief Resident key `k` was used: `H = L + cost / bytes`, most recent. O(log n).
+  /// @brief Resident key `k` was used: one more use, `H = L + weight`, most recent.
+  /// O(log n).
   /// @throws ferry::logic_error if `k` is not resident
   void on_access(const Key& k) {
     const detail::node_id id = keys_.find(k);
     FERRY_EXPECTS(id != detail::no_node, "on_access of a key that is not resident", k);
     payload& p = keys_[id];
-    p.h = inflation_ + p.ratio;
+    ++p.uses;
+    p.h = inflation_ + weight(p);
     p.stamp = ++clock_;
     if (p.pins == 0) {
       heap_.update(id, priority{p.h, p.stamp});
@@ -135,7 +196,8 @@ class greedy_dual_size {
     payload& p = keys_[id];
     FERRY_EXPECTS(p.pins > 0, "unpin of a key that is not pinned", k);
     if (--p.pins == 0) {
-      p.h = inflation_ + p.ratio;
+      ++p.uses;
+      p.h = inflation_ + weight(p);
       p.stamp = ++clock_;
       heap_.push(id, priority{p.h, p.stamp});
     }
@@ -161,6 +223,13 @@ class greedy_dual_size {
     FERRY_EXPECTS(id != detail::no_node, "value of a key that is not resident", k);
     return keys_[id].h;
   }
+  /// @brief The uses of resident key `k` since it became resident (1 after `on_insert`).
+  /// @throws ferry::logic_error if `k` is not resident
+  [[nodiscard]] std::uint64_t uses(const Key& k) const {
+    const detail::node_id id = keys_.find(k);
+    FERRY_EXPECTS(id != detail::no_node, "uses of a key that is not resident", k);
+    return keys_[id].uses;
+  }
   /// @brief Whether `k` is resident. O(1) expected.
   [[nodiscard]] bool contains(const Key& k) const { return keys_.find(k) != detail::no_node; }
   /// @brief Whether `k` is resident and pinned. O(1) expected.
@@ -183,7 +252,8 @@ class greedy_dual_size {
 
  private:
   struct payload {
-    double ratio = 0.0;  // cost / bytes
+    double ratio = 0.0;  // cost / bytes (cost for lfu_da)
+    std::uint64_t uses = 0;
     double h = 0.0;
     std::uint64_t stamp = 0;
     std::uint32_t pins = 0;
@@ -192,6 +262,13 @@ class greedy_dual_size {
     double h;
     std::uint64_t stamp;
   };
+  static double weight(const payload& p) noexcept {
+    if constexpr (Rule == greedy_dual_rule::size) {
+      return p.ratio;
+    } else {
+      return static_cast<double>(p.uses) * p.ratio;
+    }
+  }
   struct before {
     bool operator()(const priority& a, const priority& b) const noexcept {
       return a.h < b.h || (a.h == b.h && a.stamp < b.stamp);
@@ -208,3 +285,7 @@ class greedy_dual_size {
 
 static_assert(ferry::check_eviction_policy<ferry::greedy_dual_size<int>, int>());
 static_assert(ferry::cost_aware_eviction_policy<ferry::greedy_dual_size<int>, int>);
+static_assert(ferry::check_eviction_policy<ferry::gdsf<int>, int>());
+static_assert(ferry::cost_aware_eviction_policy<ferry::gdsf<int>, int>);
+static_assert(ferry::check_eviction_policy<ferry::lfu_da<int>, int>());
+static_assert(ferry::cost_aware_eviction_policy<ferry::lfu_da<int>, int>);
