@@ -226,13 +226,23 @@ class remove_on_interrupt {
   install_interrupt_cleanup();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("cannot make a pipe to run: " + command);
+  // The stop signals wait from before the fork until the child's group is registered:
+  // one taken in between would stop ferry-bench and leave the command running (and
+  // writing the scratch files the handler has just removed).
+  sigset_t stop_signals;
+  sigset_t previous;
+  ::sigemptyset(&stop_signals);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaddset(&stop_signals, sig);
+  (void)::pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
   const pid_t pid = ::fork();
   if (pid < 0) {
+    (void)::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     ::close(fds[0]);
     ::close(fds[1]);
     throw std::runtime_error("cannot start: " + command);
   }
   if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    (void)::pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // the mask is kept across exec
     (void)::setpgid(0, 0);
     const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0) (void)::dup2(null, 0);
@@ -250,6 +260,7 @@ class remove_on_interrupt {
       break;
     }
   }
+  (void)::pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // a stop signal now stops the command too
   ::close(fds[1]);
   output.clear();
   char buffer[4096];
