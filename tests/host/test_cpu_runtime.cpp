@@ -956,8 +956,12 @@ TEST_CASE("CPU runtime: a kernel that synchronizes its own stream is refused ins
   cpu_runtime::event_handle e = nullptr;
   REQUIRE(cpu_runtime::ok(rt.event_create(&e)));
   std::atomic<int> event_outcome{0};
+  std::atomic<bool> recorded{false};
+  s.enqueue([&] { recorded.wait(false); });  // holds the stream until the record below is issued
   s.enqueue([&] { event_outcome.store(rt.event_synchronize(e) == cpu_errc::not_permitted ? 2 : 1); });
   REQUIRE(cpu_runtime::ok(rt.event_record(e, s.get())));
+  recorded.store(true);
+  recorded.notify_all();
   s.synchronize();
   CHECK(outcome.load() == 2);
   CHECK(event_outcome.load() == 2);
