@@ -61,7 +61,7 @@ case $1 in -*) echo "gpu-check: OUT '$1' looks like an option; give a folder (./
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
        bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
 declare -A limit=(
-  [carry]=5 [machine]=10 [gpu-tests]=40
+  [carry]=10 [machine]=8 [gpu-tests]=40
   [example-stream_ordering]=10 [example-activation_offload]=15 [example-layer_streaming]=15
   [bench-suite]=60 [bench-overlap]=10 [bench-device-nvme]=15
   [memcheck]=60 [racecheck]=20 [micro]=12
@@ -276,7 +276,9 @@ run_step() {
 step_carry() {
   local rc=0
   if [[ -f $carry/MANIFEST ]]; then
+    local t0=$SECONDS
     (cd "$carry" && grep -E '^[0-9a-f]{64}  ' MANIFEST | sha256sum --check --quiet) || { echo "carry: files differ from MANIFEST"; rc=1; }
+    echo "sha256 of the carry folder checked in $((SECONDS - t0)) s"
     local extra
     extra=$(cd "$carry" && find bin lib -type f | sort | while read -r f; do grep -q "  $f\$" MANIFEST || echo "$f"; done)
     [[ -z $extra ]] || echo "carry: note: files not in MANIFEST (not checked): $extra"
@@ -284,11 +286,12 @@ step_carry() {
     echo "carry: no MANIFEST in $carry"; rc=1
   fi
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  local t1=$SECONDS
   for b in "$bin"/*; do
     local missing
     if ! readelf -h "$b" >/dev/null 2>&1; then echo "carry: $(basename "$b") is not an ELF binary"; rc=1; continue; fi
     missing=$(ldd "$b" 2>&1 | grep 'not found')
-    if [[ -n $missing ]]; then echo "carry: $(basename "$b") cannot load: $missing"; rc=1; else echo "loads: $(basename "$b")"; fi
+    if [[ -n $missing ]]; then echo "carry: $(basename "$b") cannot load: $missing"; rc=1; else echo "loads: $(basename "$b") (at $((SECONDS - t1)) s)"; fi
   done
   return $rc
 }
