@@ -11,6 +11,7 @@
 #include <list>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -48,7 +49,10 @@ P make_eviction(const schedule& s) {
 struct naive_result {
   std::size_t hits = 0, misses = 0, up = 0, down = 0, peak = 0, writes_without_fetch = 0;
 };
-naive_result naive_lru(const schedule& s, std::size_t capacity, std::size_t iterations) {
+// Keys larger than `admit` (or than the capacity) bypass tier 0: a read streams them up
+// from the home, a write sends them down to it; either is a miss.
+naive_result naive_lru(const schedule& s, std::size_t capacity, std::size_t iterations,
+                       std::size_t admit = ferry::unlimited_bytes, std::size_t* bypassed = nullptr) {
   naive_result r;
   std::list<int> order;  // front: least recently used
   std::map<int, std::size_t> resident;
@@ -64,6 +68,16 @@ naive_result naive_lru(const schedule& s, std::size_t capacity, std::size_t iter
         continue;
       }
       ++r.misses;
+      if (b > capacity || b > admit) {
+        if (bypassed != nullptr) ++*bypassed;
+        if (s.kind_at(e) == ferry::access_kind::read) {
+          r.up += b;
+        } else {
+          ++r.writes_without_fetch;
+          r.down += b;
+        }
+        continue;
+      }
       while (used + b > capacity) {
         const int v = order.front();
         order.pop_front();
@@ -227,12 +241,14 @@ TEST_CASE("placement fails with out_of_capacity naming the tier when everything 
   CHECK(pl.tier_of(3) == std::optional<std::size_t>(0));
 }
 
-TEST_CASE("simulate fails with out_of_capacity for a key larger than a tier or a full home", "[policy][simulate]") {
+TEST_CASE("simulate fails with out_of_capacity for a refused key larger than a tier or a full home",
+          "[policy][simulate]") {
   schedule s;
   s.record(1, 100);
   s.record(2, 500);
   try {
-    (void)ferry::simulate(s, {400, ferry::unlimited_bytes}, ferry::lru<int>{});
+    (void)ferry::simulate(s, {400, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{},
+                          {.oversized = ferry::admission::refuse});
     FAIL("expected ferry::out_of_capacity");
   } catch (const ferry::out_of_capacity& e) {
     CHECK(e.requested() == 500);
@@ -308,7 +324,9 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
   struct same_members_without_prefetch {
     std::vector<int> a;
     ferry::detail::keyed_pool<int, std::pair<std::size_t, std::size_t>> b;
+    ferry::placement_options options;
     std::size_t c;
+    std::size_t bypasses;
   };
   CHECK(sizeof(with_none) == sizeof(same_members_without_prefetch));
 }
@@ -364,4 +382,96 @@ TEST_CASE("docs scenario: 48 layers of 512 MiB through 8 GiB of HBM", "[policy][
         row{191, 1, 144, 128});
   // A window as large as the tier displaces what belady keeps: same misses, more bytes.
   CHECK(scenario(decode, 4, ferry::belady<int>(decode), ferry::schedule_replay<int>(decode)) == row{191, 1, 208, 192});
+}
+
+TEST_CASE("simulate bypasses keys larger than tier 0 or than admit_max_bytes, as the list model does",
+          "[policy][simulate][admission]") {
+  for (unsigned seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const auto s = random_schedule(rng, 2 + static_cast<int>(seed % 30), 1 + rng() % 150, seed % 2 == 0);
+    const std::size_t cap = 48 + 16 * (rng() % 8);  // keys are 16..128 bytes: some never fit
+    const std::size_t admit = seed % 3 == 0 ? 16 * (1 + rng() % 8) : ferry::unlimited_bytes;
+    const std::size_t iterations = 1 + seed % 2;
+    const auto r = ferry::simulate(s, {cap, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{},
+                                   {.iterations = iterations, .admit_max_bytes = admit});
+    std::size_t bypassed = 0;
+    const naive_result m = naive_lru(s, cap, iterations, admit, &bypassed);
+    CHECK(r.hits == m.hits);
+    CHECK(r.misses == m.misses);
+    CHECK(r.bypassed == bypassed);
+    CHECK(r.bytes_up[0] == m.up);
+    CHECK(r.bytes_down[0] == m.down);
+    CHECK(r.peak_bytes[0] == m.peak);
+    CHECK(r.peak_bytes[0] <= cap);
+    CHECK(r.writes_without_fetch == m.writes_without_fetch);
+    CHECK(r.misses ==
+          r.writes_without_fetch + std::accumulate(r.fetched_from.begin(), r.fetched_from.end(), std::size_t{0}));
+  }
+}
+
+TEST_CASE("bypass and eviction skip a tier too small for the key (three tiers, by hand)",
+          "[policy][simulate][admission]") {
+  // Tiers 300, 150, home; LRU. Key 1 (200 B), 2 (100 B), 3 (200 B) are read; 4 (400 B)
+  // and 5 (120 B) written; keys over 110 B are not admitted... only in the second run.
+  schedule s;
+  s.record(1, 200);
+  s.record(2, 100);
+  s.record(3, 200);  // evicts 1 (200 B): tier 1 cannot hold it, so it goes home
+  s.record(4, 400, ferry::access_kind::write);  // larger than tiers 0 and 1: written home
+  s.record(4, 400);                             // read from home, bypassing tier 0
+  const auto r = ferry::simulate(s, {300, 150, ferry::unlimited_bytes}, ferry::lru<int>{});
+  CHECK(r.misses == 5);
+  CHECK(r.bypassed == 2);
+  CHECK(r.fetched_from == std::vector<std::size_t>{0, 0, 4});
+  CHECK(r.writes_without_fetch == 1);
+  CHECK(r.bytes_up == std::vector<std::size_t>{200 + 100 + 200 + 400, 200 + 100 + 200 + 400});
+  CHECK(r.bytes_down == std::vector<std::size_t>{200 + 400, 200 + 400});
+  CHECK(r.evictions == std::vector<std::size_t>{1, 0, 0});
+  CHECK(r.peak_bytes[0] == 300);
+  CHECK(r.peak_bytes[1] == 0);
+
+  // A size threshold: key 5 (120 B) fits tier 0 but is over 110 B, so it is written to
+  // tier 1 (the first that can hold it) and read from there.
+  schedule t;
+  t.record(5, 120, ferry::access_kind::write);
+  t.record(5, 120);
+  t.record(2, 100);
+  const auto a = ferry::simulate(t, {300, 150, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{},
+                                 {.admit_max_bytes = 110});
+  CHECK(a.bypassed == 2);
+  CHECK(a.hits == 0);
+  CHECK(a.fetched_from == std::vector<std::size_t>{0, 1, 1});
+  CHECK(a.bytes_down == std::vector<std::size_t>{120, 0});
+  CHECK(a.bytes_up == std::vector<std::size_t>{120 + 100, 100});
+  CHECK(a.peak_bytes == std::vector<std::size_t>{100, 120, 100});
+
+  // Refused, the same schedule fails on the key larger than tier 0, and no tier but the
+  // home can hold it either way.
+  CHECK_THROWS_AS(ferry::simulate(s, {300, 150, ferry::unlimited_bytes}, ferry::lru<int>{}, ferry::no_prefetch{},
+                                  {.oversized = ferry::admission::refuse}),
+                  ferry::out_of_capacity);
+}
+
+TEST_CASE("the home tier keeps no policy state; pins of home keys are counted by the placement",
+          "[policy][simulate]") {
+  const std::size_t caps[] = {200, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
+  for (int k = 0; k < 5; ++k) {
+    pl.place(k, 100, 1);
+  }
+  CHECK(pl.eviction(1).size() == 0);  // the home's policy is never told
+  CHECK(pl.used(1) == 500);
+  pl.pin(3);
+  CHECK(pl.pinned(3));
+  CHECK_FALSE(pl.pinned(2));
+  CHECK_THROWS_AS(pl.unpin(2), ferry::logic_error);
+  (void)pl.access(3, 100);  // fetched: it arrives in tier 0 unpinned
+  CHECK(pl.tier_of(3) == std::optional<std::size_t>(0));
+  CHECK_FALSE(pl.pinned(3));
+  CHECK(pl.eviction(0).size() == 1);
+  pl.pin(3);
+  CHECK(pl.pinned(3));
+  pl.unpin(3);
+  CHECK_FALSE(pl.pinned(3));
 }

@@ -60,7 +60,9 @@ struct phase_mark {
 /// reference, to the policies and the simulator. Each distinct key gets a dense
 /// `key_id` (first-appearance order) and a sorted list of the entries that use it, so
 /// `next_use` is a hash lookup and one binary search: O(1) expected + O(log u), `u`
-/// the uses of that key (<= `size()`).
+/// the uses of that key (<= `size()`). Each entry also links to the entry of its key's
+/// next use (the precomputed next-use array of offline cache simulators), so the next
+/// use after an access, `next_use_after`, is O(1).
 ///
 /// Lifetime: policies keep a pointer to the schedule; it must outlive them and must
 /// not be changed (recorded into or cleared) while they use it, because absolute
@@ -97,8 +99,14 @@ class access_schedule {
       id = keys_.insert(key);
     }
     const std::size_t pos = entries_.size();
-    entries_.push_back(entry{bytes, id, kind});
-    keys_[id].uses.push_back(pos);
+    std::vector<std::size_t>& uses = keys_[id].uses;
+    // The key's previous last use now continues to this entry; this entry, the new last
+    // use, continues to the first use (of the next iteration).
+    entries_.push_back(entry{bytes, uses.empty() ? pos : uses.front(), id, kind});
+    if (!uses.empty()) {
+      entries_[uses.back()].next = pos;
+    }
+    uses.push_back(pos);
     return pos;
   }
 
@@ -161,6 +169,17 @@ class access_schedule {
     return (iteration + 1) * n + uses.front();
   }
 
+  /// @brief The absolute position of the next use, after `pos`, of the key accessed at
+  /// absolute position `pos`: `next_use(id_at(pos % size()), pos + 1)`, from an array
+  /// built as the schedule is recorded, O(1). This is the query a policy makes on every
+  /// access; `next_use` is for keys met anywhere else. @pre `!empty()`
+  [[nodiscard]] std::size_t next_use_after(std::size_t pos) const noexcept {
+    const std::size_t n = entries_.size();
+    const std::size_t e = pos % n;
+    const std::size_t next = entries_[e].next;
+    return pos - e + next + (next > e ? 0 : n);
+  }
+
   /// @brief `next_use(find(key), from)`. O(1) expected + O(log u).
   [[nodiscard]] std::size_t next_use(const Key& key, std::size_t from) const { return next_use(find(key), from); }
 
@@ -198,6 +217,7 @@ class access_schedule {
  private:
   struct entry {
     std::size_t bytes;
+    std::size_t next;  // the entry of the key's next use; <= this entry: it wraps to the first use
     key_id id;
     access_kind kind;
   };

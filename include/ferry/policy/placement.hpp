@@ -34,9 +34,37 @@ inline constexpr std::size_t unlimited_bytes = std::numeric_limits<std::size_t>:
 enum class move_kind : std::uint8_t {
   fetch,     ///< brought to tier 0 for the access being made (a demand miss)
   prefetch,  ///< brought to tier 0 ahead of its use, for the prefetch policy
-  evict,     ///< demoted from tier `from` to tier `to == from + 1`, to make room
+  evict,     ///< demoted from tier `from` to tier `to > from` (the next that can hold it), to make room
   create,    ///< appeared in tier `to` without bytes moving (placed, or written anew)
   drop,      ///< the copy in tier `from` was discarded without bytes moving (overwritten or erased)
+  /// An access served without the key residing in tier 0 (`ferry::admission::bypass`):
+  /// a read streams the bytes from tier `from` up to tier 0 (`to == 0`; the key stays in
+  /// `from`); a write streams them from tier 0 (`from == 0`) down to tier `to`, where the
+  /// key now lives.
+  bypass,
+};
+
+/// @brief What a `ferry::placement` does with a key it may not cache in tier 0: one
+/// larger than tier 0, or than `placement_options::admit_max_bytes`.
+enum class admission : std::uint8_t {
+  /// Throw `ferry::out_of_capacity` (a pipeline that must hold the key in tier 0 to
+  /// compute on it cannot run).
+  refuse,
+  /// Serve the access without caching the key in tier 0 (`move_kind::bypass`): a read
+  /// streams it from the tier it lives in, a write sends it to the first lower tier
+  /// that can hold it. Counted as a miss, as cache simulators count a key larger than
+  /// the cache (libCacheSim does not admit it).
+  bypass,
+};
+
+/// @brief Knobs of a `ferry::placement`.
+struct placement_options {
+  /// Keys larger than tier 0 or than `admit_max_bytes`: refused (the default) or bypassed.
+  ferry::admission oversized = admission::refuse;
+  /// With `admission::bypass`: the largest key admitted to tier 0 (a size-threshold
+  /// admission policy; larger keys are bypassed even where they would fit);
+  /// the default, `ferry::unlimited_bytes`, admits every key that fits.
+  std::size_t admit_max_bytes = unlimited_bytes;
 };
 
 /// @brief One decision of a `ferry::placement`, handed to its mover.
@@ -61,6 +89,7 @@ struct access_outcome {
   static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
   bool hit = false;                                                                ///< the key was in tier 0
   std::size_t found_in = no_tier;  ///< the tier it was in, `no_tier` if it existed nowhere
+  bool bypassed = false;           ///< served without caching the key in tier 0 (`admission::bypass`)
 };
 
 /// @brief Keys in a hierarchy of tiers (tier 0 the fastest, where accesses happen; the
@@ -73,16 +102,23 @@ struct access_outcome {
 ///   write discards the old copy (`drop`) and creates the key in tier 0 (`create`);
 /// - nowhere: a write creates it in tier 0; a read is an error (place it first).
 /// Room in tier `i` is made by evicting the victims of tier `i`'s eviction policy to
-/// tier `i + 1`, which may in turn evict to `i + 2`; the last tier evicts nothing. A
+/// tier `i + 1` (past it, to the first lower tier with the capacity, for a victim larger
+/// than tier `i + 1`), which may in turn evict further; the last tier evicts nothing. A
 /// key being moved out of a tier is pinned there until its destination has room, so a
 /// failed move never loses it. When no victim is left, `access` and `place` throw
 /// `ferry::out_of_capacity` naming the tier; nothing waits or loops.
 ///
-/// Each tier has its own copy of the eviction policy (copied from the prototype given
-/// to the constructor, which must hold no keys). Tier 0's policy sees `on_insert`,
-/// `on_access`, `on_erase`; lower tiers see inserts and erases only. Policies that
-/// model `ferry::schedule_aware_policy` are moved to the current position with
-/// `advance_to` before each use, so a lower tier's `belady` knows the time.
+/// Each tier but the last has its own copy of the eviction policy (copied from the
+/// prototype given to the constructor, which must hold no keys). Tier 0's policy sees
+/// `on_insert`, `on_access`, `on_erase`; lower tiers see inserts and erases only. The
+/// last tier (the home) never evicts, so its policy is never told anything and holds no
+/// keys: a home of millions of keys costs no policy work (with one tier, tier 0 is the
+/// home). Policies that model `ferry::schedule_aware_policy` are moved to the current
+/// position with `advance_to` before each use, so a lower tier's `belady` knows the time.
+///
+/// Admission (`placement_options`): a key larger than tier 0 (or than
+/// `admit_max_bytes`) is refused with `ferry::out_of_capacity` by default, or bypassed
+/// (`ferry::admission::bypass`): served as a miss without residing in tier 0.
 ///
 /// Prefetch: after each access the prefetch policy's `on_access` and
 /// `prefetch(key, budget, sink)` run; the sink fetches a key to tier 0 if it exists in
@@ -126,8 +162,13 @@ class placement {
   /// @brief Tiers with the given capacities in bytes (tier 0 first), each with a copy
   /// of `eviction`, and the prefetch policy `prefetch`.
   /// @throws ferry::logic_error if `capacities` is empty or `eviction` holds keys
-  placement(std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch = Prefetch{})
-      : prefetch_(std::move(prefetch)) {
+  /// @param capacities bytes of each tier, tier 0 first
+  /// @param eviction   the eviction policy prototype, holding no keys
+  /// @param prefetch   the prefetch policy
+  /// @param options    admission of keys larger than tier 0
+  placement(std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch = Prefetch{},
+            const placement_options& options = {})
+      : prefetch_(std::move(prefetch)), options_(options) {
     FERRY_EXPECTS(!capacities.empty(), "a placement needs at least one tier", capacities.size());
     FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
     tiers_.reserve(capacities.size());
@@ -158,7 +199,16 @@ class placement {
     }
     return where_[id].tier;
   }
-  /// @brief Tier `i`'s eviction policy (read-only: the placement drives it).
+  /// @brief Whether `key` is placed and pinned (`pin` more often than `unpin`) in its
+  /// tier. O(1) expected.
+  [[nodiscard]] bool pinned(const Key& key) const {
+    const detail::node_id id = where_.find(key);
+    return id != detail::no_node && where_[id].pins > 0;
+  }
+  /// @brief Accesses served without caching the key in tier 0 (`admission::bypass`).
+  [[nodiscard]] std::size_t bypasses() const noexcept { return bypasses_; }
+  /// @brief Tier `i`'s eviction policy (read-only: the placement drives it; the last
+  /// tier's is never used and holds no keys).
   [[nodiscard]] const Eviction& eviction(std::size_t i) const noexcept { return tiers_[i].policy; }
   /// @brief The prefetch policy.
   [[nodiscard]] const Prefetch& prefetcher() const noexcept { return prefetch_; }
@@ -201,11 +251,13 @@ class placement {
   }
 
   /// @brief Pins `key` in its tier: its tier's policy never evicts it until unpinned.
+  /// Pins count per residency: a key that moves to another tier (fetched to tier 0)
+  /// arrives there unpinned.
   /// @throws ferry::logic_error if `key` is not held
   void pin(const Key& key) {
     const detail::node_id id = where_.find(key);
     FERRY_EXPECTS(id != detail::no_node, "pin of a key that is not placed", key);
-    tiers_[where_[id].tier].policy.pin(key);
+    pin_id(id);
   }
 
   /// @brief Undoes one `pin(key)`.
@@ -213,7 +265,8 @@ class placement {
   void unpin(const Key& key) {
     const detail::node_id id = where_.find(key);
     FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not placed", key);
-    tiers_[where_[id].tier].policy.unpin(key);
+    FERRY_EXPECTS(where_[id].pins > 0, "unpin of a key that is not pinned", key, where_[id].tier);
+    unpin_id(id);
   }
 
   /// @brief Makes `key` (`bytes` bytes, used as `kind`) resident in tier 0 for an
@@ -224,7 +277,9 @@ class placement {
   ///         whose `bytes` differ from the key's (a write may change the size)
   /// @throws ferry::out_of_capacity when a tier cannot make room: every key in it is
   ///         pinned, or the key is larger than the tier (message: tier, bytes, use,
-  ///         capacity)
+  ///         capacity); with `admission::bypass`, a key larger than tier 0 is served
+  ///         instead (`move_kind::bypass`, a miss), and only a key no lower tier can
+  ///         hold is refused
   template <class Mover>
   access_outcome access(const Key& key, std::size_t bytes, access_kind kind, std::size_t prefetch_budget_bytes,
                         Mover&& mover) {
@@ -237,7 +292,12 @@ class placement {
       erase(key, mover);
       id = detail::no_node;
     }
-    if (id == detail::no_node) {
+    if (options_.oversized == admission::bypass && !admitted(bytes) &&
+        (id == detail::no_node || where_[id].tier != 0)) {
+      FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
+                    key, bytes);
+      bypass(id, key, bytes, kind, out, mover);
+    } else if (id == detail::no_node) {
       FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
       make_room(0, bytes, false, mover);
       id = where_.insert(key);
@@ -257,9 +317,12 @@ class placement {
         mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
       }
     }
-    // Both policies see the access at position clock_; then the clock moves on.
-    sync(0);
-    tiers_[0].policy.on_access(key);
+    // Both policies see the access at position clock_; then the clock moves on. (A
+    // bypassed key is not in tier 0, and a home tier 0 keeps no policy.)
+    if (has_policy(0) && !out.bypassed) {
+      sync(0);
+      tiers_[0].policy.on_access(key);
+    }
     if constexpr (schedule_aware_policy<Prefetch>) {
       if (prefetch_.position() < clock_) {
         prefetch_.advance_to(clock_);
@@ -275,6 +338,9 @@ class placement {
       }
       const std::size_t src = where_[aid].tier;
       const std::size_t b = where_[aid].bytes;
+      if (options_.oversized == admission::bypass && !admitted(b)) {
+        return true;  // not admitted to tier 0: its access will bypass it
+      }
       if (!bring_up(aid, src, true, mover)) {
         return false;
       }
@@ -300,7 +366,70 @@ class placement {
   struct location {
     std::size_t tier = 0;
     std::size_t bytes = 0;
+    std::uint32_t pins = 0;  // pins of the key in its tier (the home tier's policy keeps none)
   };
+
+  // Whether tier i keeps an eviction policy: every tier but the last, which never evicts.
+  [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return i + 1 < tiers_.size(); }
+
+  // Whether a key of `bytes` may live in tier 0.
+  [[nodiscard]] bool admitted(std::size_t bytes) const noexcept {
+    return bytes <= tiers_[0].capacity && bytes <= options_.admit_max_bytes;
+  }
+
+  void pin_id(detail::node_id id) {
+    location& loc = where_[id];
+    if (has_policy(loc.tier)) {
+      tiers_[loc.tier].policy.pin(where_.key(id));
+    }
+    ++loc.pins;
+  }
+
+  void unpin_id(detail::node_id id) {
+    location& loc = where_[id];
+    if (has_policy(loc.tier)) {
+      tiers_[loc.tier].policy.unpin(where_.key(id));
+    }
+    --loc.pins;
+  }
+
+  // The first tier below `above` that could hold `bytes` at all (no_tier: none).
+  [[nodiscard]] std::size_t first_fit_below(std::size_t above, std::size_t bytes) const noexcept {
+    for (std::size_t t = above + 1; t < tiers_.size(); ++t) {
+      if (bytes <= tiers_[t].capacity) {
+        return t;
+      }
+    }
+    return no_tier;
+  }
+
+  // Serves an access of a key that may not live in tier 0 (admission::bypass). A read
+  // leaves the key where it is; a write drops any old copy and puts the new bytes in the
+  // first lower tier that can hold them.
+  template <class Mover>
+  void bypass(detail::node_id id, const Key& key, std::size_t bytes, access_kind kind, access_outcome& out,
+              Mover& mover) {
+    out.bypassed = true;
+    ++bypasses_;
+    if (kind == access_kind::read) {
+      out.found_in = where_[id].tier;
+      mover(move_event<Key>{where_.key(id), bytes, out.found_in, 0, move_kind::bypass});
+      return;
+    }
+    const std::size_t to = first_fit_below(0, bytes);
+    if (to == no_tier) {
+      refuse(tiers_.size() - 1, bytes);
+    }
+    if (id != detail::no_node) {
+      out.found_in = where_[id].tier;
+      erase(key, mover);
+    }
+    make_room(to, bytes, false, mover);
+    id = where_.insert(key);
+    where_[id] = location{to, bytes, 0};
+    insert_into(to, key, bytes);
+    mover(move_event<Key>{where_.key(id), bytes, 0, to, move_kind::bypass});
+  }
 
   // Moves the policy of tier i to the current position, if it follows a schedule.
   void sync(std::size_t i) {
@@ -312,16 +441,20 @@ class placement {
   }
 
   void insert_into(std::size_t i, const Key& key, std::size_t bytes) {
-    sync(i);
     tier_state& t = tiers_[i];
-    t.policy.on_insert(key, bytes);
+    if (has_policy(i)) {
+      sync(i);
+      t.policy.on_insert(key, bytes);
+    }
     t.used += bytes;
     t.peak = std::max(t.peak, t.used);
   }
 
   void remove_from(std::size_t i, const Key& key, std::size_t bytes) {
     tier_state& t = tiers_[i];
-    t.policy.on_erase(key);
+    if (has_policy(i)) {
+      t.policy.on_erase(key);
+    }
     t.used -= bytes;
   }
 
@@ -364,15 +497,21 @@ class placement {
         }
       }
       const detail::node_id vid = where_.find(*v);
-      if (!make_room(i + 1, where_[vid].bytes, ahead, mover)) {
+      const std::size_t vb = where_[vid].bytes;
+      // The next tier, or past it to the first that can hold the victim at all.
+      std::size_t to = i + 1;
+      if (vb > tiers_[to].capacity) {
+        const std::size_t fit = first_fit_below(to, vb);
+        to = fit == no_tier ? to : fit;  // none: the next tier refuses, naming itself
+      }
+      if (!make_room(to, vb, ahead, mover)) {
         return false;
       }
-      const std::size_t vb = where_[vid].bytes;
       remove_from(i, *v, vb);
-      insert_into(i + 1, *v, vb);
-      where_[vid].tier = i + 1;
+      insert_into(to, *v, vb);
+      where_[vid].tier = to;
       ++t.evictions;
-      mover(move_event<Key>{where_.key(vid), vb, i, i + 1, move_kind::evict});
+      mover(move_event<Key>{where_.key(vid), vb, i, to, move_kind::evict});
     }
     return true;
   }
@@ -384,13 +523,13 @@ class placement {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
     struct pin_guard {
-      Eviction& policy;
-      const Key& key;
-      ~pin_guard() { policy.unpin(key); }
+      placement& self;
+      detail::node_id id;
+      ~pin_guard() { self.unpin_id(id); }
     };
     {
-      tiers_[from].policy.pin(key);
-      const pin_guard guard{tiers_[from].policy, key};
+      pin_id(id);
+      const pin_guard guard{*this, id};
       if (!make_room(0, bytes, ahead, mover)) {
         return false;
       }
@@ -398,13 +537,16 @@ class placement {
     remove_from(from, key, bytes);
     insert_into(0, key, bytes);
     where_[id].tier = 0;
+    where_[id].pins = 0;  // pins count per residency
     return true;
   }
 
   std::vector<tier_state> tiers_;
   detail::keyed_pool<Key, location, Hash, KeyEqual> where_;
   [[no_unique_address]] Prefetch prefetch_;
+  placement_options options_;
   std::size_t clock_ = 0;
+  std::size_t bypasses_ = 0;
 };
 
 }  // namespace ferry

@@ -46,6 +46,15 @@ struct simulate_options {
   /// Bytes passed as `budget_bytes` to each `prefetch` call, capped at tier 0's
   /// capacity (the default: the whole of tier 0).
   std::size_t prefetch_budget_bytes = unlimited_bytes;
+  /// A key larger than tier 0 (or than `admit_max_bytes`): bypassed by default (served
+  /// from the tier it lives in, counted as a miss and in `simulation_result::bypassed`,
+  /// as cache simulators treat an object larger than the cache), or refused with
+  /// `ferry::out_of_capacity` (`admission::refuse`: a pipeline that must hold every key
+  /// in tier 0 cannot run such a schedule).
+  ferry::admission oversized = admission::bypass;
+  /// The largest key admitted to tier 0 (with `admission::bypass`); the default admits
+  /// every key that fits.
+  std::size_t admit_max_bytes = unlimited_bytes;
 };
 
 /// @brief What `ferry::simulate` counted. Tier 0 is where accesses happen; boundary
@@ -69,6 +78,10 @@ struct simulation_result {
   std::vector<std::size_t> evictions;
   std::size_t prefetches = 0;      ///< keys brought to tier 0 by the prefetch policy
   std::size_t prefetch_bytes = 0;  ///< their bytes (included in `bytes_up`)
+  /// Misses served without caching the key in tier 0 (`admission::bypass`): a read's
+  /// bytes cross every boundary up to tier 0 (in `bytes_up`, and `fetched_from`), a
+  /// write's every boundary down to the tier that takes it (in `bytes_down`).
+  std::size_t bypassed = 0;
 
   /// @brief Bytes moved across all boundaries, both ways.
   [[nodiscard]] std::size_t bytes_moved() const noexcept {
@@ -90,13 +103,15 @@ struct simulation_result {
 /// `ferry::placement::access` runs for each entry, `options.iterations` times, with
 /// `min(options.prefetch_budget_bytes, capacities[0])` as the prefetch budget. See
 /// `ferry::placement` for the tier model (exclusive tiers, evictions demote one tier
-/// down, the last tier never evicts).
+/// down, the last tier never evicts and keeps no policy). A key larger than tier 0 is
+/// bypassed (`options.oversized`, counted in `bypassed`) unless refused.
 ///
 /// Schedule-aware policies (`ferry::belady`, `ferry::lookahead`,
 /// `ferry::schedule_replay`) must be built on the same `schedule` and start at
 /// position 0. The caller's policy objects are copied, not changed.
 ///
-/// Costs: O(iterations x entries) placement steps, each O(1)-O(log n) in the policies.
+/// Costs: O(iterations x entries) placement steps, each one hash lookup plus the
+/// policies' operations (O(1)-O(log n)); the home tier costs nothing per key.
 ///
 /// @param schedule   the recorded iteration
 /// @param capacities bytes of each tier, tier 0 (where accesses happen) first; use
@@ -106,8 +121,9 @@ struct simulation_result {
 /// @param options    iterations and prefetch budget
 /// @throws ferry::out_of_capacity when a tier cannot hold a key and nothing in it is
 ///         evictable (the message names the tier, the bytes asked, the bytes in use and
-///         the capacity), including a key larger than tier 0 or a home tier too small
-///         for the keys placed in it
+///         the capacity), including a home tier too small for the keys placed in it, a
+///         key no tier but the home can hold and, with `admission::refuse`, a key
+///         larger than tier 0
 /// @throws ferry::logic_error if `capacities` is empty, or the schedule reads a key
 ///         with two different sizes
 template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
@@ -127,7 +143,9 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
     r.bytes_up.assign(tiers - 1, 0);
     r.bytes_down.assign(tiers - 1, 0);
 
-    placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(capacities, eviction, std::move(prefetch));
+    placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(
+        capacities, eviction, std::move(prefetch),
+        placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes});
     auto count = [&r](const move_event<Key>& e) {
       switch (e.kind) {
         case move_kind::prefetch:
@@ -139,7 +157,20 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
             r.bytes_up[b] += e.bytes;
           }
           break;
-        case move_kind::evict: r.bytes_down[e.from] += e.bytes; break;
+        case move_kind::evict:
+          for (std::size_t b = e.from; b < e.to; ++b) {
+            r.bytes_down[b] += e.bytes;
+          }
+          break;
+        case move_kind::bypass:
+          ++r.bypassed;
+          for (std::size_t b = e.to; b < e.from; ++b) {  // a read: up from `from`
+            r.bytes_up[b] += e.bytes;
+          }
+          for (std::size_t b = e.from; b < e.to; ++b) {  // a write: down to `to`
+            r.bytes_down[b] += e.bytes;
+          }
+          break;
         case move_kind::create:
         case move_kind::drop: break;
       }

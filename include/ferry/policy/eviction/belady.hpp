@@ -10,6 +10,7 @@
 #include "ferry/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,11 +52,16 @@ namespace ferry {
 /// in the next step are kept over keys used late in it.
 ///
 /// Models `ferry::eviction_policy<belady<Key>, Key>` and
-/// `ferry::schedule_aware_policy`. Costs: each operation does one hash lookup (O(1)
-/// expected) and at most one schedule lookup (O(log u), `u` the uses of that key) and
-/// one update of an indexed binary max-heap on (next use, bytes, recency) (O(log n), `n`
-/// the unpinned resident keys); `victim` is O(1). No allocation per operation once
-/// `reserve(n)` covers the resident keys.
+/// `ferry::schedule_aware_policy`. Costs: an access the schedule has at `position()`
+/// (every access, when the program follows its schedule) finds the key's node in a
+/// table indexed by schedule key id and its next use in the schedule's next-use array,
+/// both O(1) with no hash lookup, then updates an indexed binary max-heap on (next use,
+/// bytes, recency), O(log n) with `n` the unpinned resident keys; an insert for the
+/// access at `position()` needs one hash insert and no schedule search. Other operations
+/// (an access that deviates, an insert ahead, unpin, erase) do one hash lookup (O(1)
+/// expected) and at most one schedule search (O(log u), `u` the uses of that key).
+/// `victim` is O(1). No allocation per operation once `reserve(n)` covers the resident
+/// keys; the table holds one 32-bit id per key of the schedule.
 ///
 /// When to use it: any iteration-repeating workload whose schedule was recorded
 /// (training steps, decoding loops), above all cyclic scans larger than the tier where
@@ -86,8 +92,11 @@ class belady {
   /// @brief A policy following `schedule` from absolute position `start`.
   /// @param schedule the recorded iteration; must outlive the policy
   /// @param start    the absolute position of the first access
-  explicit belady(const schedule_type& schedule, std::size_t start = 0) noexcept
-      : schedule_(&schedule), position_(start) {}
+  /// @throws std::bad_alloc if the table of the schedule's keys cannot be allocated
+  explicit belady(const schedule_type& schedule, std::size_t start = 0)
+      : schedule_(&schedule), by_sid_(schedule.key_count(), detail::no_node) {
+    set_position(start);
+  }
 
   /// @brief The absolute schedule position of the next access.
   [[nodiscard]] std::size_t position() const noexcept { return position_; }
@@ -99,13 +108,13 @@ class belady {
   /// @throws ferry::logic_error if `pos < position()`
   void advance_to(std::size_t pos) {
     FERRY_EXPECTS(pos >= position_, "belady::advance_to cannot move backwards (use seek)", pos, position_);
-    position_ = pos;
+    set_position(pos);
   }
 
   /// @brief Moves the position to `pos` (either way) and recomputes every resident
   /// key's next use from there. O(n log u).
   void seek(std::size_t pos) {
-    position_ = pos;
+    set_position(pos);
     std::vector<detail::node_id> ids;
     ids.reserve(heap_.size());
     heap_.for_each([&](detail::node_id id, const priority&) { ids.push_back(id); });
@@ -121,14 +130,21 @@ class belady {
   /// @throws ferry::logic_error if `k` is already resident
   void on_insert(const Key& k, std::size_t bytes) {
     FERRY_EXPECTS(keys_.find(k) == detail::no_node, "the key is already resident", k, bytes);
-    const auto sid = schedule_->find(k);
+    // Fetched for the access at position(): the schedule's entry names it, and that
+    // entry is its next use (no lookup). Prefetched ahead, or unknown: look it up.
+    const bool here = scheduled_here(k);
+    const auto sid = here ? schedule_->id_at(offset_) : schedule_->find(k);
     const detail::node_id id = keys_.insert(k);
     payload& p = keys_[id];
     p.sid = sid;
     p.bytes = bytes;
     p.stamp = ++clock_;
     if (sid != schedule_type::unknown_key) {
-      p.next = schedule_->next_use(sid, position_);
+      p.next = here ? position_ : schedule_->next_use(sid, position_);
+      if (sid >= by_sid_.size()) {  // keys recorded after this policy was made
+        by_sid_.resize(schedule_->key_count(), detail::no_node);
+      }
+      by_sid_[sid] = id;
       heap_.push(id, priority{p.next, p.bytes, p.stamp});
     } else {
       p.next = schedule_type::never;
@@ -140,12 +156,16 @@ class belady {
   /// first after it, and the position advances by one. O(log n + log u).
   /// @throws ferry::logic_error if `k` is not resident
   void on_access(const Key& k) {
-    const detail::node_id id = keys_.find(k);
+    // The access the schedule has at position(): the key's node from the table by
+    // schedule id and its next use from the schedule's next-use array, O(1) without a
+    // hash lookup or a search. An access elsewhere (the program deviated): both looked up.
+    const bool here = scheduled_here(k);
+    const detail::node_id id = here ? by_sid_[schedule_->id_at(offset_)] : keys_.find(k);
     FERRY_EXPECTS(id != detail::no_node, "on_access of a key that is not resident", k, position_);
     payload& p = keys_[id];
     p.stamp = ++clock_;
     if (p.sid != schedule_type::unknown_key) {
-      p.next = schedule_->next_use(p.sid, position_ + 1);
+      p.next = here ? schedule_->next_use_after(position_) : schedule_->next_use(p.sid, position_ + 1);
       if (p.pins == 0) {
         heap_.update(id, priority{p.next, p.bytes, p.stamp});
       }
@@ -153,6 +173,9 @@ class belady {
       unknown_.move_to_back(id, links());
     }
     ++position_;
+    if (++offset_ >= schedule_->size()) {
+      offset_ = 0;
+    }
   }
 
   /// @brief Key `k` left the tier (evicted or erased; pinned or not). O(log n).
@@ -161,6 +184,9 @@ class belady {
     const detail::node_id id = keys_.find(k);
     FERRY_EXPECTS(id != detail::no_node, "on_erase of a key that is not resident", k);
     detach(id);
+    if (keys_[id].sid != schedule_type::unknown_key) {
+      by_sid_[keys_[id].sid] = detail::no_node;
+    }
     keys_.erase(id);
   }
 
@@ -235,6 +261,7 @@ class belady {
     heap_.clear();
     unknown_.clear();
     keys_.clear();
+    std::fill(by_sid_.begin(), by_sid_.end(), detail::no_node);
   }
 
  private:
@@ -263,6 +290,17 @@ class belady {
     }
   };
 
+  void set_position(std::size_t pos) noexcept {
+    position_ = pos;
+    offset_ = schedule_->empty() ? 0 : pos % schedule_->size();
+  }
+
+  // Whether the schedule's entry at position() is an access of `k`.
+  [[nodiscard]] bool scheduled_here(const Key& k) const {
+    return offset_ < schedule_->size() && schedule_->id_at(offset_) < by_sid_.size() &&
+           KeyEqual{}(schedule_->key_at(offset_), k);
+  }
+
   auto links() noexcept {
     return [this](detail::node_id id) -> detail::list_links& { return keys_[id].link; };
   }
@@ -280,7 +318,10 @@ class belady {
   }
 
   const schedule_type* schedule_;
-  std::size_t position_;
+  std::size_t position_ = 0;
+  std::size_t offset_ = 0;  // position_ % schedule size: the entry of the next access
+  // Resident node of each schedule key id (no_node when not resident).
+  std::vector<detail::node_id> by_sid_;
   detail::keyed_pool<Key, payload, Hash, KeyEqual> keys_;
   detail::indexed_heap<priority, before> heap_;
   detail::id_list unknown_;
