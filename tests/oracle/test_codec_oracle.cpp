@@ -1,7 +1,8 @@
 // ferry's host conversions against the host-side conversion functions of CUDA's own
 // headers (cuda_fp8.h, cuda_bf16.h, cuda_fp16.h), bit for bit: every one of the 65536
 // bf16 and fp16 patterns, every FP8 code, a sweep of fp32 patterns, and the codecs'
-// scaled paths. Host C++ compiled with the toolkit's include folder; needs no GPU, so
+// scaled paths; FP8 in both overflow modes (fp8_overflow::saturate = __NV_SATFINITE,
+// fp8_overflow::non_finite = __NV_NOSAT). Host C++ compiled with the toolkit's include folder; needs no GPU, so
 // it runs in CI on machines without one (built whenever the CUDA toolkit is found).
 #include <ferry/codec.hpp>
 
@@ -25,9 +26,13 @@
 namespace {
 
 using ferry::fp8_format;
+using ferry::fp8_overflow;
 
 template <fp8_format F>
 constexpr __nv_fp8_interpretation_t interpretation = F == fp8_format::e4m3 ? __NV_E4M3 : __NV_E5M2;
+
+template <fp8_overflow O>
+constexpr __nv_saturation_t saturation = O == fp8_overflow::saturate ? __NV_SATFINITE : __NV_NOSAT;
 
 __nv_bfloat16_raw bf16_raw(std::uint16_t bits) {
   __nv_bfloat16_raw r;
@@ -66,7 +71,9 @@ void fp32_sweep(Check&& check) {
 }  // namespace
 
 TEMPLATE_TEST_CASE_SIG("oracle: every bf16 and fp16 pattern converts to FP8 as cuda_fp8.h does", "[codec][oracle]",
-                       ((fp8_format F), F), (fp8_format::e4m3), (fp8_format::e5m2)) {
+                       ((fp8_format F, fp8_overflow O), F, O), (fp8_format::e4m3, fp8_overflow::saturate),
+                       (fp8_format::e4m3, fp8_overflow::non_finite), (fp8_format::e5m2, fp8_overflow::saturate),
+                       (fp8_format::e5m2, fp8_overflow::non_finite)) {
   std::vector<ferry::bfloat16> bf(65536);
   std::vector<ferry::half> hf(65536);
   for (std::uint32_t b = 0; b < 65536u; ++b) {
@@ -74,8 +81,8 @@ TEMPLATE_TEST_CASE_SIG("oracle: every bf16 and fp16 pattern converts to FP8 as c
     hf[b].bits = static_cast<std::uint16_t>(b);
   }
   // Through the codec (unscaled: one conversion per element), as the kernels do it.
-  const ferry::fp8_codec<F, ferry::bfloat16, ferry::unscaled> cb;
-  const ferry::fp8_codec<F, ferry::half, ferry::unscaled> ch;
+  const ferry::fp8_codec<F, ferry::bfloat16, ferry::unscaled, O> cb;
+  const ferry::fp8_codec<F, ferry::half, ferry::unscaled, O> ch;
   std::vector<std::byte> eb(65536);
   std::vector<std::byte> eh(65536);
   cb.encode(std::span<const ferry::bfloat16>(bf), std::span<std::byte>(eb));
@@ -83,10 +90,11 @@ TEMPLATE_TEST_CASE_SIG("oracle: every bf16 and fp16 pattern converts to FP8 as c
   std::size_t mismatches = 0;
   for (std::uint32_t b = 0; b < 65536u; ++b) {
     const auto bits = static_cast<std::uint16_t>(b);
-    const auto want_b = __nv_cvt_bfloat16raw_to_fp8(bf16_raw(bits), __NV_SATFINITE, interpretation<F>);
-    const auto want_h = __nv_cvt_halfraw_to_fp8(half_raw(bits), __NV_SATFINITE, interpretation<F>);
+    const auto want_b = __nv_cvt_bfloat16raw_to_fp8(bf16_raw(bits), saturation<O>, interpretation<F>);
+    const auto want_h = __nv_cvt_halfraw_to_fp8(half_raw(bits), saturation<O>, interpretation<F>);
     if (std::to_integer<unsigned>(eb[b]) != want_b || std::to_integer<unsigned>(eh[b]) != want_h ||
-        ferry::to_fp8<F>(ferry::to_float(ferry::bfloat16{bits})) != want_b) {
+        ferry::to_fp8<F, O>(ferry::to_float(ferry::bfloat16{bits})) != want_b ||
+        ferry::to_fp8<F, O>(ferry::to_float(ferry::half{bits})) != want_h) {
       if (++mismatches < 10) {
         UNSCOPED_INFO("pattern 0x" << std::hex << b << ": bf16 " << std::to_integer<unsigned>(eb[b]) << " vs "
                                    << +want_b << ", fp16 " << std::to_integer<unsigned>(eh[b]) << " vs "
@@ -107,15 +115,18 @@ TEMPLATE_TEST_CASE_SIG("oracle: every FP8 code decodes as cuda_fp8.h does", "[co
   }
 }
 
-TEST_CASE("oracle: fp32 to FP8, bf16 and fp16 as CUDA's host conversions, on a sweep of fp32 patterns",
+TEST_CASE("oracle: fp32 to FP8 (both modes), bf16 and fp16 as CUDA's host conversions, on a sweep of fp32 patterns",
           "[codec][oracle]") {
   std::size_t count = 0;
   std::size_t mismatches = 0;
   fp32_sweep([&](float x) {
     ++count;
+    constexpr auto nf = fp8_overflow::non_finite;
     const bool ok =
         ferry::to_fp8<fp8_format::e4m3>(x) == __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) &&
         ferry::to_fp8<fp8_format::e5m2>(x) == __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2) &&
+        ferry::to_fp8<fp8_format::e4m3, nf>(x) == __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3) &&
+        ferry::to_fp8<fp8_format::e5m2, nf>(x) == __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2) &&
         ferry::to_bfloat16(x).bits == bits_of(__float2bfloat16_rn(x)) && ferry::to_half(x).bits == bits_of(__float2half_rn(x));
     if (!ok && ++mismatches < 10) {
       UNSCOPED_INFO("fp32 0x" << std::hex << bits_of(x));
@@ -143,9 +154,9 @@ namespace {
 // the scale from the block's amax (fp32 division), codes from __nv_cvt_float_to_fp8 of
 // the fp32 product, values from __nv_cvt_fp8_to_halfraw times the fp32 reciprocal,
 // rounded with __float2bfloat16_rn / __float2half_rn.
-template <fp8_format F, class T, class Scaling, class Widen, class Narrow>
+template <fp8_format F, fp8_overflow O, class T, class Scaling, class Widen, class Narrow>
 void check_scaled(const std::vector<T>& in, Widen widen, Narrow narrow) {
-  const ferry::fp8_codec<F, T, Scaling> c;
+  const ferry::fp8_codec<F, T, Scaling, O> c;
   const std::size_t n = in.size();
   std::vector<std::byte> enc(c.encoded_bytes(n));
   c.encode(std::span<const T>(in), std::span<std::byte>(enc));
@@ -172,7 +183,7 @@ void check_scaled(const std::vector<T>& in, Widen widen, Narrow narrow) {
     CHECK(bits_of(stored) == bits_of(scale));
     const float inv = 1.0f / scale;
     for (std::size_t i = first; i < last; ++i) {
-      const auto want_code = __nv_cvt_float_to_fp8(widen(in[i]) * scale, __NV_SATFINITE, interpretation<F>);
+      const auto want_code = __nv_cvt_float_to_fp8(widen(in[i]) * scale, saturation<O>, interpretation<F>);
       const auto code = std::to_integer<std::uint8_t>(enc[i]);
       const float value = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, interpretation<F>)));
       const auto want_value = narrow(value * inv);
@@ -200,7 +211,9 @@ std::vector<T> all_patterns_shuffled(std::uint64_t seed) {
 }  // namespace
 
 TEMPLATE_TEST_CASE_SIG("oracle: the scaled codecs on every bf16 and fp16 pattern", "[codec][oracle]",
-                       ((fp8_format F), F), (fp8_format::e4m3), (fp8_format::e5m2)) {
+                       ((fp8_format F, fp8_overflow O), F, O), (fp8_format::e4m3, fp8_overflow::saturate),
+                       (fp8_format::e4m3, fp8_overflow::non_finite), (fp8_format::e5m2, fp8_overflow::saturate),
+                       (fp8_format::e5m2, fp8_overflow::non_finite)) {
   auto widen_b = [](ferry::bfloat16 x) { return __bfloat162float(__nv_bfloat16(bf16_raw(x.bits))); };
   auto narrow_b = [](float x) { return __float2bfloat16_rn(x); };
   auto widen_h = [](ferry::half x) { return __half2float(__half(half_raw(x.bits))); };
@@ -214,11 +227,11 @@ TEMPLATE_TEST_CASE_SIG("oracle: the scaled codecs on every bf16 and fp16 pattern
       std::sort(b.begin(), b.end(), [](auto x, auto y) { return x.bits < y.bits; });
       std::sort(h.begin(), h.end(), [](auto x, auto y) { return x.bits < y.bits; });
     }
-    check_scaled<F, ferry::bfloat16, ferry::per_block<128>>(b, widen_b, narrow_b);
-    check_scaled<F, ferry::bfloat16, ferry::per_block<16>>(b, widen_b, narrow_b);
-    check_scaled<F, ferry::bfloat16, ferry::per_tensor>(b, widen_b, narrow_b);
-    check_scaled<F, ferry::half, ferry::per_block<128>>(h, widen_h, narrow_h);
-    check_scaled<F, ferry::half, ferry::per_tensor>(h, widen_h, narrow_h);
+    check_scaled<F, O, ferry::bfloat16, ferry::per_block<128>>(b, widen_b, narrow_b);
+    check_scaled<F, O, ferry::bfloat16, ferry::per_block<16>>(b, widen_b, narrow_b);
+    check_scaled<F, O, ferry::bfloat16, ferry::per_tensor>(b, widen_b, narrow_b);
+    check_scaled<F, O, ferry::half, ferry::per_block<128>>(h, widen_h, narrow_h);
+    check_scaled<F, O, ferry::half, ferry::per_tensor>(h, widen_h, narrow_h);
   }
   // fp32 elements: the bf16 patterns widened, with random lower halves.
   std::mt19937_64 rng(5);
@@ -228,11 +241,11 @@ TEMPLATE_TEST_CASE_SIG("oracle: the scaled codecs on every bf16 and fp16 pattern
   }
   std::shuffle(f.begin(), f.end(), rng);
   auto same = [](float x) { return x; };
-  check_scaled<F, float, ferry::per_block<128>>(f, same, same);
-  check_scaled<F, float, ferry::per_tensor>(f, same, same);
+  check_scaled<F, O, float, ferry::per_block<128>>(f, same, same);
+  check_scaled<F, O, float, ferry::per_tensor>(f, same, same);
 }
 
-// Every one of the 2^32 fp32 patterns (about a minute at -O2; hidden: run it with
+// Every one of the 2^32 fp32 patterns, both FP8 modes (minutes at -O2; hidden: run it with
 // `ferry-tests-oracle "[exhaustive]"`).
 TEST_CASE("oracle: every fp32 pattern to FP8, bf16 and fp16 as CUDA's host conversions",
           "[codec][oracle][exhaustive][.]") {
@@ -241,6 +254,8 @@ TEST_CASE("oracle: every fp32 pattern to FP8, bf16 and fp16 as CUDA's host conve
     const float x = std::bit_cast<float>(static_cast<std::uint32_t>(b));
     if (ferry::to_fp8<fp8_format::e4m3>(x) != __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) ||
         ferry::to_fp8<fp8_format::e5m2>(x) != __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2) ||
+        ferry::to_fp8<fp8_format::e4m3, fp8_overflow::non_finite>(x) != __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3) ||
+        ferry::to_fp8<fp8_format::e5m2, fp8_overflow::non_finite>(x) != __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2) ||
         ferry::to_bfloat16(x).bits != bits_of(__float2bfloat16_rn(x)) ||
         ferry::to_half(x).bits != bits_of(__float2half_rn(x))) {
       if (++mismatches < 10) UNSCOPED_INFO("fp32 0x" << std::hex << b);

@@ -17,6 +17,12 @@
 ///   `__fmul_rn`, `__fdiv_rn` and `__frcp_rn`, so the results equal the host
 ///   implementation's bit for bit under any compiler flags that keep fp32 subnormals
 ///   (`-ftz=false`, nvcc's default; `--use_fast_math` flushes them).
+/// - `fp8_overflow::non_finite` (`__NV_NOSAT`): the same hardware `satfinite`
+///   conversion, then a select replaces the codes of values at or past
+///   `fp8_limits<F>::overflow_threshold` (+-inf included, NaN not) with the overflow code
+///   and the value's sign. (`cuda_fp8.h` has no hardware path for `__NV_NOSAT`: its
+///   `__nv_cvt_float2_to_fp8x2(x, __NV_NOSAT, ...)` runs the bit-level emulation.) The
+///   result equals `__NV_NOSAT`'s, and the host's `to_fp8<F, non_finite>`, bit for bit.
 /// - `per_block<B>`: the `B / 16` threads of a block are adjacent lanes of one warp;
 ///   they reduce the block's amax with `__shfl_xor_sync`, and the first writes the scale.
 /// - `per_tensor`: `cub::DeviceReduce::TransformReduce` (|x| of finite elements, max)
@@ -110,6 +116,24 @@ __device__ __forceinline__ void float2_to_raw(float2 f, raw_t<K>& a, raw_t<K>& b
   }
 }
 
+/// The paired codes `two` of `x.x` (low byte) and `x.y` (high byte) from the saturating
+/// conversion, in overflow mode `O`: unchanged for `saturate`; for `non_finite`, the code
+/// of a value whose magnitude rounds past max (NaN's does not) becomes the overflow code
+/// with the saturated code's sign (+-max keeps the value's sign).
+template <fp8_format F, fp8_overflow O>
+__device__ __forceinline__ __nv_fp8x2_storage_t apply_overflow(float2 x, __nv_fp8x2_storage_t two) {
+  if constexpr (O == fp8_overflow::saturate) {
+    return two;
+  } else {
+    constexpr float threshold = fp8_limits<F>::overflow_threshold;
+    constexpr unsigned code = fp8_limits<F>::overflow_code;
+    unsigned r = two;
+    r = fabsf(x.x) >= threshold ? (r & 0xFF80u) | code : r;
+    r = fabsf(x.y) >= threshold ? (r & 0x80FFu) | (code << 8) : r;
+    return static_cast<__nv_fp8x2_storage_t>(r);
+  }
+}
+
 /// |x| when finite, else 0: infinities and NaNs take no part in amax (as the host's
 /// `ferry::detail::finite_amax`).
 __device__ __forceinline__ float finite_abs(float x) {
@@ -177,7 +201,7 @@ __device__ __forceinline__ void store_chunk(Raw* __restrict__ out, std::size_t i
 
 /// Encodes chunk `blockIdx.x * 256 + threadIdx.x`. `out` is the 16-byte aligned
 /// encoded buffer (payload, then the trailer or the block scales at align16(n)).
-template <fp8_format F, element_kind K, class Scaling, bool VecIn>
+template <fp8_format F, fp8_overflow O, element_kind K, class Scaling, bool VecIn>
 __global__ void __launch_bounds__(block_threads)
     encode_fp8(const raw_t<K>* __restrict__ in, std::size_t n, std::uint8_t* __restrict__ out) {
   constexpr bool scaled = !std::is_same_v<Scaling, unscaled>;
@@ -199,6 +223,7 @@ __global__ void __launch_bounds__(block_threads)
         two = __nv_cvt_float2_to_fp8x2(make_float2(raw_to_float<K>(r[2 * k]), raw_to_float<K>(r[2 * k + 1])),
                                        __NV_SATFINITE, interpretation<F>);
       }
+      two = apply_overflow<F, O>(make_float2(raw_to_float<K>(r[2 * k]), raw_to_float<K>(r[2 * k + 1])), two);
       packed[k / 2] |= static_cast<unsigned>(two) << (16 * (k % 2));
     }
   } else {
@@ -235,7 +260,8 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
     for (unsigned k = 0; k < chunk / 2; ++k) {
       const float2 x = make_float2(__fmul_rn(v[2 * k], scale), __fmul_rn(v[2 * k + 1], scale));
-      const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, interpretation<F>);
+      const __nv_fp8x2_storage_t two =
+          apply_overflow<F, O>(x, __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, interpretation<F>));
       packed[k / 2] |= static_cast<unsigned>(two) << (16 * (k % 2));
     }
   }
@@ -421,9 +447,9 @@ inline void check_call(const void* elements, std::size_t element_align, const vo
 namespace ferry::detail {
 
 /// FP8 codecs on a stream.
-template <fp8_format F, codec_element S, fp8_scaling Sc>
-struct codec_device<fp8_codec<F, S, Sc>> {
-  using codec_type = fp8_codec<F, S, Sc>;
+template <fp8_format F, codec_element S, fp8_scaling Sc, fp8_overflow O>
+struct codec_device<fp8_codec<F, S, Sc, O>> {
+  using codec_type = fp8_codec<F, S, Sc, O>;
   static constexpr element_kind kind = element_traits<S>::kind;
   using raw = codec_kernels::raw_t<kind>;
 
@@ -441,9 +467,9 @@ struct codec_device<fp8_codec<F, S, Sc>> {
     }
     const unsigned grid = k::grid_for(n);
     if (k::aligned16(in)) {
-      k::encode_fp8<F, kind, Sc, true><<<grid, k::block_threads, 0, stream.get()>>>(elements, n, bytes);
+      k::encode_fp8<F, O, kind, Sc, true><<<grid, k::block_threads, 0, stream.get()>>>(elements, n, bytes);
     } else {
-      k::encode_fp8<F, kind, Sc, false><<<grid, k::block_threads, 0, stream.get()>>>(elements, n, bytes);
+      k::encode_fp8<F, O, kind, Sc, false><<<grid, k::block_threads, 0, stream.get()>>>(elements, n, bytes);
     }
     FERRY_CUDA_TRY(cudaGetLastError(), n, grid);
     return codec.encoded_bytes(n);

@@ -9,15 +9,22 @@
 /// pattern and a sweep of fp32 patterns, against the host-side functions of CUDA's
 /// `cuda_fp8.h`, `cuda_bf16.h` and `cuda_fp16.h` (tests/oracle/).
 ///
-/// The special values, in one place (docs/codecs.md has the full table):
+/// The special values, in one place (docs/codecs.md has the full table, with CUDA's,
+/// PyTorch's and ml_dtypes' conventions beside ferry's):
 ///
-/// | input                    | to bf16 / fp16          | to E4M3 / E5M2 (saturating)            |
-/// |--------------------------|-------------------------|----------------------------------------|
-/// | NaN (any sign, payload)  | `0x7FFF` (positive)     | `0x7F` (positive NaN code)             |
-/// | +-inf                    | +-inf                   | +-max finite (`0x7E`/`0xFE`, `0x7B`/`0xFB`) |
-/// | finite, beyond the range | +-inf (round to nearest)| +-max finite                           |
-/// | +-0                      | +-0                     | `0x00` / `0x80`                        |
-/// | below half the smallest subnormal | +-0            | `0x00` / `0x80` (sign kept)            |
+/// | input                    | to bf16 / fp16          | to E4M3 / E5M2, `fp8_overflow::saturate` (default) | to E4M3 / E5M2, `fp8_overflow::non_finite` |
+/// |--------------------------|-------------------------|------------------------------------|--------------------------------------|
+/// | NaN (any sign, payload)  | `0x7FFF` (positive)     | `0x7F` (positive NaN code)         | `0x7F` (positive NaN code)           |
+/// | +-inf                    | +-inf                   | +-max finite (`0x7E`/`0xFE`, `0x7B`/`0xFB`) | E4M3: NaN `0x7F`/`0xFF` (sign kept); E5M2: +-inf `0x7C`/`0xFC` |
+/// | finite, rounds past max  | +-inf (round to nearest)| +-max finite                       | as +-inf                             |
+/// | +-0                      | +-0                     | `0x00` / `0x80`                    | `0x00` / `0x80`                      |
+/// | below half the smallest subnormal | +-0            | `0x00` / `0x80` (sign kept)        | `0x00` / `0x80` (sign kept)          |
+///
+/// "Rounds past max": |x| >= `fp8_limits<F>::overflow_threshold`, i.e. |x| > 464 for E4M3
+/// (464, halfway between 448 and 480, ties to the even 448) and |x| >= 61440 for E5M2
+/// (halfway between 57344 and 65536, ties to the even 65536). `saturate` is
+/// `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)`, `non_finite` is
+/// `__nv_cvt_float_to_fp8(x, __NV_NOSAT, ...)`, bit for bit (tests/oracle/).
 ///
 /// Formats (OCP 8-bit Floating Point Specification (OFP8) rev. 1.0, 2023, which CUDA's
 /// `__nv_fp8_e4m3` / `__nv_fp8_e5m2` implement):
@@ -63,6 +70,23 @@ enum class fp8_format : std::uint8_t {
   e5m2,  ///< 5 exponent, 2 mantissa bits: more range, +-57344
 };
 
+/// @brief What a conversion to FP8 does with a value that rounds past the format's largest
+/// finite value (and with +-inf): a compile-time choice of `ferry::to_fp8` and of the FP8
+/// codecs. NaN gives the positive NaN code `0x7F` in both (sign and payload dropped, as
+/// CUDA's conversions from fp32 do), and values in range convert the same.
+enum class fp8_overflow : std::uint8_t {
+  /// +-max finite (448 E4M3, 57344 E5M2): CUDA's `__NV_SATFINITE`, what the hardware's
+  /// `cvt.rn.satfinite` instructions do. The default: an encoded value stays finite.
+  saturate,
+  /// The non-finite code with the input's sign: +-inf (`0x7C`/`0xFC`) in E5M2, NaN
+  /// (`0x7F`/`0xFF`) in E4M3, which has no infinity. CUDA's `__NV_NOSAT`; what ml_dtypes'
+  /// `float8_e5m2` / `float8_e4m3fn` casts and PyTorch's `tensor.to(torch.float8_e5m2)` do
+  /// (they keep a NaN input's sign, ferry does not; PyTorch 2.15's `float8_e4m3fn` cast
+  /// saturates instead: docs/codecs.md, measured). For gradients, where loss scaling
+  /// looks for inf to detect an overflow.
+  non_finite,
+};
+
 /// @brief Constants of an FP8 format.
 template <fp8_format F>
 struct fp8_limits;
@@ -78,6 +102,12 @@ struct fp8_limits<fp8_format::e4m3> {
   static constexpr float min_subnormal = 0x1p-9f;  ///< smallest positive subnormal value
   static constexpr std::uint8_t max_code = 0x7E;   ///< encoding of +max (`| 0x80` for -max)
   static constexpr std::uint8_t nan_code = 0x7F;   ///< the NaN ferry writes
+  static constexpr bool has_infinity = false;      ///< the `fn` variant: no infinities
+  /// Smallest binary32 magnitude that rounds past `max` (the next fp32 above 464, which
+  /// ties to the even 448).
+  static constexpr float overflow_threshold = 0x1.D00002p8f;
+  /// Magnitude code `fp8_overflow::non_finite` writes for those (and +-inf): NaN.
+  static constexpr std::uint8_t overflow_code = 0x7F;
   static constexpr const char* name = "e4m3";      ///< for messages and benchmark rows
 };
 
@@ -92,6 +122,12 @@ struct fp8_limits<fp8_format::e5m2> {
   static constexpr float min_subnormal = 0x1p-16f; ///< smallest positive subnormal value
   static constexpr std::uint8_t max_code = 0x7B;   ///< encoding of +max (`| 0x80` for -max)
   static constexpr std::uint8_t nan_code = 0x7F;   ///< the NaN ferry writes
+  static constexpr bool has_infinity = true;       ///< `0x7C` / `0xFC`
+  /// Smallest binary32 magnitude that rounds past `max`: 61440, halfway between 57344
+  /// and 65536, ties to the even 65536.
+  static constexpr float overflow_threshold = 61440.0f;
+  /// Magnitude code `fp8_overflow::non_finite` writes for those (and +-inf): infinity.
+  static constexpr std::uint8_t overflow_code = 0x7C;
   static constexpr const char* name = "e5m2";      ///< for messages and benchmark rows
 };
 
@@ -132,10 +168,12 @@ constexpr std::uint32_t round_magnitude(std::uint32_t a) noexcept {
   return (static_cast<std::uint32_t>(e + Bias - 1) << M) + q;
 }
 
-/// Binary32 to FP8, round to nearest even, saturating to the largest finite value
-/// (the semantics of `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)`). Exact reference
-/// implementation; `ferry::to_fp8` is a table lookup built from it.
-template <fp8_format F>
+/// Binary32 to FP8, round to nearest even; values that round past the largest finite
+/// one, and +-inf, saturate to it (`O == saturate`: the semantics of
+/// `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)`) or give the overflow code (`O ==
+/// non_finite`: `__NV_NOSAT`). Exact reference implementation; `ferry::to_fp8` is a
+/// table lookup built from it.
+template <fp8_format F, fp8_overflow O = fp8_overflow::saturate>
 constexpr std::uint8_t fp8_from_float_exact(float x) noexcept {
   using L = fp8_limits<F>;
   const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
@@ -145,7 +183,8 @@ constexpr std::uint8_t fp8_from_float_exact(float x) noexcept {
   }
   std::uint32_t m = round_magnitude<L::mantissa_bits, L::exponent_bias>(a);
   if (m > L::max_code) {
-    m = L::max_code;  // +-inf and finite values past the range saturate
+    // +-inf and finite values past the range
+    m = O == fp8_overflow::saturate ? L::max_code : L::overflow_code;
   }
   return static_cast<std::uint8_t>(((b >> 24) & 0x80u) | m);
 }
@@ -195,13 +234,14 @@ constexpr std::uint32_t fp8_table_index(std::uint32_t b) noexcept {
   return (b >> 16) | static_cast<std::uint32_t>((b & 0xFFFFu) != 0u);
 }
 
-/// Table: index (`fp8_table_index`) -> FP8 code, 64 KiB per format, built on first use.
-template <fp8_format F>
+/// Table: index (`fp8_table_index`) -> FP8 code, 64 KiB per format and overflow mode,
+/// built on first use.
+template <fp8_format F, fp8_overflow O = fp8_overflow::saturate>
 inline const std::array<std::uint8_t, 65536>& fp8_encode_table() noexcept {
   static const std::array<std::uint8_t, 65536> table = [] {
     std::array<std::uint8_t, 65536> t{};
     for (std::uint32_t i = 0; i < 65536u; ++i) {
-      t[i] = fp8_from_float_exact<F>(std::bit_cast<float>(i << 16));
+      t[i] = fp8_from_float_exact<F, O>(std::bit_cast<float>(i << 16));
     }
     return t;
   }();
@@ -286,15 +326,22 @@ inline const std::array<float, 256>& fp8_decode_table() noexcept {
   return std::bit_cast<float>(r);
 }
 
-/// @brief Binary32 to FP8, round to nearest even, saturating: finite values past the
-/// range and infinities become +-max, NaN becomes `0x7F`, values at or below half the
-/// smallest subnormal become +-0 (sign kept). Equals CUDA's host-side
-/// `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3 / __NV_E5M2)` bit for bit.
+/// @brief Binary32 to FP8, round to nearest even. NaN becomes `0x7F`, values at or
+/// below half the smallest subnormal become +-0 (sign kept); values that round past the
+/// largest finite one (|x| >= `fp8_limits<F>::overflow_threshold`) and +-inf become
+/// +-max (`O == fp8_overflow::saturate`, the default) or the format's non-finite code
+/// with their sign (`O == fp8_overflow::non_finite`: +-inf `0x7C`/`0xFC` in E5M2, NaN
+/// `0x7F`/`0xFF` in E4M3). Equals CUDA's host-side `__nv_cvt_float_to_fp8(x,
+/// __NV_SATFINITE or __NV_NOSAT, __NV_E4M3 / __NV_E5M2)` bit for bit.
 ///
-/// A lookup in a 64 KiB table (built on the first call; thread-safe).
-template <fp8_format F>
+/// A lookup in a 64 KiB table per format and mode (built on the first call; thread-safe).
+/// @tparam F the FP8 format
+/// @tparam O what a value past the range becomes
+/// @param x the value (any binary32, NaN and infinities included)
+/// @return the FP8 code
+template <fp8_format F, fp8_overflow O = fp8_overflow::saturate>
 [[nodiscard]] inline std::uint8_t to_fp8(float x) noexcept {
-  return detail::fp8_encode_table<F>()[detail::fp8_table_index(std::bit_cast<std::uint32_t>(x))];
+  return detail::fp8_encode_table<F, O>()[detail::fp8_table_index(std::bit_cast<std::uint32_t>(x))];
 }
 
 /// @brief The exact binary32 value of an FP8 code: NaN codes give the canonical NaN

@@ -1,8 +1,8 @@
 /// @file
-/// @brief FP8 codecs: `ferry::fp8_e4m3<Source, Scaling>` and `ferry::fp8_e5m2<Source,
-/// Scaling>`, from binary32, bfloat16 or binary16 elements, unscaled, with one scale per
-/// tensor, or one scale per block of contiguous elements; their encoded layout and the
-/// host implementation.
+/// @brief FP8 codecs: `ferry::fp8_e4m3<Source, Scaling, Overflow>` and
+/// `ferry::fp8_e5m2<Source, Scaling, Overflow>`, from binary32, bfloat16 or binary16
+/// elements, unscaled, with one scale per tensor, or one scale per block of contiguous
+/// elements, saturating or not; their encoded layout and the host implementation.
 ///
 /// The kernels (`encode` / `decode` on a CUDA stream) are in `ferry/codec/device.cuh`;
 /// the formats, scalar conversions and special values in `ferry/codec/formats.hpp`;
@@ -34,10 +34,11 @@ namespace ferry {
 // Scaling modes
 // ---------------------------------------------------------------------------------
 
-/// @brief No scaling: each element is converted as is (`code = sat(x)`), for data
+/// @brief No scaling: each element is converted as is (`code = to_fp8(x)`), for data
 /// already in the format's range (|x| between the smallest normal and the largest
-/// finite value keeps the relative error bound; larger values saturate, smaller ones
-/// lose precision or flush to zero). No scales are stored.
+/// finite value keeps the relative error bound; larger values saturate, or become
+/// +-inf / NaN with `fp8_overflow::non_finite`, smaller ones lose precision or flush to
+/// zero). No scales are stored.
 struct unscaled {
   static constexpr const char* name = "unscaled";  ///< for messages and benchmark rows
 };
@@ -95,7 +96,7 @@ template <fp8_format F>
 /// @brief The 16-byte trailer of a `per_tensor` encoding (at byte offset
 /// `align16(n)`, right after the payload's padding). Native byte order.
 struct fp8_tensor_trailer {
-  float scale = 1.0f;                ///< the scale the payload was encoded with (`code = sat(x * scale)`)
+  float scale = 1.0f;                ///< the scale the payload was encoded with (`code = to_fp8(x * scale)`)
   float amax = 0.0f;                 ///< the largest finite |x| of the tensor
   std::uint32_t reserved[2] = {0, 0};  ///< zero
 };
@@ -144,13 +145,14 @@ template <codec_element T>
   return bits_to_float<kind>(static_cast<bits_t>(m));
 }
 
-/// `out[i] = sat(x[i] * scale)` (or `sat(x[i])` when not `Scaled`), fp32 product: the
-/// table indices of a batch in one (vectorisable) loop, then the table lookups.
-template <fp8_format F, bool Scaled, codec_element T>
+/// `out[i] = to_fp8<F, O>(x[i] * scale)` (or `to_fp8<F, O>(x[i])` when not `Scaled`),
+/// fp32 product: the table indices of a batch in one (vectorisable) loop, then the table
+/// lookups.
+template <fp8_format F, fp8_overflow O, bool Scaled, codec_element T>
 inline void fp8_encode_run(const T* in, std::size_t count, float scale, std::uint8_t* out) noexcept {
   using bits_t = typename element_traits<T>::bits_type;
   constexpr element_kind kind = element_traits<T>::kind;
-  const std::uint8_t* table = fp8_encode_table<F>().data();
+  const std::uint8_t* table = fp8_encode_table<F, O>().data();
   bits_t bits[host_batch];
   std::uint32_t index[host_batch];
   for (std::size_t first = 0; first < count; first += host_batch) {
@@ -199,16 +201,26 @@ inline void check_stored_scale(float scale, std::size_t index) {
 /// @brief FP8 codec: elements of type `Source` to FP8 `F` codes, with fp32 scales.
 ///
 /// Conversion of element `x` with scale `s` (both on the host and in the kernels):
-/// `code = sat_rne(float(x) * s)` (fp32 product rounded to nearest, then FP8 round to
-/// nearest even, saturating: `ferry::to_fp8`); decoding gives
+/// `code = to_fp8<F, Overflow>(float(x) * s)` (fp32 product rounded to nearest, then FP8
+/// round to nearest even, saturating or not: `ferry::to_fp8`); decoding gives
 /// `round_to_Source(value(code) * (1 / s))`, the reciprocal and product in fp32, round
 /// to nearest even. `unscaled` uses `s = 1` and stores no scale.
 /// `s = fp8_scale_for_amax<F>(amax)` with `amax` the largest finite |x| of the tensor
 /// (`per_tensor`) or block (`per_block<B>`).
 ///
 /// Special values (docs/codecs.md): NaN encodes to `0x7F` and decodes to the canonical
-/// NaN of `Source`; +-inf take no part in `amax` and encode to +-max, which decodes to
-/// +-`max / s` (about +-amax); +-0 keep their sign; an all-zero block gets scale 1.
+/// NaN of `Source`; +-0 keep their sign; an all-zero block gets scale 1. +-inf and NaN
+/// take no part in `amax`, so a non-finite element never changes its block's scale (a
+/// block with nothing finite gets scale 1), and after scaling only they can reach past
+/// the range (`|x| * s <= amax * s ~ max` for the others). What they encode to is the
+/// `Overflow` mode:
+/// - `fp8_overflow::saturate` (default): +-inf encode to +-max, which decodes to
+///   +-`max / s` (about +-amax): the decoded tensor is finite apart from its NaNs.
+/// - `fp8_overflow::non_finite`: E5M2 encodes +-inf to +-inf (`0x7C`/`0xFC`), which
+///   decode to +-inf (`inf * (1 / s)`), so an overflow check (loss scaling) on the
+///   decoded gradients still finds them; E4M3 encodes them to NaN (`0x7F`/`0xFF`,
+///   decoded: the canonical NaN). Unscaled, finite values that round past max do the same.
+/// Decoding does not depend on the mode: any encoding decodes with either.
 ///
 /// Error bound (checked by the tests on random data over 1e-6..1e6): for |x| at least
 /// `amax * 2^-14` (E4M3) or `amax * 2^-29` (E5M2) (for `unscaled`: |x| from the smallest
@@ -234,13 +246,18 @@ inline void check_stored_scale(float scale, std::size_t index) {
 /// @tparam Source  `float`, `ferry::bfloat16`, `ferry::half` (or, with
 ///                 `ferry/codec/cuda_types.hpp`, `__nv_bfloat16` and `__half`)
 /// @tparam Scaling `unscaled`, `per_tensor` or `per_block<B>`
-template <fp8_format F, codec_element Source, fp8_scaling Scaling = per_block<128>>
+/// @tparam Overflow what +-inf (and, unscaled, finite values past the range) encode to:
+///                  `fp8_overflow::saturate` (+-max) or `fp8_overflow::non_finite`
+///                  (E5M2: +-inf, E4M3: NaN)
+template <fp8_format F, codec_element Source, fp8_scaling Scaling = per_block<128>,
+          fp8_overflow Overflow = fp8_overflow::saturate>
 class fp8_codec {
  public:
   using value_type = Source;                  ///< the elements it encodes
   using scaling = Scaling;                    ///< the scaling mode
   using limits = fp8_limits<F>;               ///< constants of the format
   static constexpr fp8_format format = F;     ///< the FP8 format
+  static constexpr fp8_overflow overflow = Overflow;  ///< what values past the range encode to
   /// Largest element count the codec takes (its byte counts then fit `std::size_t`).
   static constexpr std::size_t max_elements = std::numeric_limits<std::size_t>::max() / 8;
 
@@ -298,7 +315,7 @@ class fp8_codec {
     FERRY_EXPECTS(have >= need, "the output is smaller than encoded_bytes(n)", n, need, have);
     auto* payload = reinterpret_cast<std::uint8_t*>(out.data());
     if constexpr (std::same_as<Scaling, unscaled>) {
-      detail::fp8_encode_run<F, false>(in.data(), n, 1.0f, payload);
+      detail::fp8_encode_run<F, Overflow, false>(in.data(), n, 1.0f, payload);
     } else {
       const std::size_t offset = scales_offset(n);
       std::memset(payload + n, 0, offset - n);  // padding: the kernels write zeros there too
@@ -306,7 +323,7 @@ class fp8_codec {
         fp8_tensor_trailer trailer;
         trailer.amax = detail::finite_amax(in.data(), n);
         trailer.scale = fp8_scale_for_amax<F>(trailer.amax);
-        detail::fp8_encode_run<F, true>(in.data(), n, trailer.scale, payload);
+        detail::fp8_encode_run<F, Overflow, true>(in.data(), n, trailer.scale, payload);
         std::memcpy(payload + offset, &trailer, sizeof trailer);
       } else {
         constexpr std::size_t B = Scaling::block_elements;
@@ -314,7 +331,7 @@ class fp8_codec {
           const std::size_t count = std::min(B, n - first);
           const float scale = fp8_scale_for_amax<F>(detail::finite_amax(in.data() + first, count));
           std::memcpy(payload + offset + k * sizeof(float), &scale, sizeof scale);
-          detail::fp8_encode_run<F, true>(in.data() + first, count, scale, payload + first);
+          detail::fp8_encode_run<F, Overflow, true>(in.data() + first, count, scale, payload + first);
         }
       }
     }
@@ -393,19 +410,31 @@ class fp8_codec {
 };
 
 /// @brief FP8 E4M3 codec (3 mantissa bits, range +-448): weights and activations.
-template <codec_element Source, fp8_scaling Scaling = per_block<128>>
-using fp8_e4m3 = fp8_codec<fp8_format::e4m3, Source, Scaling>;
+/// @tparam Source   the element type (`fp8_codec`)
+/// @tparam Scaling  `unscaled`, `per_tensor` or `per_block<B>`
+/// @tparam Overflow `fp8_overflow::saturate` (+-inf to +-448) or `non_finite` (to NaN)
+template <codec_element Source, fp8_scaling Scaling = per_block<128>,
+          fp8_overflow Overflow = fp8_overflow::saturate>
+using fp8_e4m3 = fp8_codec<fp8_format::e4m3, Source, Scaling, Overflow>;
 
-/// @brief FP8 E5M2 codec (2 mantissa bits, range +-57344): gradients.
-template <codec_element Source, fp8_scaling Scaling = per_block<128>>
-using fp8_e5m2 = fp8_codec<fp8_format::e5m2, Source, Scaling>;
+/// @brief FP8 E5M2 codec (2 mantissa bits, range +-57344): gradients. With
+/// `fp8_overflow::non_finite`, infinities stay infinities through encode and decode (for
+/// loss scaling's overflow check), as in PyTorch's `float8_e5m2` casts.
+/// @tparam Source   the element type (`fp8_codec`)
+/// @tparam Scaling  `unscaled`, `per_tensor` or `per_block<B>`
+/// @tparam Overflow `fp8_overflow::saturate` (+-inf to +-57344) or `non_finite` (to +-inf)
+template <codec_element Source, fp8_scaling Scaling = per_block<128>,
+          fp8_overflow Overflow = fp8_overflow::saturate>
+using fp8_e5m2 = fp8_codec<fp8_format::e5m2, Source, Scaling, Overflow>;
 
 }  // namespace ferry
 
 static_assert(ferry::check_codec<ferry::fp8_e4m3<float>>());
 static_assert(ferry::check_codec<ferry::fp8_e4m3<ferry::bfloat16, ferry::per_tensor>>());
 static_assert(ferry::check_codec<ferry::fp8_e5m2<ferry::half, ferry::unscaled>>());
+static_assert(ferry::check_codec<ferry::fp8_e5m2<float, ferry::per_block<128>, ferry::fp8_overflow::non_finite>>());
 #if FERRY_HAS_CUDA
 static_assert(ferry::check_device_codec<ferry::fp8_e4m3<float>>());
 static_assert(ferry::check_device_codec<ferry::fp8_e5m2<ferry::bfloat16, ferry::per_tensor>>());
+static_assert(ferry::check_device_codec<ferry::fp8_e5m2<ferry::bfloat16, ferry::per_tensor, ferry::fp8_overflow::non_finite>>());
 #endif
