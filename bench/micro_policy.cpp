@@ -9,14 +9,25 @@
 //   <policy>/insert/N   on_insert into a policy reserved for N keys, per key (the
 //                       policy is filled from empty to N, then cleared, untimed)
 //
+//   trace/<policy>/bare      a whole cache simulation of a Zipf trace (alpha 0.9, 2 M
+//                            requests over 100 k keys of one size, room for 10 k): a
+//                            hit is on_access, a miss victim() + on_erase + on_insert +
+//                            on_access, residency in a bitmap (the least an owner does)
+//   trace/<policy>/simulate  the same trace through ferry::simulate (tier 0 of 10 k
+//                            keys, an unlimited home): what the placement adds
+// The trace benchmarks report ns_per_access (time / requests) and miss_ratio;
+// scripts/peers/policy_speed.py times libCacheSim on a trace of the same distribution.
+//
 // One iteration is one operation, so "Time" is ns per operation. Run with, e.g.,
 //   ferry-micro-policy --benchmark_min_time=0.2
 // and restrict with --benchmark_filter=/1000$ for a quick look.
 #include <ferry/policy/eviction.hpp>
+#include <ferry/policy/simulate.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -182,6 +193,92 @@ void bm_insert(benchmark::State& state) {
   benchmark::DoNotOptimize(p.victim());
 }
 
+// --- whole simulations of one trace --------------------------------------------------
+
+constexpr std::size_t trace_requests = 2'000'000;
+constexpr std::size_t trace_keys = 100'000;
+constexpr std::size_t trace_room = 10'000;
+
+// Zipf(0.9) over keys [0, trace_keys): key i drawn with weight 1 / (i + 1)^0.9.
+const schedule& zipf_trace() {
+  static const schedule s = [] {
+    std::vector<double> weights(trace_keys);
+    for (std::size_t i = 0; i < trace_keys; ++i) {
+      weights[i] = 1.0 / std::pow(static_cast<double>(i + 1), 0.9);
+    }
+    std::discrete_distribution<std::size_t> zipf(weights.begin(), weights.end());
+    std::mt19937_64 rng(42);
+    schedule t;
+    t.reserve(trace_requests, trace_keys);
+    for (std::size_t i = 0; i < trace_requests; ++i) {
+      t.record(zipf(rng), 1);
+    }
+    return t;
+  }();
+  return s;
+}
+
+void report_trace(benchmark::State& state, std::size_t misses) {
+  const auto requests = static_cast<double>(trace_requests);
+  state.counters["ns_per_access"] =
+      benchmark::Counter(requests * 1e-9, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["miss_ratio"] = static_cast<double>(misses) / requests;
+}
+
+template <class P>
+void bm_trace_bare(benchmark::State& state) {
+  const schedule& t = zipf_trace();
+  std::vector<std::uint8_t> resident(trace_keys);
+  std::size_t misses = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    P p = make<P>(t);
+    p.reserve(trace_room);
+    std::fill(resident.begin(), resident.end(), std::uint8_t{0});
+    std::size_t used = 0;
+    misses = 0;
+    state.ResumeTiming();
+    for (std::size_t i = 0; i < trace_requests; ++i) {
+      const key k = t.key_at(i);
+      if (resident[k] == 0) {
+        ++misses;
+        if (used == trace_room) {
+          const key v = *p.victim();
+          p.on_erase(v);
+          resident[v] = 0;
+        } else {
+          ++used;
+        }
+        p.on_insert(k, 1);
+        resident[k] = 1;
+      }
+      p.on_access(k);
+    }
+    benchmark::DoNotOptimize(p.victim());
+  }
+  report_trace(state, misses);
+}
+
+template <class P>
+void bm_trace_simulate(benchmark::State& state) {
+  const schedule& t = zipf_trace();
+  const P prototype = make<P>(t);
+  std::size_t misses = 0;
+  for (auto _ : state) {
+    const ferry::simulation_result r = ferry::simulate(t, {trace_room, ferry::unlimited_bytes}, prototype);
+    misses = r.misses;
+    benchmark::DoNotOptimize(r.hits);
+  }
+  report_trace(state, misses);
+}
+
+template <class P>
+void register_trace(const std::string& name) {
+  benchmark::RegisterBenchmark(("trace/" + name + "/bare").c_str(), &bm_trace_bare<P>)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(("trace/" + name + "/simulate").c_str(), &bm_trace_simulate<P>)
+      ->Unit(benchmark::kMillisecond);
+}
+
 template <class P>
 void register_policy(const std::string& name) {
   for (const auto& [op, fn] :
@@ -203,6 +300,11 @@ int main(int argc, char** argv) {
   register_policy<ferry::gdsf<key>>("gdsf");
   register_policy<ferry::lfu_da<key>>("lfu_da");
   register_policy<ferry::belady<key>>("belady");
+  register_trace<ferry::lru<key>>("lru");
+  register_trace<ferry::fifo<key>>("fifo");
+  register_trace<ferry::lfu<key>>("lfu");
+  register_trace<ferry::gdsf<key>>("gdsf");
+  register_trace<ferry::belady<key>>("belady");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 1;

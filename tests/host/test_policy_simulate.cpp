@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <list>
 #include <map>
 #include <numeric>
@@ -325,6 +326,9 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
     std::vector<int> a;
     ferry::detail::keyed_pool<int, std::pair<std::size_t, std::size_t>> b;
     ferry::placement_options options;
+    const void* follows;
+    std::vector<std::uint32_t> by_schedule_id;
+    std::size_t offset;
     std::size_t c;
     std::size_t bypasses;
   };

@@ -166,9 +166,16 @@ class placement {
   /// @param eviction   the eviction policy prototype, holding no keys
   /// @param prefetch   the prefetch policy
   /// @param options    admission of keys larger than tier 0
+  /// @param follows    the schedule the accesses follow from position 0, or null: an
+  ///                   access at its schedule position then finds its key by schedule
+  ///                   id instead of a hash lookup over every placed key (what
+  ///                   `ferry::simulate` does); must outlive the placement, unchanged
   placement(std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch = Prefetch{},
-            const placement_options& options = {})
-      : prefetch_(std::move(prefetch)), options_(options) {
+            const placement_options& options = {}, const access_schedule<Key, Hash, KeyEqual>* follows = nullptr)
+      : prefetch_(std::move(prefetch)), options_(options), follows_(follows) {
+    if (follows_ != nullptr) {
+      by_sid_.assign(follows_->key_count(), detail::no_node);
+    }
     FERRY_EXPECTS(!capacities.empty(), "a placement needs at least one tier", capacities.size());
     FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
     tiers_.reserve(capacities.size());
@@ -222,7 +229,7 @@ class placement {
     FERRY_EXPECTS(where_.find(key) == detail::no_node, "the key is already placed", key, tier);
     FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
     make_room(tier, bytes, false, mover);
-    const detail::node_id id = where_.insert(key);
+    const detail::node_id id = insert_key(key);
     where_[id] = location{tier, bytes};
     insert_into(tier, key, bytes);
     mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
@@ -242,7 +249,7 @@ class placement {
     const location loc = where_[id];
     remove_from(loc.tier, key, loc.bytes);
     mover(move_event<Key>{key, loc.bytes, loc.tier, move_event<Key>::no_tier, move_kind::drop});
-    where_.erase(id);
+    erase_key(id);
   }
 
   /// @brief `erase` without a mover.
@@ -284,7 +291,7 @@ class placement {
   access_outcome access(const Key& key, std::size_t bytes, access_kind kind, std::size_t prefetch_budget_bytes,
                         Mover&& mover) {
     access_outcome out;
-    detail::node_id id = where_.find(key);
+    detail::node_id id = find_current(key);
     if (id != detail::no_node && where_[id].bytes != bytes) {
       FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
                     bytes, where_[id].bytes);
@@ -300,7 +307,7 @@ class placement {
     } else if (id == detail::no_node) {
       FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
       make_room(0, bytes, false, mover);
-      id = where_.insert(key);
+      id = insert_key(key);
       where_[id] = location{0, bytes};
       insert_into(0, key, bytes);
       mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
@@ -330,6 +337,9 @@ class placement {
     }
     prefetch_.on_access(key);
     ++clock_;
+    if (follows_ != nullptr && ++offset_ >= follows_->size()) {
+      offset_ = 0;
+    }
 
     prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
       const detail::node_id aid = where_.find(ahead);
@@ -368,6 +378,46 @@ class placement {
     std::size_t bytes = 0;
     std::uint32_t pins = 0;  // pins of the key in its tier (the home tier's policy keeps none)
   };
+
+  // The schedule id of `key` (unknown_key without a schedule or for a key it lacks):
+  // the entry at the current position when it names the key, else a lookup.
+  [[nodiscard]] std::size_t schedule_id(const Key& key) const {
+    using schedule_type = access_schedule<Key, Hash, KeyEqual>;
+    if (follows_ == nullptr) {
+      return schedule_type::unknown_key;
+    }
+    if (offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
+      return follows_->id_at(offset_);
+    }
+    return follows_->find(key);
+  }
+
+  // The node of `key` for the access at the current position: by schedule id when the
+  // schedule has the key there (no hash lookup), else a lookup.
+  [[nodiscard]] detail::node_id find_current(const Key& key) const {
+    if (follows_ != nullptr && offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
+      const std::size_t sid = follows_->id_at(offset_);
+      if (sid < by_sid_.size()) {
+        return by_sid_[sid];
+      }
+    }
+    return where_.find(key);
+  }
+
+  detail::node_id insert_key(const Key& key) {
+    const detail::node_id id = where_.insert(key);
+    if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
+      by_sid_[sid] = id;
+    }
+    return id;
+  }
+
+  void erase_key(detail::node_id id) {
+    if (const std::size_t sid = schedule_id(where_.key(id)); sid < by_sid_.size()) {
+      by_sid_[sid] = detail::no_node;
+    }
+    where_.erase(id);
+  }
 
   // Whether tier i keeps an eviction policy: every tier but the last, which never evicts.
   [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return i + 1 < tiers_.size(); }
@@ -425,7 +475,7 @@ class placement {
       erase(key, mover);
     }
     make_room(to, bytes, false, mover);
-    id = where_.insert(key);
+    id = insert_key(key);
     where_[id] = location{to, bytes, 0};
     insert_into(to, key, bytes);
     mover(move_event<Key>{where_.key(id), bytes, 0, to, move_kind::bypass});
@@ -545,6 +595,9 @@ class placement {
   detail::keyed_pool<Key, location, Hash, KeyEqual> where_;
   [[no_unique_address]] Prefetch prefetch_;
   placement_options options_;
+  const access_schedule<Key, Hash, KeyEqual>* follows_;
+  std::vector<detail::node_id> by_sid_;  // node of each key of follows_ (no_node: not placed)
+  std::size_t offset_ = 0;               // clock_ % follows_->size()
   std::size_t clock_ = 0;
   std::size_t bypasses_ = 0;
 };

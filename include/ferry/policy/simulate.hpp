@@ -145,7 +145,7 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
 
     placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(
         capacities, eviction, std::move(prefetch),
-        placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes});
+        placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes}, &schedule);
     auto count = [&r](const move_event<Key>& e) {
       switch (e.kind) {
         case move_kind::prefetch:
