@@ -1,14 +1,18 @@
-// ferry::adamw: the update formula bit for bit against a scalar reference written from
-// the documentation, at odd sizes and 1..8 threads; independence of the thread count and
-// block size; the first step's known behaviour; argument errors.
+// ferry::adamw: the update formula bit for bit against scalar references written from
+// the documentation (unfused: every product rounded through a volatile, so no compiler
+// flag can contract it; fused: std::fma), at odd sizes, unaligned spans and 1..8 threads;
+// independence of the thread count and block size; the fused rounding within its
+// documented bound of the unfused one; the first step's known behaviour; argument errors.
 #include <ferry/optim/adamw.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,21 +48,40 @@ struct states {
   }
 };
 
-// The reference: the documented constants and update, one element at a time.
-void reference_step(const ferry::adamw_params& h, std::uint64_t t, states& s) {
-  const double td = static_cast<double>(t);
-  const float c1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  const float c2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  const float step_size =
-      static_cast<float>(static_cast<double>(h.lr) / (1.0 - std::pow(static_cast<double>(h.beta1), td)));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), td)));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+// A float that the compiler must store and load: a product read through it cannot be
+// contracted with the sum it feeds into a fused multiply-add, at any flags.
+float rounded(float x) {
+  volatile float r = x;
+  return r;
+}
+
+// The documented constants, from the hyper-parameters, in double.
+struct reference_constants {
+  float c1, c2, step_size, bc2_sqrt, decay, weight;
+  bool from_m;
+  reference_constants(const ferry::adamw_params& h, std::uint64_t t) {
+    const double td = static_cast<double>(t);
+    c1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+    c2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+    step_size = static_cast<float>(static_cast<double>(h.lr) / (1.0 - std::pow(static_cast<double>(h.beta1), td)));
+    bc2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(static_cast<double>(h.beta2), td), 0.5));
+    decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+    from_m = c1 < 0.5f;  // torch's lerp: start + w (end - start) for w < 0.5, else end - (1 - w) (end - start)
+    weight = from_m ? c1 : c1 - 1.0f;
+  }
+};
+
+// The reference: the documented update, one element at a time (fused: the moments'
+// multiply-adds with std::fma).
+void reference_step(const ferry::adamw_params& h, std::uint64_t t, states& s, bool fused = false) {
+  const reference_constants k(h, t);
   for (std::size_t i = 0; i < s.p.size(); ++i) {
     const float g = s.g[i];
-    const float m = h.beta1 * s.m[i] + c1 * g;
-    const float v = h.beta2 * s.v[i] + c2 * (g * g);
-    const float denom = std::sqrt(v) / bc2_sqrt + h.eps;
-    const float p = s.p[i] * decay - step_size * (m / denom);
+    const float base = k.from_m ? s.m[i] : g;
+    const float m = fused ? std::fma(k.weight, g - s.m[i], base) : base + rounded(k.weight * (g - s.m[i]));
+    const float v = fused ? std::fma(k.c2 * g, g, s.v[i] * h.beta2) : rounded(s.v[i] * h.beta2) + rounded((k.c2 * g) * g);
+    const float denom = std::sqrt(v) / k.bc2_sqrt + h.eps;
+    const float p = rounded(s.p[i] * k.decay) + ((-k.step_size) * m) / denom;
     s.m[i] = m;
     s.v[i] = v;
     s.p[i] = p;
@@ -85,7 +108,34 @@ Catch::Matchers::Generic::PredicateMatcher<E> message_has(std::vector<std::strin
       description);
 }
 
-const std::vector<std::size_t> sizes = {0, 1, 3, 1023, 1024, 1025, 4097, 2 * 1024 * 8 + 5, 70001};
+constexpr std::size_t width = ferry::adamw_simd_width;
+constexpr std::size_t tile = ferry::adamw_tile_elements;
+const std::vector<std::size_t> sizes = {0,        1,        3,        width - 1,        width,     width + 1,
+                                        2 * width + 3, tile - 1, tile, tile + 3, 4097, 2 * 1024 * 8 + 5,
+                                        70001};
+
+// The four arrays of `s` copied to the same offset `shift` (in floats) from a 64-byte
+// boundary, so that the kernel sees unaligned spans.
+struct shifted {
+  std::vector<float> storage;
+  std::span<float> p, g, m, v;
+  shifted(const states& s, std::size_t shift) : storage(4 * (s.p.size() + 32)) {
+    const std::size_t n = s.p.size();
+    const std::size_t stride = n + 32;
+    float* base = storage.data();
+    auto place = [&](std::size_t k, const std::vector<float>& from) {
+      float* at = base + k * stride;
+      const auto misalign = reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float);
+      at += (16 - misalign) % 16 + shift;
+      std::copy(from.begin(), from.end(), at);
+      return std::span<float>(at, n);
+    };
+    p = place(0, s.p);
+    g = place(1, s.g);
+    m = place(2, s.m);
+    v = place(3, s.v);
+  }
+};
 
 }  // namespace
 
@@ -99,29 +149,37 @@ TEST_CASE("adamw_constants follow the documented formulas", "[adamw]") {
   CHECK(c.c2 == static_cast<float>(1.0 - static_cast<double>(0.95f)));
   // t = 1: 1 - beta^1 = 1 - beta.
   CHECK(c.step_size == static_cast<float>(static_cast<double>(3e-4f) / (1.0 - static_cast<double>(0.8f))));
-  CHECK(c.bc2_sqrt == static_cast<float>(std::sqrt(1.0 - static_cast<double>(0.95f))));
+  CHECK(c.bc2_sqrt == static_cast<float>(std::pow(1.0 - static_cast<double>(0.95f), 0.5)));
+  CHECK(c.lerp_from_m);  // c1 = 0.2 < 0.5: torch's lerp starts from m
+  CHECK(c.lerp_weight == c.c1);
   CHECK(c.decay == static_cast<float>(1.0 - static_cast<double>(3e-4f) * static_cast<double>(0.1f)));
   // Late steps: the bias corrections vanish.
   const auto late = ferry::adamw_constants::make(h, 100000);
   CHECK(late.step_size == 3e-4f);
   CHECK(late.bc2_sqrt == 1.0f);
+  // beta1 < 0.5: the lerp starts from g with weight c1 - 1 (exact).
+  const auto low = ferry::adamw_constants::make({.beta1 = 0.25f}, 1);
+  CHECK_FALSE(low.lerp_from_m);
+  CHECK(low.lerp_weight == low.c1 - 1.0f);
+  CHECK(low.lerp_weight == -0.25f);
 }
 
-TEST_CASE("adamw: bitwise equal to the scalar reference at odd sizes and 1..8 threads", "[adamw]") {
-  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+template <ferry::adamw_rounding R>
+void check_against_reference(const ferry::adamw_params& h) {
+  constexpr bool fused = R == ferry::adamw_rounding::fused;
   for (std::size_t threads = 1; threads <= 8; ++threads) {
     // Small blocks, so that several threads share even the middle sizes.
-    ferry::adamw opt(h, {.threads = threads, .block_elements = 2 * ferry::adamw_tile_elements});
+    ferry::basic_adamw<R> opt(h, {.threads = threads, .block_elements = 2 * ferry::adamw_tile_elements});
     REQUIRE(opt.threads() == threads);
     for (const std::size_t n : sizes) {
-      CAPTURE(threads, n);
+      CAPTURE(threads, n, fused, h.beta1);
       states mine(n, n + 17);
       states ref(n, n + 17);
       for (std::uint64_t t = 1; t <= 3; ++t) {
         mine.new_gradients(100 + t);
         ref.new_gradients(100 + t);
         opt.step(mine.p, mine.g, mine.m, mine.v, t);
-        reference_step(h, t, ref);
+        reference_step(h, t, ref, fused);
       }
       CHECK(bitwise_equal(mine.p, ref.p));
       CHECK(bitwise_equal(mine.m, ref.m));
@@ -131,8 +189,84 @@ TEST_CASE("adamw: bitwise equal to the scalar reference at odd sizes and 1..8 th
   }
 }
 
+TEST_CASE("adamw: bitwise equal to the scalar reference at odd sizes and 1..8 threads", "[adamw]") {
+  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+  check_against_reference<ferry::adamw_rounding::unfused>(h);
+  // beta1 < 0.5: the other branch of the first moment's lerp.
+  check_against_reference<ferry::adamw_rounding::unfused>({.lr = 3e-3f, .beta1 = 0.3f, .beta2 = 0.9f});
+}
+
+TEST_CASE("adamw_fused: bitwise equal to the fused scalar reference (std::fma) at odd sizes and 1..8 threads",
+          "[adamw]") {
+  check_against_reference<ferry::adamw_rounding::fused>(
+      {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f});
+  check_against_reference<ferry::adamw_rounding::fused>({.lr = 3e-3f, .beta1 = 0.3f, .beta2 = 0.9f});
+}
+
+TEST_CASE("adamw: unaligned spans give the same bits as aligned ones", "[adamw]") {
+  const ferry::adamw_params h{.lr = 1e-2f, .weight_decay = 0.1f};
+  for (const std::size_t n : sizes) {
+    CAPTURE(n);
+    states ref(n, 3 * n + 1);
+    reference_step(h, 4, ref);
+    for (std::size_t shift = 0; shift < 4; ++shift) {
+      CAPTURE(shift);
+      states in(n, 3 * n + 1);
+      shifted s(in, shift);
+      ferry::adamw opt(h, {.threads = 2, .block_elements = 1024});
+      opt.step(s.p, s.g, s.m, s.v, 4);
+      CHECK(std::equal(s.p.begin(), s.p.end(), ref.p.begin(), ref.p.end(),
+                       [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+      CHECK(std::equal(s.m.begin(), s.m.end(), ref.m.begin(), ref.m.end()));
+      CHECK(std::equal(s.v.begin(), s.v.end(), ref.v.begin(), ref.v.end()));
+      CHECK(std::equal(s.g.begin(), s.g.end(), in.g.begin(), in.g.end()));
+    }
+  }
+}
+
+TEST_CASE("adamw_fused: one step within the documented bound of the unfused step", "[adamw]") {
+  // The bounds of the file comment, element by element, after one step from the same
+  // states (m and v from a few earlier steps, so that their terms are of every size).
+  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+  const std::size_t n = 100003;
+  states s(n, 42);
+  ferry::adamw warm(h, {.threads = 2});
+  for (std::uint64_t t = 1; t <= 4; ++t) {
+    s.new_gradients(200 + t);
+    warm.step(s.p, s.g, s.m, s.v, t);
+  }
+  s.new_gradients(300);
+  states a = s;
+  states b = s;
+  ferry::adamw unfused(h, {.threads = 2});
+  ferry::adamw_fused fused(h, {.threads = 2});
+  unfused.step(a.p, a.g, a.m, a.v, 5);
+  fused.step(b.p, b.g, b.m, b.v, 5);
+  const reference_constants k(h, 5);
+  const double u = std::ldexp(1.0, -24);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const double lerp_term = std::abs(static_cast<double>(k.weight) * (static_cast<double>(s.g[i]) - s.m[i]));
+    const double bm = 2 * u * (lerp_term + std::abs(static_cast<double>(a.m[i])));
+    const double bv = 4 * u * a.v[i];
+    REQUIRE(std::abs(static_cast<double>(b.m[i]) - a.m[i]) <= bm);
+    REQUIRE(std::abs(static_cast<double>(b.v[i]) - a.v[i]) <= bv);
+    const double denom = std::sqrt(static_cast<double>(a.v[i])) / k.bc2_sqrt + static_cast<double>(h.eps);
+    const double update = static_cast<double>(k.step_size) * std::abs(static_cast<double>(a.m[i])) / denom;
+    // Through the division: |dm| / denom, and |update| times the relative change of
+    // the denominator (at most half that of v); then the roundings of the update and sum.
+    const double bp = static_cast<double>(k.step_size) * bm / denom + update * (bv / (2 * a.v[i] + 1e-300)) +
+                      4 * u * (std::abs(static_cast<double>(a.p[i])) + update);
+    REQUIRE(std::abs(static_cast<double>(b.p[i]) - a.p[i]) <= bp);
+    differ += a.p[i] != b.p[i];
+  }
+  CHECK(differ > 0);  // the two roundings are different functions
+  CHECK(differ < n / 10);
+}
+
 TEST_CASE("adamw: results do not depend on the thread count or the block size", "[adamw]") {
-  // Holds even where a compiler contracts into FMAs: tiles start at fixed positions.
+  // Every element goes through the same vector instructions wherever it lies.
   const std::size_t n = 50 * 1024 + 77;
   states first(n, 5);
   ferry::adamw one({}, {.threads = 1, .block_elements = 1024});

@@ -1,60 +1,97 @@
 /// @file
-/// @brief `ferry::adamw`: a vectorised, multi-threaded CPU AdamW step over fp32 arrays
-/// (master weights, gradients, first and second moments) — the optimizer that
-/// `ferry::state_swapper` (pipeline/state_swapper.hpp) runs over states kept on NVMe.
+/// @brief `ferry::adamw`: an explicitly vectorised, multi-threaded CPU AdamW step over
+/// fp32 arrays (master weights, gradients, first and second moments) — the optimizer
+/// that `ferry::state_swapper` (pipeline/state_swapper.hpp) runs over states kept on
+/// NVMe. Its results do not depend on the compiler flags of the program that uses it.
 ///
 /// ```cpp
 /// ferry::adamw opt({.lr = 1e-3f, .weight_decay = 0.01f});   // threads: the io_threads knob
 /// opt.step(master, grad, m, v, /*step_number=*/1);          // spans of one length, fp32
+///
+/// ferry::basic_adamw<ferry::adamw_rounding::fused> fast;    // fused multiply-adds
 /// ```
 ///
 /// ## The update (AdamW with decoupled weight decay, Loshchilov & Hutter, ICLR 2019)
 /// For step number `t >= 1` the per-step constants are computed once, in `double`, and
 /// rounded to `float` (`adamw_constants::make`):
 ///
-/// | constant        | value                                      |
-/// |-----------------|--------------------------------------------|
-/// | `c1`            | `float(1 - beta1)`                         |
-/// | `c2`            | `float(1 - beta2)`                         |
-/// | `step_size`     | `float(lr / (1 - beta1^t))`                |
-/// | `bc2_sqrt`      | `float(sqrt(1 - beta2^t))`                 |
-/// | `decay`         | `float(1 - lr * weight_decay)`             |
+/// | constant        | value                                                   |
+/// |-----------------|---------------------------------------------------------|
+/// | `c1`            | `float(1 - beta1)`                                      |
+/// | `c2`            | `float(1 - beta2)`                                      |
+/// | `lerp_weight`   | `c1` when `c1 < 0.5`, else `c1 - 1` (exact in `float`)  |
+/// | `step_size`     | `float(lr / (1 - beta1^t))`                             |
+/// | `bc2_sqrt`      | `float((1 - beta2^t)^0.5)`                              |
+/// | `decay`         | `float(1 - lr * weight_decay)`                          |
 ///
-/// (`beta^t` with `std::pow` on doubles). Then every element `i` is updated on its own,
-/// in `float`, each operation rounded to `float`, in exactly this order:
+/// (`beta^t` and `x^0.5` with `std::pow` on doubles, as Python's `**` computes them).
+/// Then every element `i` is updated on its own, in `float`, each operation rounded to
+/// `float`, in exactly this order (`lerp_base` is `m[i]` when `c1 < 0.5`, else `g[i]`):
 ///
 /// ```
-/// m[i] = beta1 * m[i] + c1 * g[i]
-/// v[i] = beta2 * v[i] + c2 * (g[i] * g[i])
-/// p[i] = p[i] * decay - step_size * (m[i] / (sqrt(v[i]) / bc2_sqrt + eps))
+/// m[i] = lerp_base + lerp_weight * (g[i] - m[i])               // m.lerp_(g, 1 - beta1)
+/// v[i] = v[i] * beta2 + (c2 * g[i]) * g[i]                     // v.mul_(beta2).addcmul_(g, g, value=c2)
+/// p[i] = p[i] * decay + ((-step_size) * m[i]) / (sqrt(v[i]) / bc2_sqrt + eps)
 /// ```
 ///
 /// This is PyTorch's `torch.optim.AdamW` (`foreach=False`, `amsgrad=False`,
-/// `maximize=False`) written out: the weight decay multiplies the parameter before the
-/// Adam update, and `eps` is added after the bias-corrected square root.
+/// `maximize=False`; `param.mul_(1 - lr * wd)`, `exp_avg.lerp_`, `exp_avg_sq.mul_().
+/// addcmul_()`, `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`,
+/// `param.addcdiv_(exp_avg, denom, value=-step_size)`) operation for operation, with the
+/// hyper-parameters given as the `double`s of these `float`s. Two roundings choose how
+/// the two multiply-adds of the moments are done (`adamw_rounding`, a template parameter,
+/// never the compiler's `-ffp-contract`):
+///
+/// - `unfused` (the default): every `*` and `+` rounded on its own, as written above.
+///   This is PyTorch's arithmetic on a CPU without FMA (its `DEFAULT` kernels,
+///   `ATEN_CPU_CAPABILITY=default`).
+/// - `fused`: `m[i] = fma(lerp_weight, g[i] - m[i], lerp_base)` and
+///   `v[i] = fma(c2 * g[i], g[i], v[i] * beta2)` — PyTorch's arithmetic in its AVX2 and
+///   AVX-512 kernels (`Vectorized::fmadd` in `lerp`, the contracted `addcmul`); the
+///   parameter update is the same as `unfused` (PyTorch has no multiply-add there). One
+///   rounding less per moment, so after one step from the same states
+///   `|m_fused - m_unfused| <= 2^-23 (|lerp_weight (g - m)| + |m|)` (not an ulp bound:
+///   the two terms of `m` may cancel), `|v_fused - v_unfused| <= 2^-22 v` (2 ulp), and
+///   `p` differs by what those give through the division plus 2^-22 (|p| + |update|);
+///   `tests/host/test_adamw.cpp` checks these bounds element by element.
+///
+/// Both were checked element for element against torch 2.15's CPU `AdamW` on 2^20
+/// elements: the moments are bitwise equal (fused against its AVX-512 kernels, unfused
+/// against its `DEFAULT` ones), and the parameters bitwise equal when given torch's
+/// `sqrt(v)`. torch's own `sqrt` on x86 is MKL's vector square root, which is not
+/// correctly rounded (about 16% of results 1 ulp away from the IEEE square root ferry
+/// uses), so the parameters differ from torch's by about 1 ulp of the step in those
+/// elements; docs/benchmarks.md has the counts after 10 steps
+/// (`scripts/peers/adam_peers.py`).
 ///
 /// ## Vectorisation
-/// Elements are processed in tiles of `adamw_tile_elements` (1024: 4 KiB per array, so a
-/// tile's four arrays stay in L1), by plain loops with constant trip counts for whole
-/// tiles. By default `sqrtf` must be able to set `errno`, which keeps any loop calling it
-/// scalar, so a tile runs three loops — the moments, the square roots into a tile-sized
-/// buffer, the parameters — and g++ 12 vectorises the first and last at -O2 and -O3
-/// (SSE, 16 bytes wide on baseline x86-64; wider with -march flags; checked with
-/// `-fopt-info-vec`). Compiled with `-fno-math-errno` (`__NO_MATH_ERRNO__`) a tile is one
-/// fused loop that vectorises whole: about 1.2-1.6x faster on the development VM
-/// (`ferry-micro-optim`, docs/benchmarks.md). No intrinsics, no OpenMP.
+/// Explicit SIMD with `std::experimental::native_simd<float>` (libstdc++ >= 11): 4 lanes on
+/// baseline x86-64 (SSE2), 8 with AVX, 16 with AVX-512, whatever the compiler would do
+/// with a plain loop; loads and stores are unaligned (`element_aligned`), so spans may
+/// start anywhere. The square root is the vector instruction (`sqrtps`), which never
+/// touches `errno`, so `-fno-math-errno` changes nothing. The last `n % width` elements of
+/// an array are copied into a vector-sized buffer, computed by the same vector code and
+/// copied back, so every element, wherever it lies, goes through the same instructions.
+///
+/// **Contraction.** g++ contracts `a * b + c` into an FMA by default (`-ffp-contract=fast`
+/// outside ISO mode) wherever FMA instructions are enabled (`-mfma`, `-march=native`), in
+/// vector code too; that would change the unfused results. Each product that feeds an
+/// addition therefore goes through `detail::opaque`, an empty `asm` statement that makes
+/// the value opaque to the optimiser (no instruction is emitted), so no contraction can
+/// happen, at any flags. The fused rounding calls `fma` explicitly: one instruction where
+/// FMA is compiled in, else the correctly rounded library `fmaf` (same bits, slower:
+/// choose `fused` for speed only with `-mfma` or `-march`).
+///
+/// Without `<experimental/simd>` (libc++, MSVC) the same code runs one element at a time
+/// (same operations, same bits).
 ///
 /// ## Threads and determinism
-/// `adamw::step` cuts the arrays into blocks of `block_elements` (a multiple of the tile)
-/// that a persistent pool of `threads` threads (the caller's included) takes one at a
-/// time. Tiles always start at multiples of 1024 elements from the arrays' start,
-/// whatever the block size or thread count, and each element's result depends on its own
-/// four inputs only (no reductions), so **the results are bitwise identical for every
-/// thread count and block size**. They are also bitwise equal to a scalar loop of the
-/// formula above when the compiler does not contract `a * b + c` into fused
-/// multiply-adds: g++ and clang on baseline x86-64 have no FMA instruction to contract
-/// into; with `-mfma`/`-march=native` use `-ffp-contract=off` to keep that equality
-/// (the thread-count equality holds either way).
+/// `basic_adamw::step` cuts the arrays into blocks of `block_elements` (a multiple of
+/// `adamw_tile_elements`) that a persistent pool of `threads` threads (the caller's
+/// included) takes one at a time. Each element's result depends on its own four inputs
+/// only, through the same instructions wherever it lies (no reductions), so **the results
+/// are bitwise identical for every thread count, block size and alignment**, and for each
+/// rounding bitwise equal to a scalar loop of its formula (tests/host/test_adamw.cpp).
 #pragma once
 
 #include "ferry/defaults.hpp"
@@ -62,18 +99,41 @@
 #include "ferry/error.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
 #include <span>
 
+#if __has_include(<experimental/simd>)
+#include <experimental/simd>
+#endif
+
+#if defined(__cpp_lib_experimental_parallel_simd) && !defined(FERRY_ADAMW_NO_SIMD)
+#define FERRY_ADAMW_SIMD 1
+#else
+#define FERRY_ADAMW_SIMD 0
+#endif
+
+#if defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#endif
+
 namespace ferry {
 
-/// @brief Elements per tile of the AdamW kernel: 1024 fp32 = 4 KiB per array.
+/// @brief Elements per tile of the AdamW kernel: 1024 fp32 = 4 KiB per array. Blocks
+/// (`adamw_options::block_elements`) are multiples of it.
 inline constexpr std::size_t adamw_tile_elements = 1024;
+
+/// @brief How the two multiply-adds of the moment updates round (see the file comment).
+enum class adamw_rounding {
+  unfused,  ///< every product and sum rounded on its own (PyTorch without FMA)
+  fused,    ///< the moments' multiply-adds as explicit FMAs (PyTorch's AVX2 / AVX-512 kernels)
+};
 
 /// @brief Hyper-parameters of AdamW (see the file comment for the exact update).
 ///
@@ -88,14 +148,16 @@ struct adamw_params {
 
 /// @brief The per-step constants of the update, rounded to `float` (see the file comment).
 struct adamw_constants {
-  float beta1 = 0;      ///< `beta1`
-  float c1 = 0;         ///< `float(1 - beta1)`
-  float beta2 = 0;      ///< `beta2`
-  float c2 = 0;         ///< `float(1 - beta2)`
-  float step_size = 0;  ///< `float(lr / (1 - beta1^t))`
-  float bc2_sqrt = 0;   ///< `float(sqrt(1 - beta2^t))`
-  float decay = 0;      ///< `float(1 - lr * weight_decay)`
-  float eps = 0;        ///< `eps`
+  float beta1 = 0;        ///< `beta1`
+  float c1 = 0;           ///< `float(1 - beta1)`
+  float beta2 = 0;        ///< `beta2`
+  float c2 = 0;           ///< `float(1 - beta2)`
+  float step_size = 0;    ///< `float(lr / (1 - beta1^t))`
+  float bc2_sqrt = 0;     ///< `float((1 - beta2^t)^0.5)`
+  float decay = 0;        ///< `float(1 - lr * weight_decay)`
+  float eps = 0;          ///< `eps`
+  float lerp_weight = 0;  ///< `c1` when `c1 < 0.5`, else `c1 - 1`
+  bool lerp_from_m = true;  ///< `c1 < 0.5`: the first moment's lerp starts from `m`, else from `g`
 
   /// @brief The constants of step `step_number` (1 for the first step), computed in
   /// `double` and rounded to `float`.
@@ -114,9 +176,11 @@ struct adamw_constants {
     c.beta2 = p.beta2;
     c.c2 = static_cast<float>(1.0 - b2);
     c.step_size = static_cast<float>(static_cast<double>(p.lr) / (1.0 - std::pow(b1, t)));
-    c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
+    c.bc2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(b2, t), 0.5));
     c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * static_cast<double>(p.weight_decay));
     c.eps = p.eps;
+    c.lerp_from_m = c.c1 < 0.5f;
+    c.lerp_weight = c.lerp_from_m ? c.c1 : c.c1 - 1.0f;
     return c;
   }
 
@@ -139,57 +203,147 @@ struct adamw_constants {
 
 namespace detail {
 
-// One tile of N elements (N == 0: `n` elements, n <= adamw_tile_elements), over
-// restrict pointers with constant trip counts for whole tiles, so g++ -O2 vectorises
-// them (its cheap cost model skips loops that would need an epilogue). Where sqrtf may
-// set errno (the default), three loops, so that only the square roots stay scalar;
-// with -fno-math-errno (__NO_MATH_ERRNO__, g++ and clang) one fused loop vectorises
-// whole and moves less data through L1. Both compute the same operations in the same
-// order for every element, so they give the same bits.
-template <std::size_t N>
-inline void adamw_tile(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                       const adamw_constants& c, std::size_t n) noexcept {
-  const std::size_t count = N != 0 ? N : n;
-  const float beta1 = c.beta1;
-  const float c1 = c.c1;
-  const float beta2 = c.beta2;
-  const float c2 = c.c2;
-  const float step_size = c.step_size;
-  const float bc2_sqrt = c.bc2_sqrt;
-  const float decay = c.decay;
-  const float eps = c.eps;
-#if defined(__NO_MATH_ERRNO__)
-  for (std::size_t i = 0; i < count; ++i) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + c1 * gi;
-    const float vi = beta2 * v[i] + c2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
-  }
+#if FERRY_ADAMW_SIMD
+/// The vector the kernel computes with: the widest the target's flags give.
+using adamw_vec = std::experimental::native_simd<float>;
 #else
-  alignas(64) float root[adamw_tile_elements];
-  for (std::size_t i = 0; i < count; ++i) {
-    const float gi = g[i];
-    m[i] = beta1 * m[i] + c1 * gi;
-    v[i] = beta2 * v[i] + c2 * (gi * gi);
-  }
-  for (std::size_t i = 0; i < count; ++i) root[i] = std::sqrt(v[i]);
-  for (std::size_t i = 0; i < count; ++i) {
-    p[i] = p[i] * decay - step_size * (m[i] / (root[i] / bc2_sqrt + eps));
-  }
+using adamw_vec = float;
+#endif
+
+/// Lanes of `adamw_vec`.
+inline constexpr std::size_t adamw_width = sizeof(adamw_vec) / sizeof(float);
+
+// `x`, made opaque to the optimiser: an empty asm statement that "may change" the value
+// in its register, so a product passed through it cannot be contracted with the sum it
+// feeds into an FMA (whatever -ffp-contract says). Emits no instruction.
+template <class V>
+[[gnu::always_inline]] inline V opaque(V x) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__))
+  typedef float raw __attribute__((vector_size(sizeof(V))));
+  raw r = std::bit_cast<raw>(x);
+#if defined(__aarch64__)
+  asm("" : "+w"(r));
+#elif defined(__AVX512F__)
+  asm("" : "+v"(r));
+#else
+  asm("" : "+x"(r));
+#endif
+  return std::bit_cast<V>(r);
+#elif defined(__GNUC__)
+  asm("" : "+m"(x));  // through memory: slower, as opaque
+  return x;
+#else
+  volatile V through = x;  // a volatile round trip cannot be contracted either
+  return through;
 #endif
 }
 
-// Elements [0, n) of arrays whose element 0 starts a tile.
-inline void adamw_tiles(float* p, const float* g, float* m, float* v, const adamw_constants& c,
-                        std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + adamw_tile_elements <= n; i += adamw_tile_elements) {
-    adamw_tile<adamw_tile_elements>(p + i, g + i, m + i, v + i, c, 0);
+// fma(a, b, c) lane by lane, rounded once: the FMA instruction of the vector's width
+// where the target has one (libstdc++'s own `fma` on simd calls `fmaf` per lane at -O2),
+// else `std::fma` per lane (correctly rounded in software: the same bits, slower).
+template <class V>
+[[gnu::always_inline]] inline V fused_multiply_add(V a, V b, V c) noexcept {
+#if defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+  if constexpr (sizeof(V) == 16) {
+    return std::bit_cast<V>(_mm_fmadd_ps(std::bit_cast<__m128>(a), std::bit_cast<__m128>(b), std::bit_cast<__m128>(c)));
+  } else if constexpr (sizeof(V) == 32) {
+    return std::bit_cast<V>(
+        _mm256_fmadd_ps(std::bit_cast<__m256>(a), std::bit_cast<__m256>(b), std::bit_cast<__m256>(c)));
+#if defined(__AVX512F__)
+  } else if constexpr (sizeof(V) == 64) {
+    return std::bit_cast<V>(
+        _mm512_fmadd_ps(std::bit_cast<__m512>(a), std::bit_cast<__m512>(b), std::bit_cast<__m512>(c)));
+#endif
+  } else
+#endif
+  {
+    using std::fma;
+    return fma(a, b, c);
   }
-  if (i < n) adamw_tile<0>(p + i, g + i, m + i, v + i, c, n - i);
 }
+
+template <class V>
+[[gnu::always_inline]] inline V vload(const float* p) noexcept {
+#if FERRY_ADAMW_SIMD
+  return V(p, std::experimental::element_aligned);
+#else
+  return *p;
+#endif
+}
+
+template <class V>
+[[gnu::always_inline]] inline void vstore(const V& x, float* p) noexcept {
+#if FERRY_ADAMW_SIMD
+  x.copy_to(p, std::experimental::element_aligned);
+#else
+  *p = x;
+#endif
+}
+
+// g++ 12 warns that _mm512_sqrt_ps's `_mm512_undefined_ps()` may be used uninitialized
+// once inlined here (-Wmaybe-uninitialized, a false positive of its own header); not
+// for the user to see.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// The update of one vector of elements at p, g, m, v (see the file comment).
+template <adamw_rounding R, class V>
+[[gnu::always_inline]] inline void adamw_vector(float* p, const float* g, float* m, float* v,
+                                                const adamw_constants& c) noexcept {
+  using std::sqrt;
+  const V gi = vload<V>(g);
+  const V mi = vload<V>(m);
+  const V vi = vload<V>(v);
+  const V pi = vload<V>(p);
+  const V weight(c.lerp_weight);
+  const V base = c.lerp_from_m ? mi : gi;
+  const V diff = gi - mi;
+  const V cg = V(c.c2) * gi;
+  V m_new;
+  V v_new;
+  if constexpr (R == adamw_rounding::fused) {
+    m_new = fused_multiply_add(weight, diff, base);
+    v_new = fused_multiply_add(cg, gi, vi * V(c.beta2));
+  } else {
+    m_new = base + opaque(weight * diff);
+    v_new = opaque(vi * V(c.beta2)) + opaque(cg * gi);
+  }
+  const V denom = sqrt(v_new) / V(c.bc2_sqrt) + V(c.eps);
+  const V p_new = opaque(pi * V(c.decay)) + (V(-c.step_size) * m_new) / denom;
+  vstore(m_new, m);
+  vstore(v_new, v);
+  vstore(p_new, p);
+}
+
+// Elements [0, n) of the four arrays: whole vectors in place, the rest through a
+// vector-sized buffer (zeros past the end), by the same code.
+template <adamw_rounding R>
+inline void adamw_kernel(float* p, const float* g, float* m, float* v, const adamw_constants& c,
+                         std::size_t n) noexcept {
+  constexpr std::size_t w = adamw_width;
+  std::size_t i = 0;
+  for (; i + w <= n; i += w) adamw_vector<R, adamw_vec>(p + i, g + i, m + i, v + i, c);
+  if (const std::size_t rest = n - i; rest != 0) {
+    float tp[w] = {};
+    float tg[w] = {};
+    float tm[w] = {};
+    float tv[w] = {};
+    std::memcpy(tp, p + i, rest * sizeof(float));
+    std::memcpy(tg, g + i, rest * sizeof(float));
+    std::memcpy(tm, m + i, rest * sizeof(float));
+    std::memcpy(tv, v + i, rest * sizeof(float));
+    adamw_vector<R, adamw_vec>(tp, tg, tm, tv, c);
+    std::memcpy(p + i, tp, rest * sizeof(float));
+    std::memcpy(m + i, tm, rest * sizeof(float));
+    std::memcpy(v + i, tv, rest * sizeof(float));
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 inline bool disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
   const std::less<const void*> before;
@@ -213,19 +367,26 @@ inline void check_adamw_arrays(std::span<float> master, std::span<const float> g
 
 }  // namespace detail
 
+/// @brief Lanes of the vectors the AdamW kernel computes with in this translation unit
+/// (`std::experimental::native_simd<float>::size()`: 4 on baseline x86-64, 8 with AVX,
+/// 16 with AVX-512; 1 without `<experimental/simd>`).
+inline constexpr std::size_t adamw_simd_width = detail::adamw_width;
+
 /// @brief One AdamW step over `master.size()` elements on the calling thread only (the
-/// kernel `adamw::step` runs per block): the update of the file comment with the
-/// constants `c`.
+/// kernel `basic_adamw::step` runs per block): the update of the file comment with the
+/// constants `c`, rounded as `R` says.
+/// @tparam R     how the moments' multiply-adds round (default: `unfused`)
 /// @param c      the step's constants (learning rate, betas, epsilon, weight decay, step)
 /// @param master fp32 parameters (master weights), updated in place
 /// @param grad   fp32 gradients, read only
 /// @param m      first moments, updated in place
 /// @param v      second moments, updated in place (>= 0 for a meaningful result)
 /// @throws ferry::logic_error when the four lengths differ or the arrays overlap
+template <adamw_rounding R = adamw_rounding::unfused>
 inline void adamw_step(const adamw_constants& c, std::span<float> master, std::span<const float> grad,
                        std::span<float> m, std::span<float> v) {
   detail::check_adamw_arrays(master, grad, m, v);
-  detail::adamw_tiles(master.data(), grad.data(), m.data(), v.data(), c, master.size());
+  detail::adamw_kernel<R>(master.data(), grad.data(), m.data(), v.data(), c, master.size());
 }
 
 /// @brief Settings of an `adamw` optimizer. Zero means "from ferry::defaults".
@@ -239,24 +400,30 @@ struct adamw_options {
   std::size_t block_elements = 16 * adamw_tile_elements;
 };
 
-/// @brief A multi-threaded CPU AdamW (see the file comment for the exact update).
+/// @brief A multi-threaded CPU AdamW (see the file comment for the exact update), with
+/// the rounding `R` of the moments' multiply-adds; `ferry::adamw` is the unfused one.
 ///
 /// - **Threads**: owns a pool of `threads() - 1` worker threads, made at construction
 ///   and sleeping between steps; `step` runs on them and on the calling thread.
 /// - **Thread-safety**: `step` may be called from any thread; concurrent calls run one
 ///   after another (a mutex). `set_params` must not race with `step`.
-/// - **Determinism**: results are bitwise identical for every thread count and block
-///   size (see the file comment).
+/// - **Determinism**: results are bitwise identical for every thread count, block size
+///   and alignment of the arrays (see the file comment).
 /// - **Lifetime**: not copyable or movable; the destructor joins the workers.
-class adamw {
+/// @tparam R how the moments' multiply-adds round (`adamw_rounding`)
+template <adamw_rounding R>
+class basic_adamw {
  public:
+  /// @brief The rounding of this optimizer's moment updates.
+  static constexpr adamw_rounding rounding = R;
+
   /// @param params  hyper-parameters (checked)
   /// @param options threads and block size
   /// @throws ferry::logic_error for hyper-parameters out of range, 0 or > 1024 threads, a
   ///         block size that is not a positive multiple of `adamw_tile_elements`
   /// @throws ferry::config_error for a malformed FERRY_IO_THREADS (threads = 0);
   ///         std::system_error when a thread cannot start
-  explicit adamw(adamw_params params = {}, adamw_options options = {})
+  explicit basic_adamw(adamw_params params = {}, adamw_options options = {})
       : params_(params), block_(options.block_elements), pool_(resolve_threads(options.threads)) {
     adamw_constants::check(params_);
     const std::size_t block_elements = block_;
@@ -264,8 +431,8 @@ class adamw {
                       block_elements <= (std::size_t{1} << 40),
                   "block_elements must be a positive multiple of adamw_tile_elements (1024)", block_elements);
   }
-  adamw(const adamw&) = delete;
-  adamw& operator=(const adamw&) = delete;
+  basic_adamw(const basic_adamw&) = delete;
+  basic_adamw& operator=(const basic_adamw&) = delete;
 
   /// @brief One AdamW step (number `step_number`, 1 for the first) over `master.size()`
   /// fp32 elements, on `threads()` threads; returns when every element is updated.
@@ -282,7 +449,7 @@ class adamw {
     const std::size_t n = master.size();
     detail::check_adamw_arrays(master, grad, m, v);
     if (n <= block_) {  // one block: no hand-off to the workers
-      detail::adamw_tiles(master.data(), grad.data(), m.data(), v.data(), c, n);
+      detail::adamw_kernel<R>(master.data(), grad.data(), m.data(), v.data(), c, n);
       return;
     }
     float* p = master.data();
@@ -292,7 +459,7 @@ class adamw {
     const std::size_t block = block_;
     auto task = [&](std::size_t b) noexcept {
       const std::size_t first = b * block;
-      detail::adamw_tiles(p + first, g + first, mm + first, vv + first, c, std::min(block, n - first));
+      detail::adamw_kernel<R>(p + first, g + first, mm + first, vv + first, c, std::min(block, n - first));
     };
     std::lock_guard lock(mutex_);
     pool_.run((n + block - 1) / block, task);
@@ -322,5 +489,13 @@ class adamw {
   std::mutex mutex_;
   detail::worker_pool pool_;
 };
+
+/// @brief The AdamW optimizer with unfused rounding: the same bits at every compiler
+/// flag, equal to PyTorch's CPU AdamW without FMA (see the file comment).
+using adamw = basic_adamw<adamw_rounding::unfused>;
+
+/// @brief The AdamW optimizer with fused moment updates (PyTorch's AVX2 / AVX-512
+/// arithmetic); fast where FMA instructions are compiled in.
+using adamw_fused = basic_adamw<adamw_rounding::fused>;
 
 }  // namespace ferry

@@ -1,0 +1,260 @@
+// ferry-bench adam: one `ferry::adamw` step over n fp32 parameters (master, grad, m, v)
+// on --threads threads, against (1) the documented update in one scalar loop on one
+// thread, in this process, alternated, and (2) when a Python with torch is found, its
+// peers on the same n, threads and hyper-parameters, run by scripts/peers/adam_peers.py
+// as a subprocess in the same invocation: DeepSpeedCPUAdam (adamw_mode=True; its JIT
+// build takes minutes the first time) and torch.optim.AdamW with foreach=False and
+// foreach=True. Metric: steps/s (median of --repetitions steps after one warm-up step).
+//
+// The script also dumps torch's (foreach=False) parameters and moments after 10 steps on
+// --check-elements elements; ferry runs the same 10 steps from the same inputs with both
+// roundings and the rows "bitwise vs torch" give the share of elements bit for bit equal
+// (p, m and v; ferry::adamw_fused is the rounding of torch's AVX2 / AVX-512 kernels,
+// ferry::adamw that of its DEFAULT ones). Elements: --elements (default 256 Mi = 4 GiB of
+// states; 16 Mi with --quick). --no-peers skips the subprocess.
+#include "harness/report.hpp"
+#include "harness/scenario.hpp"
+#include "harness/stats.hpp"
+
+#include <ferry/error.hpp>
+#include <ferry/optim/adamw.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+using ferry::bench::row;
+using ferry::bench::run_options;
+
+struct adam_settings {
+  std::size_t elements = 0;  // 0: 256 Mi, 16 Mi with --quick
+  std::size_t threads = 2;
+  std::size_t check_elements = std::size_t{1} << 22;
+  std::string python = "python3";
+  std::string script = "scripts/peers/adam_peers.py";
+  bool no_peers = false;
+};
+
+adam_settings& settings() {
+  static adam_settings s;
+  return s;
+}
+
+const ferry::adamw_params hyper{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The documented (unfused) update in one plain loop, one thread: what a user writes.
+void scalar_step(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
+                 std::uint64_t t) {
+  const auto c = ferry::adamw_constants::make(hyper, t);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const float gi = g[i];
+    const float mi = (c.lerp_from_m ? m[i] : gi) + c.lerp_weight * (gi - m[i]);
+    const float vi = v[i] * c.beta2 + (c.c2 * gi) * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * c.decay + ((-c.step_size) * mi) / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
+  }
+}
+
+std::vector<float> read_floats(const std::filesystem::path& file, std::size_t n) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<float> out(n);
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(n * sizeof(float)));
+  if (!in || static_cast<std::size_t>(in.gcount()) != n * sizeof(float)) {
+    throw std::runtime_error("adam: cannot read " + std::to_string(n) + " floats from " + file.string());
+  }
+  return out;
+}
+
+std::size_t equal_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+  return same;
+}
+
+// Runs argv, its stdout to `out_file`; returns the exit status (-1: could not start).
+int run_command(const std::vector<std::string>& argv, const std::filesystem::path& out_file) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  const ::pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (std::freopen(out_file.c_str(), "w", stdout) == nullptr) ::_exit(126);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+template <ferry::adamw_rounding R>
+std::vector<float> ferry_from_dump(const std::filesystem::path& dir, std::size_t n, std::size_t steps,
+                                   std::size_t threads, std::vector<float>& m, std::vector<float>& v) {
+  std::vector<float> p = read_floats(dir / "p0.f32", n);
+  const std::vector<float> g = read_floats(dir / "g.f32", n);
+  m.assign(n, 0.0f);
+  v.assign(n, 0.0f);
+  ferry::basic_adamw<R> opt(hyper, {.threads = threads});
+  for (std::size_t t = 1; t <= steps; ++t) opt.step(p, g, m, v, t);
+  return p;
+}
+
+std::vector<row> run_adam(const run_options& options) {
+  const adam_settings& cfg = settings();
+  const std::size_t n = cfg.elements != 0 ? cfg.elements : (options.quick ? std::size_t{16} << 20 : std::size_t{256} << 20);
+  const std::size_t reps = options.repetitions;
+  const std::string base = "n=" + std::to_string(n) + " threads=" + std::to_string(cfg.threads);
+  std::vector<row> rows;
+  auto params = [&] {
+    return nlohmann::json{{"bytes", n * sizeof(float)}, {"total_bytes", n * 4 * sizeof(float)}};
+  };
+
+  double ferry_rate = 0;
+  {
+    std::vector<float> p(n, 0.5f), g(n), m(n, 0.0f), v(n, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 2001) * 1e-3f - 1.0f;
+    std::vector<float> sp = p, sm = m, sv = v;
+    ferry::adamw opt(hyper, {.threads = cfg.threads});
+    std::uint64_t t = 0;
+    std::uint64_t ts = 0;
+    const auto r = ferry::bench::alternate(
+        reps, 1,
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          opt.step(p, g, m, v, ++t);
+          return 1.0 / seconds_since(t0);
+        },
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          scalar_step(sp, g, sm, sv, ++ts);
+          return 1.0 / seconds_since(t0);
+        });
+    ferry_rate = r.ferry;
+    rows.push_back({"adam", "step " + base + " vs scalar loop", "steps/s", "steps/s", ferry::bench::better::higher,
+                    r.ferry, r.reference, "the documented update in one scalar loop, one thread", params()});
+    std::printf("  ferry::adamw %.3f steps/s   scalar loop %.3f steps/s   ratio %.2f (simd width %zu)\n", r.ferry,
+                r.reference, rows.back().ratio(), ferry::adamw_simd_width);
+  }
+  if (cfg.no_peers) return rows;
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ferry-bench-adam-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct remove_dir {
+    std::filesystem::path d;
+    ~remove_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  const std::filesystem::path json_file = dir / "peers.json";
+  const std::vector<std::string> argv = {cfg.python,        cfg.script,
+                                         "--elements",      std::to_string(n),
+                                         "--threads",       std::to_string(cfg.threads),
+                                         "--steps",         std::to_string(reps),
+                                         "--dump",          (dir / "dump").string(),
+                                         "--check-elements", std::to_string(cfg.check_elements),
+                                         "--json",          json_file.string()};
+  std::printf("  peers: %s %s (DeepSpeed's first JIT build takes minutes)\n", cfg.python.c_str(), cfg.script.c_str());
+  const int status = run_command(argv, dir / "stdout.txt");
+  if (status != 0 || !std::filesystem::exists(json_file)) {
+    std::printf("  peers: not measured (%s exited with status %d; install torch and deepspeed, or pass --python "
+                "and --peers-script)\n",
+                cfg.script.c_str(), status);
+    return rows;
+  }
+  std::ifstream in(json_file);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  const char* names[][2] = {{"deepspeed", "DeepSpeedCPUAdam (adamw_mode=True)"},
+                            {"torch-foreach-false", "torch.optim.AdamW(foreach=False)"},
+                            {"torch-foreach-true", "torch.optim.AdamW(foreach=True)"}};
+  for (const auto& [key, label] : names) {
+    const auto& peer = doc["peers"].value(key, nlohmann::json::object());
+    if (!peer.contains("steps_per_s")) {
+      std::printf("  %s: not measured (%s)\n", label, peer.value("error", std::string("absent")).c_str());
+      continue;
+    }
+    const double rate = peer["steps_per_s"].get<double>();
+    rows.push_back({"adam", "step " + base + " vs " + key, "steps/s", "steps/s", ferry::bench::better::higher,
+                    ferry_rate, rate, label, params()});
+    std::printf("  %-38s %.3f steps/s   ferry/peer %.2f\n", label, rate, rows.back().ratio());
+  }
+  if (doc.contains("dump")) {
+    const std::size_t cn = doc["dump"]["elements"].get<std::size_t>();
+    const std::size_t steps = doc["dump"]["steps"].get<std::size_t>();
+    const std::vector<float> tp = read_floats(dir / "dump" / "p.f32", cn);
+    const std::vector<float> tm = read_floats(dir / "dump" / "m.f32", cn);
+    const std::vector<float> tv = read_floats(dir / "dump" / "v.f32", cn);
+    const std::string cap = doc.value("torch_cpu_capability", std::string("?"));
+    auto report = [&](const char* name, const std::vector<float>& p, const std::vector<float>& m,
+                      const std::vector<float>& v) {
+      const double share = 100.0 * static_cast<double>(equal_bits(p, tp)) / static_cast<double>(cn);
+      rows.push_back({"adam", std::string("bitwise vs torch ") + name + " p after " + std::to_string(steps) +
+                                  " steps (torch " + cap + ")",
+                      "equal elements", "%", ferry::bench::better::higher, share, 100.0,
+                      "torch.optim.AdamW(foreach=False), every element", nlohmann::json{{"bytes", cn * 4}}});
+      std::printf("  %s vs torch (%s) after %zu steps on %zu elements: p %zu, m %zu, v %zu equal\n", name, cap.c_str(),
+                  steps, cn, equal_bits(p, tp), equal_bits(m, tm), equal_bits(v, tv));
+    };
+    std::vector<float> m;
+    std::vector<float> v;
+    auto p = ferry_from_dump<ferry::adamw_rounding::unfused>(dir / "dump", cn, steps, cfg.threads, m, v);
+    report("adamw (unfused)", p, m, v);
+    p = ferry_from_dump<ferry::adamw_rounding::fused>(dir / "dump", cn, steps, cfg.threads, m, v);
+    report("adamw_fused", p, m, v);
+  }
+  return rows;
+}
+
+const ferry::bench::registrar adam_scenario({
+    .name = "adam",
+    .description = "one ferry::adamw step (CPU) against a scalar loop, DeepSpeedCPUAdam and torch's AdamW",
+    .reference = "a scalar loop; DeepSpeedCPUAdam and torch.optim.AdamW where installed",
+    .needs_gpu = false,
+    .order = 45,
+    .in_default_suite = false,
+    .add_options =
+        [](CLI::App& app) {
+          app.add_option("--elements", settings().elements, "fp32 parameters (default 268435456; 16777216 with --quick)")
+              ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 34));
+          app.add_option("--threads", settings().threads, "threads of every optimizer (default 2)")
+              ->check(CLI::Range(1, 1024));
+          app.add_option("--check-elements", settings().check_elements,
+                         "elements of the bitwise comparison with torch (default 4194304)")
+              ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+          app.add_option("--python", settings().python, "the Python with torch (and deepspeed) (default python3)");
+          app.add_option("--peers-script", settings().script,
+                         "scripts/peers/adam_peers.py (default: that path from the current folder)");
+          app.add_flag("--no-peers", settings().no_peers, "only ferry and the scalar loop");
+        },
+    .run = run_adam,
+});
+
+}  // namespace
