@@ -350,7 +350,7 @@ void write_schedule(std::ostream& out, const ferry::access_schedule<std::string,
 
 /// @brief One candidate pair of policies and what `ferry::simulate` counted for it.
 struct policy_candidate {
-  std::string eviction;  ///< "lru", "fifo", "lfu", "greedy_dual_size" or "belady"
+  std::string eviction;  ///< "lru", "fifo", "lfu", "lfu_da", "greedy_dual_size", "gdsf" or "belady"
   std::string prefetch;  ///< "no_prefetch", "lookahead<1>", "lookahead<2>" or "schedule_replay"
   /// Position in the simplicity order (0 = simplest); see `advise_policy`.
   std::size_t simplicity = 0;
@@ -376,6 +376,8 @@ struct policy_advice {
   /// One line for people, e.g. "belady + schedule_replay moves 1.2 GiB per step, 3.1x
   /// less than lru + no_prefetch (3.7 GiB)".
   std::string reason;
+  /// What a key larger than tier 0 met: bypassed or refused (see `advise_policy`).
+  ferry::admission oversized = ferry::admission::bypass;
 
   /// @brief The preferred candidate.
   [[nodiscard]] const policy_candidate& best() const { return candidates.at(preferred); }
@@ -421,10 +423,11 @@ inline std::string advice_reason(const policy_advice& a) {
 /// @brief Replays `schedule` through tiers of `capacities` with every candidate pair of
 /// policies and names the one to use.
 ///
-/// Candidates: eviction `lru`, `fifo`, `lfu`, `greedy_dual_size` (GDS(1)), `belady`,
-/// each with prefetch `no_prefetch`, `lookahead<1>`, `lookahead<2>` and
-/// `schedule_replay`: 20 pairs, each one `ferry::simulate` run of `iterations`
-/// iterations with prefetch budget `min(prefetch_budget_bytes, capacities[0])`.
+/// Candidates: eviction `lru`, `fifo`, `lfu`, `lfu_da` (LFU with dynamic aging),
+/// `greedy_dual_size` (GDS(1)), `gdsf` (GDS with frequency, cost 1), `belady`, each
+/// with prefetch `no_prefetch`, `lookahead<1>`, `lookahead<2>` and `schedule_replay`:
+/// 28 pairs, each one `ferry::simulate` run of `iterations` iterations with prefetch
+/// budget `min(prefetch_budget_bytes, capacities[0])`.
 ///
 /// Preferred: the feasible candidate that moves the fewest bytes across all tier
 /// boundaries, both ways (`simulation_result::bytes_moved()`, which is what costs link
@@ -432,8 +435,10 @@ inline std::string advice_reason(const policy_advice& a) {
 /// bytes arrive), then to the simpler candidate. Simplicity order, which is also the
 /// order of `candidates`: first by how many of the two policies follow the recorded
 /// schedule (0, 1 or 2: a schedule-driven policy needs the program to repeat what was
-/// recorded), then eviction lru, fifo, lfu, greedy_dual_size, belady (lru first as the
-/// baseline every cache is compared with), then prefetch no_prefetch, lookahead<1>,
+/// recorded), then eviction lru, fifo, lfu, lfu_da, greedy_dual_size, gdsf, belady (lru
+/// first as the baseline every cache is compared with; each later one keeps more state
+/// per key or weighs more: counts, aged counts, sizes, sizes and counts, the future),
+/// then prefetch no_prefetch, lookahead<1>,
 /// lookahead<2>, schedule_replay. So when everything fits, `lru + no_prefetch` is
 /// preferred.
 ///
@@ -449,15 +454,24 @@ inline std::string advice_reason(const policy_advice& a) {
 /// @param prefetch_budget_bytes bytes of upcoming data a prefetch policy may bring into
 ///                              tier 0 (capped at `capacities[0]`); the knob
 ///                              docs/policies.md shows trading misses for traffic
+/// @param oversized             a key larger than tier 0: bypassed (served as a miss
+///                              without entering tier 0, counted in
+///                              `simulation_result::bypassed`; `simulate`'s default, and
+///                              what cache simulators do), or refused
+///                              (`ferry::admission::refuse`: every candidate fails with
+///                              `ferry::out_of_capacity`, as a pipeline that holds each
+///                              key it accesses in tier 0 would)
 /// @throws ferry::logic_error if the schedule is empty, `capacities` is empty,
 ///         `capacities[0] == 0` or `iterations == 0`
 /// @throws the first candidate's exception (e.g. `ferry::out_of_capacity` for a key
-///         larger than tier 0) when no candidate can be simulated; a candidate that
-///         fails while others run is listed with its `error` and not preferred
+///         larger than tier 0 when refused) when no candidate can be simulated; a
+///         candidate that fails while others run is listed with its `error` and not
+///         preferred
 template <class Key, class Hash, class KeyEqual>
 [[nodiscard]] policy_advice advise_policy(const ferry::access_schedule<Key, Hash, KeyEqual>& schedule,
                                           std::span<const std::size_t> capacities, std::size_t iterations = 2,
-                                          std::size_t prefetch_budget_bytes = ferry::unlimited_bytes) {
+                                          std::size_t prefetch_budget_bytes = ferry::unlimited_bytes,
+                                          ferry::admission oversized = ferry::admission::bypass) {
   FERRY_EXPECTS(!schedule.empty(), "advise_policy needs a schedule with at least one access", schedule.size());
   FERRY_EXPECTS(!capacities.empty(), "advise_policy needs at least one tier", capacities.size());
   FERRY_EXPECTS(capacities[0] > 0, "advise_policy: tier 0 must hold some bytes", capacities[0]);
@@ -467,15 +481,18 @@ template <class Key, class Hash, class KeyEqual>
   a.capacities.assign(capacities.begin(), capacities.end());
   a.iterations = iterations;
   a.prefetch_budget_bytes = prefetch_budget_bytes;
-  const ferry::simulate_options options{.iterations = iterations, .prefetch_budget_bytes = prefetch_budget_bytes};
+  a.oversized = oversized;
+  const ferry::simulate_options options{
+      .iterations = iterations, .prefetch_budget_bytes = prefetch_budget_bytes, .oversized = oversized};
   std::exception_ptr first_failure;
+  constexpr std::size_t belady_rank = 6;  // the one schedule-driven eviction policy
 
   const auto run = [&](const auto& eviction, std::size_t eviction_rank, const char* eviction_name, auto prefetch,
                        std::size_t prefetch_rank, const char* prefetch_name) {
     policy_candidate c;
     c.eviction = eviction_name;
     c.prefetch = prefetch_name;
-    const std::size_t schedule_driven = std::size_t{eviction_rank == 4} + std::size_t{prefetch_rank > 0};
+    const std::size_t schedule_driven = std::size_t{eviction_rank == belady_rank} + std::size_t{prefetch_rank > 0};
     c.simplicity = schedule_driven * 100 + eviction_rank * 10 + prefetch_rank;
     try {
       c.result = ferry::simulate(schedule, capacities, eviction, std::move(prefetch), options);
@@ -495,8 +512,10 @@ template <class Key, class Hash, class KeyEqual>
   with_each_prefetch(ferry::lru<Key, Hash, KeyEqual>{}, 0, "lru");
   with_each_prefetch(ferry::fifo<Key, Hash, KeyEqual>{}, 1, "fifo");
   with_each_prefetch(ferry::lfu<Key, Hash, KeyEqual>{}, 2, "lfu");
-  with_each_prefetch(ferry::greedy_dual_size<Key, Hash, KeyEqual>{}, 3, "greedy_dual_size");
-  with_each_prefetch(ferry::belady<Key, Hash, KeyEqual>(schedule), 4, "belady");
+  with_each_prefetch(ferry::lfu_da<Key, Hash, KeyEqual>{}, 3, "lfu_da");
+  with_each_prefetch(ferry::greedy_dual_size<Key, Hash, KeyEqual>{}, 4, "greedy_dual_size");
+  with_each_prefetch(ferry::gdsf<Key, Hash, KeyEqual>{}, 5, "gdsf");
+  with_each_prefetch(ferry::belady<Key, Hash, KeyEqual>(schedule), belady_rank, "belady");
 
   std::stable_sort(a.candidates.begin(), a.candidates.end(),
                    [](const policy_candidate& x, const policy_candidate& y) { return x.simplicity < y.simplicity; });
@@ -523,16 +542,20 @@ template <class Key, class Hash, class KeyEqual>
 template <class Key, class Hash, class KeyEqual>
 [[nodiscard]] policy_advice advise_policy(const ferry::access_schedule<Key, Hash, KeyEqual>& schedule,
                                           std::initializer_list<std::size_t> capacities, std::size_t iterations = 2,
-                                          std::size_t prefetch_budget_bytes = ferry::unlimited_bytes) {
+                                          std::size_t prefetch_budget_bytes = ferry::unlimited_bytes,
+                                          ferry::admission oversized = ferry::admission::bypass) {
   return advise_policy(schedule, std::span<const std::size_t>(capacities.begin(), capacities.size()), iterations,
-                       prefetch_budget_bytes);
+                       prefetch_budget_bytes, oversized);
 }
 
 /// @brief The advice as JSON: `{"capacities": [bytes or "unlimited"], "iterations",
+/// "oversized" ("bypass" or "refuse"),
 /// "prefetch_budget_bytes" (null: unlimited), "preferred": NAME, "reason",
 /// "candidates": [{"name", "eviction", "prefetch", "feasible", "error", "accesses",
-/// "hits", "misses", "hit_ratio", "bytes_moved", "bytes_moved_per_step", "bytes_up",
-/// "bytes_down", "prefetches", "prefetch_bytes", "peak_bytes"}]}` (byte counts over all
+/// "hits", "misses", "miss_ratio", "hit_ratio", "bypassed", "bytes_moved",
+/// "bytes_moved_per_step", "bytes_up", "bytes_down", "prefetches", "prefetch_bytes",
+/// "peak_bytes"}]}` (`bypassed`: misses served without entering tier 0, keys larger
+/// than it; byte counts over all
 /// iterations unless named per step; `bytes_up[b]`/`bytes_down[b]` per boundary `b`
 /// between tiers `b` and `b + 1`).
 [[nodiscard]] inline nlohmann::json to_json(const policy_advice& a) {
@@ -551,7 +574,10 @@ template <class Key, class Hash, class KeyEqual>
                     {"accesses", r.accesses},
                     {"hits", r.hits},
                     {"misses", r.misses},
+                    {"miss_ratio", r.accesses == 0 ? 0.0 : static_cast<double>(r.misses) /
+                                                               static_cast<double>(r.accesses)},
                     {"hit_ratio", r.hit_ratio()},
+                    {"bypassed", r.bypassed},
                     {"bytes_moved", r.bytes_moved()},
                     {"bytes_moved_per_step",
                      a.iterations == 0 ? 0.0 : static_cast<double>(r.bytes_moved()) / static_cast<double>(a.iterations)},
@@ -563,6 +589,7 @@ template <class Key, class Hash, class KeyEqual>
   }
   return {{"capacities", caps},
           {"iterations", a.iterations},
+          {"oversized", a.oversized == ferry::admission::bypass ? "bypass" : "refuse"},
           {"prefetch_budget_bytes", a.prefetch_budget_bytes == ferry::unlimited_bytes
                                         ? nlohmann::json(nullptr)
                                         : nlohmann::json(a.prefetch_budget_bytes)},

@@ -68,7 +68,9 @@ ferry::simulation_result recount(const named_schedule& s, std::span<const std::s
   if (e == "lru") return with_prefetch(s, caps, ferry::lru<std::string>{}, p, o);
   if (e == "fifo") return with_prefetch(s, caps, ferry::fifo<std::string>{}, p, o);
   if (e == "lfu") return with_prefetch(s, caps, ferry::lfu<std::string>{}, p, o);
+  if (e == "lfu_da") return with_prefetch(s, caps, ferry::lfu_da<std::string>{}, p, o);
   if (e == "greedy_dual_size") return with_prefetch(s, caps, ferry::greedy_dual_size<std::string>{}, p, o);
+  if (e == "gdsf") return with_prefetch(s, caps, ferry::gdsf<std::string>{}, p, o);
   if (e == "belady") return with_prefetch(s, caps, ferry::belady<std::string>(s), p, o);
   throw std::invalid_argument("unknown eviction " + e);
 }
@@ -265,7 +267,7 @@ TEST_CASE("a cyclic scan larger than tier 0: lru misses every access, belady few
   const std::size_t caps[] = {(keys - 2) * ferry::MiB, ferry::unlimited_bytes};
   const std::size_t iterations = 4;
   const fb::policy_advice a = fb::advise_policy(s, caps, iterations);
-  REQUIRE(a.candidates.size() == 20);
+  REQUIRE(a.candidates.size() == 28);
   const fb::policy_candidate& lru = find(a, "lru + no_prefetch");
   CHECK(lru.result.accesses == keys * iterations);
   CHECK(lru.result.misses == keys * iterations);
@@ -290,7 +292,7 @@ TEST_CASE("when everything fits, every candidate ties and the simplest, lru + no
   const named_schedule s = fb::training_step_schedule(6, 1000);
   const std::size_t caps[] = {6000, ferry::unlimited_bytes};
   const fb::policy_advice a = fb::advise_policy(s, caps, 3);
-  REQUIRE(a.candidates.size() == 20);
+  REQUIRE(a.candidates.size() == 28);
   for (const fb::policy_candidate& c : a.candidates) {
     INFO(c.name());
     CHECK(c.feasible());
@@ -302,7 +304,10 @@ TEST_CASE("when everything fits, every candidate ties and the simplest, lru + no
   CHECK_THAT(a.reason, Catch::Contains("as little as any candidate, and is the simplest"));
   // The documented simplicity order.
   CHECK(a.candidates[1].name() == "fifo + no_prefetch");
-  CHECK(a.candidates[4].name() == "lru + lookahead<1>");
+  CHECK(a.candidates[3].name() == "lfu_da + no_prefetch");
+  CHECK(a.candidates[4].name() == "greedy_dual_size + no_prefetch");
+  CHECK(a.candidates[5].name() == "gdsf + no_prefetch");
+  CHECK(a.candidates[6].name() == "lru + lookahead<1>");
   CHECK(a.candidates.back().name() == "belady + schedule_replay");
 }
 
@@ -313,14 +318,27 @@ TEST_CASE("advise_policy: bad arguments and infeasible tiers") {
   CHECK_THROWS_AS(fb::advise_policy(s, std::span<const std::size_t>(none, 0)), ferry::logic_error);
   CHECK_THROWS_AS(fb::advise_policy(s, {0, ferry::unlimited_bytes}), ferry::logic_error);
   CHECK_THROWS_AS(fb::advise_policy(s, {1000, ferry::unlimited_bytes}, 0), ferry::logic_error);
-  // A key larger than tier 0: no candidate can run, and the simulator's error comes out.
-  CHECK_THROWS_AS(fb::advise_policy(s, {50, ferry::unlimited_bytes}), ferry::out_of_capacity);
+  // A key larger than tier 0, refused: no candidate can run, and the simulator's error
+  // comes out.
+  CHECK_THROWS_AS(fb::advise_policy(s, {50, ferry::unlimited_bytes}, 2, ferry::unlimited_bytes, ferry::admission::refuse),
+                  ferry::out_of_capacity);
+  // Bypassed (the default): every candidate runs, every access a bypassed miss.
+  const fb::policy_advice b = fb::advise_policy(s, {50, ferry::unlimited_bytes});
+  REQUIRE(b.candidates.size() == 28);
+  for (const fb::policy_candidate& c : b.candidates) {
+    INFO(c.name());
+    CHECK(c.feasible());
+    CHECK(c.result.misses == s.size() * 2);
+    CHECK(c.result.bypassed == s.size() * 2);
+  }
+  CHECK(fb::to_json(b).at("candidates")[0].at("bypassed") == s.size() * 2);
+  CHECK(fb::to_json(b).at("oversized") == "bypass");
 }
 
 TEST_CASE("to_json lists every candidate and the preferred one") {
   const fb::policy_advice a = fb::advise_policy(cyclic_reads(4, 10), {30, ferry::unlimited_bytes}, 2, 20);
   const nlohmann::json j = fb::to_json(a);
-  CHECK(j.at("candidates").size() == 20);
+  CHECK(j.at("candidates").size() == 28);
   CHECK(j.at("preferred") == a.best().name());
   CHECK(j.at("reason") == a.reason);
   CHECK(j.at("capacities")[1] == "unlimited");
@@ -355,7 +373,7 @@ TEST_CASE("advise_policy against a recount with ferry::simulate, on random sched
     } catch (const ferry::out_of_capacity&) {
       // No candidate fits these tiers (a middle tier too small): the recount agrees.
       ++infeasible;
-      for (const char* e : {"lru", "fifo", "lfu", "greedy_dual_size", "belady"}) {
+      for (const char* e : {"lru", "fifo", "lfu", "lfu_da", "greedy_dual_size", "gdsf", "belady"}) {
         for (const char* p : {"no_prefetch", "lookahead<1>", "lookahead<2>", "schedule_replay"}) {
           INFO("trial " << trial << ", " << e << " + " << p);
           CHECK_THROWS_AS(recount(s, caps, e, p, o), ferry::out_of_capacity);
@@ -363,7 +381,7 @@ TEST_CASE("advise_policy against a recount with ferry::simulate, on random sched
       }
       continue;
     }
-    REQUIRE(a.candidates.size() == 20);
+    REQUIRE(a.candidates.size() == 28);
     for (const fb::policy_candidate& c : a.candidates) {
       INFO("trial " << trial << ", " << c.name());
       bool ran = true;
