@@ -9,6 +9,7 @@
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/summary.hpp"
+#include "harness/trace_formats.hpp"
 
 #include <ferry/ferry.hpp>
 
@@ -241,6 +242,9 @@ int run(int argc, char** argv) {
   std::size_t workload_count = 16;
   double workload_mib = 64;
   std::vector<double> capacities_mib;
+  std::vector<std::size_t> capacities_bytes;
+  std::string trace_file;
+  std::string trace_format = "auto";
   std::size_t iterations = 2;
   double prefetch_budget_mib = 0;
   advise->add_option("--schedule", schedule_file,
@@ -250,15 +254,28 @@ int run(int argc, char** argv) {
                                               "streaming (layers' weights)")
       ->check(CLI::IsMember({"optimizer", "training", "streaming"}))
       ->excludes(advise->get_option("--schedule"));
+  advise->add_option("--trace", trace_file,
+                     "instead: a request trace, libCacheSim oracleGeneral (binary) or CSV `key,bytes[,op]` lines "
+                     "(docs/benchmarks.md); replayed once unless --iterations says otherwise")
+      ->excludes(advise->get_option("--schedule"))
+      ->excludes(advise->get_option("--workload"));
+  advise->add_option("--trace-format", trace_format,
+                     "format of --trace: oracleGeneral, csv, or auto (by extension: .oracleGeneral and .bin are "
+                     "oracleGeneral, .csv is csv; the default)")
+      ->check(CLI::IsMember({"auto", "oracleGeneral", "csv"}));
   advise->add_option("--count", workload_count, "groups or layers of --workload (default 16)")
       ->check(CLI::Range(1, 1 << 20));
   advise->add_option("--key-mib", workload_mib, "MiB per group or layer of --workload (default 64)")
       ->check(mib_check(1024.0 * 1024));
   advise->add_option("--capacity-mib", capacities_mib,
                      "MiB of tier 0 (where accesses happen), then of each further tier; the last tier is unlimited")
-      ->required()
       ->check(mib_check(1024.0 * 1024 * 1024));
-  advise->add_option("--iterations", iterations, "iterations of the schedule to replay (default 2)")
+  advise->add_option("--capacity-bytes", capacities_bytes,
+                     "instead of --capacity-mib: bytes of tier 0, then of each further tier (for traces of small "
+                     "objects)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 60))
+      ->excludes(advise->get_option("--capacity-mib"));
+  advise->add_option("--iterations", iterations, "iterations of the schedule to replay (default 2; with --trace 1)")
       ->check(CLI::Range(1, 1000));
   advise->add_option("--prefetch-budget-mib", prefetch_budget_mib,
                      "bytes each prefetch call may bring in (default: all of tier 0)")
@@ -327,65 +344,121 @@ int run(int argc, char** argv) {
     }
 
     if (*advise) {
-      if (schedule_file.empty() && workload.empty()) {
-        std::fprintf(stderr, "ferry-bench: advise needs --schedule FILE or --workload NAME\n");
+      if (schedule_file.empty() && workload.empty() && trace_file.empty()) {
+        std::fprintf(stderr, "ferry-bench: advise needs --schedule FILE, --trace FILE or --workload NAME\n");
         return 2;
+      }
+      if (capacities_mib.empty() && capacities_bytes.empty()) {
+        std::fprintf(stderr, "ferry-bench: advise needs --capacity-mib or --capacity-bytes\n");
+        return 2;
+      }
+      if (advise->count("--trace-format") > 0 && trace_file.empty()) {
+        std::fprintf(stderr, "ferry-bench: --trace-format goes with --trace\n");
+        return 2;
+      }
+      std::optional<ferry::bench::trace_format> format;
+      if (!trace_file.empty()) {
+        format = trace_format == "auto" ? ferry::bench::trace_format_of(trace_file)
+                                        : ferry::bench::parse_trace_format(trace_format);
+        if (!format) {
+          std::fprintf(stderr,
+                       "ferry-bench: cannot tell the format of --trace %s by its extension (.oracleGeneral or .bin: "
+                       "oracleGeneral, .csv: csv%s); name it with --trace-format oracleGeneral|csv\n",
+                       trace_file.c_str(),
+                       std::filesystem::path(trace_file).extension() == ".zst" ? "; a .zst file: decompress it with "
+                                                                                 "zstd -d first"
+                                                                               : "");
+          return 2;
+        }
+        if (advise->count("--iterations") == 0) iterations = 1;  // a trace is one pass, not a repeating step
       }
       if (app.count("--out") > 0 || no_out || no_plots) {
         std::fprintf(stderr, "ferry-bench: advise writes no output folder (use --json FILE)\n");
         return 2;
       }
-      const auto key_bytes = static_cast<std::size_t>(workload_mib * static_cast<double>(ferry::MiB));
-      ferry::bench::named_schedule schedule =
-          !schedule_file.empty()       ? ferry::bench::read_schedule(std::filesystem::path(schedule_file))
-          : workload == "optimizer"    ? ferry::bench::optimizer_step_schedule(workload_count, key_bytes)
-          : workload == "training"     ? ferry::bench::training_step_schedule(workload_count, key_bytes)
-                                       : ferry::bench::layer_streaming_schedule(workload_count, key_bytes);
-      if (schedule.empty()) {
-        std::fprintf(stderr, "ferry-bench: the schedule %s has no accesses\n", schedule_file.c_str());
-        return 1;
-      }
-      std::vector<std::size_t> caps;
+      std::vector<std::size_t> caps = capacities_bytes;
       for (const double c : capacities_mib) caps.push_back(static_cast<std::size_t>(c * static_cast<double>(ferry::MiB)));
       caps.push_back(ferry::unlimited_bytes);
-      const auto budget = prefetch_budget_mib > 0
-                              ? static_cast<std::size_t>(prefetch_budget_mib * static_cast<double>(ferry::MiB))
-                              : ferry::unlimited_bytes;
-      std::optional<ferry::bench::policy_advice> advised;
-      try {
-        advised = ferry::bench::advise_policy(schedule, caps, iterations, budget);
-      } catch (const ferry::out_of_capacity& e) {
-        std::fflush(stdout);
-        std::fprintf(stderr,
-                     "ferry-bench: advise: no pair of policies can replay this schedule on these tiers (a tier "
-                     "between the first and the last must hold at least two of the keys it receives, and tier 0 the "
-                     "largest key): %s\n",
-                     user_message(e).c_str());
-        return 1;
-      }
-      const ferry::bench::policy_advice& a = *advised;
-      std::printf("%zu accesses, %zu keys; tiers:", schedule.size(), schedule.key_count());
-      for (std::size_t i = 0; i + 1 < caps.size(); ++i) std::printf(" %.0f MiB", capacities_mib[i]);
-      std::printf(" then unlimited; %zu iterations\n", iterations);
-      std::printf("%-36s %10s %10s %9s %14s\n", "eviction + prefetch", "accesses", "misses", "hit ratio",
-                  "moved/step MiB");
-      for (const auto& c : a.candidates) {
-        if (!c.feasible()) {
-          std::printf("%-36s cannot run: %s\n", c.name().c_str(), c.error.c_str());
-          continue;
+      // A trace is a cache's requests: a key larger than tier 0 bypasses it, as cache
+      // simulators count it. A schedule is a pipeline's: it must hold every key in tier 0.
+      const auto advise_on = [&](const auto& schedule, const std::string& source, ferry::admission oversized) -> int {
+        if (schedule.empty()) {
+          std::fprintf(stderr, "ferry-bench: the %s has no accesses\n", source.c_str());
+          return 1;
         }
-        std::printf("%-36s %10zu %10zu %9.3f %14.1f%s\n", c.name().c_str(), c.result.accesses, c.result.misses,
-                    c.result.hit_ratio(),
-                    static_cast<double>(c.result.bytes_moved()) / static_cast<double>(iterations) /
-                        static_cast<double>(ferry::MiB),
-                    &c == &a.best() ? "  <- preferred" : "");
+        const auto budget = prefetch_budget_mib > 0
+                                ? static_cast<std::size_t>(prefetch_budget_mib * static_cast<double>(ferry::MiB))
+                                : ferry::unlimited_bytes;
+        std::optional<ferry::bench::policy_advice> advised;
+        try {
+          advised = ferry::bench::advise_policy(schedule, caps, iterations, budget, oversized);
+        } catch (const ferry::out_of_capacity& e) {
+          std::fflush(stdout);
+          std::fprintf(stderr,
+                       "ferry-bench: advise: no pair of policies can replay this schedule on these tiers (a tier "
+                       "between the first and the last must hold at least two of the keys it receives, and tier 0 the "
+                       "largest key): %s\n",
+                       user_message(e).c_str());
+          return 1;
+        }
+        const ferry::bench::policy_advice& a = *advised;
+        std::printf("%zu accesses, %zu keys; tiers:", schedule.size(), schedule.key_count());
+        for (std::size_t i = 0; i + 1 < caps.size(); ++i) {
+          std::printf(" %s", ferry::bench::size_text(static_cast<double>(caps[i])).c_str());
+        }
+        std::printf(" then unlimited; %zu iterations\n", iterations);
+        std::printf("%-36s %10s %10s %9s %10s %12s\n", "eviction + prefetch", "accesses", "misses", "hit ratio",
+                    "bypassed", "moved/step");
+        for (const auto& c : a.candidates) {
+          if (!c.feasible()) {
+            std::printf("%-36s cannot run: %s\n", c.name().c_str(), c.error.c_str());
+            continue;
+          }
+          std::printf("%-36s %10zu %10zu %9.3f %10zu %12s%s\n", c.name().c_str(), c.result.accesses,
+                      c.result.misses, c.result.hit_ratio(), c.result.bypassed,
+                      ferry::bench::size_text(static_cast<double>(c.result.bytes_moved()) /
+                                              static_cast<double>(iterations))
+                          .c_str(),
+                      &c == &a.best() ? "  <- preferred" : "");
+        }
+        std::printf("advice: %s\n", a.reason.c_str());
+        if (!json_path.empty()) {
+          ferry::bench::write_json_atomically(json_path, ferry::bench::to_json(a));
+          std::printf("results: %s\n", json_path.c_str());
+        }
+        return 0;
+      };
+      if (format) {
+        ferry::bench::trace_read_stats st;
+        const auto read_note = [&](const char* name) {
+          std::printf("trace %s (%s): %zu records", trace_file.c_str(), name, st.records);
+          if (st.skipped_zero_size > 0) std::printf(", %zu of size 0 skipped", st.skipped_zero_size);
+          if (st.resized > 0) std::printf(", %zu size changes replayed as writes", st.resized);
+          std::printf("\n");
+          if (st.wrap_resized_keys > 0 && iterations > 1) {
+            std::fprintf(stderr,
+                         "ferry-bench: --iterations %zu: %zu keys of this trace end with another size than they "
+                         "start with, so the trace cannot repeat (only a write may resize a key); replay it once\n",
+                         iterations, st.wrap_resized_keys);
+            return false;
+          }
+          return true;
+        };
+        if (*format == ferry::bench::trace_format::oracle_general) {
+          const ferry::bench::trace_schedule s =
+              ferry::bench::read_oracle_general(trace_file, ferry::bench::zero_size_rule::skip, &st);
+          return read_note("oracleGeneral") ? advise_on(s, "trace " + trace_file, ferry::admission::bypass) : 2;
+        }
+        const ferry::bench::named_schedule s = ferry::bench::read_csv_trace(std::filesystem::path(trace_file), &st);
+        return read_note("csv") ? advise_on(s, "trace " + trace_file, ferry::admission::bypass) : 2;
       }
-      std::printf("advice: %s\n", a.reason.c_str());
-      if (!json_path.empty()) {
-        ferry::bench::write_json_atomically(json_path, ferry::bench::to_json(a));
-        std::printf("results: %s\n", json_path.c_str());
-      }
-      return 0;
+      const auto key_bytes = static_cast<std::size_t>(workload_mib * static_cast<double>(ferry::MiB));
+      return advise_on(!schedule_file.empty()    ? ferry::bench::read_schedule(std::filesystem::path(schedule_file))
+                       : workload == "optimizer" ? ferry::bench::optimizer_step_schedule(workload_count, key_bytes)
+                       : workload == "training"  ? ferry::bench::training_step_schedule(workload_count, key_bytes)
+                                                 : ferry::bench::layer_streaming_schedule(workload_count, key_bytes),
+                       schedule_file.empty() ? "workload " + workload : "schedule " + schedule_file,
+                       ferry::admission::refuse);
     }
     if (*list) {
       if (scenarios.empty()) {
