@@ -328,6 +328,8 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
     ferry::placement_options options;
     const void* follows;
     std::vector<std::uint32_t> by_schedule_id;
+    std::vector<std::size_t> home_bytes;
+    std::size_t at_home;
     std::size_t offset;
     std::size_t c;
     std::size_t bypasses;
@@ -478,4 +480,143 @@ TEST_CASE("the home tier keeps no policy state; pins of home keys are counted by
   CHECK(pl.pinned(3));
   pl.unpin(3);
   CHECK_FALSE(pl.pinned(3));
+}
+
+namespace {
+
+struct recorded_move {
+  int key;
+  std::size_t bytes, from, to;
+  ferry::move_kind kind;
+  bool operator==(const recorded_move&) const = default;
+};
+
+// Replays `s` through a placement that follows the schedule (keys kept at home, lookups
+// by schedule id) and one that does not, and returns whether both made the same moves.
+template <class Eviction, class Prefetch>
+void same_moves_with_and_without_the_schedule(const schedule& s, const std::vector<std::size_t>& caps,
+                                              const Eviction& eviction, const Prefetch& prefetch,
+                                              const ferry::placement_options& options, std::size_t iterations) {
+  using placement = ferry::placement<int, Eviction, Prefetch>;
+  placement fast(caps, eviction, prefetch, options, &s);
+  placement plain(caps, eviction, prefetch, options);
+  std::vector<recorded_move> a, b;
+  const auto into = [](std::vector<recorded_move>& out) {
+    return [&out](const ferry::move_event<int>& e) { out.push_back({e.key, e.bytes, e.from, e.to, e.kind}); };
+  };
+  fast.place_at_home(into(a));
+  std::vector<bool> seen(s.key_count());
+  for (std::size_t e = 0; e < s.size(); ++e) {
+    if (!seen[s.id_at(e)] && s.kind_at(e) == ferry::access_kind::read) {
+      plain.place(s.key_at(e), s.bytes_at(e), caps.size() - 1, into(b));
+    }
+    seen[s.id_at(e)] = true;
+  }
+  REQUIRE(a == b);
+  const std::size_t budget = caps[0] / 2;
+  for (std::size_t it = 0; it < iterations; ++it) {
+    for (std::size_t e = 0; e < s.size(); ++e) {
+      INFO("iteration " << it << ", entry " << e);
+      // A tier too small for a swap fails the access (out_of_capacity): both, or neither.
+      ferry::access_outcome oa, ob;
+      bool fa = false, fb = false;
+      try {
+        oa = fast.access(s.key_at(e), s.bytes_at(e), s.kind_at(e), budget, into(a));
+      } catch (const ferry::out_of_capacity&) {
+        fa = true;
+      }
+      try {
+        ob = plain.access(s.key_at(e), s.bytes_at(e), s.kind_at(e), budget, into(b));
+      } catch (const ferry::out_of_capacity&) {
+        fb = true;
+      }
+      REQUIRE(fa == fb);
+      REQUIRE(a == b);
+      if (fa) {
+        return;
+      }
+      REQUIRE(oa.hit == ob.hit);
+      REQUIRE(oa.found_in == ob.found_in);
+      REQUIRE(oa.bypassed == ob.bypassed);
+      REQUIRE(a == b);
+    }
+  }
+  CHECK(fast.size() == plain.size());
+  for (std::size_t i = 0; i < caps.size(); ++i) {
+    CHECK(fast.used(i) == plain.used(i));
+    CHECK(fast.peak(i) == plain.peak(i));
+  }
+  for (std::size_t id = 0; id < s.key_count(); ++id) {
+    const int k = s.key(static_cast<std::uint32_t>(id));
+    CHECK(fast.tier_of(k) == plain.tier_of(k));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a placement that follows its schedule moves exactly as one that does not", "[policy][simulate]") {
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    schedule s = random_schedule(rng, 3 + static_cast<int>(seed % 20), 1 + rng() % 120, seed % 2 == 0);
+    if (seed % 4 == 0) {  // a key rewritten with another size, then with its own again
+      const int k = s.key_at(0);
+      s.record(k, s.bytes_at(0) + 16, ferry::access_kind::write);
+      s.record(k, s.bytes_at(0) + 16);
+      s.record(k, s.bytes_at(0), ferry::access_kind::write);
+    }
+    const std::vector<std::size_t> caps =
+        seed % 3 == 0 ? std::vector<std::size_t>{96 + 16 * (rng() % 10), 128 + 16 * (rng() % 10), ferry::unlimited_bytes}
+                      : std::vector<std::size_t>{96 + 16 * (rng() % 20), ferry::unlimited_bytes};
+    const ferry::placement_options options{.oversized = ferry::admission::bypass,
+                                           .admit_max_bytes = seed % 5 == 0 ? 64 : ferry::unlimited_bytes};
+    const std::size_t iterations = 1 + seed % 3;
+    same_moves_with_and_without_the_schedule(s, caps, ferry::lru<int>{}, ferry::no_prefetch{}, options, iterations);
+    same_moves_with_and_without_the_schedule(s, caps, ferry::belady<int>(s), ferry::lookahead<int, 2>(s), options,
+                                             iterations);
+    same_moves_with_and_without_the_schedule(s, caps, ferry::gdsf<int>{}, ferry::schedule_replay<int>(s), options,
+                                             iterations);
+  }
+}
+
+TEST_CASE("keys kept at home: pin, erase, tier_of and errors as for any placed key", "[policy][simulate]") {
+  schedule s;
+  for (const int k : {1, 2, 3, 1, 2, 3}) {
+    s.record(k, 100);
+  }
+  const std::size_t caps[] = {200, 250};
+  ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{}, ferry::no_prefetch{}, {}, &s);
+  // The home holds 250 bytes: the third key does not fit.
+  CHECK_THROWS_AS(pl.place_at_home([](const ferry::move_event<int>&) {}), ferry::out_of_capacity);
+  CHECK(pl.size() == 2);
+  CHECK(pl.used(1) == 200);
+  CHECK(pl.tier_of(1) == std::optional<std::size_t>(1));
+  CHECK(pl.tier_of(2) == std::optional<std::size_t>(1));
+  CHECK_FALSE(pl.tier_of(3).has_value());
+  CHECK_THROWS_AS(pl.place(1, 100, 0), ferry::logic_error);  // placed already (kept at home)
+  pl.pin(2);
+  CHECK(pl.pinned(2));
+  pl.unpin(2);
+  CHECK_FALSE(pl.pinned(2));
+  pl.erase(1);
+  CHECK_FALSE(pl.tier_of(1).has_value());
+  CHECK(pl.used(1) == 100);
+  CHECK(pl.size() == 1);
+  pl.place(3, 100, 1);
+  CHECK(pl.used(1) == 200);  // 2 and 3 at home
+  CHECK_THROWS_AS(pl.place(1, 100, 1), ferry::out_of_capacity);
+  CHECK(pl.used(1) == 200);
+  // The schedule's first access (key 1) was erased: it is written anew in tier 0.
+  const auto w = pl.access(1, 100, ferry::access_kind::write);
+  CHECK_FALSE(w.hit);
+  CHECK(pl.tier_of(1) == std::optional<std::size_t>(0));
+  const auto o = pl.access(2, 100, ferry::access_kind::read);  // fetched from home
+  CHECK_FALSE(o.hit);
+  CHECK(o.found_in == 1);
+  CHECK(pl.tier_of(2) == std::optional<std::size_t>(0));
+  CHECK(pl.used(1) == 100);
+  CHECK(pl.used(0) == 200);
+  // A placement that follows no schedule has no keys to place.
+  ferry::placement<int, ferry::lru<int>> loose(caps, ferry::lru<int>{});
+  CHECK_THROWS_AS(loose.place_at_home([](const ferry::move_event<int>&) {}), ferry::logic_error);
 }

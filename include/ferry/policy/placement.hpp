@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -173,14 +174,17 @@ class placement {
   placement(std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch = Prefetch{},
             const placement_options& options = {}, const access_schedule<Key, Hash, KeyEqual>* follows = nullptr)
       : prefetch_(std::move(prefetch)), options_(options), follows_(follows) {
-    if (follows_ != nullptr) {
-      by_sid_.assign(follows_->key_count(), detail::no_node);
-    }
     FERRY_EXPECTS(!capacities.empty(), "a placement needs at least one tier", capacities.size());
     FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
     tiers_.reserve(capacities.size());
     for (const std::size_t c : capacities) {
       tiers_.push_back(tier_state{eviction, c});
+    }
+    if (follows_ != nullptr) {
+      by_sid_.assign(follows_->key_count(), detail::no_node);
+      if (tiers_.size() > 1) {
+        home_bytes_.assign(follows_->key_count(), 0);
+      }
     }
   }
 
@@ -197,20 +201,23 @@ class placement {
   /// @brief Accesses made so far (the schedule position of the next one).
   [[nodiscard]] std::size_t position() const noexcept { return clock_; }
   /// @brief Keys held, in all tiers.
-  [[nodiscard]] std::size_t size() const noexcept { return where_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return where_.size() + at_home_; }
   /// @brief The tier holding `key`, or `std::nullopt`. O(1) expected.
   [[nodiscard]] std::optional<std::size_t> tier_of(const Key& key) const {
     const detail::node_id id = where_.find(key);
-    if (id == detail::no_node) {
-      return std::nullopt;
+    if (id != detail::no_node) {
+      return where_[id].tier;
     }
-    return where_[id].tier;
+    if (home_sid(key) != unknown_sid) {
+      return tiers_.size() - 1;
+    }
+    return std::nullopt;
   }
   /// @brief Whether `key` is placed and pinned (`pin` more often than `unpin`) in its
   /// tier. O(1) expected.
   [[nodiscard]] bool pinned(const Key& key) const {
     const detail::node_id id = where_.find(key);
-    return id != detail::no_node && where_[id].pins > 0;
+    return id != detail::no_node && where_[id].pins > 0;  // a key kept at home has no pins
   }
   /// @brief Accesses served without caching the key in tier 0 (`admission::bypass`).
   [[nodiscard]] std::size_t bypasses() const noexcept { return bypasses_; }
@@ -226,13 +233,55 @@ class placement {
   /// @throws ferry::out_of_capacity if the tier (or one below it) cannot make room
   template <class Mover>
   void place(const Key& key, std::size_t bytes, std::size_t tier, Mover&& mover) {
-    FERRY_EXPECTS(where_.find(key) == detail::no_node, "the key is already placed", key, tier);
+    FERRY_EXPECTS(find_node(key) == detail::no_node, "the key is already placed", key, tier);
     FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
     make_room(tier, bytes, false, mover);
+    if (tier + 1 == tiers_.size() && !home_bytes_.empty()) {
+      if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
+        keep_new_at_home(static_cast<std::uint32_t>(sid), bytes);
+        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
+        return;
+      }
+    }
     const detail::node_id id = insert_key(key);
-    where_[id] = location{tier, bytes};
+    where_[id].tier = tier;
+    where_[id].bytes = bytes;
     insert_into(tier, key, bytes);
     mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
+  }
+
+  /// @brief Places every key of the followed schedule whose first access is a read
+  /// (weights, optimizer states: what exists before the program runs) in the home
+  /// tier, in order of first access, with its bytes at that access; keys first written
+  /// appear when written. What `ferry::simulate` starts from. One pass over the
+  /// schedule's entries; the keys kept at home take no hash insert.
+  /// @throws ferry::logic_error if the placement follows no schedule, or one of the
+  ///         keys is placed already
+  /// @throws ferry::out_of_capacity if the home tier cannot hold them all
+  template <class Mover>
+  void place_at_home(Mover&& mover) {
+    FERRY_EXPECTS(follows_ != nullptr, "place_at_home needs a placement that follows a schedule", tiers_.size());
+    const std::size_t home = tiers_.size() - 1;
+    std::vector<bool> seen(follows_->key_count());
+    for (std::size_t e = 0; e < follows_->size(); ++e) {
+      const std::uint32_t sid = follows_->id_at(e);
+      if (seen[sid]) {
+        continue;
+      }
+      seen[sid] = true;
+      if (follows_->kind_at(e) != access_kind::read) {
+        continue;
+      }
+      const std::size_t bytes = follows_->bytes_at(e);
+      if (home_bytes_.empty() || sid >= by_sid_.size()) {
+        place(follows_->key_at(e), bytes, home, mover);
+        continue;
+      }
+      FERRY_EXPECTS(by_sid_[sid] == detail::no_node, "the key is already placed", follows_->key_at(e), home);
+      make_room(home, bytes, false, mover);
+      keep_new_at_home(sid, bytes);
+      mover(move_event<Key>{follows_->key_at(e), bytes, move_event<Key>::no_tier, home, move_kind::create});
+    }
   }
 
   /// @brief `place` without a mover.
@@ -244,7 +293,7 @@ class placement {
   /// @throws ferry::logic_error if `key` is not held
   template <class Mover>
   void erase(const Key& key, Mover&& mover) {
-    const detail::node_id id = where_.find(key);
+    const detail::node_id id = find_node(key);
     FERRY_EXPECTS(id != detail::no_node, "erase of a key that is not placed", key);
     const location loc = where_[id];
     remove_from(loc.tier, key, loc.bytes);
@@ -262,7 +311,7 @@ class placement {
   /// arrives there unpinned.
   /// @throws ferry::logic_error if `key` is not held
   void pin(const Key& key) {
-    const detail::node_id id = where_.find(key);
+    const detail::node_id id = find_node(key);
     FERRY_EXPECTS(id != detail::no_node, "pin of a key that is not placed", key);
     pin_id(id);
   }
@@ -270,7 +319,7 @@ class placement {
   /// @brief Undoes one `pin(key)`.
   /// @throws ferry::logic_error if `key` is not held or not pinned
   void unpin(const Key& key) {
-    const detail::node_id id = where_.find(key);
+    const detail::node_id id = find_node(key);
     FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not placed", key);
     FERRY_EXPECTS(where_[id].pins > 0, "unpin of a key that is not pinned", key, where_[id].tier);
     unpin_id(id);
@@ -308,7 +357,8 @@ class placement {
       FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
       make_room(0, bytes, false, mover);
       id = insert_key(key);
-      where_[id] = location{0, bytes};
+      where_[id].tier = 0;
+      where_[id].bytes = bytes;
       insert_into(0, key, bytes);
       mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
     } else if (const std::size_t from = where_[id].tier; from == 0) {
@@ -342,7 +392,7 @@ class placement {
     }
 
     prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
-      const detail::node_id aid = where_.find(ahead);
+      const detail::node_id aid = find_node(ahead);
       if (aid == detail::no_node || where_[aid].tier == 0) {
         return true;  // not produced yet, or already resident: nothing to fetch
       }
@@ -377,7 +427,68 @@ class placement {
     std::size_t tier = 0;
     std::size_t bytes = 0;
     std::uint32_t pins = 0;  // pins of the key in its tier (the home tier's policy keeps none)
+    std::uint32_t sid = 0;   // its id in follows_, or unknown_sid
   };
+
+  // Keys kept at home. With a schedule to follow and more than one tier, a key of the
+  // schedule that rests unpinned in the home tier leaves where_: by_sid_ says at_home
+  // and home_bytes_ holds its size. where_ then indexes only the keys above the home
+  // (about what tier 0 holds), so the lookups of evictions stay in cache however many
+  // keys the home holds. A kept key goes back into where_ (materialize) when touched.
+  static constexpr detail::node_id at_home = detail::no_node - 1;
+  static constexpr std::size_t prefetch_distance = 8;  // accesses ahead (find_current)
+  static constexpr std::uint32_t unknown_sid = access_schedule<Key, Hash, KeyEqual>::unknown_key;
+
+  // The schedule id of `key` if it is kept at home, else unknown_sid. O(1) expected.
+  [[nodiscard]] std::uint32_t home_sid(const Key& key) const {
+    if (home_bytes_.empty()) {
+      return unknown_sid;
+    }
+    const std::uint32_t sid = follows_->find(key);
+    return sid < by_sid_.size() && by_sid_[sid] == at_home ? sid : unknown_sid;
+  }
+
+  // The where_ node of `key`, bringing a key kept at home back into where_; no_node if
+  // it is not placed.
+  detail::node_id find_node(const Key& key) {
+    detail::node_id id = where_.find(key);
+    if (id == detail::no_node) {
+      if (const std::uint32_t sid = home_sid(key); sid != unknown_sid) {
+        id = materialize(sid, key);
+      }
+    }
+    return id;
+  }
+
+  detail::node_id materialize(std::uint32_t sid, const Key& key) {
+    const detail::node_id id = where_.insert(key);
+    FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
+    where_[id] = location{tiers_.size() - 1, home_bytes_[sid], 0, sid};
+    by_sid_[sid] = id;
+    --at_home_;
+    return id;
+  }
+
+  // Puts a new key of the schedule in the home tier without a where_ node (room made).
+  void keep_new_at_home(std::uint32_t sid, std::size_t bytes) {
+    tier_state& t = tiers_.back();
+    t.used += bytes;
+    t.peak = std::max(t.peak, t.used);
+    home_bytes_[sid] = bytes;
+    by_sid_[sid] = at_home;
+    ++at_home_;
+  }
+
+  // Takes node `id` out of where_ if it rests unpinned at home and the schedule knows it.
+  void keep_at_home(detail::node_id id) {
+    const location& loc = where_[id];
+    if (!home_bytes_.empty() && loc.tier + 1 == tiers_.size() && loc.pins == 0 && loc.sid < by_sid_.size()) {
+      home_bytes_[loc.sid] = loc.bytes;
+      by_sid_[loc.sid] = at_home;
+      ++at_home_;
+      where_.erase(id);
+    }
+  }
 
   // The schedule id of `key` (unknown_key without a schedule or for a key it lacks):
   // the entry at the current position when it names the key, else a lookup.
@@ -393,27 +504,49 @@ class placement {
   }
 
   // The node of `key` for the access at the current position: by schedule id when the
-  // schedule has the key there (no hash lookup), else a lookup.
-  [[nodiscard]] detail::node_id find_current(const Key& key) const {
+  // schedule has the key there (no hash lookup), else a lookup. A key kept at home is
+  // brought back into where_.
+  detail::node_id find_current(const Key& key) {
     if (follows_ != nullptr && offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
-      const std::size_t sid = follows_->id_at(offset_);
+#if defined(__GNUC__)
+      // The accesses a few positions on: their keys and nodes are a cache miss each
+      // over a large schedule; ask for them early (each access depends on the last, so
+      // the CPU cannot run ahead to them by itself).
+      if (const std::size_t ahead = offset_ + prefetch_distance; ahead < follows_->size()) {
+        __builtin_prefetch(std::addressof(follows_->key_at(ahead)));
+        const std::uint32_t next = follows_->id_at(ahead);
+        if (next < by_sid_.size()) {
+          __builtin_prefetch(&by_sid_[next]);
+          if (!home_bytes_.empty()) {
+            __builtin_prefetch(&home_bytes_[next]);
+          }
+        }
+      }
+#endif
+      const std::uint32_t sid = follows_->id_at(offset_);
       if (sid < by_sid_.size()) {
-        return by_sid_[sid];
+        const detail::node_id id = by_sid_[sid];
+        return id == at_home ? materialize(sid, key) : id;
       }
     }
-    return where_.find(key);
+    return find_node(key);
   }
 
+  // A new where_ node for `key` (not placed), its sid recorded.
   detail::node_id insert_key(const Key& key) {
     const detail::node_id id = where_.insert(key);
-    if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
+    FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
+    const std::size_t sid = schedule_id(key);
+    where_[id] = location{};
+    where_[id].sid = sid < by_sid_.size() ? static_cast<std::uint32_t>(sid) : unknown_sid;
+    if (sid < by_sid_.size()) {
       by_sid_[sid] = id;
     }
     return id;
   }
 
   void erase_key(detail::node_id id) {
-    if (const std::size_t sid = schedule_id(where_.key(id)); sid < by_sid_.size()) {
+    if (const std::uint32_t sid = where_[id].sid; sid < by_sid_.size()) {
       by_sid_[sid] = detail::no_node;
     }
     where_.erase(id);
@@ -476,9 +609,11 @@ class placement {
     }
     make_room(to, bytes, false, mover);
     id = insert_key(key);
-    where_[id] = location{to, bytes, 0};
+    where_[id].tier = to;
+    where_[id].bytes = bytes;
     insert_into(to, key, bytes);
     mover(move_event<Key>{where_.key(id), bytes, 0, to, move_kind::bypass});
+    keep_at_home(id);
   }
 
   // Moves the policy of tier i to the current position, if it follows a schedule.
@@ -562,6 +697,7 @@ class placement {
       where_[vid].tier = to;
       ++t.evictions;
       mover(move_event<Key>{where_.key(vid), vb, i, to, move_kind::evict});
+      keep_at_home(vid);
     }
     return true;
   }
@@ -596,7 +732,9 @@ class placement {
   [[no_unique_address]] Prefetch prefetch_;
   placement_options options_;
   const access_schedule<Key, Hash, KeyEqual>* follows_;
-  std::vector<detail::node_id> by_sid_;  // node of each key of follows_ (no_node: not placed)
+  std::vector<detail::node_id> by_sid_;  // node of each key of follows_ (no_node: not placed; at_home)
+  std::vector<std::size_t> home_bytes_;  // bytes of each key kept at home (empty: none are kept)
+  std::size_t at_home_ = 0;              // keys kept at home
   std::size_t offset_ = 0;               // clock_ % follows_->size()
   std::size_t clock_ = 0;
   std::size_t bypasses_ = 0;

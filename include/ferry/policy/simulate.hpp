@@ -176,13 +176,7 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
       }
     };
 
-    const std::size_t home = tiers - 1;
-    for (typename access_schedule<Key, Hash, KeyEqual>::key_id id = 0; id < schedule.key_count(); ++id) {
-      const std::size_t first = schedule.uses(id).front();
-      if (schedule.kind_at(first) == access_kind::read) {
-        p.place(schedule.key(id), schedule.bytes_at(first), home, count);
-      }
-    }
+    p.place_at_home(count);
 
     const std::size_t budget = std::min(options.prefetch_budget_bytes, capacities[0]);
     const std::size_t n = schedule.size();
