@@ -425,9 +425,16 @@ TEST_CASE("stream_scheduler (recorded): without stream memory operations enqueue
   std::vector<std::byte> host(n);
   fill(host, 5);
   const auto r = tier.allocate(n);
-  auto t = sched.host_to_nvme(tier, r, 0, host);
-  t.enqueue_wait(consumer);
-  CHECK(t.ready());  // the move finished before enqueue_wait returned
+  // A move that finished before enqueue_wait needs no wait at all, so the refused
+  // stream wait (and the host wait after it) is only seen on a move still running; the
+  // I/O threads may win that race on a loaded machine, so moves are issued until one
+  // is caught running (every one must be complete when enqueue_wait returns).
+  for (int attempt = 0; attempt < 200 && sched.backend().stream_memory_waits(); ++attempt) {
+    auto t = sched.host_to_nvme(tier, r, 0, host);
+    t.enqueue_wait(consumer);
+    REQUIRE(t.ready());  // the move finished before enqueue_wait returned
+    t.wait();
+  }
   sched.synchronize();
   CHECK_FALSE(sched.backend().stream_memory_waits());
   const auto calls = api.st->calls();
