@@ -171,6 +171,24 @@ inline std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
+/// The first `max` bytes of `s` with control bytes as `\xNN`, and "..." if cut.
+inline std::string printable(std::string_view s, std::size_t max) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < max; ++i) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u < 0x20 || u == 0x7F) {
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 0xF];
+    } else {
+      out += s[i];
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
 /// `s` in lower case (ASCII).
 inline std::string lower(std::string_view s) {
   std::string out(s);
@@ -278,7 +296,8 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
 /// @param source a name for `in` in error messages (a path, or e.g. "<stdin>")
 /// @param stats  if not null, receives the counts of `trace_read_stats`
 /// @throws schedule_format_error for the first bad line (its number and text in the
-///         message): not 2 or 3 fields, an empty key, BYTES not a positive decimal
+///         message): binary data (a control byte other than a tab; the text shown
+///         escaped and cut to 32 bytes), not 2 or 3 fields, an empty key, BYTES not a positive decimal
 ///         integer or past `std::size_t` ("does not fit"), an unknown op
 /// @throws ferry::io_error (EIO) if the stream fails while reading
 [[nodiscard]] inline named_schedule read_csv_trace(std::istream& in, const std::string& source = "<stream>",
@@ -296,6 +315,10 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
     const std::string_view t = detail::trim(text);
     if (t.empty() || t.front() == '#') continue;
     const auto fail = [&](const std::string& problem) { throw schedule_format_error(source, line, text, problem); };
+    if (std::any_of(text.begin(), text.end(), [](char c) { return c == '\0' || (c > 0 && c < 0x20 && c != '\t'); })) {
+      throw schedule_format_error(source, line, detail::printable(text, 32),
+                                  "binary data, not a CSV line (an oracleGeneral trace?)");
+    }
     std::vector<std::string_view> fields;
     for (std::size_t begin = 0;;) {
       const std::size_t comma = t.find(',', begin);

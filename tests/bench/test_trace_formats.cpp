@@ -260,6 +260,11 @@ TEST_CASE("CSV: a bad line is refused with the file, its number and its text") {
     CHECK(e.source() == "trace.csv");
     CHECK_THAT(e.what(), Catch::Contains("trace.csv:" + std::to_string(c.line) + ": ") && Catch::Contains(c.problem));
   }
+  // A binary file read as CSV: said so, its bytes escaped and cut.
+  const fb::schedule_format_error binary = csv_error(std::string("\x01\x00\x00\x00\x07", 5) + std::string(60, 'z'));
+  CHECK(binary.line() == 1);
+  CHECK_THAT(binary.what(),
+             Catch::Contains("binary data, not a CSV line") && Catch::Contains("\\x01\\x00") && Catch::Contains("..."));
   // The largest std::size_t is taken.
   std::istringstream max("a,18446744073709551615\n");
   CHECK(fb::read_csv_trace(max).bytes_at(0) == 18446744073709551615ULL);
