@@ -108,14 +108,15 @@ class greedy_dual {
  public:
   void on_insert(int k, std::size_t bytes) { on_insert(k, bytes, 1.0); }
   void on_insert(int k, std::size_t bytes, double cost) {
-    entry e{cost, bytes, 1, 0.0, 0, 0};
+    entry e{cost, bytes, 1, 0.0, 0, 0, true};
     e.h = floor_ + weight(e);
     e.touch = ++clock_;
     keys_[k] = e;
   }
   void on_access(int k) {
     entry& e = keys_.at(k);
-    ++e.uses;
+    if (!e.fresh) ++e.uses;  // the first access after the insert is the insert's request
+    e.fresh = false;
     e.h = floor_ + weight(e);
     e.touch = ++clock_;
   }
@@ -135,6 +136,7 @@ class greedy_dual {
     entry& e = keys_.at(k);
     if (--e.pins == 0) {
       ++e.uses;
+      e.fresh = false;
       e.h = floor_ + weight(e);
       e.touch = ++clock_;
     }
@@ -159,6 +161,7 @@ class greedy_dual {
     double h;
     std::uint64_t touch;
     int pins;
+    bool fresh;  // inserted, not accessed since
   };
   static double weight(const entry& e) {
     switch (Rule) {

@@ -400,9 +400,14 @@ TEST_CASE("gdsf keeps a large key that is read often, which greedy_dual_size evi
   ferry::greedy_dual_size<int> gds;
   ferry::gdsf<int> f;
   // Key 1: 4 units, read 5 times; key 2: 1 unit, read once. GDS: H1 = 1/4 < H2 = 1;
-  // GDSF: H1 = 5/4 > H2 = 1.
+  // GDSF: H1 = 5/4 > H2 = 1. A miss is an insert and an access of one request (the
+  // first access after the insert adds no use), so 5 reads are an insert and 5 accesses.
   gds.on_insert(1, 4);
   f.on_insert(1, 4);
+  CHECK(f.uses(1) == 1);
+  f.on_access(1);
+  gds.on_access(1);
+  CHECK(f.uses(1) == 1);  // the insert's own request
   for (int i = 0; i < 4; ++i) {
     gds.on_access(1);
     f.on_access(1);
@@ -427,7 +432,7 @@ TEST_CASE("lfu_da ages counts: a key used often long ago goes once the floor pas
   ferry::lfu<int> plain;
   p.on_insert(0, 0);  // size plays no part: 0 bytes accepted
   plain.on_insert(0, 1);
-  for (int i = 0; i < 3; ++i) {  // key 0: 4 uses, H = 4
+  for (int i = 0; i < 4; ++i) {  // key 0: 4 uses (the first access is the insert's request), H = 4
     p.on_access(0);
     plain.on_access(0);
   }
@@ -436,7 +441,9 @@ TEST_CASE("lfu_da ages counts: a key used often long ago goes once the floor pas
   for (int k = 1; k <= 8 && evicted_zero_at < 0; ++k) {
     p.on_insert(k, 1);
     p.on_access(k);
+    p.on_access(k);
     plain.on_insert(k, 1);
+    plain.on_access(k);
     plain.on_access(k);
     const int v = *p.victim();
     if (v == 0) evicted_zero_at = k;

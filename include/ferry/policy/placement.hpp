@@ -323,6 +323,7 @@ class placement {
     FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not placed", key);
     FERRY_EXPECTS(where_[id].pins > 0, "unpin of a key that is not pinned", key, where_[id].tier);
     unpin_id(id);
+    keep_at_home(id);
   }
 
   /// @brief Makes `key` (`bytes` bytes, used as `kind`) resident in tier 0 for an
@@ -402,6 +403,7 @@ class placement {
         return true;  // not admitted to tier 0: its access will bypass it
       }
       if (!bring_up(aid, src, true, mover)) {
+        keep_at_home(aid);
         return false;
       }
       mover(move_event<Key>{where_.key(aid), b, src, 0, move_kind::prefetch});
@@ -597,6 +599,7 @@ class placement {
     if (kind == access_kind::read) {
       out.found_in = where_[id].tier;
       mover(move_event<Key>{where_.key(id), bytes, out.found_in, 0, move_kind::bypass});
+      keep_at_home(id);
       return;
     }
     const std::size_t to = first_fit_below(0, bytes);

@@ -30,8 +30,13 @@ enum class greedy_dual_rule : std::uint8_t {
 /// @brief GreedyDual eviction with value rule `Rule` (see `greedy_dual_size`, `gdsf`,
 /// `lfu_da`): each key carries `H = L + weight`; the victim is the unpinned key with the
 /// smallest `H` (the least recently used among equals), and evicting it raises the
-/// floor `L` to its `H`. `uses` counts the key's insert, its accesses and the releases
-/// of its last pin since it became resident.
+/// floor `L` to its `H`. `uses` counts the requests of the key since it became
+/// resident: its insert, its accesses after the first and the releases of its last pin.
+/// An owner reports a demand miss as `on_insert` then `on_access` of one request (as
+/// `ferry::placement` does), so the first `on_access` after `on_insert` adds no use: a
+/// key fetched on a miss has 1 use, one hit later 2, as in libCacheSim's GDSF and in
+/// Cherkasova's definition (frequency = requests since the key entered the cache). A
+/// key inserted ahead of its use (prefetched) also has 1 use after its first access.
 ///
 /// The class comment of `greedy_dual_size` gives the costs, the inflation rule, pinning
 /// and errors; they hold for every rule.
@@ -142,19 +147,23 @@ class basic_greedy_dual {
     payload& p = keys_[id];
     p.ratio = Rule == greedy_dual_rule::frequency ? cost : cost / static_cast<double>(bytes);
     p.uses = 1;
+    p.fresh = true;
     p.h = inflation_ + weight(p);
     p.stamp = ++clock_;
     heap_.push(id, priority{p.h, p.stamp});
   }
 
-  /// @brief Resident key `k` was used: one more use, `H = L + weight`, most recent.
-  /// O(log n).
+  /// @brief Resident key `k` was used: one more use (none for the first access after
+  /// `on_insert`: the insert's own request), `H = L + weight`, most recent. O(log n).
   /// @throws ferry::logic_error if `k` is not resident
   void on_access(const Key& k) {
     const detail::node_id id = keys_.find(k);
     FERRY_EXPECTS(id != detail::no_node, "on_access of a key that is not resident", k);
     payload& p = keys_[id];
-    ++p.uses;
+    if (!p.fresh) {
+      ++p.uses;
+    }
+    p.fresh = false;
     p.h = inflation_ + weight(p);
     p.stamp = ++clock_;
     if (p.pins == 0) {
@@ -197,6 +206,7 @@ class basic_greedy_dual {
     FERRY_EXPECTS(p.pins > 0, "unpin of a key that is not pinned", k);
     if (--p.pins == 0) {
       ++p.uses;
+      p.fresh = false;
       p.h = inflation_ + weight(p);
       p.stamp = ++clock_;
       heap_.push(id, priority{p.h, p.stamp});
@@ -257,6 +267,7 @@ class basic_greedy_dual {
     double h = 0.0;
     std::uint64_t stamp = 0;
     std::uint32_t pins = 0;
+    bool fresh = false;  // inserted and not accessed since: the next access is the insert's request
   };
   struct priority {
     double h;
