@@ -228,6 +228,14 @@ int run(int argc, char** argv) {
   app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (the suite in under a minute)");
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--sample-seconds", options.sample_seconds,
+                 "disk scenarios: measured seconds of every sample, ferry's and fio's alike (time-based; default 1, "
+                 "0.1 with --quick)")
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--ramp-seconds", options.ramp_seconds,
+                 "disk scenarios: seconds of warm-up run and discarded at the start of every sample, as fio's "
+                 "--ramp_time (default 0.25, 0.05 with --quick)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--scratch", options.scratch,
                  "folder for scenario files (disk scenarios: put it on the drive to measure); default: the first "
                  "of $TMPDIR, /var/tmp, /tmp and the working folder that takes O_DIRECT");

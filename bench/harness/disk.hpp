@@ -1,16 +1,21 @@
 /// @file
 /// @brief Helpers of ferry-bench's disk scenarios (nvme, adam-nvme, device-nvme): the
 /// free-space check made before anything is written to --scratch, the validator of
-/// block-size flags given in KiB, and the line that names the tier's I/O engine.
+/// block-size flags given in KiB, the line that names the tier's I/O engine, and
+/// time-based samples (ferry's passes and fio's `--time_based --runtime --ramp_time`
+/// for the same seconds).
 #pragma once
 
 #include "harness/report.hpp"
+#include "harness/scenario.hpp"
 
 #include <ferry/error.hpp>
 
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -86,6 +91,70 @@ inline void check_free_space(const std::string& scenario, const std::filesystem:
         return "";
       },
       "KiB, a multiple of 4");
+}
+
+/// @brief How long every sample of a disk scenario runs, ferry's and fio's alike.
+struct sample_timing {
+  double seconds = 1.0;        ///< measured seconds of a sample
+  double ramp_seconds = 0.25;  ///< seconds run first and discarded (fio's `--ramp_time`)
+};
+
+/// @brief The sample timing of a run: --sample-seconds and --ramp-seconds where given,
+/// else 1 s measured after 0.25 s of warm-up (0.1 s after 0.05 s with --quick).
+[[nodiscard]] inline sample_timing timing_of(const run_options& options) {
+  sample_timing t;
+  t.seconds = options.sample_seconds > 0.0 ? options.sample_seconds : (options.quick ? 0.1 : 1.0);
+  t.ramp_seconds = options.ramp_seconds >= 0.0 ? options.ramp_seconds : (options.quick ? 0.05 : 0.25);
+  return t;
+}
+
+/// @brief fio's options for one sample of `t`: " --time_based --runtime=Nms" and, when
+/// there is a warm-up, " --ramp_time=Mms" (whole milliseconds; at least 1 ms of runtime).
+[[nodiscard]] inline std::string fio_timing_args(const sample_timing& t) {
+  const long long run_ms = std::max(1LL, std::llround(t.seconds * 1000.0));
+  const long long ramp_ms = std::max(0LL, std::llround(t.ramp_seconds * 1000.0));
+  std::string out = " --time_based --runtime=" + std::to_string(run_ms) + "ms";
+  if (ramp_ms > 0) out += " --ramp_time=" + std::to_string(ramp_ms) + "ms";
+  return out;
+}
+
+/// @brief What one time-based sample did: the work of its measured passes, their
+/// seconds, and how many passes were measured and discarded.
+struct timed_sample {
+  double work = 0.0;           ///< sum of what the measured passes returned (bytes, I/Os, steps)
+  double seconds = 0.0;        ///< wall time of the measured passes
+  std::size_t passes = 0;      ///< measured passes (at least one)
+  std::size_t ramp_passes = 0; ///< passes run during the warm-up and discarded
+  /// @brief `work / seconds` (0 when no time passed).
+  [[nodiscard]] double rate() const noexcept { return seconds > 0.0 ? work / seconds : 0.0; }
+};
+
+/// @brief Runs `pass` over and over as one time-based sample, as fio's `--time_based`
+/// job loops over its file: passes that start before `t.ramp_seconds` have elapsed are
+/// the warm-up and discarded; then passes run until `t.seconds` have elapsed since the
+/// warm-up ended (at least one pass), and all of them are measured, the last one whole.
+/// @tparam Clock a clock with a static `now()` (steady_clock; tests give a fake one)
+/// @param pass callable doing one unit of work and returning how much it did (a number:
+///             bytes, I/Os, steps)
+template <class Clock = std::chrono::steady_clock, class Pass>
+[[nodiscard]] timed_sample run_timed(const sample_timing& t, Pass&& pass) {
+  using seconds_d = std::chrono::duration<double>;
+  timed_sample out;
+  const auto start = Clock::now();
+  auto measure_start = start;
+  while (std::chrono::duration_cast<seconds_d>(measure_start - start).count() < t.ramp_seconds) {
+    (void)pass();
+    ++out.ramp_passes;
+    measure_start = Clock::now();
+  }
+  auto now = measure_start;
+  do {
+    out.work += static_cast<double>(pass());
+    ++out.passes;
+    now = Clock::now();
+  } while (std::chrono::duration_cast<seconds_d>(now - measure_start).count() < t.seconds);
+  out.seconds = std::chrono::duration_cast<seconds_d>(now - measure_start).count();
+  return out;
 }
 
 }  // namespace ferry::bench

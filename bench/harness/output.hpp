@@ -295,9 +295,12 @@ inline const std::vector<std::string>& csv_param_columns() {
 }
 
 /// @brief The rows as CSV (RFC 4180, a header line first): the fields of the JSON rows,
-/// the common params as columns, and all params as a JSON text in the last column.
+/// the number of sample pairs and the relative spreads of ferry's samples, the
+/// reference's and the pair ratios (empty for a row without samples), the common params
+/// as columns, and all params as a JSON text in the last column.
 [[nodiscard]] inline std::string to_csv(const std::vector<row>& rows) {
-  std::string out = "scenario,case,metric,unit,better,ferry,reference,ratio,reference_name";
+  std::string out = "scenario,case,metric,unit,better,ferry,reference,ratio,reference_name,samples,ferry_spread,"
+                    "reference_spread,ratio_spread";
   for (const std::string& k : csv_param_columns()) out += "," + k;
   out += ",params\n";
   for (const row& r : rows) {
@@ -305,6 +308,14 @@ inline const std::vector<std::string>& csv_param_columns() {
            "," + detail::csv_field(r.unit) + "," + (r.direction == better::higher ? "higher" : "lower") + "," +
            detail::number_text(r.ferry) + "," + detail::number_text(r.reference) + "," +
            detail::number_text(r.ratio()) + "," + detail::csv_field(r.reference_name);
+    if (r.ferry_samples.empty()) {
+      out += ",,,,";
+    } else {
+      out += "," + std::to_string(r.ferry_samples.size()) + "," +
+             detail::number_text(spread_of(r.ferry_samples).relative()) + "," +
+             detail::number_text(spread_of(r.reference_samples).relative()) + "," +
+             detail::number_text(spread_of(r.ratio_samples).relative());
+    }
     for (const std::string& k : csv_param_columns()) {
       out += ",";
       if (!r.params.is_object() || !r.params.contains(k)) continue;

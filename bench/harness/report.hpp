@@ -3,8 +3,12 @@
 /// atomically (a complete file or none).
 ///
 /// `{"machine": {...}, "rows": [{"scenario", "case", "metric", "unit", "better",
-/// "ferry", "reference", "reference_name", "ratio"}]}` with `ratio = ferry / reference`.
+/// "ferry", "reference", "reference_name", "ratio", "params"}]}` with
+/// `ratio = ferry / reference`; rows whose samples were recorded also have "spread"
+/// (the samples, their min/median/max and relative spread, and the ratio of every pair).
 #pragma once
+
+#include "harness/stats.hpp"
 
 #include <ferry/error.hpp>
 
@@ -52,6 +56,38 @@ struct row {
   /// `gradient_bytes` (stream), `layers`, `hidden`, `tokens`, `offloaded_layers`,
   /// `slots`, `gemm_n`, `gemm_reps`.
   nlohmann::json params = nlohmann::json::object();
+  /// ferry's samples in run order (empty where the scenario did not record them).
+  std::vector<double> ferry_samples{};
+  /// The reference's samples in run order, as many as `ferry_samples`.
+  std::vector<double> reference_samples{};
+  /// `ferry_samples[i] / reference_samples[i]`: the ratio of each pair run back to back.
+  std::vector<double> ratio_samples{};
+  /// Measured seconds of one sample (time-based scenarios), 0 when a sample is one pass.
+  double sample_seconds = 0.0;
+  /// Seconds of each sample's warm-up that were run and discarded before measuring.
+  double ramp_seconds = 0.0;
+
+  /// @brief Records the samples and pair ratios of `r` and how long each sample ran.
+  void set_samples(const paired_result& r, double seconds = 0.0, double ramp = 0.0) {
+    ferry_samples = r.ferry_samples;
+    reference_samples = r.reference_samples;
+    ratio_samples = r.ratio_samples.empty() && !r.ferry_samples.empty()
+                        ? pair_ratios(r.ferry_samples, r.reference_samples)
+                        : r.ratio_samples;
+    sample_seconds = seconds;
+    ramp_seconds = ramp;
+  }
+
+  /// @brief The widest relative spread of ferry's samples, the reference's and the pair
+  /// ratios (`sample_spread::relative`, NaN ones skipped); NaN with no samples.
+  [[nodiscard]] double widest_spread() const {
+    double widest = std::nan("");
+    for (const auto* s : {&ferry_samples, &reference_samples, &ratio_samples}) {
+      const double rel = spread_of(*s).relative();
+      if (std::isfinite(rel) && !(widest >= rel)) widest = rel;
+    }
+    return widest;
+  }
 
   /// @brief The numeric parameter `key` of `params`, or nullopt when absent or not a number.
   [[nodiscard]] std::optional<double> number(const char* key) const {
@@ -82,6 +118,68 @@ struct row {
   return b;
 }
 
+/// @brief "4.2%": a relative spread in percent, "n/a" when it is not a number.
+[[nodiscard]] inline std::string percent_text(double fraction) {
+  if (!std::isfinite(fraction)) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", fraction * 100.0);
+  return b;
+}
+
+/// @brief The warning for a row whose samples spread wider than `wide_spread`, or ""
+/// (also for a row without samples): the case, the relative spread of ferry's samples,
+/// the reference's and the pair ratios, and the pair ratios' min/median/max.
+[[nodiscard]] inline std::string spread_warning(const row& r) {
+  if (!is_wide(r.widest_spread())) return "";
+  const sample_spread ratio = spread_of(r.ratio_samples);
+  char mmm[96] = "";
+  if (ratio.count > 0) {
+    std::snprintf(mmm, sizeof mmm, "; pair ratios min/median/max %.3f/%.3f/%.3f", ratio.min, ratio.median, ratio.max);
+  }
+  return r.scenario + " " + r.case_name + ": the samples spread wider than " + percent_text(wide_spread) +
+         " (ferry " + percent_text(spread_of(r.ferry_samples).relative()) + ", reference " +
+         percent_text(spread_of(r.reference_samples).relative()) + ", pair ratios " + percent_text(ratio.relative()) +
+         ", over " + std::to_string(r.ferry_samples.size()) + " pairs" + mmm +
+         "): the figures do not hold still here; more --repetitions, a longer --sample-seconds or a quieter "
+         "machine";
+}
+
+/// @brief Prints `spread_warning(r)` on stderr ("ferry-bench: warning: ..."), when there is one.
+inline void warn_if_wide(const row& r) {
+  const std::string w = spread_warning(r);
+  if (w.empty()) return;
+  std::fflush(stdout);  // the warning after the row it is about
+  std::fprintf(stderr, "ferry-bench: warning: %s\n", w.c_str());
+  std::fflush(stderr);
+}
+
+/// @brief The "spread" object of a row's JSON: `samples` (pairs), `sample_seconds`,
+/// `ramp_seconds`, `ferry`, `reference` and `ratio` (each `{values, min, median, max,
+/// relative}`, `relative` null where it is not a number), `wide` (any relative spread
+/// above `limit`) and `limit` (0.05). Null for a row without samples.
+[[nodiscard]] inline nlohmann::json spread_json(const row& r) {
+  if (r.ferry_samples.empty()) return nullptr;
+  const auto side = [](const std::vector<double>& v) {
+    const sample_spread s = spread_of(v);
+    const double rel = s.relative();
+    nlohmann::json values = nlohmann::json::array();
+    for (const double x : v) values.push_back(std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr));
+    return nlohmann::json{{"values", values},
+                          {"min", s.min},
+                          {"median", s.median},
+                          {"max", s.max},
+                          {"relative", std::isfinite(rel) ? nlohmann::json(rel) : nlohmann::json(nullptr)}};
+  };
+  return nlohmann::json{{"samples", r.ferry_samples.size()},
+                        {"sample_seconds", r.sample_seconds},
+                        {"ramp_seconds", r.ramp_seconds},
+                        {"ferry", side(r.ferry_samples)},
+                        {"reference", side(r.reference_samples)},
+                        {"ratio", side(r.ratio_samples)},
+                        {"wide", is_wide(r.widest_spread())},
+                        {"limit", wide_spread}};
+}
+
 /// @brief The JSON document of a run.
 [[nodiscard]] inline nlohmann::json to_json(const nlohmann::json& machine, const std::vector<row>& rows) {
   nlohmann::json out;
@@ -99,6 +197,7 @@ struct row {
                            {"reference_name", r.reference_name},
                            {"ratio", std::isfinite(ratio) ? nlohmann::json(ratio) : nlohmann::json(nullptr)},
                            {"params", r.params.is_object() ? r.params : nlohmann::json::object()}});
+    if (!r.ferry_samples.empty()) out["rows"].back()["spread"] = spread_json(r);
   }
   return out;
 }

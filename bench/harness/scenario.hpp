@@ -31,6 +31,14 @@ struct run_options {
   /// The fio executable for the disk scenarios (`--fio` before the scenario); a
   /// scenario's own `--fio` wins. Empty: /usr/bin/fio, else fio on PATH.
   std::string fio;
+  /// Measured seconds of every sample of the disk scenarios, ferry's and fio's alike
+  /// (they run time-based, as `fio --time_based --runtime`); 0: the scenario's default
+  /// (1 s, 0.1 s with --quick).
+  double sample_seconds = 0.0;
+  /// Seconds each sample of the disk scenarios runs first and discards (fio's
+  /// `--ramp_time`, and the same for ferry); negative: the default (0.25 s, 0.05 s with
+  /// --quick).
+  double ramp_seconds = -1.0;
 };
 
 /// @brief One scenario of ferry-bench.

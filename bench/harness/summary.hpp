@@ -94,6 +94,34 @@ inline std::string md_number(double v) {
   }
   if (rows.empty()) md += "\nNo scenario ran.\n";
 
+  // How steady the figures were: the spread of the samples of every row that has them.
+  bool any_samples = false;
+  for (const row& r : rows) any_samples = any_samples || !r.ferry_samples.empty();
+  if (any_samples) {
+    md += "\n## Sample spread\n\nRelative spread (max - min) / median of ferry's samples, the reference's and the "
+          "ratio of each pair (ferry and reference run back to back); wider than " +
+          percent_text(wide_spread) + " is marked.\n\n"
+          "| scenario | case | pairs | s/sample | ferry | reference | pair ratios | ratio min / median / max | |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|---|\n";
+    std::vector<std::string> warnings;
+    for (const row& r : rows) {
+      if (r.ferry_samples.empty()) continue;
+      const sample_spread q = spread_of(r.ratio_samples);
+      std::snprintf(line, sizeof line, "%.3f / %.3f / %.3f", q.min, q.median, q.max);
+      const std::string warning = spread_warning(r);
+      md += "| " + detail::md_cell(r.scenario) + " | " + detail::md_cell(r.case_name) + " | " +
+            std::to_string(r.ferry_samples.size()) + " | " + detail::md_number(r.sample_seconds) + " | " +
+            percent_text(spread_of(r.ferry_samples).relative()) + " | " +
+            percent_text(spread_of(r.reference_samples).relative()) + " | " + percent_text(q.relative()) + " | " +
+            line + " | " + (warning.empty() ? "" : "wide") + " |\n";
+      if (!warning.empty()) warnings.push_back(warning);
+    }
+    if (!warnings.empty()) {
+      md += "\nWarnings:\n\n";
+      for (const std::string& w : warnings) md += "- " + detail::md_cell(w) + "\n";
+    }
+  }
+
   md += "\n## Advice\n\n";
   for (const auto& [key, item] : advice.items()) {
     if (item.is_object() && item.contains("text")) {

@@ -14,7 +14,12 @@
 // longer job's (io_bytes / bw_bytes); each run reads the file the previous run wrote.
 // A fourth measurement, the same swapper step with an empty compute, shows how much of
 // the compute the pipeline hides (row "vs own I/O"). The four run in rotating order after
-// a warm-up round; medians. Before measuring, the first step's master weights of the
+// a warm-up round; medians. Every sample is time-based (harness/disk.hpp): steps (or
+// fio's time-based jobs, `--time_based --runtime --ramp_time`) for --sample-seconds after
+// --ramp-seconds of warm-up discarded, the mean step time (for fio: the states' bytes
+// at each job's bandwidth); each row keeps the samples of ferry and of its reference
+// in the same round, their pair ratios and spread (a spread wider than 5 % is warned
+// about). Before measuring, the first step's master weights of the
 // first and last group are checked bit for bit against the in-RAM step. Flags
 // --no-huge-pages and --no-register give the swapper's ring 4 KiB pages and no io_uring
 // registration, as fio's buffers have. States: --total-mib (default 1 GiB; 256 MiB with
@@ -118,6 +123,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   const std::size_t depth = cfg.queue_depth != 0 ? cfg.queue_depth : knobs.io_queue_depth;
   const std::size_t block = cfg.block_kib != 0 ? cfg.block_kib * ferry::KiB : knobs.io_block_bytes;
   const std::vector<std::size_t> sizes(groups, elements);
+  const ferry::bench::sample_timing timing = ferry::bench::timing_of(options);
   const std::vector<double> fractions =
       !cfg.spill_fractions.empty()
           ? cfg.spill_fractions
@@ -199,6 +205,15 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     swapper.step([&](std::size_t, ferry::group_view s) { opt.step(s.master, grad, s.m, s.v, t); });
     return seconds_since(t0);
   };
+  // One time-based sample (harness/disk.hpp, run_timed) of `one_step`: steps until the
+  // warm-up has passed, discarded, then steps for the sample's seconds; their mean.
+  const auto timed_step = [&](const std::function<double()>& one_step) {
+    const ferry::bench::timed_sample t = ferry::bench::run_timed(timing, [&] {
+      (void)one_step();
+      return 1;
+    });
+    return t.seconds / static_cast<double>(t.passes);
+  };
   // The first step of a fresh swapper and of the states in RAM, then the master weights
   // of the first and the last group (resident and spilled where the swapper keeps some
   // of each) compared bit for bit. A warm-up step too.
@@ -220,16 +235,18 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   std::size_t fio_runs = 0;
   const auto fio_once = [&] {
     const bool swap = fio_runs++ % 2 == 1;
-    const std::string args = "--ioengine=io_uring --direct=1 --bs=" + std::to_string(block) +
+    const std::string args = "--ioengine=io_uring --direct=1" + ferry::bench::fio_timing_args(timing) +
+                             " --bs=" + std::to_string(block) +
                              " --iodepth=" + std::to_string(depth) + " --size=" + std::to_string(moved) +
                              " --name=read --rw=read --filename=" +
                              ferry::bench::shell_quote((swap ? fio_write : fio_read).string()) +
                              " --name=write --rw=write --filename=" +
                              ferry::bench::shell_quote((swap ? fio_read : fio_write).string());
     const nlohmann::json jobs = ferry::bench::run_fio_jobs("adam-nvme", fio, args);
-    const auto seconds = [](const nlohmann::json& side) {
+    // Time-based jobs: the seconds the states' bytes take at the job's bandwidth.
+    const auto seconds = [&](const nlohmann::json& side) {
       const double bw = side.at("bw_bytes").get<double>();
-      return bw > 0 ? side.at("io_bytes").get<double>() / bw : 0.0;
+      return bw > 0 ? static_cast<double>(moved) / bw : 0.0;
     };
     return std::max(seconds(jobs.at(0).at("read")), seconds(jobs.at(1).at("write")));
   };
@@ -266,8 +283,9 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     const ferry::state_swapper_stats before = swapper->stats();
     std::vector<double> ferry_s, ram_s, fio_s, io_only_s;
     const std::array<std::function<void()>, 4> runs = {
-        [&] { ferry_s.push_back(ferry_once(*swapper, ferry_t)); }, [&] { ram_s.push_back(ram_once()); },
-        [&] { fio_s.push_back(fio_once()); }, [&] { io_only_s.push_back(io_only_once()); }};
+        [&] { ferry_s.push_back(timed_step([&] { return ferry_once(*swapper, ferry_t); })); },
+        [&] { ram_s.push_back(timed_step(ram_once)); }, [&] { fio_s.push_back(fio_once()); },
+        [&] { io_only_s.push_back(timed_step(io_only_once)); }};
     for (std::size_t r = 0; r < options.repetitions; ++r) {
       for (std::size_t k = 0; k < runs.size(); ++k) runs[(r + k) % runs.size()]();
     }
@@ -279,21 +297,35 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     const double io_only_med = ferry::bench::median(io_only_s);
     const double limit = std::max(ram_med, fio_med);
 
+    // Every row's samples: ferry's, and the reference's of the same round.
+    const auto samples = [&](const std::function<double(std::size_t)>& reference_of) {
+      ferry::bench::paired_result r;
+      r.ferry_samples = ferry_s;
+      for (std::size_t i = 0; i < ferry_s.size(); ++i) r.reference_samples.push_back(reference_of(i));
+      r.ratio_samples = ferry::bench::pair_ratios(r.ferry_samples, r.reference_samples);
+      return r;
+    };
     rows.push_back({"adam-nvme", name, "step time", "s", ferry::bench::better::lower, ferry_med, limit, reference_name});
     rows.back().params = params(moved);
     rows.back().params["sweep"] = "spill";  // the full-spill point of the sweep below
+    rows.back().set_samples(samples([&](std::size_t i) { return std::max(ram_s[i], fio_s[i]); }), timing.seconds,
+                            timing.ramp_seconds);
     rows.push_back({"adam-nvme", name + " vs compute", "step time", "s", ferry::bench::better::lower, ferry_med,
                     ram_med, "AdamW step in RAM (same threads)"});
     rows.back().params = params(moved);
     rows.back().params["variant"] = "vs compute";
+    rows.back().set_samples(samples([&](std::size_t i) { return ram_s[i]; }), timing.seconds, timing.ramp_seconds);
     rows.push_back({"adam-nvme", name + " vs I/O", "step time", "s", ferry::bench::better::lower, ferry_med, fio_med,
                     "fio (io_uring, direct=1): read + write of the states at once"});
     rows.back().params = params(moved);
     rows.back().params["variant"] = "vs I/O";
+    rows.back().set_samples(samples([&](std::size_t i) { return fio_s[i]; }), timing.seconds, timing.ramp_seconds);
     rows.push_back({"adam-nvme", name + " vs own I/O", "step time", "s", ferry::bench::better::lower, ferry_med,
                     std::max(ram_med, io_only_med), "max(AdamW step in RAM, the same swapper step with no compute)"});
     rows.back().params = params(moved);
     rows.back().params["variant"] = "vs own I/O";
+    rows.back().set_samples(samples([&](std::size_t i) { return std::max(ram_s[i], io_only_s[i]); }), timing.seconds,
+                            timing.ramp_seconds);
     std::printf("  %s\n    ferry %.3f s   in RAM %.3f s   fio read+write %.3f s (%.2f GB/s each way)   ratio "
                 "ferry/max %.3f\n    swapper step with no compute %.3f s (overlap: ferry/max(in RAM, that) %.3f)\n",
                 name.c_str(), ferry_med, ram_med, fio_med,
@@ -315,6 +347,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
       print("no compute", io_only_s);
     }
     std::fflush(stdout);
+    for (std::size_t k = rows.size() - 4; k < rows.size(); ++k) ferry::bench::warn_if_wide(rows[k]);
   }
 
   // The spill sweep: step time against offloaded bytes. A budget of the ring (3 copies)
@@ -347,7 +380,9 @@ std::vector<row> run_adam_nvme(const run_options& options) {
     const std::string spill_text = std::to_string(spilled) + "/" + std::to_string(groups) + " groups spilled";
     check_first_step(*swapper, ferry_t, spill_text);
     std::vector<double> ferry_s;
-    for (std::size_t r = 0; r < options.repetitions; ++r) ferry_s.push_back(ferry_once(*swapper, ferry_t));
+    for (std::size_t r = 0; r < options.repetitions; ++r) {
+      ferry_s.push_back(timed_step([&] { return ferry_once(*swapper, ferry_t); }));
+    }
     const double ferry_med = ferry::bench::median(ferry_s);
     const double fio_scaled = fio_med * static_cast<double>(offloaded) / static_cast<double>(moved);
     rows.push_back({"adam-nvme", name + " offloaded=" + mib_text(offloaded) + " (" + spill_text + ")", "step time",
@@ -355,6 +390,13 @@ std::vector<row> run_adam_nvme(const run_options& options) {
                     scaled_reference_name});
     rows.back().params = params(offloaded);
     rows.back().params["sweep"] = "spill";
+    {
+      // The reference is derived from the headline's medians: the same for every sample.
+      ferry::bench::paired_result r;
+      r.ferry_samples = ferry_s;
+      r.reference_samples.assign(ferry_s.size(), rows.back().reference);
+      rows.back().set_samples(r, timing.seconds, timing.ramp_seconds);
+    }
     std::printf("  %s: offloaded %s\n    ferry %.3f s   in RAM %.3f s   fio read+write scaled %.3f s   ratio "
                 "ferry/max %.3f\n",
                 spill_text.c_str(), mib_text(offloaded).c_str(), ferry_med, ram_med, fio_scaled, rows.back().ratio());
@@ -364,6 +406,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
       std::printf("\n");
     }
     std::fflush(stdout);
+    ferry::bench::warn_if_wide(rows.back());
   }
   return rows;
 }

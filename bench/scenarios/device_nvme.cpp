@@ -11,6 +11,10 @@
 //         no bounce), so the ratio says what staging through the device costs.
 // The reference of a sample is min(link, disk) of that sample: a staged move can at best
 // run at the speed of its slower hop, which it reaches only if the ring overlaps the two.
+// Every sample is time-based (harness/disk.hpp): moves of the whole buffer (or fio's
+// `--time_based --runtime --ramp_time` job) for --sample-seconds after --ramp-seconds of
+// warm-up discarded; the rows keep the samples, pair ratios and spread (wider than 5 %:
+// a warning).
 // ferry side: `stream_scheduler::device_to_nvme` (after an idle producer stream) and
 // `nvme_to_device` of the whole buffer to/from one region of an `nvme_tier` on
 // --scratch (O_DIRECT, one request per chunk, K requests in flight), then `wait()`.
@@ -108,6 +112,7 @@ std::vector<row> run_device_nvme(const run_options& options) {
   const std::size_t size = (cfg.size_mib != 0 ? cfg.size_mib : (options.quick ? 256 : 1024)) * ferry::MiB;
   const std::size_t chunk = cfg.chunk_kib * ferry::KiB;
   const std::size_t slots = cfg.slots;
+  const ferry::bench::sample_timing timing = ferry::bench::timing_of(options);
   if (chunk > size) {
     throw std::runtime_error("device-nvme: --chunk-kib " + std::to_string(cfg.chunk_kib) +
                              " is larger than the buffer (--size-mib " + std::to_string(size / ferry::MiB) + ")");
@@ -159,41 +164,53 @@ std::vector<row> run_device_nvme(const run_options& options) {
   const auto measure = [&](bool to_nvme) {
     std::vector<double> link_gbs;
     std::vector<double> fio_gbs;
+    // Every sample time-based (harness/disk.hpp): passes of the whole buffer for the
+    // sample's seconds after the warm-up, GB/s; fio with --time_based for the same times.
+    const auto timed_gbs = [&](const auto& pass) {
+      return ferry::bench::run_timed(timing,
+                                     [&] {
+                                       pass();
+                                       return size;
+                                     })
+                 .rate() /
+             1e9;
+    };
     const auto res = ferry::bench::alternate(
-        options.repetitions, 1,
+        options.repetitions, 0,
         [&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          if (to_nvme) {
-            sched.device_to_nvme(tier, region, 0, dev.data(), size, producer).wait();
-          } else {
-            sched.nvme_to_device(tier, region, 0, dev.data(), size).wait();
-          }
-          return static_cast<double>(size) / ferry::bench::seconds_since(t0) / 1e9;
+          return timed_gbs([&] {
+            if (to_nvme) {
+              sched.device_to_nvme(tier, region, 0, dev.data(), size, producer).wait();
+            } else {
+              sched.nvme_to_device(tier, region, 0, dev.data(), size).wait();
+            }
+          });
         },
         [&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          if (to_nvme) {
-            FERRY_CUDA_TRY(cudaMemcpyAsync(host.data(), dev.data(), size, cudaMemcpyDeviceToHost, link.get()));
-          } else {
-            FERRY_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), size, cudaMemcpyHostToDevice, link.get()));
-          }
-          FERRY_CUDA_TRY(cudaStreamSynchronize(link.get()));
-          link_gbs.push_back(static_cast<double>(size) / ferry::bench::seconds_since(t0) / 1e9);
+          link_gbs.push_back(timed_gbs([&] {
+            if (to_nvme) {
+              FERRY_CUDA_TRY(cudaMemcpyAsync(host.data(), dev.data(), size, cudaMemcpyDeviceToHost, link.get()));
+            } else {
+              FERRY_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), size, cudaMemcpyHostToDevice, link.get()));
+            }
+            FERRY_CUDA_TRY(cudaStreamSynchronize(link.get()));
+          }));
           if (disk_ref == "fio") {
-            const auto job =
-                ferry::bench::run_fio("device-nvme", fio, fio_common + (to_nvme ? " --rw=write" : " --rw=read"));
+            const auto job = ferry::bench::run_fio("device-nvme", fio,
+                                                   fio_common + (to_nvme ? " --rw=write" : " --rw=read") +
+                                                       ferry::bench::fio_timing_args(timing));
             fio_gbs.push_back(job.at(to_nvme ? "write" : "read").at("bw_bytes").get<double>() / 1e9);
           } else {
-            const auto t1 = std::chrono::steady_clock::now();
             // The same region, engine, depth and blocks as ferry's move; the pinned buffer
             // the link reference uses (its bytes are the pattern either way).
             const std::span<std::byte> buf(host.data(), size);
-            if (to_nvme) {
-              sched.host_to_nvme(tier, region, 0, buf).wait();
-            } else {
-              sched.nvme_to_host(tier, region, 0, buf).wait();
-            }
-            fio_gbs.push_back(static_cast<double>(size) / ferry::bench::seconds_since(t1) / 1e9);
+            fio_gbs.push_back(timed_gbs([&] {
+              if (to_nvme) {
+                sched.host_to_nvme(tier, region, 0, buf).wait();
+              } else {
+                sched.nvme_to_host(tier, region, 0, buf).wait();
+              }
+            }));
           }
           return std::min(link_gbs.back(), fio_gbs.back());
         });
@@ -210,6 +227,7 @@ std::vector<row> run_device_nvme(const run_options& options) {
                                    {"chunk_bytes", chunk},
                                    {"block_bytes", chunk},
                                    {"queue_depth", slots}}});
+    rows.back().set_samples(res, timing.seconds, timing.ramp_seconds);
     std::printf("  %-44s ferry %7.3f GB/s   min(link, %s) %7.3f GB/s   ratio %.3f  (link %.2f, %s %.3f GB/s)\n",
                 label.c_str(), res.ferry, disk_ref.c_str(), res.reference, rows.back().ratio(),
                 ferry::bench::median(link_gbs), disk_ref.c_str(), ferry::bench::median(fio_gbs));
@@ -223,6 +241,7 @@ std::vector<row> run_device_nvme(const run_options& options) {
       std::printf("\n");
     }
     std::fflush(stdout);
+    ferry::bench::warn_if_wide(rows.back());
   };
   for (const std::string& c : cfg.cases) measure(c == "to-nvme");
   tier.deallocate(region);

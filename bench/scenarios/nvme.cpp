@@ -1,6 +1,14 @@
 // ferry-bench nvme: ferry's NVMe tier against fio on the same file, block size, queue
 // depth and O_DIRECT, in one invocation, alternating (harness/stats.hpp).
 //
+// Every sample is time-based, ferry's and fio's alike: --sample-seconds measured (1 s;
+// 0.1 s with --quick) after --ramp-seconds of warm-up run and discarded (0.25 s; 0.05 s
+// with --quick): fio gets `--time_based --runtime --ramp_time`, ferry repeats its pass
+// (a whole-file write or read; random reads keep cycling through their offsets) for the
+// same times. Ferry and fio samples alternate, each pair back to back; every row keeps
+// the samples, the ratio of each pair and their spread, and a spread wider than 5 % is
+// warned about on stderr (and in summary.md).
+//
 // Cases (GB/s unless said otherwise):
 // - queue-depth sweep: sequential write and read of the whole file in --block-kib
 //   requests (default 1 MiB) at each of --depths (default 1 to 64; 1, 8, 32 with --quick);
@@ -8,7 +16,8 @@
 //   with each of --block-sizes-kib (default 64 KiB to 4 MiB; 64, 256, 1024, 4096 KiB with
 //   --quick). A point both sweeps contain (same op, block size and depth) is measured once
 //   and its one row serves both curves: consumers pick points by the row's `params`;
-// - 4 KiB random reads at queue depth --random-depth (default 64), in kIOPS.
+// - 4 KiB random reads at queue depth --random-depth (default 64), in kIOPS, over
+//   --random-ios distinct blocks (cycled through for the sample's time).
 // Every row's `params` holds `op` ("seq-write", "seq-read", "rand-read"), `block_bytes`,
 // `queue_depth` and `bytes` (the file's size). Both sides use the same file: ferry's tier
 // opens it without truncating, fio finds it laid out and uses it as is, so both see the
@@ -102,8 +111,14 @@ void print_samples(const ferry::bench::paired_result& r) {
   std::printf("\n");
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+// "(pairs 0.93/0.95/0.97, spread 4.2%)": the pair ratios' min/median/max and the widest
+// relative spread of the row's samples.
+std::string spread_note(const row& r) {
+  const ferry::bench::sample_spread q = ferry::bench::spread_of(r.ratio_samples);
+  char b[96];
+  std::snprintf(b, sizeof b, "(pairs %.3f/%.3f/%.3f, spread %s)", q.min, q.median, q.max,
+                ferry::bench::percent_text(r.widest_spread()).c_str());
+  return b;
 }
 
 ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t bytes, std::size_t depth,
@@ -121,45 +136,61 @@ ferry::nvme_options tier_options(const std::filesystem::path& file, std::size_t 
   return o;
 }
 
-// ferry's 4 KiB random reads: `depth` in flight, each completion starts the next.
+// ferry's 4 KiB random reads for one time-based sample: `depth` in flight, each
+// completion starts the next (cycling through `offsets`) until `t.ramp_seconds +
+// t.seconds` have passed; the reads completed in the last `t.seconds`, per second, as
+// fio counts its time-based random job after its ramp time.
 double ferry_random_read_kiops(ferry::nvme_tier& tier, const ferry::nvme_region& region,
                                const std::vector<std::uint64_t>& offsets, std::span<std::byte> slots,
-                               std::size_t depth) {
+                               std::size_t depth, const ferry::bench::sample_timing& t) {
+  using clock = std::chrono::steady_clock;
   struct state {
     ferry::nvme_tier* tier;
     const ferry::nvme_region* region;
     const std::vector<std::uint64_t>* offsets;
     std::span<std::byte> slots;
+    clock::time_point measure_from{};
+    clock::time_point stop_at{};
     std::atomic<std::size_t> next{0};
-    std::atomic<std::size_t> left{0};
+    std::atomic<std::size_t> in_flight{0};
+    std::atomic<std::size_t> measured{0};
     std::atomic<bool> failed{false};
     std::mutex m{};
     std::condition_variable cv{};
     bool all_done = false;
     void issue(std::size_t slot) {
       const std::size_t i = next.fetch_add(1);
-      if (i >= offsets->size()) return;
-      tier->submit_read(*region, (*offsets)[i], slots.subspan(slot * 4096, 4096), [this, slot](std::exception_ptr e) {
-        if (e) failed.store(true);
-        issue(slot);
-        if (left.fetch_sub(1) == 1) {  // the last one: nothing touches `this` after the notify
-          std::lock_guard lock(m);
-          all_done = true;
-          cv.notify_all();
-        }
-      });
+      in_flight.fetch_add(1);
+      tier->submit_read(*region, (*offsets)[i % offsets->size()], slots.subspan(slot * 4096, 4096),
+                        [this, slot](std::exception_ptr e) {
+                          if (e) failed.store(true);
+                          const auto now = clock::now();
+                          if (now >= measure_from && now < stop_at) measured.fetch_add(1);
+                          if (now < stop_at && !failed.load()) issue(slot);  // before this one leaves in_flight
+                          if (in_flight.fetch_sub(1) == 1) {  // the last: nothing touches `this` after the notify
+                            std::lock_guard lock(m);
+                            all_done = true;
+                            cv.notify_all();
+                          }
+                        });
     }
   } s{&tier, &region, &offsets, slots};
-  s.left.store(offsets.size());
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = clock::now();
+  s.measure_from = t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(t.ramp_seconds));
+  s.stop_at = s.measure_from + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(t.seconds));
+  // The first `depth` reads are counted in flight before any can complete and end the run.
+  s.in_flight.store(1);
   for (std::size_t slot = 0; slot < depth; ++slot) s.issue(slot);
+  if (s.in_flight.fetch_sub(1) == 1) {
+    std::lock_guard lock(s.m);
+    s.all_done = true;
+  }
   {
     std::unique_lock lock(s.m);
     s.cv.wait(lock, [&] { return s.all_done; });
   }
-  const double t = seconds_since(t0);
   if (s.failed.load()) throw std::runtime_error("nvme: a ferry random read failed");
-  return static_cast<double>(offsets.size()) / t / 1e3;
+  return static_cast<double>(s.measured.load()) / t.seconds / 1e3;
 }
 
 // "64KiB", "1MiB", "1536KiB": whole MiB when it is one.
@@ -183,6 +214,7 @@ std::vector<row> run_nvme(const run_options& options) {
   const auto wanted = [&](const char* name) {
     return std::find(cfg.cases.begin(), cfg.cases.end(), name) != cfg.cases.end();
   };
+  const ferry::bench::sample_timing timing = ferry::bench::timing_of(options);
   const bool sequential = wanted("seq-write") || wanted("seq-read");
   std::size_t largest_block = cfg.block_kib * ferry::KiB;
   for (const std::size_t kib : block_sizes_kib) largest_block = std::max(largest_block, kib * ferry::KiB);
@@ -228,17 +260,21 @@ std::vector<row> run_nvme(const run_options& options) {
     const auto region = tier.allocate(size);
     (void)tier.register_buffer(memory.span());
     const std::string args = common + " --rw=" + (write ? "write" : "read") + " --bs=" + std::to_string(block) +
-                             " --iodepth=" + std::to_string(depth);
+                             " --iodepth=" + std::to_string(depth) + ferry::bench::fio_timing_args(timing);
     const auto result = ferry::bench::alternate(
-        options.repetitions, 1,
+        options.repetitions, 0,
         [&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          if (write) {
-            tier.write(region, memory.span());
-          } else {
-            tier.read(region, memory.span());
-          }
-          return static_cast<double>(size) / seconds_since(t0) / 1e9;
+          return ferry::bench::run_timed(timing,
+                                         [&] {
+                                           if (write) {
+                                             tier.write(region, memory.span());
+                                           } else {
+                                             tier.read(region, memory.span());
+                                           }
+                                           return size;
+                                         })
+                     .rate() /
+                 1e9;
         },
         [&] {
           const auto job = run_fio(fio, args);
@@ -249,9 +285,11 @@ std::vector<row> run_nvme(const run_options& options) {
     rows.push_back({"nvme", std::string(op) + " bs=" + block_text(block) + " qd=" + std::to_string(depth),
                     "throughput", "GB/s", ferry::bench::better::higher, result.ferry, result.reference, reference});
     rows.back().params = {{"op", op}, {"block_bytes", block}, {"queue_depth", depth}, {"bytes", size}};
-    std::printf("  %-28s ferry %7.3f GB/s   fio %7.3f GB/s   ratio %.3f\n", rows.back().case_name.c_str(),
-                result.ferry, result.reference, rows.back().ratio());
+    rows.back().set_samples(result, timing.seconds, timing.ramp_seconds);
+    std::printf("  %-28s ferry %7.3f GB/s   fio %7.3f GB/s   ratio %.3f  %s\n", rows.back().case_name.c_str(),
+                result.ferry, result.reference, rows.back().ratio(), spread_note(rows.back()).c_str());
     print_samples(result);
+    ferry::bench::warn_if_wide(rows.back());
     std::fflush(stdout);
   };
   for (const bool write : {true, false}) {
@@ -274,17 +312,21 @@ std::vector<row> run_nvme(const run_options& options) {
     blocks.resize(std::min(random_ios, blocks.size()));
     for (auto& b : blocks) b *= 4096;
     const std::string args = common + " --rw=randread --bs=4k --iodepth=" + std::to_string(depth) +
-                             " --io_size=" + std::to_string(blocks.size() * 4096);
+                             " --io_size=" + std::to_string(blocks.size() * 4096) +
+                             ferry::bench::fio_timing_args(timing);
     const auto result = ferry::bench::alternate(
-        options.repetitions, 1, [&] { return ferry_random_read_kiops(tier, region, blocks, slots.span(), depth); },
+        options.repetitions, 0,
+        [&] { return ferry_random_read_kiops(tier, region, blocks, slots.span(), depth, timing); },
         [&] { return run_fio(fio, args).at("read").at("iops").get<double>() / 1e3; });
     tier.unregister_buffer(slots.span());
     rows.push_back({"nvme", "rand-read bs=4KiB qd=" + std::to_string(depth), "iops", "kIOPS",
                     ferry::bench::better::higher, result.ferry, result.reference, reference});
     rows.back().params = {{"op", "rand-read"}, {"block_bytes", 4096}, {"queue_depth", depth}, {"bytes", size}};
-    std::printf("  %-28s ferry %7.1f kIOPS  fio %7.1f kIOPS  ratio %.3f\n", rows.back().case_name.c_str(),
-                result.ferry, result.reference, rows.back().ratio());
+    rows.back().set_samples(result, timing.seconds, timing.ramp_seconds);
+    std::printf("  %-28s ferry %7.1f kIOPS  fio %7.1f kIOPS  ratio %.3f  %s\n", rows.back().case_name.c_str(),
+                result.ferry, result.reference, rows.back().ratio(), spread_note(rows.back()).c_str());
     print_samples(result);
+    ferry::bench::warn_if_wide(rows.back());
   }
   return rows;
 }
@@ -315,7 +357,8 @@ const ferry::bench::registrar nvme_scenario({
           app.add_option("--block-depth", settings().block_depth, "queue depth of the block-size sweep (default 8)")
               ->check(CLI::Range(1, 4096));
           app.add_option("--random-ios", settings().random_ios,
-                         "4 KiB random reads per run (default 65536; 8192 with --quick)")
+                         "distinct 4 KiB blocks the random reads cycle through, ferry's and fio's (--io_size) "
+                         "(default 65536; 8192 with --quick)")
               ->check(CLI::Range(1, 1 << 30));
           app.add_option("--random-depth", settings().random_depth, "queue depth of the random reads")
               ->check(CLI::Range(1, 4096));

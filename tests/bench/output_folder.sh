@@ -10,7 +10,8 @@ work=$2
 rm -rf "$work"
 mkdir -p "$work/scratch"
 out="$work/out"
-small=(nvme --size-mib 8 --depths 1 4 --block-sizes-kib 256 1024 --block-depth 4 --cases seq-read --repetitions 1)
+small=(nvme --size-mib 8 --depths 1 4 --block-sizes-kib 256 1024 --block-depth 4 --cases seq-read --repetitions 1
+       --sample-seconds 0.05 --ramp-seconds 0.02)
 fail() { echo "output_folder.sh: $*" >&2; exit 1; }
 
 "$bench" --scratch "$work/scratch" --out "$out" "${small[@]}" > "$work/first.log"
@@ -25,14 +26,17 @@ doc = json.load(open(out + "/results.json"))
 rows = doc["rows"]
 assert rows and all(r["scenario"] == "nvme" for r in rows), rows
 assert all(set(r) >= {"case", "metric", "unit", "better", "ferry", "reference", "reference_name", "ratio", "params"} for r in rows)
+assert all(r["spread"]["samples"] == 1 and r["spread"]["sample_seconds"] == 0.05 for r in rows), rows
 assert {"chunk_size", "disk", "pinned_budget"} <= set(doc["advice"]), doc["advice"]
 assert doc["advice"]["disk"]["status"] == "measured", doc["advice"]["disk"]
 assert doc["machine"]["scratch"]["o_direct"] is True
 records = list(csv.DictReader(open(out + "/results.csv")))
 assert len(records) == len(rows)
+assert all(r["samples"] == "1" and r["ratio_spread"] == "0" for r in records), records
 assert [r["case"] for r in records] == [r["case"] for r in rows]
 md = open(out + "/summary.md").read()
 assert "## nvme" in md and "## Advice" in md and "plots/disk-queue-depth.png" in md
+assert "## Sample spread" in md
 PY
 first_sum=$(sha256sum "$out/results.json")
 
