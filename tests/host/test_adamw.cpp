@@ -1,8 +1,11 @@
 // ferry::adamw: the update formula bit for bit against scalar references written from
 // the documentation (unfused: every product rounded through a volatile, so no compiler
-// flag can contract it; fused: std::fma), at odd sizes, unaligned spans and 1..8 threads;
-// independence of the thread count and block size; the fused rounding within its
-// documented bound of the unfused one; the first step's known behaviour; argument errors.
+// flag can contract it; fused: std::fma), at odd sizes, unaligned spans and 1..8 threads,
+// on every kernel the CPU has (portable, AVX2, AVX-512; one it lacks is skipped with a
+// warning), each also against the portable kernel; the kernel's choice (adamw_options::isa,
+// FERRY_ADAMW_ISA); independence of the thread count and block size; the fused rounding
+// within its documented bound of the unfused one; the first step's known behaviour;
+// argument errors.
 #include <ferry/optim/adamw.hpp>
 
 #include <catch2/catch.hpp>
@@ -11,7 +14,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -111,8 +116,8 @@ Catch::Matchers::Generic::PredicateMatcher<E> message_has(std::vector<std::strin
 constexpr std::size_t width = ferry::adamw_simd_width;
 constexpr std::size_t tile = ferry::adamw_tile_elements;
 const std::vector<std::size_t> sizes = {0,        1,        3,        width - 1,        width,     width + 1,
-                                        2 * width + 3, tile - 1, tile, tile + 3, 4097, 2 * 1024 * 8 + 5,
-                                        70001};
+                                        2 * width + 3, 7, 8, 9, 15, 16, 17, 33, 35, tile - 1, tile, tile + 3,
+                                        4097, 2 * 1024 * 8 + 5, 70001};  // 7..35: around 8 and 16 lanes
 
 // The four arrays of `s` copied to the same offset `shift` (in floats) from a 64-byte
 // boundary, so that the kernel sees unaligned spans.
@@ -165,14 +170,15 @@ TEST_CASE("adamw_constants follow the documented formulas", "[adamw]") {
 }
 
 template <ferry::adamw_rounding R>
-void check_against_reference(const ferry::adamw_params& h) {
+void check_against_reference(const ferry::adamw_params& h, ferry::adamw_isa isa = ferry::adamw_isa::automatic) {
   constexpr bool fused = R == ferry::adamw_rounding::fused;
   for (std::size_t threads = 1; threads <= 8; ++threads) {
     // Small blocks, so that several threads share even the middle sizes.
-    ferry::basic_adamw<R> opt(h, {.threads = threads, .block_elements = 2 * ferry::adamw_tile_elements});
+    ferry::basic_adamw<R> opt(h, {.threads = threads, .block_elements = 2 * ferry::adamw_tile_elements, .isa = isa});
     REQUIRE(opt.threads() == threads);
+    const std::string kernel(ferry::adamw_isa_name(opt.isa()));
     for (const std::size_t n : sizes) {
-      CAPTURE(threads, n, fused, h.beta1);
+      CAPTURE(threads, n, fused, h.beta1, kernel);
       states mine(n, n + 17);
       states ref(n, n + 17);
       for (std::uint64_t t = 1; t <= 3; ++t) {
@@ -263,6 +269,165 @@ TEST_CASE("adamw_fused: one step within the documented bound of the unfused step
   }
   CHECK(differ > 0);  // the two roundings are different functions
   CHECK(differ < n / 10);
+}
+
+namespace {
+
+// False, with a warning, when the CPU (or this build) lacks `isa`'s kernel.
+bool have_kernel(ferry::adamw_isa isa) {
+  if (ferry::adamw_isa_supported(isa)) return true;
+  WARN("skipped: this CPU (or build) has no " << ferry::adamw_isa_name(isa) << " kernel for ferry::adamw");
+  return false;
+}
+
+// Kernel `isa` against the scalar references (both roundings, both lerp branches, 1..8
+// threads), and against the portable kernel on unaligned spans (both roundings).
+void check_kernel(ferry::adamw_isa isa) {
+  if (!have_kernel(isa)) return;
+  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+  const ferry::adamw_params low{.lr = 3e-3f, .beta1 = 0.3f, .beta2 = 0.9f};
+  check_against_reference<ferry::adamw_rounding::unfused>(h, isa);
+  check_against_reference<ferry::adamw_rounding::unfused>(low, isa);
+  check_against_reference<ferry::adamw_rounding::fused>(h, isa);
+  check_against_reference<ferry::adamw_rounding::fused>(low, isa);
+  auto same = [](std::span<const float> a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  for (const std::size_t n : sizes) {
+    for (const bool fused : {false, true}) {
+      CAPTURE(n, fused, ferry::adamw_isa_name(isa));
+      states ref(n, 5 * n + 3);  // the portable kernel, aligned, one thread
+      if (fused) {
+        ferry::adamw_fused({}, {.threads = 1, .isa = ferry::adamw_isa::portable}).step(ref.p, ref.g, ref.m, ref.v, 2);
+      } else {
+        ferry::adamw({}, {.threads = 1, .isa = ferry::adamw_isa::portable}).step(ref.p, ref.g, ref.m, ref.v, 2);
+        states scalar(n, 5 * n + 3);
+        reference_step({}, 2, scalar);
+        CHECK(bitwise_equal(ref.p, scalar.p));
+      }
+      for (std::size_t shift = 0; shift < 16; shift += 3) {
+        CAPTURE(shift);
+        const states in(n, 5 * n + 3);
+        shifted s(in, shift);
+        if (fused) {
+          ferry::adamw_fused({}, {.threads = 2, .block_elements = 1024, .isa = isa}).step(s.p, s.g, s.m, s.v, 2);
+        } else {
+          ferry::adamw({}, {.threads = 2, .block_elements = 1024, .isa = isa}).step(s.p, s.g, s.m, s.v, 2);
+        }
+        CHECK(same(s.p, ref.p));
+        CHECK(same(s.m, ref.m));
+        CHECK(same(s.v, ref.v));
+        CHECK(same(s.g, in.g));
+      }
+    }
+  }
+  // The one-thread entry point takes the kernel too.
+  states a(4097, 9);
+  states b(4097, 9);
+  const auto c = ferry::adamw_constants::make(h, 3);
+  ferry::adamw_step(c, a.p, a.g, a.m, a.v, isa);
+  ferry::adamw_step(c, b.p, b.g, b.m, b.v, ferry::adamw_isa::portable);
+  CHECK(bitwise_equal(a.p, b.p));
+  CHECK(bitwise_equal(a.m, b.m));
+  CHECK(bitwise_equal(a.v, b.v));
+}
+
+// Sets an environment variable for one scope, then puts back what was there.
+struct scoped_env {
+  std::string name;
+  std::optional<std::string> old;
+  scoped_env(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* o = std::getenv(name.c_str())) old = o;
+    if (value != nullptr) {
+      ::setenv(name.c_str(), value, 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+  ~scoped_env() {
+    if (old) {
+      ::setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("adamw kernel portable: bitwise equal to the scalar references", "[adamw][isa]") {
+  check_kernel(ferry::adamw_isa::portable);
+}
+
+TEST_CASE("adamw kernel avx2: bitwise equal to the scalar references and the portable kernel", "[adamw][isa]") {
+  check_kernel(ferry::adamw_isa::avx2);
+}
+
+TEST_CASE("adamw kernel avx512: bitwise equal to the scalar references and the portable kernel", "[adamw][isa]") {
+  check_kernel(ferry::adamw_isa::avx512);
+}
+
+TEST_CASE("adamw: the kernel is chosen by adamw_options::isa, else FERRY_ADAMW_ISA, else the CPU", "[adamw][isa]") {
+  using ferry::adamw_isa;
+  CHECK(ferry::adamw_isa_lanes(adamw_isa::portable) == ferry::adamw_simd_width);
+  CHECK(ferry::adamw_isa_lanes(adamw_isa::avx2) == 8);
+  CHECK(ferry::adamw_isa_lanes(adamw_isa::avx512) == 16);
+  CHECK(ferry::adamw_isa_supported(adamw_isa::portable));
+  const adamw_isa detected = ferry::adamw_detected_isa();
+  CHECK(detected != adamw_isa::automatic);
+  CHECK(ferry::adamw_isa_supported(detected));
+  CHECK(ferry::adamw_detected_isa() == detected);  // once per process
+  {
+    const scoped_env env("FERRY_ADAMW_ISA", nullptr);
+    CHECK(ferry::adamw({}, {.threads = 1}).isa() == detected);
+  }
+  {
+    const scoped_env env("FERRY_ADAMW_ISA", "");
+    CHECK(ferry::adamw({}, {.threads = 1}).isa() == detected);
+  }
+  {
+    const scoped_env env("FERRY_ADAMW_ISA", "sse");
+    CHECK(ferry::adamw({}, {.threads = 1}).isa() == adamw_isa::portable);
+    // An explicit option wins over the variable.
+    if (ferry::adamw_isa_supported(adamw_isa::avx2)) {
+      CHECK(ferry::adamw({}, {.threads = 1, .isa = adamw_isa::avx2}).isa() == adamw_isa::avx2);
+    }
+  }
+  {
+    const scoped_env env("FERRY_ADAMW_ISA", "auto");
+    CHECK(ferry::adamw_fused({}, {.threads = 1}).isa() == detected);
+  }
+  {
+    const scoped_env env("FERRY_ADAMW_ISA", "avx1024");
+    CHECK_THROWS_MATCHES(ferry::adamw({}, {.threads = 1}), ferry::config_error,
+                         message_has<ferry::config_error>({"FERRY_ADAMW_ISA", "avx1024", "avx512"}));
+    try {
+      ferry::adamw opt({}, {.threads = 1});
+    } catch (const ferry::config_error& e) {
+      CHECK(e.variable() == "FERRY_ADAMW_ISA");
+      CHECK(e.value() == "avx1024");
+    }
+    CHECK(ferry::adamw({}, {.threads = 1, .isa = adamw_isa::portable}).isa() == adamw_isa::portable);
+  }
+  for (const adamw_isa isa : {adamw_isa::portable, adamw_isa::avx2, adamw_isa::avx512}) {
+    const std::string name(ferry::adamw_isa_name(isa));
+    CAPTURE(name);
+    const scoped_env env("FERRY_ADAMW_ISA", name.c_str());
+    if (ferry::adamw_isa_supported(isa)) {
+      CHECK(ferry::adamw({}, {.threads = 1}).isa() == isa);
+      CHECK(ferry::adamw({}, {.threads = 1, .isa = isa}).isa() == isa);
+    } else {
+      // A kernel the CPU lacks: named, with what the CPU has.
+      CHECK_THROWS_MATCHES(ferry::adamw({}, {.threads = 1}), ferry::config_error,
+                           message_has<ferry::config_error>({"FERRY_ADAMW_ISA", name, "it has: portable"}));
+      CHECK_THROWS_MATCHES(ferry::adamw({}, {.threads = 1, .isa = isa}), ferry::config_error,
+                           message_has<ferry::config_error>({"adamw_options::isa", name, "it has: portable"}));
+      std::vector<float> p(4, 0.0f), g(4, 0.0f), m(4, 0.0f), v(4, 0.0f);
+      CHECK_THROWS_AS(ferry::adamw_step(ferry::adamw_constants::make({}, 1), p, g, m, v, isa), ferry::config_error);
+    }
+  }
 }
 
 TEST_CASE("adamw: results do not depend on the thread count or the block size", "[adamw]") {

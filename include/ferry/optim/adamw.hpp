@@ -65,33 +65,59 @@
 /// (`scripts/peers/adam_peers.py`).
 ///
 /// ## Vectorisation
-/// Explicit SIMD with `std::experimental::native_simd<float>` (libstdc++ >= 11): 4 lanes on
-/// baseline x86-64 (SSE2), 8 with AVX, 16 with AVX-512, whatever the compiler would do
-/// with a plain loop; loads and stores are unaligned (`element_aligned`), so spans may
-/// start anywhere. The square root is the vector instruction (`sqrtps`), which never
-/// touches `errno`, so `-fno-math-errno` changes nothing. The last `n % width` elements of
-/// an array are copied into a vector-sized buffer, computed by the same vector code and
-/// copied back, so every element, wherever it lies, goes through the same instructions.
+/// Three kernels, the same operations in the same order, so **the same bits** (IEEE add,
+/// subtract, multiply, divide and square root are correctly rounded in every lane width,
+/// all under the same MXCSR; the square root is the vector instruction, `sqrtps` /
+/// `vsqrtps`, which never touches `errno`):
+///
+/// | `adamw_isa` | lanes | compiled for                                              |
+/// |-------------|-------|-----------------------------------------------------------|
+/// | `portable`  | 4-16  | `std::experimental::native_simd<float>` (libstdc++ >= 11) of the translation unit's flags: 4 lanes (SSE2) at baseline x86-64, 16 with `-march` of an AVX-512 CPU; one element at a time without `<experimental/simd>` (libc++, MSVC, nvcc) |
+/// | `avx2`      | 8     | `__attribute__((target("avx2,fma")))`, `_mm256_*` intrinsics |
+/// | `avx512`    | 16    | `__attribute__((target("avx512f")))`, `_mm512_*` intrinsics  |
+///
+/// The `avx2` and `avx512` kernels exist with g++ and clang on x86 (`FERRY_ADAMW_DISPATCH`)
+/// whatever the flags, so a plain `-O2` program uses the widest vector unit the CPU has
+/// (`std::experimental::simd` cannot do that: its code is instantiated for the translation
+/// unit's ISA even inside a target function, 4 `xmm` lanes at `-O2`, checked with objdump).
+/// An optimizer picks its kernel once, at construction (`adamw_options::isa`, default
+/// `automatic`): the environment variable `FERRY_ADAMW_ISA` (`portable` or `sse`, `avx2`,
+/// `avx512`, `automatic`) when set, else the widest of `avx512`, `avx2`, `portable` that
+/// `__builtin_cpu_supports` reports (detected once per process, `adamw_detected_isa`). A
+/// kernel the CPU lacks is a `ferry::config_error` naming it and the kernels the CPU has
+/// (`resolve_adamw_isa`). Loads and stores are unaligned, so spans may start anywhere.
+/// The last `n % lanes` elements of an array are copied into a vector-sized buffer,
+/// computed by the same vector code and copied back, so every element, wherever it lies,
+/// goes through the same instructions. Measured (docs/benchmarks.md, `ferry-bench adam`,
+/// 256 Mi parameters on 2 threads of a 2-core AMD AVX-512 VM, plain `-O2`): 2.0 steps/s
+/// on `portable`, 3.1 on `avx2`, 5.1-7.4 on `avx512`, against DeepSpeedCPUAdam's 5.0-6.8
+/// (its `-march=native` build) in the same runs: 1.02-1.17x. The division unit bounds
+/// it: torch's order has two divisions and a square root per element, which the bitwise
+/// contract keeps (DeepSpeed divides once).
 ///
 /// **Contraction.** g++ contracts `a * b + c` into an FMA by default (`-ffp-contract=fast`
 /// outside ISO mode) wherever FMA instructions are enabled (`-mfma`, `-march=native`), in
 /// vector code too; that would change the unfused results. Each product that feeds an
 /// addition therefore goes through `detail::opaque`, an empty `asm` statement that makes
 /// the value opaque to the optimiser (no instruction is emitted), so no contraction can
-/// happen, at any flags. The fused rounding calls `fma` explicitly: one instruction where
-/// FMA is compiled in, else the correctly rounded library `fmaf` (same bits, slower:
-/// choose `fused` for speed only with `-mfma` or `-march`).
+/// happen, at any flags (the `avx2` / `avx512` kernels pass their products through the
+/// same barrier: GCC's intrinsics are vector-extension operators, contracted like any
+/// other). The fused rounding calls `fma` explicitly: one instruction in the `avx2` and
+/// `avx512` kernels and in the portable one where FMA is compiled in (`-mfma`, `-march`),
+/// else the correctly rounded library `fmaf` per lane (same bits, slower).
 ///
-/// Without `<experimental/simd>` (libc++, MSVC) the same code runs one element at a time
-/// (same operations, same bits).
+/// Without `<experimental/simd>` (libc++, MSVC; and under nvcc, whose front end rejects
+/// libstdc++ 12's) the portable code runs one element at a time (same operations, same
+/// bits).
 ///
 /// ## Threads and determinism
 /// `basic_adamw::step` cuts the arrays into blocks of `block_elements` (a multiple of
 /// `adamw_tile_elements`) that a persistent pool of `threads` threads (the caller's
 /// included) takes one at a time. Each element's result depends on its own four inputs
 /// only, through the same instructions wherever it lies (no reductions), so **the results
-/// are bitwise identical for every thread count, block size and alignment**, and for each
-/// rounding bitwise equal to a scalar loop of its formula (tests/host/test_adamw.cpp).
+/// are bitwise identical for every thread count, block size, alignment and kernel**, and
+/// for each rounding bitwise equal to a scalar loop of its formula
+/// (tests/host/test_adamw.cpp, on every kernel the CPU has).
 #pragma once
 
 #include "ferry/defaults.hpp"
@@ -108,18 +134,35 @@
 #include <limits>
 #include <mutex>
 #include <span>
+#include <string>
+#include <string_view>
 
-#if __has_include(<experimental/simd>)
+// nvcc's front end rejects libstdc++ 12's <experimental/simd> (its vector casts): in
+// CUDA translation units the portable kernel runs one element at a time (same bits).
+#if __has_include(<experimental/simd>) && !defined(__CUDACC__)
 #include <experimental/simd>
 #endif
 
+/// @brief 1 where the portable kernel uses `std::experimental::native_simd<float>`
+/// (libstdc++ >= 11, not under nvcc, unless `FERRY_ADAMW_NO_SIMD` is defined); 0: one
+/// element at a time.
 #if defined(__cpp_lib_experimental_parallel_simd) && !defined(FERRY_ADAMW_NO_SIMD)
 #define FERRY_ADAMW_SIMD 1
 #else
 #define FERRY_ADAMW_SIMD 0
 #endif
 
-#if defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+/// @brief 1 where the AdamW kernels for AVX2+FMA and AVX-512F are compiled in (with
+/// function target attributes) and chosen at run time: g++ or clang on x86; 0 elsewhere
+/// (only the portable `native_simd` kernel), or when `FERRY_ADAMW_NO_DISPATCH` is defined.
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && \
+    !defined(FERRY_ADAMW_NO_DISPATCH)
+#define FERRY_ADAMW_DISPATCH 1
+#else
+#define FERRY_ADAMW_DISPATCH 0
+#endif
+
+#if FERRY_ADAMW_DISPATCH || (defined(__FMA__) && (defined(__x86_64__) || defined(__i386__)))
 #include <immintrin.h>
 #endif
 
@@ -133,6 +176,15 @@ inline constexpr std::size_t adamw_tile_elements = 1024;
 enum class adamw_rounding {
   unfused,  ///< every product and sum rounded on its own (PyTorch without FMA)
   fused,    ///< the moments' multiply-adds as explicit FMAs (PyTorch's AVX2 / AVX-512 kernels)
+};
+
+/// @brief The instruction set an AdamW kernel runs on (see the file comment's
+/// "Vectorisation"). Every one gives the same bits, for each rounding.
+enum class adamw_isa {
+  automatic,  ///< `FERRY_ADAMW_ISA` when set, else the widest the CPU has (`adamw_detected_isa`)
+  portable,   ///< `native_simd<float>` of the translation unit's flags (SSE2, 4 lanes, at baseline x86-64)
+  avx2,       ///< AVX2 + FMA, 8 lanes (`target("avx2,fma")`, chosen at run time)
+  avx512,     ///< AVX-512F, 16 lanes (`target("avx512f")`, chosen at run time)
 };
 
 /// @brief Hyper-parameters of AdamW (see the file comment for the exact update).
@@ -219,16 +271,30 @@ inline constexpr std::size_t adamw_width = sizeof(adamw_vec) / sizeof(float);
 template <class V>
 [[gnu::always_inline]] inline V opaque(V x) noexcept {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__))
-  typedef float raw __attribute__((vector_size(sizeof(V))));
-  raw r = std::bit_cast<raw>(x);
+  // (GCC drops the vector attribute of `raw` in template arguments: no helper template.)
+  typedef float vector_raw __attribute__((vector_size(sizeof(V))));
+  // One lane (no <experimental/simd>, or nvcc): the float itself, in a vector register.
+  if constexpr (sizeof(V) == sizeof(float)) {
+    float r = std::bit_cast<float>(x);
 #if defined(__aarch64__)
-  asm("" : "+w"(r));
+    asm("" : "+w"(r));
 #elif defined(__AVX512F__)
-  asm("" : "+v"(r));
+    asm("" : "+v"(r));
 #else
-  asm("" : "+x"(r));
+    asm("" : "+x"(r));
 #endif
-  return std::bit_cast<V>(r);
+    return std::bit_cast<V>(r);
+  } else {
+    vector_raw r = std::bit_cast<vector_raw>(x);
+#if defined(__aarch64__)
+    asm("" : "+w"(r));
+#elif defined(__AVX512F__)
+    asm("" : "+v"(r));
+#else
+    asm("" : "+x"(r));
+#endif
+    return std::bit_cast<V>(r);
+  }
 #elif defined(__GNUC__)
   asm("" : "+m"(x));  // through memory: slower, as opaque
   return x;
@@ -317,6 +383,28 @@ template <adamw_rounding R, class V>
   vstore(p_new, p);
 }
 
+// The last `rest` (< W) elements of the four arrays, copied into vector-sized buffers
+// (zeros past the end) so that the vector code of every kernel computes them too.
+template <std::size_t W>
+struct adamw_tail {
+  float p[W] = {};
+  float g[W] = {};
+  float m[W] = {};
+  float v[W] = {};
+  std::size_t rest;
+  adamw_tail(const float* p0, const float* g0, const float* m0, const float* v0, std::size_t n) noexcept : rest(n) {
+    std::memcpy(p, p0, rest * sizeof(float));
+    std::memcpy(g, g0, rest * sizeof(float));
+    std::memcpy(m, m0, rest * sizeof(float));
+    std::memcpy(v, v0, rest * sizeof(float));
+  }
+  void copy_back(float* p0, float* m0, float* v0) const noexcept {
+    std::memcpy(p0, p, rest * sizeof(float));
+    std::memcpy(m0, m, rest * sizeof(float));
+    std::memcpy(v0, v, rest * sizeof(float));
+  }
+};
+
 // Elements [0, n) of the four arrays: whole vectors in place, the rest through a
 // vector-sized buffer (zeros past the end), by the same code.
 template <adamw_rounding R>
@@ -325,20 +413,131 @@ inline void adamw_kernel(float* p, const float* g, float* m, float* v, const ada
   constexpr std::size_t w = adamw_width;
   std::size_t i = 0;
   for (; i + w <= n; i += w) adamw_vector<R, adamw_vec>(p + i, g + i, m + i, v + i, c);
-  if (const std::size_t rest = n - i; rest != 0) {
-    float tp[w] = {};
-    float tg[w] = {};
-    float tm[w] = {};
-    float tv[w] = {};
-    std::memcpy(tp, p + i, rest * sizeof(float));
-    std::memcpy(tg, g + i, rest * sizeof(float));
-    std::memcpy(tm, m + i, rest * sizeof(float));
-    std::memcpy(tv, v + i, rest * sizeof(float));
-    adamw_vector<R, adamw_vec>(tp, tg, tm, tv, c);
-    std::memcpy(p + i, tp, rest * sizeof(float));
-    std::memcpy(m + i, tm, rest * sizeof(float));
-    std::memcpy(v + i, tv, rest * sizeof(float));
+  if (i != n) {
+    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
+    adamw_vector<R, adamw_vec>(t.p, t.g, t.m, t.v, c);
+    t.copy_back(p + i, m + i, v + i);
   }
+}
+
+#if FERRY_ADAMW_DISPATCH
+// The kernels compiled for AVX-512F and AVX2+FMA by function target attributes, whatever
+// the translation unit's flags (std::experimental::simd is instantiated for the TU's own
+// ISA, so these use the intrinsics). Each is `adamw_vector` operation for operation: the
+// same IEEE operations (add, sub, mul, div, sqrt are correctly rounded in every lane
+// width, under the same MXCSR), products that feed a sum made opaque in the unfused
+// rounding (GCC's intrinsics are vector-extension operators, which -ffp-contract=fast
+// would contract), an FMA exactly where `fused_multiply_add` is in the fused one.
+
+__attribute__((target("avx512f"), always_inline)) inline __m512 opaque512(__m512 x) noexcept {
+  asm("" : "+v"(x));
+  return x;
+}
+
+template <adamw_rounding R>
+__attribute__((target("avx512f"), always_inline)) inline void adamw_vector_avx512(float* p, const float* g, float* m,
+                                                                                 float* v,
+                                                                                 const adamw_constants& c) noexcept {
+  const __m512 gi = _mm512_loadu_ps(g);
+  const __m512 mi = _mm512_loadu_ps(m);
+  const __m512 vi = _mm512_loadu_ps(v);
+  const __m512 pi = _mm512_loadu_ps(p);
+  const __m512 weight = _mm512_set1_ps(c.lerp_weight);
+  const __m512 base = c.lerp_from_m ? mi : gi;
+  const __m512 diff = _mm512_sub_ps(gi, mi);
+  const __m512 cg = _mm512_mul_ps(_mm512_set1_ps(c.c2), gi);
+  __m512 m_new;
+  __m512 v_new;
+  if constexpr (R == adamw_rounding::fused) {
+    m_new = _mm512_fmadd_ps(weight, diff, base);
+    v_new = _mm512_fmadd_ps(cg, gi, _mm512_mul_ps(vi, _mm512_set1_ps(c.beta2)));
+  } else {
+    m_new = _mm512_add_ps(base, opaque512(_mm512_mul_ps(weight, diff)));
+    v_new = _mm512_add_ps(opaque512(_mm512_mul_ps(vi, _mm512_set1_ps(c.beta2))), opaque512(_mm512_mul_ps(cg, gi)));
+  }
+  const __m512 denom =
+      _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v_new), _mm512_set1_ps(c.bc2_sqrt)), _mm512_set1_ps(c.eps));
+  const __m512 p_new = _mm512_add_ps(opaque512(_mm512_mul_ps(pi, _mm512_set1_ps(c.decay))),
+                                     _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(-c.step_size), m_new), denom));
+  _mm512_storeu_ps(m, m_new);
+  _mm512_storeu_ps(v, v_new);
+  _mm512_storeu_ps(p, p_new);
+}
+
+template <adamw_rounding R>
+__attribute__((target("avx512f"))) inline void adamw_kernel_avx512(float* p, const float* g, float* m, float* v,
+                                                                   const adamw_constants& c, std::size_t n) noexcept {
+  constexpr std::size_t w = 16;
+  std::size_t i = 0;
+  for (; i + w <= n; i += w) adamw_vector_avx512<R>(p + i, g + i, m + i, v + i, c);
+  if (i != n) {
+    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
+    adamw_vector_avx512<R>(t.p, t.g, t.m, t.v, c);
+    t.copy_back(p + i, m + i, v + i);
+  }
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 opaque256(__m256 x) noexcept {
+  asm("" : "+x"(x));
+  return x;
+}
+
+template <adamw_rounding R>
+__attribute__((target("avx2,fma"), always_inline)) inline void adamw_vector_avx2(float* p, const float* g, float* m,
+                                                                                float* v,
+                                                                                const adamw_constants& c) noexcept {
+  const __m256 gi = _mm256_loadu_ps(g);
+  const __m256 mi = _mm256_loadu_ps(m);
+  const __m256 vi = _mm256_loadu_ps(v);
+  const __m256 pi = _mm256_loadu_ps(p);
+  const __m256 weight = _mm256_set1_ps(c.lerp_weight);
+  const __m256 base = c.lerp_from_m ? mi : gi;
+  const __m256 diff = _mm256_sub_ps(gi, mi);
+  const __m256 cg = _mm256_mul_ps(_mm256_set1_ps(c.c2), gi);
+  __m256 m_new;
+  __m256 v_new;
+  if constexpr (R == adamw_rounding::fused) {
+    m_new = _mm256_fmadd_ps(weight, diff, base);
+    v_new = _mm256_fmadd_ps(cg, gi, _mm256_mul_ps(vi, _mm256_set1_ps(c.beta2)));
+  } else {
+    m_new = _mm256_add_ps(base, opaque256(_mm256_mul_ps(weight, diff)));
+    v_new = _mm256_add_ps(opaque256(_mm256_mul_ps(vi, _mm256_set1_ps(c.beta2))), opaque256(_mm256_mul_ps(cg, gi)));
+  }
+  const __m256 denom =
+      _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v_new), _mm256_set1_ps(c.bc2_sqrt)), _mm256_set1_ps(c.eps));
+  const __m256 p_new = _mm256_add_ps(opaque256(_mm256_mul_ps(pi, _mm256_set1_ps(c.decay))),
+                                     _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(-c.step_size), m_new), denom));
+  _mm256_storeu_ps(m, m_new);
+  _mm256_storeu_ps(v, v_new);
+  _mm256_storeu_ps(p, p_new);
+}
+
+template <adamw_rounding R>
+__attribute__((target("avx2,fma"))) inline void adamw_kernel_avx2(float* p, const float* g, float* m, float* v,
+                                                                  const adamw_constants& c, std::size_t n) noexcept {
+  constexpr std::size_t w = 8;
+  std::size_t i = 0;
+  for (; i + w <= n; i += w) adamw_vector_avx2<R>(p + i, g + i, m + i, v + i, c);
+  if (i != n) {
+    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
+    adamw_vector_avx2<R>(t.p, t.g, t.m, t.v, c);
+    t.copy_back(p + i, m + i, v + i);
+  }
+}
+#endif  // FERRY_ADAMW_DISPATCH
+
+// Elements [0, n) on the kernel of `isa` (already resolved: never `automatic`, and one
+// the CPU has).
+template <adamw_rounding R>
+inline void adamw_run(adamw_isa isa, float* p, const float* g, float* m, float* v, const adamw_constants& c,
+                      std::size_t n) noexcept {
+#if FERRY_ADAMW_DISPATCH
+  if (isa == adamw_isa::avx512) return adamw_kernel_avx512<R>(p, g, m, v, c, n);
+  if (isa == adamw_isa::avx2) return adamw_kernel_avx2<R>(p, g, m, v, c, n);
+#else
+  (void)isa;
+#endif
+  adamw_kernel<R>(p, g, m, v, c, n);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -372,6 +571,107 @@ inline void check_adamw_arrays(std::span<float> master, std::span<const float> g
 /// 16 with AVX-512; 1 without `<experimental/simd>`).
 inline constexpr std::size_t adamw_simd_width = detail::adamw_width;
 
+/// @brief The name of `isa`: "automatic", "portable", "avx2" or "avx512" (the values
+/// `FERRY_ADAMW_ISA` takes).
+[[nodiscard]] constexpr std::string_view adamw_isa_name(adamw_isa isa) noexcept {
+  switch (isa) {
+    case adamw_isa::automatic: return "automatic";
+    case adamw_isa::portable: return "portable";
+    case adamw_isa::avx2: return "avx2";
+    case adamw_isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+/// @brief fp32 lanes of the vectors of `isa`'s kernel: `adamw_simd_width` for
+/// `portable`, 8 for `avx2`, 16 for `avx512`; 0 for `automatic` (not a kernel).
+[[nodiscard]] constexpr std::size_t adamw_isa_lanes(adamw_isa isa) noexcept {
+  switch (isa) {
+    case adamw_isa::portable: return adamw_simd_width;
+    case adamw_isa::avx2: return 8;
+    case adamw_isa::avx512: return 16;
+    case adamw_isa::automatic: break;
+  }
+  return 0;
+}
+
+/// @brief Whether this build has `isa`'s kernel and this CPU (and its OS) can run it:
+/// `portable` always; `avx2` with `__builtin_cpu_supports("avx2")` and `("fma")`;
+/// `avx512` with `("avx512f")` (which also checks that the OS saves the ZMM state);
+/// neither where `FERRY_ADAMW_DISPATCH` is 0. `automatic` is always supported.
+[[nodiscard]] inline bool adamw_isa_supported(adamw_isa isa) noexcept {
+  switch (isa) {
+    case adamw_isa::automatic:
+    case adamw_isa::portable: return true;
+#if FERRY_ADAMW_DISPATCH
+    case adamw_isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case adamw_isa::avx512: return __builtin_cpu_supports("avx512f");
+#else
+    case adamw_isa::avx2:
+    case adamw_isa::avx512: return false;
+#endif
+  }
+  return false;
+}
+
+/// @brief The widest kernel this CPU runs (`avx512`, then `avx2`, then `portable`),
+/// detected once per process (a function-local static) with `__builtin_cpu_supports`.
+[[nodiscard]] inline adamw_isa adamw_detected_isa() noexcept {
+  static const adamw_isa detected = [] {
+#if FERRY_ADAMW_DISPATCH
+    __builtin_cpu_init();  // harmless when libgcc's constructor already ran
+#endif
+    for (const adamw_isa isa : {adamw_isa::avx512, adamw_isa::avx2}) {
+      if (adamw_isa_supported(isa)) return isa;
+    }
+    return adamw_isa::portable;
+  }();
+  return detected;
+}
+
+/// @brief The kernel a request means: `requested` itself when the CPU has it; for
+/// `automatic`, the value of the environment variable `FERRY_ADAMW_ISA` when it is set
+/// and not empty (`portable` or its alias `sse`, `avx2`, `avx512`, or `automatic` /
+/// `auto`; read at every call, with `std::getenv`), else `adamw_detected_isa()`.
+/// Never returns `automatic`.
+/// @throws ferry::config_error naming `FERRY_ADAMW_ISA` (or `adamw_options::isa`) and
+///         the value, for a value that is none of those or a kernel this CPU or build
+///         lacks; the message lists the kernels it has
+[[nodiscard]] inline adamw_isa resolve_adamw_isa(adamw_isa requested) {
+  const source_site site = FERRY_DETAIL_SITE();
+  std::string variable = "adamw_options::isa";
+  std::string text(adamw_isa_name(requested));
+  adamw_isa isa = requested;
+  if (isa == adamw_isa::automatic) {
+    const auto env = defaults::environment_variable("FERRY_ADAMW_ISA");
+    if (!env || env->empty()) return adamw_detected_isa();
+    variable = "FERRY_ADAMW_ISA";
+    text = *env;
+    if (text == "portable" || text == "sse") {
+      isa = adamw_isa::portable;
+    } else if (text == "avx2") {
+      isa = adamw_isa::avx2;
+    } else if (text == "avx512") {
+      isa = adamw_isa::avx512;
+    } else if (text == "automatic" || text == "auto") {
+      return adamw_detected_isa();
+    } else {
+      ferry::detail::throw_config(site, variable, text,
+                                  "expected portable (or sse), avx2, avx512 or automatic (or auto)");
+    }
+  }
+  if (!adamw_isa_supported(isa)) {
+    std::string has;
+    for (const adamw_isa a : {adamw_isa::portable, adamw_isa::avx2, adamw_isa::avx512}) {
+      if (adamw_isa_supported(a)) has += (has.empty() ? "" : ", ") + std::string(adamw_isa_name(a));
+    }
+    ferry::detail::throw_config(site, variable, text,
+                                std::string(FERRY_ADAMW_DISPATCH ? "this CPU lacks the " : "this build has no ") +
+                                    std::string(adamw_isa_name(isa)) + " kernel; it has: " + has);
+  }
+  return isa;
+}
+
 /// @brief One AdamW step over `master.size()` elements on the calling thread only (the
 /// kernel `basic_adamw::step` runs per block): the update of the file comment with the
 /// constants `c`, rounded as `R` says.
@@ -381,12 +681,15 @@ inline constexpr std::size_t adamw_simd_width = detail::adamw_width;
 /// @param grad   fp32 gradients, read only
 /// @param m      first moments, updated in place
 /// @param v      second moments, updated in place (>= 0 for a meaningful result)
+/// @param isa    the kernel (`resolve_adamw_isa`: `automatic` reads `FERRY_ADAMW_ISA` at
+///               each call); every kernel gives the same bits
 /// @throws ferry::logic_error when the four lengths differ or the arrays overlap
+/// @throws ferry::config_error for a kernel this CPU lacks (see `resolve_adamw_isa`)
 template <adamw_rounding R = adamw_rounding::unfused>
 inline void adamw_step(const adamw_constants& c, std::span<float> master, std::span<const float> grad,
-                       std::span<float> m, std::span<float> v) {
+                       std::span<float> m, std::span<float> v, adamw_isa isa = adamw_isa::automatic) {
   detail::check_adamw_arrays(master, grad, m, v);
-  detail::adamw_kernel<R>(master.data(), grad.data(), m.data(), v.data(), c, master.size());
+  detail::adamw_run<R>(resolve_adamw_isa(isa), master.data(), grad.data(), m.data(), v.data(), c, master.size());
 }
 
 /// @brief Settings of an `adamw` optimizer. Zero means "from ferry::defaults".
@@ -398,6 +701,10 @@ struct adamw_options {
   /// `adamw_tile_elements`. 16384 = 64 KiB per array, 256 KiB for the four: about a
   /// core's L2, large enough that handing out a block (one atomic add) costs nothing.
   std::size_t block_elements = 16 * adamw_tile_elements;
+  /// The kernel: `automatic` (the default) is `FERRY_ADAMW_ISA` when set, else the
+  /// widest the CPU has; resolved once, at construction (`resolve_adamw_isa`). Every
+  /// kernel gives the same bits; the choice is for speed, tests and benchmarks.
+  adamw_isa isa = adamw_isa::automatic;
 };
 
 /// @brief A multi-threaded CPU AdamW (see the file comment for the exact update), with
@@ -421,10 +728,14 @@ class basic_adamw {
   /// @param options threads and block size
   /// @throws ferry::logic_error for hyper-parameters out of range, 0 or > 1024 threads, a
   ///         block size that is not a positive multiple of `adamw_tile_elements`
-  /// @throws ferry::config_error for a malformed FERRY_IO_THREADS (threads = 0);
-  ///         std::system_error when a thread cannot start
+  /// @throws ferry::config_error for a malformed FERRY_IO_THREADS (threads = 0), or a
+  ///         kernel (`options.isa`, `FERRY_ADAMW_ISA`) this CPU lacks or that does not
+  ///         exist (see `resolve_adamw_isa`); std::system_error when a thread cannot start
   explicit basic_adamw(adamw_params params = {}, adamw_options options = {})
-      : params_(params), block_(options.block_elements), pool_(resolve_threads(options.threads)) {
+      : params_(params),
+        block_(options.block_elements),
+        isa_(resolve_adamw_isa(options.isa)),
+        pool_(resolve_threads(options.threads)) {
     adamw_constants::check(params_);
     const std::size_t block_elements = block_;
     FERRY_EXPECTS(block_elements > 0 && block_elements % adamw_tile_elements == 0 &&
@@ -448,8 +759,9 @@ class basic_adamw {
     const adamw_constants c = adamw_constants::make(params_, step_number);
     const std::size_t n = master.size();
     detail::check_adamw_arrays(master, grad, m, v);
+    const adamw_isa isa = isa_;
     if (n <= block_) {  // one block: no hand-off to the workers
-      detail::adamw_kernel<R>(master.data(), grad.data(), m.data(), v.data(), c, n);
+      detail::adamw_run<R>(isa, master.data(), grad.data(), m.data(), v.data(), c, n);
       return;
     }
     float* p = master.data();
@@ -459,7 +771,7 @@ class basic_adamw {
     const std::size_t block = block_;
     auto task = [&](std::size_t b) noexcept {
       const std::size_t first = b * block;
-      detail::adamw_kernel<R>(p + first, g + first, mm + first, vv + first, c, std::min(block, n - first));
+      detail::adamw_run<R>(isa, p + first, g + first, mm + first, vv + first, c, std::min(block, n - first));
     };
     std::lock_guard lock(mutex_);
     pool_.run((n + block - 1) / block, task);
@@ -478,6 +790,8 @@ class basic_adamw {
   [[nodiscard]] std::size_t threads() const noexcept { return pool_.size(); }
   /// @brief Elements per block.
   [[nodiscard]] std::size_t block_elements() const noexcept { return block_; }
+  /// @brief The kernel every step runs on (resolved at construction: never `automatic`).
+  [[nodiscard]] adamw_isa isa() const noexcept { return isa_; }
 
  private:
   static std::size_t resolve_threads(std::size_t threads) {
@@ -486,6 +800,7 @@ class basic_adamw {
 
   adamw_params params_;
   std::size_t block_;
+  adamw_isa isa_;
   std::mutex mutex_;
   detail::worker_pool pool_;
 };
