@@ -1,5 +1,6 @@
 // Google Benchmark: one step of ferry::adamw over n fp32 elements (master, grad, m, v:
-// 28 bytes of memory traffic per element) on 1 and 2 threads, next to the reference it
+// 28 bytes of memory traffic per element) on 1 and 2 threads (the widest kernel the CPU
+// has; FERRY_ADAMW_ISA=portable|avx2|avx512 forces one), next to the reference it
 // replaces: one scalar loop of the same formula (what a plain loop with std::sqrt
 // becomes: not vectorised, because sqrtf may set errno). Sizes 64 Ki elements (in cache)
 // and 32 Mi (512 MiB of arrays, memory-bound).
@@ -49,13 +50,13 @@ void BM_scalar_loop(benchmark::State& state) {
   std::uint64_t t = 0;
   for (auto _ : state) {
     const auto c = ferry::adamw_constants::make(h, ++t);
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < n; ++i) {  // the file comment's update, in its order
       const float g = a.g[i];
-      const float m = c.beta1 * a.m[i] + c.c1 * g;
-      const float v = c.beta2 * a.v[i] + c.c2 * (g * g);
+      const float m = (c.lerp_from_m ? a.m[i] : g) + c.lerp_weight * (g - a.m[i]);
+      const float v = a.v[i] * c.beta2 + (c.c2 * g) * g;
       a.m[i] = m;
       a.v[i] = v;
-      a.p[i] = a.p[i] * c.decay - c.step_size * (m / (std::sqrt(v) / c.bc2_sqrt + c.eps));
+      a.p[i] = a.p[i] * c.decay + ((-c.step_size) * m) / (std::sqrt(v) / c.bc2_sqrt + c.eps);
     }
     benchmark::ClobberMemory();
   }

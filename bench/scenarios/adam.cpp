@@ -11,7 +11,8 @@
 // roundings and the rows "bitwise vs torch" give the share of elements bit for bit equal
 // (p, m and v; ferry::adamw_fused is the rounding of torch's AVX2 / AVX-512 kernels,
 // ferry::adamw that of its DEFAULT ones). Elements: --elements (default 256 Mi = 4 GiB of
-// states; 16 Mi with --quick). --no-peers skips the subprocess.
+// states; 16 Mi with --quick). --no-peers skips the subprocess. ferry's kernel is the
+// widest the CPU has (printed); FERRY_ADAMW_ISA=portable|avx2|avx512 forces one.
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -159,8 +160,9 @@ std::vector<row> run_adam(const run_options& options) {
     ferry_rate = r.ferry;
     rows.push_back({"adam", "step " + base + " vs scalar loop", "steps/s", "steps/s", ferry::bench::better::higher,
                     r.ferry, r.reference, "the documented update in one scalar loop, one thread", params()});
-    std::printf("  ferry::adamw %.3f steps/s   scalar loop %.3f steps/s   ratio %.2f (simd width %zu)\n", r.ferry,
-                r.reference, rows.back().ratio(), ferry::adamw_simd_width);
+    std::printf("  ferry::adamw %.3f steps/s   scalar loop %.3f steps/s   ratio %.2f (kernel %s, %zu lanes)\n", r.ferry,
+                r.reference, rows.back().ratio(), std::string(ferry::adamw_isa_name(opt.isa())).c_str(),
+                ferry::adamw_isa_lanes(opt.isa()));
   }
   if (cfg.no_peers) return rows;
 
