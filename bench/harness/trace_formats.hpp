@@ -171,13 +171,13 @@ inline std::string_view trim(std::string_view s) noexcept {
   return s;
 }
 
-/// The first `max` bytes of `s` with control bytes as `\xNN`, and "..." if cut.
+/// The first `max` bytes of `s` with control and non-ASCII bytes as `\xNN`, and "..." if cut.
 inline std::string printable(std::string_view s, std::size_t max) {
   static constexpr char hex[] = "0123456789ABCDEF";
   std::string out;
   for (std::size_t i = 0; i < s.size() && i < max; ++i) {
     const auto u = static_cast<unsigned char>(s[i]);
-    if (u < 0x20 || u == 0x7F) {
+    if (u < 0x20 || u >= 0x7F) {
       out += "\\x";
       out += hex[u >> 4];
       out += hex[u & 0xF];
@@ -291,14 +291,24 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
   return s;
 }
 
+/// @brief The longest CSV line `read_csv_trace` reads (64 KiB): a longer one is refused,
+/// so that a binary or endless input (`/dev/zero`) fails at once instead of filling memory.
+inline constexpr std::size_t csv_max_line_bytes = 64 * 1024;
+/// @brief The largest object size `read_csv_trace` accepts: 2^50 bytes (1 PiB), so that
+/// byte counts over a trace of many such objects stay far from 2^64.
+inline constexpr std::size_t csv_max_object_bytes = std::size_t{1} << 50;
+
 /// @brief Reads a CSV trace (see the file's description) from a stream.
 /// @param in     the text
 /// @param source a name for `in` in error messages (a path, or e.g. "<stdin>")
 /// @param stats  if not null, receives the counts of `trace_read_stats`
 /// @throws schedule_format_error for the first bad line (its number and text in the
 ///         message): binary data (a control byte other than a tab; the text shown
-///         escaped and cut to 32 bytes), not 2 or 3 fields, an empty key, BYTES not a positive decimal
-///         integer or past `std::size_t` ("does not fit"), an unknown op
+///         escaped and cut to 32 bytes), a line longer than `csv_max_line_bytes`, not 2
+///         or 3 fields, an empty key, BYTES not a positive decimal integer, past
+///         `std::size_t` ("does not fit") or above `csv_max_object_bytes`, an unknown op
+///         (the line is shown escaped and cut to 200 bytes); a UTF-8 byte order mark
+///         before the first line is skipped
 /// @throws ferry::io_error (EIO) if the stream fails while reading
 [[nodiscard]] inline named_schedule read_csv_trace(std::istream& in, const std::string& source = "<stream>",
                                                    trace_read_stats* stats = nullptr) {
@@ -309,12 +319,27 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
   std::string text;
   std::size_t line = 0;
   bool seen_data = false;  // a header may only come before the first access
-  while (std::getline(in, text)) {
+  std::vector<char> buffer(csv_max_line_bytes + 2);
+  for (;;) {
+    in.getline(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got == 0 && in.eof()) break;
     ++line;
+    if (in.fail() && !in.eof()) {
+      if (in.bad()) break;
+      throw schedule_format_error(source, line, detail::printable(std::string_view(buffer.data(), 32), 32),
+                                  "a line longer than " + std::to_string(csv_max_line_bytes) +
+                                      " bytes (not a CSV trace?)");
+    }
+    text.assign(buffer.data(), in.eof() ? got : got - 1);  // gcount counts the newline it took; NUL bytes kept
+    in.clear(in.rdstate() & ~std::ios::failbit);
+    if (line == 1 && text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte order mark
     if (!text.empty() && text.back() == '\r') text.pop_back();
     const std::string_view t = detail::trim(text);
     if (t.empty() || t.front() == '#') continue;
-    const auto fail = [&](const std::string& problem) { throw schedule_format_error(source, line, text, problem); };
+    const auto fail = [&](const std::string& problem) {
+      throw schedule_format_error(source, line, detail::printable(text, 200), problem);
+    };
     if (std::any_of(text.begin(), text.end(), [](char c) { return c == '\0' || (c > 0 && c < 0x20 && c != '\t'); })) {
       throw schedule_format_error(source, line, detail::printable(text, 32),
                                   "binary data, not a CSV line (an oracleGeneral trace?)");
@@ -344,6 +369,10 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
       fail("BYTES '" + std::string(b) + "' is not a decimal integer");
     }
     if (bytes == 0) fail("BYTES must be positive, got 0");
+    if (bytes > csv_max_object_bytes) {
+      fail("BYTES " + std::string(b) + " is larger than " + std::to_string(csv_max_object_bytes) +
+           " (2^50, 1 PiB): not an object size (byte counts over a trace would overflow)");
+    }
     ferry::access_kind kind = ferry::access_kind::read;
     if (fields.size() == 3) {
       const std::string op = detail::lower(fields[2]);
@@ -366,10 +395,16 @@ inline constexpr std::size_t oracle_general_record_bytes = 24;
 /// @brief Reads a CSV trace file.
 /// @param path  the file
 /// @param stats if not null, receives the counts of `trace_read_stats`
-/// @throws ferry::io_error naming the path and errno if it cannot be opened or read
+/// @throws ferry::io_error naming the path and errno if it cannot be opened or read, or
+///         is neither a regular file nor a pipe (a directory: EISDIR; a device: EINVAL)
 /// @throws schedule_format_error for the first bad line (see the stream overload)
 [[nodiscard]] inline named_schedule read_csv_trace(const std::filesystem::path& path,
                                                    trace_read_stats* stats = nullptr) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    FERRY_THROW_IO_ERROR(S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read trace (not a regular file or a pipe)",
+                         path.string(), ferry::io_error::no_offset, 0);
+  }
   errno = 0;
   std::ifstream in(path);
   if (!in.is_open()) {

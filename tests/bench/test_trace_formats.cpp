@@ -265,9 +265,23 @@ TEST_CASE("CSV: a bad line is refused with the file, its number and its text") {
   CHECK(binary.line() == 1);
   CHECK_THAT(binary.what(),
              Catch::Contains("binary data, not a CSV line") && Catch::Contains("\\x01\\x00") && Catch::Contains("..."));
-  // The largest std::size_t is taken.
-  std::istringstream max("a,18446744073709551615\n");
-  CHECK(fb::read_csv_trace(max).bytes_at(0) == 18446744073709551615ULL);
+  // Object sizes up to 2^50 bytes are taken; past that (e.g. the largest std::size_t)
+  // they are refused, so that byte counts over a trace cannot wrap.
+  std::istringstream max("a,1125899906842624\n");
+  CHECK(fb::read_csv_trace(max).bytes_at(0) == fb::csv_max_object_bytes);
+  CHECK_THAT(csv_error("a,18446744073709551615\n").what(), Catch::Contains("is larger than 1125899906842624"));
+  CHECK_THAT(csv_error("a,1125899906842625\n").what(), Catch::Contains("(2^50, 1 PiB)"));
+  // A line longer than 64 KiB (a binary or endless input) is refused; a NUL inside a
+  // line is binary data; the bad line's text is cut to 200 bytes in the message.
+  CHECK_THAT(csv_error("a,1\n" + std::string(fb::csv_max_line_bytes + 10, 'k') + ",1\n").what(),
+             Catch::Contains(":2: ") && Catch::Contains("a line longer than 65536 bytes"));
+  CHECK_THAT(csv_error(std::string("a,1\nb\0c,1\n", 10)).what(), Catch::Contains(":2: ") && Catch::Contains("binary data"));
+  const std::string long_key(5000, 'q');
+  const std::string cut = csv_error(long_key + ",zz\n").what();
+  CHECK(cut.size() < 600);
+  CHECK_THAT(cut, Catch::Contains("..."));
+  // Non-ASCII bytes are escaped in messages.
+  CHECK_THAT(csv_error("caf\xC3\xA9,x\n").what(), Catch::Contains("caf\\xC3\\xA9"));
 
   temp_dir dir;
   try {
@@ -277,6 +291,32 @@ TEST_CASE("CSV: a bad line is refused with the file, its number and its text") {
     CHECK(e.code().value() == ENOENT);
     CHECK_THAT(e.what(), Catch::Contains("missing.csv"));
   }
+  // A directory or a device is not a trace: said so with its errno, nothing read.
+  try {
+    (void)fb::read_csv_trace(dir.path);
+    FAIL("a directory was read as a trace");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EISDIR);
+  }
+  try {
+    (void)fb::read_csv_trace(fs::path("/dev/zero"));
+    FAIL("/dev/zero was read as a trace");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EINVAL);
+    CHECK_THAT(e.what(), Catch::Contains("not a regular file or a pipe"));
+  }
+}
+
+TEST_CASE("CSV: a UTF-8 byte order mark before the first line is skipped") {
+  std::istringstream header("\xEF\xBB\xBFkey,bytes\na,10\na,10\n");
+  const auto s = fb::read_csv_trace(header);
+  CHECK(s.size() == 2);
+  CHECK(s.key_count() == 1);
+  CHECK(s.key_at(0) == "a");
+  std::istringstream data("\xEF\xBB\xBF" "a,10\na,10\n");
+  const auto t = fb::read_csv_trace(data);
+  CHECK(t.key_count() == 1);
+  CHECK(t.key_at(1) == "a");
 }
 
 TEST_CASE("advise_policy on a small oracleGeneral trace names a candidate") {

@@ -136,7 +136,6 @@ class greedy_dual {
     entry& e = keys_.at(k);
     if (--e.pins == 0) {
       ++e.uses;
-      e.fresh = false;
       e.h = floor_ + weight(e);
       e.touch = ++clock_;
     }

@@ -253,18 +253,20 @@ TEST_CASE("adamw_fused: one step within the documented bound of the unfused step
   std::size_t differ = 0;
   for (std::size_t i = 0; i < n; ++i) {
     CAPTURE(i);
-    const double lerp_term = std::abs(static_cast<double>(k.weight) * (static_cast<double>(s.g[i]) - s.m[i]));
-    const double bm = 2 * u * (lerp_term + std::abs(static_cast<double>(a.m[i])));
-    const double bv = 4 * u * a.v[i];
-    REQUIRE(std::abs(static_cast<double>(b.m[i]) - a.m[i]) <= bm);
-    REQUIRE(std::abs(static_cast<double>(b.v[i]) - a.v[i]) <= bv);
-    const double denom = std::sqrt(static_cast<double>(a.v[i])) / k.bc2_sqrt + static_cast<double>(h.eps);
-    const double update = static_cast<double>(k.step_size) * std::abs(static_cast<double>(a.m[i])) / denom;
+    const double sg = static_cast<double>(s.g[i]), sm = static_cast<double>(s.m[i]);
+    const double am = static_cast<double>(a.m[i]), av = static_cast<double>(a.v[i]), ap = static_cast<double>(a.p[i]);
+    const double lerp_term = std::abs(static_cast<double>(k.weight) * (sg - sm));
+    const double bm = 2 * u * (lerp_term + std::abs(am));
+    const double bv = 4 * u * av;
+    REQUIRE(std::abs(static_cast<double>(b.m[i]) - am) <= bm);
+    REQUIRE(std::abs(static_cast<double>(b.v[i]) - av) <= bv);
+    const double denom = std::sqrt(av) / static_cast<double>(k.bc2_sqrt) + static_cast<double>(h.eps);
+    const double update = static_cast<double>(k.step_size) * std::abs(am) / denom;
     // Through the division: |dm| / denom, and |update| times the relative change of
     // the denominator (at most half that of v); then the roundings of the update and sum.
-    const double bp = static_cast<double>(k.step_size) * bm / denom + update * (bv / (2 * a.v[i] + 1e-300)) +
-                      4 * u * (std::abs(static_cast<double>(a.p[i])) + update);
-    REQUIRE(std::abs(static_cast<double>(b.p[i]) - a.p[i]) <= bp);
+    const double bp = static_cast<double>(k.step_size) * bm / denom + update * (bv / (2 * av + 1e-300)) +
+                      4 * u * (std::abs(ap) + update);
+    REQUIRE(std::abs(static_cast<double>(b.p[i]) - ap) <= bp);
     differ += a.p[i] != b.p[i];
   }
   CHECK(differ > 0);  // the two roundings are different functions

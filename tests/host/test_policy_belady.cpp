@@ -263,3 +263,26 @@ TEST_CASE("belady made before its schedule was recorded whole still finds every 
   CHECK(p.next_use(3) == 5);
   CHECK(p.victim() == 3);
 }
+
+TEST_CASE("belady made before its schedule was recorded follows the positions of the whole schedule",
+          "[policy][belady]") {
+  ferry::access_schedule<int> s;
+  for (const int k : {0, 1, 2}) s.record(k, 1);
+  ferry::belady<int> p(s, 5);
+  for (const int k : {3, 4, 2, 5, 6}) s.record(k, 1);  // now 8 entries: position 5 is key 2
+  p.on_insert(2, 1);
+  CHECK(p.next_use(2) == s.next_use(2, 5));
+  p.on_access(2);
+  CHECK(p.next_use(2) == s.next_use(2, 6));
+
+  // A key inserted before the schedule held it, then recorded, is still resident.
+  ferry::access_schedule<int> t;
+  ferry::belady<int> q(t);
+  q.on_insert(1, 1);
+  t.record(0, 1);
+  t.record(1, 1);
+  q.on_insert(0, 1);
+  q.on_access(0);
+  CHECK_NOTHROW(q.on_access(1));
+  CHECK(q.contains(1));
+}

@@ -494,3 +494,16 @@ TEST_CASE("eviction policies are value types: a copy has its own state", "[polic
   CHECK(a.victim() == 1);
   CHECK(b.victim() == 2);
 }
+
+TEST_CASE("gdsf counts requests: a pin released before the first access is a use, that access is not",
+          "[policy][eviction]") {
+  ferry::gdsf<int> f;
+  f.on_insert(1, 1);
+  f.pin(1);
+  f.unpin(1);
+  CHECK(f.uses(1) == 2);
+  f.on_access(1);  // the insert's own request
+  CHECK(f.uses(1) == 2);
+  f.on_access(1);
+  CHECK(f.uses(1) == 3);
+}

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <list>
 #include <map>
 #include <numeric>
@@ -331,6 +332,7 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
     std::vector<std::size_t> home_bytes;
     std::size_t at_home;
     std::size_t offset;
+    std::size_t offset_of;
     std::size_t c;
     std::size_t bypasses;
   };
@@ -619,4 +621,89 @@ TEST_CASE("keys kept at home: pin, erase, tier_of and errors as for any placed k
   // A placement that follows no schedule has no keys to place.
   ferry::placement<int, ferry::lru<int>> loose(caps, ferry::lru<int>{});
   CHECK_THROWS_AS(loose.place_at_home([](const ferry::move_event<int>&) {}), ferry::logic_error);
+}
+
+TEST_CASE("a bypassed read is told to the policy of the tier the key lives in", "[policy][simulate][admission]") {
+  // X (50 B) fits tier 1 but not tier 0: written, it goes to tier 1; read, it is served
+  // from there. Tier 1's belady must learn of that read, or X keeps a next use in the
+  // past and looks needed soonest for ever.
+  schedule s;
+  s.record(100, 50, ferry::access_kind::write);
+  s.record(100, 50);
+  for (int round = 0; round < 4; ++round) {
+    for (const int k : {1, 2, 3}) s.record(k, 8);
+  }
+  const std::vector<std::size_t> caps = {10, 60, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::belady<int>> pl(caps, ferry::belady<int>(s), ferry::no_prefetch{},
+                                               {.oversized = ferry::admission::bypass}, &s);
+  pl.place_at_home([](const ferry::move_event<int>&) {});
+  for (std::size_t e = 0; e < 2; ++e) {
+    const auto o = pl.access(s.key_at(e), s.bytes_at(e), s.kind_at(e), 0, [](const ferry::move_event<int>&) {});
+    CHECK(o.bypassed);
+  }
+  CHECK(pl.tier_of(100) == std::optional<std::size_t>(1));
+  CHECK(pl.eviction(1).next_use(100) == s.next_use(100, 2));  // the next iteration's write
+  const auto b = ferry::simulate(s, caps, ferry::belady<int>(s), ferry::no_prefetch{}, {.iterations = 2});
+  const auto l = ferry::simulate(s, caps, ferry::lru<int>{}, ferry::no_prefetch{}, {.iterations = 2});
+  CHECK(b.bytes_up[1] <= l.bytes_up[1]);
+  CHECK(b.misses <= l.misses);
+}
+
+TEST_CASE("a write that cannot be placed keeps the old copy", "[policy][simulate][admission]") {
+  const auto none = [](const ferry::move_event<int>&) {};
+  {  // resized in tier 0, with no room for the new size: the old copy stays
+    const std::size_t caps[] = {100, ferry::unlimited_bytes};
+    ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
+    pl.place(1, 50, 0);
+    pl.place(2, 50, 0);
+    pl.pin(2);
+    std::vector<ferry::move_kind> moves;
+    CHECK_THROWS_AS(pl.access(1, 80, ferry::access_kind::write, 0,
+                              [&](const ferry::move_event<int>& e) { moves.push_back(e.kind); }),
+                    ferry::out_of_capacity);
+    CHECK(pl.tier_of(1) == std::optional<std::size_t>(0));
+    CHECK(pl.size() == 2);
+    CHECK(pl.used(0) == 100);
+    CHECK(std::find(moves.begin(), moves.end(), ferry::move_kind::drop) == moves.end());
+    CHECK_FALSE(pl.pinned(1));
+    pl.unpin(2);
+    (void)pl.access(1, 80, ferry::access_kind::write, 0, none);  // now 2 can go
+    CHECK(pl.tier_of(1) == std::optional<std::size_t>(0));
+    CHECK(pl.used(0) == 80);
+  }
+  {  // bypassed to tier 1, which is full of a pinned key: the copy at home stays
+    const std::size_t caps[] = {10, 100, 1000};
+    ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{}, ferry::no_prefetch{},
+                                              {.oversized = ferry::admission::bypass});
+    pl.place(1, 50, 2);
+    pl.place(2, 100, 1);
+    pl.pin(2);
+    CHECK_THROWS_AS(pl.access(1, 60, ferry::access_kind::write, 0, none), ferry::out_of_capacity);
+    CHECK(pl.tier_of(1) == std::optional<std::size_t>(2));
+    CHECK(pl.used(2) == 50);
+    CHECK_FALSE(pl.pinned(1));
+  }
+}
+
+TEST_CASE("a key its tier's policy refuses leaves no trace in the placement", "[policy][simulate]") {
+  const std::size_t caps[] = {100, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::gdsf<int>> pl(caps, ferry::gdsf<int>{});
+  CHECK_THROWS_AS(pl.access(7, 0, ferry::access_kind::write), ferry::logic_error);  // gdsf: bytes > 0
+  CHECK_FALSE(pl.tier_of(7).has_value());
+  CHECK(pl.size() == 0);
+  CHECK(pl.used(0) == 0);
+  (void)pl.access(7, 10, ferry::access_kind::write);  // a valid write of the same key works
+  CHECK(pl.tier_of(7) == std::optional<std::size_t>(0));
+  CHECK(pl.eviction(0).size() == 1);
+}
+
+TEST_CASE("byte counts of huge keys saturate instead of wrapping", "[policy][simulate][admission]") {
+  schedule s;
+  const std::size_t huge = std::size_t{1} << 63;
+  s.record(1, huge);
+  s.record(1, huge);
+  const auto r = ferry::simulate(s, {16, ferry::unlimited_bytes}, ferry::lru<int>{});
+  CHECK(r.bypassed == 2);
+  CHECK(r.bytes_up[0] == std::numeric_limits<std::size_t>::max());
+  CHECK(r.bytes_moved() == std::numeric_limits<std::size_t>::max());
 }

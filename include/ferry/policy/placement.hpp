@@ -181,6 +181,7 @@ class placement {
       tiers_.push_back(tier_state{eviction, c});
     }
     if (follows_ != nullptr) {
+      offset_of_ = follows_->size();
       by_sid_.assign(follows_->key_count(), detail::no_node);
       if (tiers_.size() > 1) {
         home_bytes_.assign(follows_->key_count(), 0);
@@ -243,10 +244,7 @@ class placement {
         return;
       }
     }
-    const detail::node_id id = insert_key(key);
-    where_[id].tier = tier;
-    where_[id].bytes = bytes;
-    insert_into(tier, key, bytes);
+    add_new(key, bytes, tier);
     mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
   }
 
@@ -346,6 +344,13 @@ class placement {
       FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
                     bytes, where_[id].bytes);
       out.found_in = where_[id].tier;
+      // Room for the new size first, the old copy pinned (and counted as freed where it
+      // is in that tier): a write that cannot be placed loses nothing.
+      const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
+      const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
+      if (dest != no_tier) {
+        secure_room(dest, bytes, id, mover);
+      }
       erase(key, mover);
       id = detail::no_node;
     }
@@ -357,10 +362,7 @@ class placement {
     } else if (id == detail::no_node) {
       FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
       make_room(0, bytes, false, mover);
-      id = insert_key(key);
-      where_[id].tier = 0;
-      where_[id].bytes = bytes;
-      insert_into(0, key, bytes);
+      id = add_new(key, bytes, 0);
       mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
     } else if (const std::size_t from = where_[id].tier; from == 0) {
       out.hit = true;
@@ -388,8 +390,13 @@ class placement {
     }
     prefetch_.on_access(key);
     ++clock_;
-    if (follows_ != nullptr && ++offset_ >= follows_->size()) {
-      offset_ = 0;
+    if (follows_ != nullptr) {
+      if (follows_->size() != offset_of_) {  // recorded into since (outside the contract): recompute
+        offset_of_ = follows_->size();
+        offset_ = offset_of_ == 0 ? 0 : clock_ % offset_of_;
+      } else if (++offset_ >= offset_of_) {
+        offset_ = 0;
+      }
     }
 
     prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
@@ -528,7 +535,13 @@ class placement {
       const std::uint32_t sid = follows_->id_at(offset_);
       if (sid < by_sid_.size()) {
         const detail::node_id id = by_sid_[sid];
-        return id == at_home ? materialize(sid, key) : id;
+        if (id == at_home) {
+          return materialize(sid, key);
+        }
+        if (id != detail::no_node) {
+          return id;
+        }
+        // Not placed, or placed before the schedule knew it (recorded later): look up.
       }
     }
     return find_node(key);
@@ -597,8 +610,13 @@ class placement {
     out.bypassed = true;
     ++bypasses_;
     if (kind == access_kind::read) {
-      out.found_in = where_[id].tier;
-      mover(move_event<Key>{where_.key(id), bytes, out.found_in, 0, move_kind::bypass});
+      const std::size_t from = where_[id].tier;
+      out.found_in = from;
+      if (has_policy(from)) {  // the key was used where it lives: its tier's policy is told
+        sync(from);
+        tiers_[from].policy.on_access(key);
+      }
+      mover(move_event<Key>{where_.key(id), bytes, from, 0, move_kind::bypass});
       keep_at_home(id);
       return;
     }
@@ -608,15 +626,44 @@ class placement {
     }
     if (id != detail::no_node) {
       out.found_in = where_[id].tier;
+      secure_room(to, bytes, id, mover);  // before the old copy goes: a failure loses nothing
       erase(key, mover);
     }
     make_room(to, bytes, false, mover);
-    id = insert_key(key);
-    where_[id].tier = to;
-    where_[id].bytes = bytes;
-    insert_into(to, key, bytes);
+    id = add_new(key, bytes, to);
     mover(move_event<Key>{where_.key(id), bytes, 0, to, move_kind::bypass});
     keep_at_home(id);
+  }
+
+  // A new where_ node for `key` in tier `tier` (room made), told to the tier's policy; a
+  // policy that refuses the key (its precondition, or bad_alloc) leaves no trace of it.
+  detail::node_id add_new(const Key& key, std::size_t bytes, std::size_t tier) {
+    const detail::node_id id = insert_key(key);
+    where_[id].tier = tier;
+    where_[id].bytes = bytes;
+    try {
+      insert_into(tier, key, bytes);
+    } catch (...) {
+      erase_key(id);
+      throw;
+    }
+    return id;
+  }
+
+  // Makes room in tier `t` for `bytes` new bytes of the key at node `old`, whose old copy
+  // stays, pinned, until the new one is placed; its bytes count as free if it is in `t`.
+  template <class Mover>
+  void secure_room(std::size_t t, std::size_t bytes, detail::node_id old, Mover& mover) {
+    const location loc = where_[old];
+    const std::size_t need = loc.tier == t ? (bytes > loc.bytes ? bytes - loc.bytes : 0) : bytes;
+    struct pin_guard {
+      placement& self;
+      detail::node_id id;
+      ~pin_guard() { self.unpin_id(id); }
+    };
+    pin_id(old);
+    const pin_guard guard{*this, old};
+    make_room(t, need, false, mover);
   }
 
   // Moves the policy of tier i to the current position, if it follows a schedule.
@@ -695,8 +742,8 @@ class placement {
       if (!make_room(to, vb, ahead, mover)) {
         return false;
       }
+      insert_into(to, *v, vb);  // first: a policy that refuses it leaves it where it was
       remove_from(i, *v, vb);
-      insert_into(to, *v, vb);
       where_[vid].tier = to;
       ++t.evictions;
       mover(move_event<Key>{where_.key(vid), vb, i, to, move_kind::evict});
@@ -723,8 +770,8 @@ class placement {
         return false;
       }
     }
+    insert_into(0, key, bytes);  // first: a policy that refuses it leaves it where it was
     remove_from(from, key, bytes);
-    insert_into(0, key, bytes);
     where_[id].tier = 0;
     where_[id].pins = 0;  // pins count per residency
     return true;
@@ -739,6 +786,7 @@ class placement {
   std::vector<std::size_t> home_bytes_;  // bytes of each key kept at home (empty: none are kept)
   std::size_t at_home_ = 0;              // keys kept at home
   std::size_t offset_ = 0;               // clock_ % follows_->size()
+  std::size_t offset_of_ = 0;            // the schedule size offset_ was computed for
   std::size_t clock_ = 0;
   std::size_t bypasses_ = 0;
 };

@@ -31,12 +31,21 @@
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <utility>
 #include <vector>
 
 namespace ferry {
+
+namespace detail {
+/// `a + b`, or the largest `std::size_t` where that overflows (byte counters of traces
+/// of huge objects saturate instead of wrapping).
+[[nodiscard]] constexpr std::size_t saturating_add(std::size_t a, std::size_t b) noexcept {
+  return a > std::numeric_limits<std::size_t>::max() - b ? std::numeric_limits<std::size_t>::max() : a + b;
+}
+}  // namespace detail
 
 /// @brief Knobs of `ferry::simulate`.
 struct simulate_options {
@@ -69,6 +78,7 @@ struct simulation_result {
   /// (`misses == writes_without_fetch + sum(fetched_from)`).
   std::size_t writes_without_fetch = 0;
   /// `[b]`: bytes moved across boundary `b` toward tier 0 (fetches and prefetches).
+  /// Byte counts saturate at the largest `std::size_t` instead of wrapping.
   std::vector<std::size_t> bytes_up;
   /// `[b]`: bytes moved across boundary `b` away from tier 0 (evictions).
   std::vector<std::size_t> bytes_down;
@@ -83,10 +93,12 @@ struct simulation_result {
   /// write's every boundary down to the tier that takes it (in `bytes_down`).
   std::size_t bypassed = 0;
 
-  /// @brief Bytes moved across all boundaries, both ways.
+  /// @brief Bytes moved across all boundaries, both ways (saturating, as the counts).
   [[nodiscard]] std::size_t bytes_moved() const noexcept {
-    return std::accumulate(bytes_up.begin(), bytes_up.end(), std::size_t{0}) +
-           std::accumulate(bytes_down.begin(), bytes_down.end(), std::size_t{0});
+    std::size_t total = 0;
+    for (const std::size_t b : bytes_up) total = detail::saturating_add(total, b);
+    for (const std::size_t b : bytes_down) total = detail::saturating_add(total, b);
+    return total;
   }
   /// @brief `hits / accesses` (0 when nothing was accessed).
   [[nodiscard]] double hit_ratio() const noexcept {
@@ -150,25 +162,25 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
       switch (e.kind) {
         case move_kind::prefetch:
           ++r.prefetches;
-          r.prefetch_bytes += e.bytes;
+          r.prefetch_bytes = detail::saturating_add(r.prefetch_bytes, e.bytes);
           [[fallthrough]];
         case move_kind::fetch:
           for (std::size_t b = e.to; b < e.from; ++b) {
-            r.bytes_up[b] += e.bytes;
+            r.bytes_up[b] = detail::saturating_add(r.bytes_up[b], e.bytes);
           }
           break;
         case move_kind::evict:
           for (std::size_t b = e.from; b < e.to; ++b) {
-            r.bytes_down[b] += e.bytes;
+            r.bytes_down[b] = detail::saturating_add(r.bytes_down[b], e.bytes);
           }
           break;
         case move_kind::bypass:
           ++r.bypassed;
           for (std::size_t b = e.to; b < e.from; ++b) {  // a read: up from `from`
-            r.bytes_up[b] += e.bytes;
+            r.bytes_up[b] = detail::saturating_add(r.bytes_up[b], e.bytes);
           }
           for (std::size_t b = e.from; b < e.to; ++b) {  // a write: down to `to`
-            r.bytes_down[b] += e.bytes;
+            r.bytes_down[b] = detail::saturating_add(r.bytes_down[b], e.bytes);
           }
           break;
         case move_kind::create:

@@ -132,6 +132,7 @@ class belady {
     FERRY_EXPECTS(keys_.find(k) == detail::no_node, "the key is already resident", k, bytes);
     // Fetched for the access at position(): the schedule's entry names it, and that
     // entry is its next use (no lookup). Prefetched ahead, or unknown: look it up.
+    resync();
     const bool here = scheduled_here(k);
     const auto sid = here ? schedule_->id_at(offset_) : schedule_->find(k);
     const detail::node_id id = keys_.insert(k);
@@ -159,8 +160,13 @@ class belady {
     // The access the schedule has at position(): the key's node from the table by
     // schedule id and its next use from the schedule's next-use array, O(1) without a
     // hash lookup or a search. An access elsewhere (the program deviated): both looked up.
-    const bool here = scheduled_here(k);
-    const detail::node_id id = here ? by_sid_[schedule_->id_at(offset_)] : keys_.find(k);
+    resync();
+    bool here = scheduled_here(k);
+    detail::node_id id = here ? by_sid_[schedule_->id_at(offset_)] : keys_.find(k);
+    if (here && id == detail::no_node) {  // inserted before the schedule knew the key
+      id = keys_.find(k);
+      here = false;
+    }
     FERRY_EXPECTS(id != detail::no_node, "on_access of a key that is not resident", k, position_);
     payload& p = keys_[id];
     p.stamp = ++clock_;
@@ -292,7 +298,16 @@ class belady {
 
   void set_position(std::size_t pos) noexcept {
     position_ = pos;
-    offset_ = schedule_->empty() ? 0 : pos % schedule_->size();
+    offset_of_ = schedule_->size();
+    offset_ = offset_of_ == 0 ? 0 : pos % offset_of_;
+  }
+
+  // The schedule was recorded into after offset_ was computed (outside the contract):
+  // recompute it, so that the entry compared is the one at position().
+  void resync() noexcept {
+    if (schedule_->size() != offset_of_) {
+      set_position(position_);
+    }
   }
 
   // Whether the schedule's entry at position() is an access of `k`.
@@ -319,7 +334,8 @@ class belady {
 
   const schedule_type* schedule_;
   std::size_t position_ = 0;
-  std::size_t offset_ = 0;  // position_ % schedule size: the entry of the next access
+  std::size_t offset_ = 0;     // position_ % schedule size: the entry of the next access
+  std::size_t offset_of_ = 0;  // the schedule size offset_ was computed for
   // Resident node of each schedule key id (no_node when not resident).
   std::vector<detail::node_id> by_sid_;
   detail::keyed_pool<Key, payload, Hash, KeyEqual> keys_;

@@ -206,7 +206,6 @@ class basic_greedy_dual {
     FERRY_EXPECTS(p.pins > 0, "unpin of a key that is not pinned", k);
     if (--p.pins == 0) {
       ++p.uses;
-      p.fresh = false;
       p.h = inflation_ + weight(p);
       p.stamp = ++clock_;
       heap_.push(id, priority{p.h, p.stamp});
