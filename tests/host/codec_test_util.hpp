@@ -1,9 +1,11 @@
 // Test data for the codec tests (host, oracle and GPU): random magnitudes over a range,
 // special values sprinkled in, conversion to the codec's element type, and the error
-// bound of docs/codecs.md.
+// bound of docs/codecs.md, and encode/decode into fresh buffers.
 #pragma once
 
 #include <ferry/codec.hpp>
+
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace ferry_test {
@@ -97,6 +100,23 @@ constexpr double unit_roundoff() {
       return 0x1p-11;
   }
   return 1.0;
+}
+
+/// `in` encoded by `c` into a buffer of `c.encoded_bytes(in.size())` bytes; checks that
+/// the codec wrote all of it.
+template <class C>
+std::vector<std::byte> encode(const C& c, const std::vector<typename C::value_type>& in) {
+  std::vector<std::byte> out(c.encoded_bytes(in.size()));
+  CHECK(c.encode(std::span<const typename C::value_type>(in), std::span<std::byte>(out)) == out.size());
+  return out;
+}
+
+/// `n` values decoded by `c` from `in`.
+template <class C>
+std::vector<typename C::value_type> decode(const C& c, const std::vector<std::byte>& in, std::size_t n) {
+  std::vector<typename C::value_type> out(n);
+  c.decode(std::span<const std::byte>(in), std::span<typename C::value_type>(out));
+  return out;
 }
 
 }  // namespace ferry_test

@@ -45,19 +45,8 @@ double fp8_reference_value(std::uint8_t code) {
   return sign * std::ldexp(1.0 + std::ldexp(m, -m_bits), e - L::exponent_bias);
 }
 
-template <class C>
-std::vector<std::byte> encode(const C& c, const std::vector<typename C::value_type>& in) {
-  std::vector<std::byte> out(c.encoded_bytes(in.size()));
-  CHECK(c.encode(std::span<const typename C::value_type>(in), std::span<std::byte>(out)) == out.size());
-  return out;
-}
-
-template <class C>
-std::vector<typename C::value_type> decode(const C& c, const std::vector<std::byte>& in, std::size_t n) {
-  std::vector<typename C::value_type> out(n);
-  c.decode(std::span<const std::byte>(in), std::span<typename C::value_type>(out));
-  return out;
-}
+using ferry_test::decode;
+using ferry_test::encode;
 
 // |a - b| <= 2^-20 |b|: equal up to the fp32 roundings of the scale's reciprocal.
 bool near(float a, float b) { return std::abs(double{a} - double{b}) <= 0x1p-20 * std::abs(double{b}); }

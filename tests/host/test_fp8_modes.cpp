@@ -106,19 +106,8 @@ std::vector<T> all_16bit_patterns() {
   return out;
 }
 
-template <class C>
-std::vector<std::byte> encode(const C& c, const std::vector<typename C::value_type>& in) {
-  std::vector<std::byte> out(c.encoded_bytes(in.size()));
-  CHECK(c.encode(std::span<const typename C::value_type>(in), std::span<std::byte>(out)) == out.size());
-  return out;
-}
-
-template <class C>
-std::vector<typename C::value_type> decode(const C& c, const std::vector<std::byte>& in, std::size_t n) {
-  std::vector<typename C::value_type> out(n);
-  c.decode(std::span<const std::byte>(in), std::span<typename C::value_type>(out));
-  return out;
-}
+using ferry_test::decode;
+using ferry_test::encode;
 
 unsigned byte_at(const std::vector<std::byte>& bytes, std::size_t i) { return std::to_integer<unsigned>(bytes[i]); }
 
