@@ -47,6 +47,10 @@
 #   FERRY_GPU_CHECK_STEPS    comma-separated steps to run (default: all)
 #   FERRY_GPU_CHECK_LIMITS   comma-separated step=seconds overrides, e.g. memcheck=90
 #   FERRY_GPU_CHECK_BUDGET_S the most the limits (plus 2 s a step) may add up to (default 300)
+#   FERRY_GPU_CHECK_LIMIT_SCALE  a whole factor (1-20, default 1) the limits are run with,
+#                            for a machine slower than the GPU machine (the dry run in CI,
+#                            2 busy cores); the budget check and the summary's limit column
+#                            keep the GPU machine's limits
 #   FERRY_GPU_CHECK_MODE     gpu or dry-run (default: gpu where a GPU is seen)
 #   FERRY_GPU_CHECK_SCRATCH  folder for the tests' files (default: the first of $TMPDIR,
 #                            /var/tmp, /tmp that exists; a folder of its own in it, removed
@@ -91,6 +95,8 @@ if [[ -n ${FERRY_GPU_CHECK_STEPS:-} ]]; then
 else
   for s in "${steps[@]}"; do selected[$s]=1; done
 fi
+scale=${FERRY_GPU_CHECK_LIMIT_SCALE:-1}
+[[ $scale =~ ^([1-9]|1[0-9]|20)$ ]] || { echo "gpu-check: FERRY_GPU_CHECK_LIMIT_SCALE '$scale' is not a whole factor from 1 to 20" >&2; exit 2; }
 planned=0
 for s in "${steps[@]}"; do [[ -n ${selected[$s]:-} ]] && planned=$((planned + limit[$s] + kill_after)); done
 if ((planned > budget)); then
@@ -170,6 +176,7 @@ if [[ $here != "$carry" && -f $carry/gpu-check.sh ]] && ! cmp -s "$here/gpu-chec
   echo "== note: this gpu-check.sh ($here) differs from the carry folder's copy; running this one"
 fi
 echo "== ${#selected[@]} steps, limits adding up to ${planned} s with ${kill_after} s a step to stop it (budget ${budget} s); output in $out"
+((scale > 1)) && echo "== limits run ${scale}x longer here (FERRY_GPU_CHECK_LIMIT_SCALE=$scale)"
 
 # --- the summary, rewritten after every step -------------------------------------------------
 summary_rows=()
@@ -193,6 +200,7 @@ write_summary() {  # write_summary STATE
     fi
     echo "Carry: $(sed -n '2p' "$carry/MANIFEST" 2>/dev/null)."
     echo "Planned: ${planned} s of limits (budget ${budget} s); took ${took} s. Verdict: **${verdict}**."
+    ((scale > 1)) && echo "Limits run ${scale}x longer on this machine (FERRY_GPU_CHECK_LIMIT_SCALE)."
     echo
     echo "| step | result | seconds | limit (s) | log |"
     echo "|---|---|---|---|---|"
@@ -233,13 +241,14 @@ run_step() {
   local name=$1; shift
   local log=$out/$name.log
   [[ -n ${selected[$name]:-} ]] || return 0
-  echo "== [$(($(date +%s) - start)) s] $name (limit ${limit[$name]} s)"
+  local run_limit=$((limit[$name] * scale))
+  echo "== [$(($(date +%s) - start)) s] $name (limit ${run_limit} s)"
   local t0 t1 rc verdict why took
   t0=$(date +%s.%N)
   if declare -F "$1" >/dev/null; then  # a step of this script: a bash of its own under timeout
-    timeout --kill-after="$kill_after" "${limit[$name]}" bash -c '"$@"' "$name" "$@" >"$log" 2>&1 </dev/null &
+    timeout --kill-after="$kill_after" "$run_limit" bash -c '"$@"' "$name" "$@" >"$log" 2>&1 </dev/null &
   else
-    timeout --kill-after="$kill_after" "${limit[$name]}" "$@" >"$log" 2>&1 </dev/null &
+    timeout --kill-after="$kill_after" "$run_limit" "$@" >"$log" 2>&1 </dev/null &
   fi
   step_pid=$!
   step_name=$name
@@ -249,7 +258,7 @@ run_step() {
   t1=$(date +%s.%N)
   took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   local reached
-  reached=$(awk -v t="$took" -v l="${limit[$name]}" 'BEGIN { print (t + 0.5 >= l) ? 1 : 0 }')
+  reached=$(awk -v t="$took" -v l="$run_limit" 'BEGIN { print (t + 0.5 >= l) ? 1 : 0 }')
   if [[ ($rc -eq 124 || $rc -eq 137) && $reached -eq 1 ]]; then
     verdict="timed out"
   elif [[ $rc -eq 77 ]] || grep -qE "$needs_gpu_pattern" "$log"; then

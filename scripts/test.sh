@@ -10,6 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# show_failures LOG: each failed test's result line and its whole output (CTest writes it
+# after the line, up to the next test's "Start"), at most 400 lines a test, then the
+# sanitizer reports; so that CI's output says why, not only which.
+show_failures() {
+  awk '/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: .*\*\*\*/ { on = 1; n = 0; print; next }
+       /^ +Start +[0-9]+: / { on = 0 }
+       on && n < 400 { print; n++ }' "$1"
+  grep -E "ThreadSanitizer|AddressSanitizer|runtime error" "$1" | head -100 || true
+}
+
 bash scripts/deps.sh
 if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then
   export PATH="/usr/local/cuda/bin:$PATH"
@@ -42,14 +52,14 @@ if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
     cmake --preset "$sanitizer" >/dev/null
     cmake --build --preset "$sanitizer"
     ctest --preset "$sanitizer" --no-label-summary --quiet --output-log "build/$sanitizer/ctest.log" ||
-      { grep -E "Failed|\*\*\*|ThreadSanitizer|AddressSanitizer|runtime error" "build/$sanitizer/ctest.log" | head -200; exit 1; }
+      { show_failures "build/$sanitizer/ctest.log"; exit 1; }
     echo "   all passed (log: build/$sanitizer/ctest.log)"
   done
   echo "== concurrent suites under ThreadSanitizer, 2 repeats, 4 jobs on $(nproc) cores"
   ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
     -R "tensor_cache|layer_streamer|scheduler|host_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" \
     --repeat until-fail:2 ||
-    { grep -E "Failed|\*\*\*|ThreadSanitizer|runtime error" build/tsan/ctest-repeat.log | head -200; exit 1; }
+    { show_failures build/tsan/ctest-repeat.log; exit 1; }
   echo "   all passed (log: build/tsan/ctest-repeat.log)"
 fi
 

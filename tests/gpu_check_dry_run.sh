@@ -26,14 +26,17 @@ rm -rf "$work"
 mkdir -p "$work"
 problems=0
 fail() { echo "FAIL: $*"; problems=$((problems + 1)); }
-unset FERRY_GPU_CHECK_STEPS FERRY_GPU_CHECK_LIMITS FERRY_GPU_CHECK_MODE FERRY_GPU_CHECK_BUDGET_S FERRY_GPU_CARRY
+unset FERRY_GPU_CHECK_STEPS FERRY_GPU_CHECK_LIMITS FERRY_GPU_CHECK_MODE FERRY_GPU_CHECK_BUDGET_S FERRY_GPU_CARRY \
+  FERRY_GPU_CHECK_LIMIT_SCALE
 
 # --- 1. the dry run itself ------------------------------------------------------------------
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
        bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
 no_gpu_needed=(carry machine micro)
 sanitizer_steps=(memcheck racecheck)
-"$carry/gpu-check.sh" "$work/dry" >"$work/dry.out" 2>&1
+# Limits 4x longer: they are the GPU machine's (16 cores, nothing else running), and this
+# runs on a 2-core CI machine that may be busy; the logic checks below run at 1x.
+FERRY_GPU_CHECK_LIMIT_SCALE=4 "$carry/gpu-check.sh" "$work/dry" >"$work/dry.out" 2>&1
 rc=$?
 [[ $rc -eq 0 ]] || fail "the dry run exited $rc (want 0)"
 summary=$work/dry/summary.md
@@ -41,6 +44,7 @@ if [[ ! -f $summary ]]; then
   fail "no summary.md"
 else
   grep -q 'Mode: \*\*dry run\*\*' "$summary" || fail "summary.md does not say it was a dry run"
+  grep -q 'Limits run 4x longer' "$summary" || fail "summary.md does not say the limits ran 4x longer"
   for s in "${steps[@]}"; do
     line=$(grep "^| $s |" "$summary")
     [[ -n $line ]] || { fail "summary.md has no line for step $s"; continue; }
@@ -131,6 +135,8 @@ FERRY_GPU_CHECK_LIMITS=memcheck=ten "$fake/gpu-check.sh" "$work/bad-limit" >"$wo
 [[ $? -eq 2 ]] && grep -q "'memcheck=ten' is not step=seconds" "$work/bad-limit.out" || fail "a bad limit is not refused"
 "$fake/gpu-check.sh" >"$work/no-out.out" 2>&1
 [[ $? -eq 2 ]] || fail "no OUT argument is not refused"
+FERRY_GPU_CHECK_LIMIT_SCALE=0 "$fake/gpu-check.sh" "$work/bad-scale" >"$work/bad-scale.out" 2>&1
+[[ $? -eq 2 ]] && grep -q "is not a whole factor from 1 to 20" "$work/bad-scale.out" || fail "a limit scale of 0 is not refused"
 
 # Stopped from outside (SIGTERM, as a device tool's time limit does) in the middle of a
 # step: the step's processes go with it, and the summary says what ran.
@@ -138,7 +144,7 @@ mkdir -p "$work/scratch-stopped"
 FERRY_GPU_CHECK_STEPS=carry,example-stream_ordering,micro FERRY_GPU_CHECK_LIMITS=example-stream_ordering=60 \
   FERRY_GPU_CHECK_SCRATCH="$work/scratch-stopped" "$hang/gpu-check.sh" "$work/stopped" >"$work/stopped.out" 2>&1 &
 runner=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do  # up to a minute for the carry step before it, on a busy machine
   grep -q 'example-stream_ordering (limit' "$work/stopped.out" 2>/dev/null && break
   sleep 0.1
 done
