@@ -13,6 +13,12 @@
 // ferry::adamw that of its DEFAULT ones). Elements: --elements (default 256 Mi = 4 GiB of
 // states; 16 Mi with --quick). --no-peers skips the subprocess. ferry's kernel is the
 // widest the CPU has (printed); FERRY_ADAMW_ISA=portable|avx2|avx512 forces one.
+//
+// (3) The memory ceiling: a loop with AdamW's traffic (reads p, g, m, v and writes p, m, v:
+// 28 bytes an element) and an FMA's worth of arithmetic, on the same threads over the same
+// arrays, alternated with ferry. At 256 Mi elements every optimizer is bound by DRAM, so
+// this loop's steps/s is the most any of them can reach; the row "vs same-traffic loop"
+// says how close ferry comes (and each peer's line says how close it comes).
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
@@ -22,6 +28,12 @@
 
 #include <nlohmann/json.hpp>
 
+#if __has_include(<experimental/simd>)
+#include <experimental/simd>
+#endif
+
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -77,6 +89,77 @@ void scalar_step(std::vector<float>& p, const std::vector<float>& g, std::vector
     v[i] = vi;
     p[i] = p[i] * c.decay + ((-c.step_size) * mi) / (std::sqrt(vi) / c.bc2_sqrt + c.eps);
   }
+}
+
+// AdamW's memory traffic with almost none of its arithmetic (two FMAs and a multiply an
+// element): AVX-512 where the CPU has it (as ferry's widest kernel), else explicit SIMD
+// of the build's flags, so that it is a vector loop at plain -O2. Blocks of 16 Ki elements
+// handed out to `threads` threads as ferry::adamw's pool does (the same access pattern).
+// What it computes is meaningless; its speed is the DRAM ceiling of an in-place step.
+void same_traffic_portable(float* p, const float* g, float* m, float* v, std::size_t n) {
+  std::size_t i = 0;
+#if defined(__cpp_lib_experimental_parallel_simd)
+  namespace stdx = std::experimental;
+  using vf = stdx::native_simd<float>;
+  constexpr std::size_t w = vf::size();
+  for (; i + w <= n; i += w) {
+    const vf gi(g + i, stdx::element_aligned);
+    const vf mi = vf(m + i, stdx::element_aligned) * 0.9f + gi;
+    const vf vi = vf(v + i, stdx::element_aligned) * 0.999f + gi * gi;
+    mi.copy_to(m + i, stdx::element_aligned);
+    vi.copy_to(v + i, stdx::element_aligned);
+    (vf(p + i, stdx::element_aligned) - 1e-3f * mi).copy_to(p + i, stdx::element_aligned);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float gi = g[i];
+    m[i] = m[i] * 0.9f + gi;
+    v[i] = v[i] * 0.999f + gi * gi;
+    p[i] = p[i] - 1e-3f * m[i];
+  }
+}
+
+#if FERRY_ADAMW_DISPATCH
+__attribute__((target("avx512f"))) void same_traffic_avx512(float* p, const float* g, float* m, float* v,
+                                                            std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gi = _mm512_loadu_ps(g + i);
+    const __m512 mi = _mm512_fmadd_ps(_mm512_loadu_ps(m + i), _mm512_set1_ps(0.9f), gi);
+    const __m512 vi = _mm512_fmadd_ps(_mm512_loadu_ps(v + i), _mm512_set1_ps(0.999f), _mm512_mul_ps(gi, gi));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    _mm512_storeu_ps(p + i, _mm512_fnmadd_ps(_mm512_set1_ps(1e-3f), mi, _mm512_loadu_ps(p + i)));
+  }
+  same_traffic_portable(p + i, g + i, m + i, v + i, n - i);
+}
+#endif
+
+void same_traffic_step(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m,
+                       std::vector<float>& v, std::size_t threads) {
+  constexpr std::size_t block = std::size_t{16} << 10;
+  const std::size_t n = p.size();
+  std::atomic<std::size_t> next{0};
+#if FERRY_ADAMW_DISPATCH
+  const bool wide = ferry::adamw_isa_supported(ferry::adamw_isa::avx512);
+#endif
+  auto work = [&] {
+    for (std::size_t b = 0; (b = next.fetch_add(1, std::memory_order_relaxed)) * block < n;) {
+      const std::size_t first = b * block;
+      const std::size_t count = std::min(block, n - first);
+#if FERRY_ADAMW_DISPATCH
+      if (wide) {
+        same_traffic_avx512(p.data() + first, g.data() + first, m.data() + first, v.data() + first, count);
+        continue;
+      }
+#endif
+      same_traffic_portable(p.data() + first, g.data() + first, m.data() + first, v.data() + first, count);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
 }
 
 std::vector<float> read_floats(const std::filesystem::path& file, std::size_t n) {
@@ -138,6 +221,7 @@ std::vector<row> run_adam(const run_options& options) {
   };
 
   double ferry_rate = 0;
+  double ceiling_rate = 0;
   {
     std::vector<float> p(n, 0.5f), g(n), m(n, 0.0f), v(n, 0.0f);
     for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 2001) * 1e-3f - 1.0f;
@@ -163,6 +247,30 @@ std::vector<row> run_adam(const run_options& options) {
     std::printf("  ferry::adamw %.3f steps/s   scalar loop %.3f steps/s   ratio %.2f (kernel %s, %zu lanes)\n", r.ferry,
                 r.reference, rows.back().ratio(), std::string(ferry::adamw_isa_name(opt.isa())).c_str(),
                 ferry::adamw_isa_lanes(opt.isa()));
+
+    // The ceiling, on copies of the same states (its arithmetic would spoil ferry's).
+    std::vector<float> cp = p, cm = m, cv = v;
+    const auto c = ferry::bench::alternate(
+        reps, 1,
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          opt.step(p, g, m, v, ++t);
+          return 1.0 / seconds_since(t0);
+        },
+        [&] {
+          const auto t0 = std::chrono::steady_clock::now();
+          same_traffic_step(cp, g, cm, cv, cfg.threads);
+          return 1.0 / seconds_since(t0);
+        });
+    ceiling_rate = c.reference;
+    rows.push_back({"adam", "step " + base + " vs same-traffic loop", "steps/s", "steps/s",
+                    ferry::bench::better::higher, c.ferry, c.reference,
+                    "a loop with AdamW's 28 bytes an element of DRAM traffic and almost no arithmetic, same threads: "
+                    "the memory ceiling",
+                    params()});
+    std::printf("  ferry::adamw %.3f steps/s   same-traffic loop %.3f steps/s (%.1f GB/s)   ferry at %.2f of the "
+                "memory ceiling\n",
+                c.ferry, c.reference, c.reference * 28.0 * static_cast<double>(n) / 1e9, rows.back().ratio());
   }
   if (cfg.no_peers) return rows;
 
@@ -206,7 +314,8 @@ std::vector<row> run_adam(const run_options& options) {
     const double rate = peer["steps_per_s"].get<double>();
     rows.push_back({"adam", "step " + base + " vs " + key, "steps/s", "steps/s", ferry::bench::better::higher,
                     ferry_rate, rate, label, params()});
-    std::printf("  %-38s %.3f steps/s   ferry/peer %.2f\n", label, rate, rows.back().ratio());
+    std::printf("  %-38s %.3f steps/s   ferry/peer %.2f   peer at %.2f of the memory ceiling\n", label, rate,
+                rows.back().ratio(), rate / ceiling_rate);
   }
   if (doc.contains("dump")) {
     const std::size_t cn = doc["dump"]["elements"].get<std::size_t>();
@@ -237,8 +346,9 @@ std::vector<row> run_adam(const run_options& options) {
 
 const ferry::bench::registrar adam_scenario({
     .name = "adam",
-    .description = "one ferry::adamw step (CPU) against a scalar loop, DeepSpeedCPUAdam and torch's AdamW",
-    .reference = "a scalar loop; DeepSpeedCPUAdam and torch.optim.AdamW where installed",
+    .description = "one ferry::adamw step (CPU) against a scalar loop, the memory ceiling, DeepSpeedCPUAdam and "
+                   "torch's AdamW",
+    .reference = "a scalar loop; a same-traffic loop; DeepSpeedCPUAdam and torch.optim.AdamW where installed",
     .needs_gpu = false,
     .order = 45,
     .in_default_suite = false,
