@@ -13,12 +13,10 @@
 /// // error: static assertion failed: ferry::tier: T::allocate(std::size_t) must return T::region_type
 /// @endcode
 ///
-/// These are the first definitions; the tiers, policies and codecs issues refine them
-/// (device-side codecs, cost-aware eviction, schedule-driven prefetch) without
-/// breaking types that model these. The policies issue added the optional
-/// refinements `cost_aware_eviction_policy`, `schedule_aware_policy` and
-/// `guarded_prefetch_policy`, and prefetch sinks that return `bool`; the codecs issue
-/// added `device_codec` (encode and decode on a CUDA stream; with `FERRY_HAS_CUDA`).
+/// Optional refinements extend these without breaking the types that model them:
+/// `cost_aware_eviction_policy`, `schedule_aware_policy` and `guarded_prefetch_policy`
+/// (prefetch sinks return `bool`), and `device_codec` (encode and decode on a CUDA
+/// stream; with `FERRY_HAS_CUDA`).
 #pragma once
 
 #include "ferry/config.hpp"

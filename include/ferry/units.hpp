@@ -6,7 +6,10 @@
 /// 55e9 bytes per second).
 #pragma once
 
+#include <concepts>
 #include <cstddef>
+#include <limits>
+#include <type_traits>
 
 namespace ferry {
 
@@ -19,6 +22,33 @@ inline constexpr std::size_t kB = 1000;       ///< 10^3 bytes (decimal)
 inline constexpr std::size_t MB = 1000 * kB;  ///< 10^6 bytes (decimal)
 inline constexpr std::size_t GB = 1000 * MB;  ///< 10^9 bytes (decimal)
 inline constexpr std::size_t TB = 1000 * GB;  ///< 10^12 bytes (decimal)
+
+/// @brief `n` rounded up to a multiple of `a`: the bytes a request of `n` takes where space
+/// is handed out in units of `a` (an alignment, a page, a slot). `a` need not be a power
+/// of two; for one the division compiles to a mask.
+/// @pre `a > 0` and `round_up_fits(n, a)` (else the result wraps)
+template <std::unsigned_integral N, std::unsigned_integral A>
+[[nodiscard]] constexpr std::common_type_t<N, A> round_up(N n, A a) noexcept {
+  using T = std::common_type_t<N, A>;
+  return (static_cast<T>(n) + static_cast<T>(a) - 1) / static_cast<T>(a) * static_cast<T>(a);
+}
+
+/// @brief Whether `round_up(n, a)` is representable (no wrap past the type's maximum).
+/// @pre `a > 0`
+template <std::unsigned_integral N, std::unsigned_integral A>
+[[nodiscard]] constexpr bool round_up_fits(N n, A a) noexcept {
+  using T = std::common_type_t<N, A>;
+  return static_cast<T>(n) <= std::numeric_limits<T>::max() - (static_cast<T>(a) - 1);
+}
+
+/// @brief `n / d` rounded up: how many units of `d` hold `n` (chunks of a copy, blocks of
+/// a grid). Never wraps.
+/// @pre `d > 0`
+template <std::unsigned_integral N, std::unsigned_integral D>
+[[nodiscard]] constexpr std::common_type_t<N, D> div_round_up(N n, D d) noexcept {
+  using T = std::common_type_t<N, D>;
+  return static_cast<T>(n) / static_cast<T>(d) + (static_cast<T>(n) % static_cast<T>(d) != 0 ? 1 : 0);
+}
 
 /// @brief Literals for byte counts: `using namespace ferry::literals; auto n = 4_MiB;`
 /// A literal whose byte count does not fit in `std::size_t` does not compile.

@@ -47,6 +47,7 @@
 #include "ferry/codec.hpp"
 #include "ferry/cuda/device.hpp"
 #include "ferry/error.hpp"
+#include "ferry/units.hpp"
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_reduce.cuh>
@@ -420,8 +421,8 @@ __global__ void __launch_bounds__(block_threads)
 
 /// Blocks of 256 threads for `n` elements in chunks of 16 (at least one).
 inline unsigned grid_for(std::size_t n) noexcept {
-  const std::size_t chunks = (n + chunk - 1) / chunk;
-  const std::size_t blocks = (chunks + block_threads - 1) / block_threads;
+  const std::size_t chunks = div_round_up(n, chunk);
+  const std::size_t blocks = div_round_up(chunks, block_threads);
   return blocks == 0 ? 1u : static_cast<unsigned>(blocks);
 }
 

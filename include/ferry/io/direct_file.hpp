@@ -36,6 +36,7 @@
 #include "ferry/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
+#include "ferry/units.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -81,11 +82,6 @@ enum class io_mode : std::uint8_t {
 /// @brief "direct" or "buffered".
 [[nodiscard]] constexpr std::string_view to_string(io_mode m) noexcept {
   return m == io_mode::direct ? "direct" : "buffered";
-}
-
-/// @brief Rounds `v` up to a multiple of `a` (a power of two).
-[[nodiscard]] constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) noexcept {
-  return (v + a - 1) & ~(a - 1);
 }
 
 /// @brief Whether `p` is a multiple of `a` (a power of two).

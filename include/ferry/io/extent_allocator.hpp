@@ -14,6 +14,7 @@
 #pragma once
 
 #include "ferry/error.hpp"
+#include "ferry/units.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -68,15 +69,15 @@ class extent_allocator {
   /// @brief The bytes a request of `bytes` takes: `bytes` rounded up to the alignment.
   /// @throws ferry::logic_error when the rounded value does not fit in 64 bits
   [[nodiscard]] std::uint64_t rounded(std::uint64_t bytes) const {
-    FERRY_EXPECTS(bytes <= ~std::uint64_t{0} - (alignment_ - 1), "request too large to align", bytes);
-    return (bytes + alignment_ - 1) & ~(alignment_ - 1);
+    FERRY_EXPECTS(round_up_fits(bytes, alignment_), "request too large to align", bytes);
+    return round_up(bytes, alignment_);
   }
 
   /// @brief The request size a refusal reports (`out_of_capacity::requested`):
   /// `rounded(bytes)`, or `bytes` itself when the rounded value does not fit in 64 bits
   /// (such a request is larger than any capacity).
   [[nodiscard]] std::uint64_t reported_bytes(std::uint64_t bytes) const noexcept {
-    return bytes <= ~std::uint64_t{0} - (alignment_ - 1) ? (bytes + alignment_ - 1) & ~(alignment_ - 1) : bytes;
+    return round_up_fits(bytes, alignment_) ? round_up(bytes, alignment_) : bytes;
   }
 
   /// @brief Allocates an extent of `rounded(bytes)` bytes, or returns `std::nullopt`

@@ -72,8 +72,8 @@ struct engine_options {
   /// batch of completions being processed. 0: `max(1, queue_depth / 4)`, so at least three
   /// quarters of the queue stay in the device while system calls are shared by several
   /// requests; 1: after every callback that queued one (fio's default,
-  /// `iodepth_batch_submit=1`); a huge value: only after the whole batch. Measured on the
-  /// development VM's virtio disk, 4 KiB random reads at queue depth 64 (kIOPS, Release /
+  /// `iodepth_batch_submit=1`); a huge value: only after the whole batch. Measured on a
+  /// 2-core VM's virtio disk, 4 KiB random reads at queue depth 64 (kIOPS, Release /
   /// -O0 builds): 1 -> ~148 / ~110, 16 -> ~147 / ~130, whole batch -> ~132 / ~105; fio ~150.
   std::size_t submit_batch = 0;
   /// io_uring: slots of the registered-buffer table (buffers of at most 1 GiB each; a

@@ -48,6 +48,7 @@
 #include "ferry/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
+#include "ferry/units.hpp"
 
 #include <liburing.h>
 
@@ -364,7 +365,7 @@ class uring_engine {
       }
       return true;
     }
-    const std::size_t chunks = (memory.size() + max_registered_bytes - 1) / max_registered_bytes;
+    const std::size_t chunks = div_round_up(memory.size(), max_registered_bytes);
     std::vector<unsigned> chosen;
     try {
       for (unsigned i = 0; i < slots_.size() && chosen.size() < chunks; ++i) {

@@ -22,6 +22,7 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/runtime/cuda_runtime.hpp"
+#include "ferry/units.hpp"
 #endif
 
 #include <atomic>
@@ -173,7 +174,7 @@ class basic_device_arena {
   [[nodiscard]] const Runtime& runtime() const noexcept { return runtime_; }
   /// @brief The bytes a request of `bytes` costs.
   [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept {
-    return (bytes + alignment_ - 1) & ~(alignment_ - 1);
+    return round_up(bytes, alignment_);
   }
 
  private:

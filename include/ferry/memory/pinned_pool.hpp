@@ -45,6 +45,7 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/runtime/cuda_runtime.hpp"
+#include "ferry/units.hpp"
 
 #include <cuda_runtime_api.h>
 #endif
@@ -343,7 +344,6 @@ class pinned_pool {
     const long page = ::sysconf(_SC_PAGESIZE);
     return page > 0 ? static_cast<std::size_t>(page) : 4096;
   }
-  static constexpr std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
   [[nodiscard]] std::size_t cost_of_noexcept(std::size_t bytes) const noexcept {
     return (bytes + options_.alignment - 1) & ~(options_.alignment - 1);
   }

@@ -123,6 +123,7 @@
 #include "ferry/defaults.hpp"
 #include "ferry/detail/worker_pool.hpp"
 #include "ferry/error.hpp"
+#include "ferry/units.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -774,7 +775,7 @@ class basic_adamw {
       detail::adamw_run<R>(isa, p + first, g + first, mm + first, vv + first, c, std::min(block, n - first));
     };
     std::lock_guard lock(mutex_);
-    pool_.run((n + block - 1) / block, task);
+    pool_.run(div_round_up(n, block), task);
   }
 
   /// @brief The hyper-parameters.

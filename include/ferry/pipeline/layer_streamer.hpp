@@ -51,10 +51,9 @@
 ///   enqueued at once behind the marker wait).
 /// - Weights on NVMe: each load is one `nvme_to_device` through the scheduler's
 ///   bounce ring. These loads are started one after the other — the next when the
-///   previous has completed (a `then` continuation). This was needed while the scheduler
-///   ran staged chunks on its H2D lane (a marker wait could sit in front of an earlier
-///   load's chunks); it now gives each disk move a stream of its own, so issuing them K
-///   ahead is possible and left for later. So on NVMe `acquire` blocks the host until its
+///   previous has completed (a `then` continuation); the scheduler gives each disk move
+///   a stream of its own, so they could be issued K ahead, which is not done. So on NVMe
+///   `acquire` blocks the host until its
 ///   layer's load has *started* (until the previous layer's load completed): the host
 ///   runs at most about one layer ahead of the disk, which is the slower side there anyway.
 /// - Sharing the scheduler: a marker wait on the H2D lane delays every H2D copy move
@@ -116,6 +115,7 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/schedule/stream_scheduler.hpp"
+#include "ferry/units.hpp"
 #endif
 
 #include <algorithm>
@@ -179,7 +179,7 @@ class slot_memory {
 
   /// @brief Distance between two slots for layers of at most `max_layer_bytes`.
   [[nodiscard]] static constexpr std::size_t stride(std::size_t max_layer_bytes) noexcept {
-    return (max_layer_bytes + slot_alignment - 1) / slot_alignment * slot_alignment;
+    return round_up(max_layer_bytes, slot_alignment);
   }
   /// @brief Bytes of `slots` slots for layers of at most `max_layer_bytes`.
   [[nodiscard]] static constexpr std::size_t bytes_for(std::size_t slots, std::size_t max_layer_bytes) noexcept {
@@ -845,7 +845,7 @@ class basic_layer_streamer {
     if (gradient_pool_ == nullptr) {
       const long sys_page = ::sysconf(_SC_PAGESIZE);  // 4 KiB on x86-64, 64 KiB on some aarch64 hosts
       const std::size_t page = sys_page > 0 ? static_cast<std::size_t>(sys_page) : 4096;
-      const std::size_t per = (largest + page - 1) / page * page;
+      const std::size_t per = round_up(largest, page);
       pinned_pool_options po;
       po.budget_bytes = per * gradient_slabs;
       po.slab_bytes = po.budget_bytes;

@@ -76,6 +76,7 @@
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/units.hpp"
 
 #include <algorithm>
 #include <array>
@@ -144,8 +145,8 @@ struct state_swapper_options {
   /// states are what a GPU can copy asynchronously; the CPU optimizer does not need it.
   bool pin = true;
   /// With the swapper's own pool: ask for transparent huge pages on its slab
-  /// (`pinned_pool_options::huge_pages`). On the development VM's virtio disk a step ran
-  /// about 2x faster with them (docs/benchmarks.md, adam-nvme).
+  /// (`pinned_pool_options::huge_pages`). On a 2-core VM's virtio disk a step ran about 2x
+  /// faster with them (docs/benchmarks.md, adam-nvme).
   bool huge_pages = true;
   /// Keep no group resident even if the budget allows: every group lives on the tier.
   bool spill_all = false;
@@ -409,7 +410,6 @@ class state_swapper {
     bool initialized = false;
   };
 
-  static constexpr std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
 
   void check_group(std::size_t g) const {
     const std::size_t groups = groups_.size();

@@ -100,6 +100,7 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/schedule/stream_scheduler.hpp"
+#include "ferry/units.hpp"
 #endif
 
 namespace ferry {
@@ -409,7 +410,7 @@ class basic_tensor_cache {
     std::size_t reached = position_;
     if constexpr (schedule_aware_policy<eviction_type>) reached = std::max(reached, eviction_->position());
     if constexpr (schedule_aware_policy<prefetch_type>) reached = std::max(reached, prefetch_->position());
-    const std::size_t start = (reached + n - 1) / n * n;  // positions only grow; what counts is position % n
+    const std::size_t start = round_up(reached, n);  // positions only grow; what counts is position % n
     if constexpr (schedule_aware_policy<eviction_type>) eviction_->advance_to(start);
     if constexpr (schedule_aware_policy<prefetch_type>) prefetch_->advance_to(start);
     position_ = start;

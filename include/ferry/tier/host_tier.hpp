@@ -9,6 +9,7 @@
 
 #include "ferry/concepts.hpp"
 #include "ferry/error.hpp"
+#include "ferry/units.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -93,7 +94,7 @@ class host_tier {
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
   /// @brief The bytes a region of `bytes` costs.
   [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept {
-    return (bytes + alignment_ - 1) & ~(alignment_ - 1);
+    return round_up(bytes, alignment_);
   }
 
  private:
