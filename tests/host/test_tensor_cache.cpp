@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "backend_harness.hpp"
@@ -323,4 +325,34 @@ TEMPLATE_TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor
   cache.store(1, p, 4096, compute);
   CHECK_THROWS_AS(cache.store(1, p, 4096, compute), ferry::logic_error);
   CHECK_THROWS_AS((cache_on<TestType, with_nvme>(sched, device, pool, nullptr)), ferry::logic_error);
+}
+
+namespace {
+// A prefetch policy with one byte of state: stored as itself, it takes that byte (and the
+// padding before the next 8-byte member); no_prefetch takes none.
+struct one_byte_prefetch {
+  unsigned char seen = 0;
+  void on_access(const int& /*key*/) noexcept { ++seen; }
+  template <class Sink>
+  void prefetch(const int& /*key*/, std::size_t /*budget_bytes*/, Sink&& /*sink*/) noexcept {}
+};
+using lru_no_prefetch = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::lru<int>,
+                                             ferry::no_prefetch>;
+using lru_one_byte = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::lru<int>,
+                                          one_byte_prefetch>;
+}  // namespace
+
+TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]])", "[pipeline][tensor_cache]") {
+  using slot = ferry::detail::policy_slot<ferry::no_prefetch, false>;
+  STATIC_REQUIRE(std::is_empty_v<slot>);
+  struct probe {
+    [[no_unique_address]] slot s;
+    std::uint64_t next;
+  };
+  STATIC_REQUIRE(sizeof(probe) == sizeof(std::uint64_t));
+  // In the cache itself: were no_prefetch held in a std::optional (a byte and a flag,
+  // padded to 8 like the one-byte policy's optional), the two caches would be the same size.
+  STATIC_REQUIRE(sizeof(ferry::host_tensor_cache<lru_no_prefetch>) < sizeof(ferry::host_tensor_cache<lru_one_byte>));
+  // A policy built from the recorded schedule is rebuilt after the recording: an optional.
+  STATIC_REQUIRE(sizeof(ferry::detail::policy_slot<ferry::no_prefetch, true>) > sizeof(slot));
 }

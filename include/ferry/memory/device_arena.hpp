@@ -19,10 +19,10 @@
 #include "ferry/error.hpp"
 #include "ferry/runtime/cpu_runtime.hpp"
 #include "ferry/runtime/device_runtime.hpp"
+#include "ferry/units.hpp"
 
 #if FERRY_HAS_CUDA
 #include "ferry/runtime/cuda_runtime.hpp"
-#include "ferry/units.hpp"
 #endif
 
 #include <atomic>

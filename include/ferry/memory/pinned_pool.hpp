@@ -24,6 +24,7 @@
 #include "ferry/defaults.hpp"
 #include "ferry/error.hpp"
 #include "ferry/io/extent_allocator.hpp"
+#include "ferry/units.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -45,7 +46,6 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/runtime/cuda_runtime.hpp"
-#include "ferry/units.hpp"
 
 #include <cuda_runtime_api.h>
 #endif

@@ -112,10 +112,10 @@
 #include "ferry/transfer/ticket.hpp"
 
 #include "ferry/memory/device_arena.hpp"
+#include "ferry/units.hpp"
 
 #if FERRY_HAS_CUDA
 #include "ferry/schedule/stream_scheduler.hpp"
-#include "ferry/units.hpp"
 #endif
 
 #include <algorithm>

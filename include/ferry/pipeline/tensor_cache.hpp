@@ -84,6 +84,7 @@
 #include "ferry/schedule/host_executor.hpp"
 #include "ferry/schedule/scheduler.hpp"
 #include "ferry/tier/nvme.hpp"
+#include "ferry/units.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -100,7 +101,6 @@
 
 #if FERRY_HAS_CUDA
 #include "ferry/schedule/stream_scheduler.hpp"
-#include "ferry/units.hpp"
 #endif
 
 namespace ferry {
@@ -197,6 +197,38 @@ inline constexpr bool is_identity_codec<identity<T>> = true;
 /// @tparam DeviceMemory where device copies live: a `basic_device_arena` of the same
 ///                      runtime (`device_arena`, `host_device_arena`)
 /// @tparam Nvme         the NVMe tier type (used when the pipeline has one)
+namespace detail {
+/// @cond detail
+// Where a pipeline keeps a policy. One made from the recorded schedule is rebuilt when
+// the recording ends, so it sits in an optional; any other is made once, default-
+// constructed, and stored as itself, so that a stateless one (no_prefetch, a user's
+// empty policy) takes no bytes in a `[[no_unique_address]]` member.
+template <class P, bool Rebuilt>
+class policy_slot {
+ public:
+  P* operator->() noexcept { return &policy_; }
+  const P* operator->() const noexcept { return &policy_; }
+
+ private:
+  [[no_unique_address]] P policy_{};
+};
+
+template <class P>
+class policy_slot<P, true> {
+ public:
+  P* operator->() noexcept { return &*policy_; }
+  const P* operator->() const noexcept { return &*policy_; }
+  template <class... Args>
+  void emplace(Args&&... args) {
+    policy_.emplace(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::optional<P> policy_;
+};
+/// @endcond
+}  // namespace detail
+
 template <class Pipeline, class Backend, class DeviceMemory, class Nvme = nvme_tier>
 class basic_tensor_cache {
  public:
@@ -513,13 +545,9 @@ class basic_tensor_cache {
         seen.push_back(r.get());
         eviction_->on_insert(r->key, r->encoded);
       }
-    } else {
-      if (!eviction_) eviction_.emplace();
     }
     if constexpr (schedule_driven<prefetch_type, key_type>) {
       prefetch_.emplace(schedule_, position_);
-    } else {
-      if (!prefetch_) prefetch_.emplace();
     }
   }
 
@@ -870,8 +898,9 @@ class basic_tensor_cache {
   schedule_type schedule_;
   bool recorded_ = false;
   std::size_t position_ = 0;  // absolute schedule position of the next access
-  std::optional<eviction_type> eviction_;
-  std::optional<prefetch_type> prefetch_;
+  // Stateless policies take no bytes (tests/host/test_tensor_cache.cpp checks sizeof).
+  [[no_unique_address]] detail::policy_slot<eviction_type, schedule_driven<eviction_type, key_type>> eviction_;
+  [[no_unique_address]] detail::policy_slot<prefetch_type, schedule_driven<prefetch_type, key_type>> prefetch_;
   tensor_cache_stats stats_;
 };
 
