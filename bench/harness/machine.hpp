@@ -128,7 +128,8 @@ inline nlohmann::json limit(rlim_t v) {
                 {"io_queue_depth", knobs.io_queue_depth},
                 {"io_block_bytes", knobs.io_block_bytes},
                 {"pinned_budget_bytes", knobs.pinned_budget_bytes},
-                {"io_threads", knobs.io_threads}};
+                {"io_threads", knobs.io_threads},
+                {"optimizer_threads", knobs.optimizer_threads}};
   m["drives"] = nlohmann::json::array();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/sys/block", ec)) {

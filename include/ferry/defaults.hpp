@@ -10,6 +10,7 @@
 /// | `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                             | 4 KiB .. 256 MiB, multiple of 4 KiB |
 /// | `pinned_budget_bytes` | `FERRY_PINNED_BUDGET_BYTES` | bytes    | half of physical RAM              | 1 MiB .. 1 PiB                      |
 /// | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8 | 1 .. 1024                           |
+/// | `optimizer_threads`   | `FERRY_OPTIMIZER_THREADS`   | threads  | the hardware threads, 1 .. 16     | 1 .. 1024                           |
 // clang-format on
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
@@ -31,9 +32,9 @@
 /// (`scheduler_options::bounce_pool`, `layer_streamer_options::gradient_pool`,
 /// `state_swapper_options::pool`) to keep them under one budget.
 ///
-/// `io_threads` has two users: the workers of `io::thread_pool_engine` (the pread/pwrite
-/// engine; `nvme_options::threads` or `engine_options::threads` left at 0) and the
-/// threads of `ferry::adamw` (`adamw_options::threads` left at 0).
+/// Each knob has one user: `io_threads` the workers of `io::thread_pool_engine` (the
+/// pread/pwrite engine; `nvme_options::threads` or `engine_options::threads` left at 0),
+/// `optimizer_threads` the threads of `ferry::adamw` (`adamw_options::threads` left at 0).
 ///
 /// Use `ferry::defaults::current()` for the process-wide values (read from the
 /// environment once, on first use) or `ferry::defaults::load(lookup)` to read them
@@ -68,11 +69,12 @@ enum class knob : std::uint8_t {
   io_queue_depth,       ///< NVMe requests in flight per file
   io_block_bytes,       ///< bytes per NVMe request
   pinned_budget_bytes,  ///< budget of each pinned_pool made without one (not a process-wide cap)
-  io_threads,           ///< threads of the pread/pwrite I/O engine and of adamw
+  io_threads,           ///< threads of the pread/pwrite I/O engine
+  optimizer_threads,    ///< threads of the CPU optimizer (ferry::adamw)
 };
 
 /// @brief Number of knobs in the table.
-inline constexpr std::size_t knob_count = 5;
+inline constexpr std::size_t knob_count = 6;
 
 /// @brief What a knob's value counts.
 enum class unit : std::uint8_t {
@@ -120,6 +122,11 @@ inline std::uint64_t default_io_threads() {
   return std::clamp<std::uint64_t>(hw / 2, 1, 8);
 }
 
+inline std::uint64_t default_optimizer_threads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return std::clamp<std::uint64_t>(hw, 1, 16);
+}
+
 }  // namespace detail
 
 /// @brief The table. Row `i` describes `static_cast<knob>(i)`.
@@ -147,8 +154,14 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "rest of the system (1 GiB when the system does not report its RAM)."},
     {knob::io_threads, "io_threads", "FERRY_IO_THREADS", unit::count, &detail::default_io_threads, 1, 1024, 1,
      "Worker threads of the pread/pwrite engine (io::thread_pool_engine, the NVMe tier's engine "
-     "in builds without io_uring) when nvme_options::threads is 0, and threads of ferry::adamw "
-     "when adamw_options::threads is 0 (half the hardware threads, at least 1 and at most 8)."},
+     "in builds without io_uring) when nvme_options::threads is 0 (half the hardware threads, at "
+     "least 1 and at most 8: each waits in a system call, so they need few cores)."},
+    {knob::optimizer_threads, "optimizer_threads", "FERRY_OPTIMIZER_THREADS", unit::count,
+     &detail::default_optimizer_threads, 1, 1024, 1,
+     "Threads of the CPU optimizer's step (ferry::adamw) when adamw_options::threads is 0: the "
+     "hardware threads, at most 16. The step moves 28 bytes of memory per parameter, so it is "
+     "bound by DRAM bandwidth, which a few cores saturate (docs/benchmarks.md, the memory ceiling "
+     "of `ferry-bench adam`); more threads than that only take cores from the I/O and the GPU feed."},
 }};
 
 namespace detail {
@@ -170,7 +183,8 @@ struct settings {
   std::size_t io_queue_depth = 0;       ///< NVMe requests in flight per file
   std::size_t io_block_bytes = 0;       ///< bytes per NVMe request
   std::size_t pinned_budget_bytes = 0;  ///< budget of each pinned_pool made without one
-  std::size_t io_threads = 0;           ///< threads of the pread/pwrite engine and of adamw
+  std::size_t io_threads = 0;           ///< threads of the pread/pwrite engine
+  std::size_t optimizer_threads = 0;    ///< threads of the CPU optimizer (ferry::adamw)
 
   /// @brief The value of one knob.
   [[nodiscard]] std::size_t get(knob k) const noexcept {
@@ -180,6 +194,7 @@ struct settings {
       case knob::io_block_bytes: return io_block_bytes;
       case knob::pinned_budget_bytes: return pinned_budget_bytes;
       case knob::io_threads: return io_threads;
+      case knob::optimizer_threads: return optimizer_threads;
     }
     return 0;
   }
@@ -192,6 +207,7 @@ struct settings {
       case knob::io_block_bytes: io_block_bytes = value; break;
       case knob::pinned_budget_bytes: pinned_budget_bytes = value; break;
       case knob::io_threads: io_threads = value; break;
+      case knob::optimizer_threads: optimizer_threads = value; break;
     }
   }
 

@@ -514,8 +514,8 @@ TEST_CASE("adamw: argument errors name the values and write nothing", "[adamw]")
   CHECK(opt.params().lr == 0.5f);
 }
 
-TEST_CASE("adamw: the default thread count is the io_threads knob", "[adamw]") {
+TEST_CASE("adamw: the default thread count is the optimizer_threads knob", "[adamw]") {
   ferry::adamw opt;
-  CHECK(opt.threads() == ferry::defaults::current().io_threads);
+  CHECK(opt.threads() == ferry::defaults::current().optimizer_threads);
   CHECK(opt.block_elements() == 16 * ferry::adamw_tile_elements);
 }

@@ -88,6 +88,9 @@ TEST_CASE("built-in defaults") {
   }
   CHECK(b.io_threads >= 1);
   CHECK(b.io_threads <= 8);
+  CHECK(b.optimizer_threads >= 1);
+  CHECK(b.optimizer_threads <= 16);
+  CHECK(b.optimizer_threads >= b.io_threads);  // all the hardware threads (to 16) against half (to 8)
   for (const auto& s : defaults::table) {
     CHECK(b.get(s.id) == s.default_value());
   }
@@ -262,6 +265,7 @@ TEST_CASE("settings get and set address the knob they name") {
   CHECK(s.io_block_bytes == 102);
   CHECK(s.pinned_budget_bytes == 103);
   CHECK(s.io_threads == 104);
+  CHECK(s.optimizer_threads == 105);
 }
 
 TEST_CASE("current() reads the environment once and keeps it") {

@@ -5,7 +5,7 @@
 /// NVMe. Its results do not depend on the compiler flags of the program that uses it.
 ///
 /// ```cpp
-/// ferry::adamw opt({.lr = 1e-3f, .weight_decay = 0.01f});   // threads: the io_threads knob
+/// ferry::adamw opt({.lr = 1e-3f, .weight_decay = 0.01f});   // threads: the optimizer_threads knob
 /// opt.step(master, grad, m, v, /*step_number=*/1);          // spans of one length, fp32
 ///
 /// ferry::basic_adamw<ferry::adamw_rounding::fused> fast;    // fused multiply-adds
@@ -695,8 +695,8 @@ inline void adamw_step(const adamw_constants& c, std::span<float> master, std::s
 
 /// @brief Settings of an `adamw` optimizer. Zero means "from ferry::defaults".
 struct adamw_options {
-  /// Threads that compute a step, the caller's included; 0: the `io_threads` knob
-  /// (`FERRY_IO_THREADS`: half the hardware threads, 1 .. 8). At most 1024.
+  /// Threads that compute a step, the caller's included; 0: the `optimizer_threads` knob
+  /// (`FERRY_OPTIMIZER_THREADS`: the hardware threads, 1 .. 16). At most 1024.
   std::size_t threads = 0;
   /// Elements per block a thread takes at a time: a positive multiple of
   /// `adamw_tile_elements`. 16384 = 64 KiB per array, 256 KiB for the four: about a
@@ -729,7 +729,7 @@ class basic_adamw {
   /// @param options threads and block size
   /// @throws ferry::logic_error for hyper-parameters out of range, 0 or > 1024 threads, a
   ///         block size that is not a positive multiple of `adamw_tile_elements`
-  /// @throws ferry::config_error for a malformed FERRY_IO_THREADS (threads = 0), or a
+  /// @throws ferry::config_error for a malformed FERRY_OPTIMIZER_THREADS (threads = 0), or a
   ///         kernel (`options.isa`, `FERRY_ADAMW_ISA`) this CPU lacks or that does not
   ///         exist (see `resolve_adamw_isa`); std::system_error when a thread cannot start
   explicit basic_adamw(adamw_params params = {}, adamw_options options = {})
@@ -796,7 +796,7 @@ class basic_adamw {
 
  private:
   static std::size_t resolve_threads(std::size_t threads) {
-    return threads != 0 ? threads : static_cast<std::size_t>(defaults::current().io_threads);
+    return threads != 0 ? threads : static_cast<std::size_t>(defaults::current().optimizer_threads);
   }
 
   adamw_params params_;
