@@ -365,7 +365,7 @@ class basic_scheduler {
     const void* ticket_core = s->pool.get();
     const void* own_core = core_.get();
     FERRY_EXPECTS(ticket_core == own_core, "then() on a ticket of another scheduler", ticket_core, own_core);
-    if (s->kind == detail::move_kind::copy) {
+    if (s->kind == detail::completion_kind::copy) {
       if (!s->has_marker || s->finished.load(std::memory_order_acquire) != 0) {
         f(s->error);
         return;
@@ -591,7 +591,7 @@ class basic_scheduler {
     }
     state* s = core_->acquire();
     ticket_type t(s);
-    s->kind = detail::move_kind::copy;
+    s->kind = detail::completion_kind::copy;
     s->which = l;
     counters_.moves.fetch_add(1, std::memory_order_relaxed);
     std::size_t issued = 0;
@@ -636,7 +636,7 @@ class basic_scheduler {
 
   template <class Tier>
   state* prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                            std::byte* memory, std::size_t bytes, bool to_nvme, detail::move_kind kind) {
+                            std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind) {
     state* s = core_->acquire();
     s->kind = kind;
     s->tier = &tier;
@@ -662,7 +662,7 @@ class basic_scheduler {
   template <class Tier>
   ticket_type io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
                       std::size_t bytes, bool to_nvme) {
-    state* s = prepare_disk_state(tier, r, offset, memory, bytes, to_nvme, detail::move_kind::io);
+    state* s = prepare_disk_state(tier, r, offset, memory, bytes, to_nvme, detail::completion_kind::io);
     ticket_type t(s);
     detail::add_ref(s);  // the scheduler's reference, dropped in `finish`
     begin_move();
@@ -708,7 +708,7 @@ class basic_scheduler {
     }
     state* s = nullptr;
     try {
-      s = prepare_disk_state(tier, r, offset, device, bytes, to_nvme, detail::move_kind::staged);
+      s = prepare_disk_state(tier, r, offset, device, bytes, to_nvme, detail::completion_kind::staged);
     } catch (...) {
       b.release_stream(l, own);
       throw;
@@ -976,7 +976,7 @@ class basic_scheduler {
     std::function<void(std::exception_ptr)> then;
     {
       std::lock_guard lock(s->mutex);
-      if (s->kind == detail::move_kind::staged) {
+      if (s->kind == detail::completion_kind::staged) {
         {
           std::lock_guard ring(ring_mutex_);
           if (s->waiting) remove_waiter_locked(s);  // stopped while queued for a slot

@@ -48,8 +48,9 @@ namespace detail {
 template <class Backend>
 class state_pool;
 
-/// The kind of a move, which decides how its completion is observed.
-enum class move_kind : std::uint8_t {
+/// How a move's completion is observed (not `ferry::move_kind`, which names what a
+/// placement did with a key).
+enum class completion_kind : std::uint8_t {
   copy,    // chunks on one lane and a marker behind them; completion = the marker
   staged,  // chunks through bounce buffers and the disk; completion = `finished`
   io,      // one disk transfer; completion = `finished`
@@ -64,7 +65,7 @@ struct move_state {
   std::atomic<std::uint32_t> refs{0};
   std::atomic<std::uint32_t> finished{0};  // 1 once the move has completed (always set for io/staged moves)
   std::exception_ptr error;                // written before `finished` (or before the marker is recorded)
-  move_kind kind = move_kind::copy;
+  completion_kind kind = completion_kind::copy;
   bool has_marker = false;
   bool armed = false;                   // `signal` is in use
   std::atomic<bool> cancel_requested{false};
@@ -153,7 +154,7 @@ class state_pool : public std::enable_shared_from_this<state_pool<Backend>> {
     s->then = nullptr;
     s->finished.store(0, std::memory_order_relaxed);
     s->cancel_requested.store(false, std::memory_order_relaxed);
-    s->kind = move_kind::copy;
+    s->kind = completion_kind::copy;
     s->chunks = s->next = s->in_flight = 0;
     s->stopped = s->waiting = false;
     s->tier = nullptr;
@@ -248,7 +249,7 @@ class basic_ticket {
   /// (`error()` returns it, `wait()` throws it).
   [[nodiscard]] bool ready() const noexcept {
     if (s_ == nullptr || s_->finished.load(std::memory_order_acquire) != 0) return true;
-    if (s_->kind != detail::move_kind::copy) return false;
+    if (s_->kind != detail::completion_kind::copy) return false;
     if (!s_->has_marker) return true;  // no chunk was issued (it failed before the first)
     try {
       if (!s_->pool->backend().query(s_->marker)) return false;
@@ -264,7 +265,7 @@ class basic_ticket {
   ///         first chunk that failed (each call rethrows it)
   void wait() const {
     if (s_ == nullptr) return;
-    if (s_->kind == detail::move_kind::copy) {
+    if (s_->kind == detail::completion_kind::copy) {
       if (s_->has_marker && s_->finished.load(std::memory_order_acquire) == 0) {
         s_->pool->backend().synchronize(s_->marker);
         s_->finished.store(1, std::memory_order_release);
@@ -286,7 +287,7 @@ class basic_ticket {
     if (s_ == nullptr) return;
     auto& b = s_->pool->backend();
     b.refuse_capture(s, "ticket::enqueue_wait");
-    if (s_->kind == detail::move_kind::copy) {
+    if (s_->kind == detail::completion_kind::copy) {
       if (s_->has_marker) b.wait(s, s_->marker);
       return;
     }
@@ -298,7 +299,7 @@ class basic_ticket {
   /// while running or on success.
   [[nodiscard]] std::exception_ptr error() const {
     if (s_ == nullptr || !ready()) return nullptr;
-    if (s_->error == nullptr && s_->kind == detail::move_kind::copy && s_->has_marker) {
+    if (s_->error == nullptr && s_->kind == detail::completion_kind::copy && s_->has_marker) {
       try {  // a copy that failed on its lane after it was issued: the marker carries the error
         s_->pool->backend().synchronize(s_->marker);  // complete: returns at once
       } catch (...) {
