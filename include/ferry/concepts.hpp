@@ -54,8 +54,7 @@ struct constant_tag {};
 /// @brief A handle to bytes allocated in a tier: it knows its size in bytes.
 template <class R>
 concept tier_region = std::copyable<R> && requires(const R& r) {
-  { r.size() }
-  noexcept->std::same_as<std::size_t>;
+  { r.size() } noexcept -> std::same_as<std::size_t>;
 };
 
 /// @brief A place bytes can live, with a capacity and an allocator.
@@ -70,20 +69,15 @@ concept tier_region = std::copyable<R> && requires(const R& r) {
 ///   `used() <= capacity()` at all times;
 /// - `T::traits` is a constant expression of type `ferry::memory_traits`.
 template <class T>
-concept tier = requires {
-  typename T::region_type;
-}
-&&tier_region<typename T::region_type>&& requires(T& t, const T& ct, std::size_t n, typename T::region_type r) {
-  { t.allocate(n) } -> std::same_as<typename T::region_type>;
-  { t.deallocate(r) }
-  noexcept;
-  { ct.capacity() }
-  noexcept->std::same_as<std::size_t>;
-  { ct.used() }
-  noexcept->std::same_as<std::size_t>;
-  { T::traits } -> std::convertible_to<memory_traits>;
-  typename detail::constant_tag<memory_traits(T::traits)>;  // a constant expression
-};
+concept tier = requires { typename T::region_type; } && tier_region<typename T::region_type> &&
+               requires(T& t, const T& ct, std::size_t n, typename T::region_type r) {
+                 { t.allocate(n) } -> std::same_as<typename T::region_type>;
+                 { t.deallocate(r) } noexcept;
+                 { ct.capacity() } noexcept -> std::same_as<std::size_t>;
+                 { ct.used() } noexcept -> std::same_as<std::size_t>;
+                 { T::traits } -> std::convertible_to<memory_traits>;
+                 typename detail::constant_tag<memory_traits(T::traits)>;  // a constant expression
+               };
 
 /// @brief Names, in a `static_assert`, the first requirement of `ferry::tier` that `T`
 /// misses; `true` when `T` models it.
@@ -96,39 +90,29 @@ consteval bool check_tier() {
     static_assert(std::copyable<R>, "ferry::tier: T::region_type must be copyable (it is a handle)");
     static_assert(
         requires(const R& r) {
-          { r.size() }
-          noexcept->std::same_as<std::size_t>;
-        },
-        "ferry::tier: T::region_type must have size() noexcept -> std::size_t");
+          { r.size() } noexcept -> std::same_as<std::size_t>;
+        }, "ferry::tier: T::region_type must have size() noexcept -> std::size_t");
     static_assert(
-        requires(T & t, std::size_t n) {
+        requires(T& t, std::size_t n) {
           { t.allocate(n) } -> std::same_as<R>;
-        },
-        "ferry::tier: T::allocate(std::size_t) must return T::region_type");
+        }, "ferry::tier: T::allocate(std::size_t) must return T::region_type");
     static_assert(
-        requires(T & t, R r) {
-          { t.deallocate(r) }
-          noexcept;
-        },
-        "ferry::tier: T::deallocate(T::region_type) must exist and be noexcept");
+        requires(T& t, R r) {
+          { t.deallocate(r) } noexcept;
+        }, "ferry::tier: T::deallocate(T::region_type) must exist and be noexcept");
     static_assert(
         requires(const T& t) {
-          { t.capacity() }
-          noexcept->std::same_as<std::size_t>;
-        },
-        "ferry::tier: T::capacity() const noexcept -> std::size_t is missing");
+          { t.capacity() } noexcept -> std::same_as<std::size_t>;
+        }, "ferry::tier: T::capacity() const noexcept -> std::size_t is missing");
     static_assert(
         requires(const T& t) {
-          { t.used() }
-          noexcept->std::same_as<std::size_t>;
-        },
-        "ferry::tier: T::used() const noexcept -> std::size_t is missing");
+          { t.used() } noexcept -> std::same_as<std::size_t>;
+        }, "ferry::tier: T::used() const noexcept -> std::size_t is missing");
     static_assert(
         requires {
           { T::traits } -> std::convertible_to<memory_traits>;
           typename detail::constant_tag<memory_traits(T::traits)>;
-        },
-        "ferry::tier: T must declare static constexpr ferry::memory_traits traits");
+        }, "ferry::tier: T must declare static constexpr ferry::memory_traits traits");
   }
   return tier<T>;
 }
@@ -156,8 +140,7 @@ concept eviction_policy = requires(P& p, const P& cp, const Key& k, std::size_t 
   p.pin(k);
   p.unpin(k);
   { p.victim() } -> std::same_as<std::optional<Key>>;
-  { cp.size() }
-  noexcept->std::same_as<std::size_t>;
+  { cp.size() } noexcept -> std::same_as<std::size_t>;
 };
 
 /// @brief Names, in a `static_assert`, the first requirement of
@@ -165,29 +148,25 @@ concept eviction_policy = requires(P& p, const P& cp, const Key& k, std::size_t 
 template <class P, class Key>
 consteval bool check_eviction_policy() {
   static_assert(
-      requires(P & p, const Key& k, std::size_t b) { p.on_insert(k, b); },
+      requires(P& p, const Key& k, std::size_t b) { p.on_insert(k, b); },
       "ferry::eviction_policy: P::on_insert(const Key&, std::size_t bytes) is missing");
   static_assert(
-      requires(P & p, const Key& k) { p.on_access(k); }, "ferry::eviction_policy: P::on_access(const Key&) is missing");
+      requires(P& p, const Key& k) { p.on_access(k); }, "ferry::eviction_policy: P::on_access(const Key&) is missing");
   static_assert(
-      requires(P & p, const Key& k) { p.on_erase(k); }, "ferry::eviction_policy: P::on_erase(const Key&) is missing");
+      requires(P& p, const Key& k) { p.on_erase(k); }, "ferry::eviction_policy: P::on_erase(const Key&) is missing");
   static_assert(
-      requires(P & p, const Key& k) {
+      requires(P& p, const Key& k) {
         p.pin(k);
         p.unpin(k);
-      },
-      "ferry::eviction_policy: P::pin(const Key&) and P::unpin(const Key&) are required");
+      }, "ferry::eviction_policy: P::pin(const Key&) and P::unpin(const Key&) are required");
   static_assert(
-      requires(P & p) {
+      requires(P& p) {
         { p.victim() } -> std::same_as<std::optional<Key>>;
-      },
-      "ferry::eviction_policy: P::victim() must return std::optional<Key> (nullopt: nothing evictable)");
+      }, "ferry::eviction_policy: P::victim() must return std::optional<Key> (nullopt: nothing evictable)");
   static_assert(
       requires(const P& p) {
-        { p.size() }
-        noexcept->std::same_as<std::size_t>;
-      },
-      "ferry::eviction_policy: P::size() const noexcept -> std::size_t is missing");
+        { p.size() } noexcept -> std::same_as<std::size_t>;
+      }, "ferry::eviction_policy: P::size() const noexcept -> std::size_t is missing");
   return eviction_policy<P, Key>;
 }
 
@@ -198,10 +177,8 @@ consteval bool check_eviction_policy() {
 /// a miss on `k`. `ferry::greedy_dual_size` models it; the two-argument `on_insert`
 /// then uses the policy's default cost.
 template <class P, class Key>
-concept cost_aware_eviction_policy = eviction_policy<P, Key> &&
-    requires(P& p, const Key& k, std::size_t bytes, double cost) {
-  p.on_insert(k, bytes, cost);
-};
+concept cost_aware_eviction_policy = eviction_policy<P, Key> && requires(P& p, const Key& k, std::size_t bytes,
+                                                                         double cost) { p.on_insert(k, bytes, cost); };
 
 /// @brief A policy that follows positions in a recorded `ferry::access_schedule`.
 ///
@@ -216,8 +193,7 @@ concept cost_aware_eviction_policy = eviction_policy<P, Key> &&
 /// (`ferry::placement`) calls `advance_to` before it asks a lower tier's policy.
 template <class P>
 concept schedule_aware_policy = requires(P& p, const P& cp, std::size_t pos) {
-  { cp.position() }
-  noexcept->std::same_as<std::size_t>;
+  { cp.position() } noexcept -> std::same_as<std::size_t>;
   p.advance_to(pos);
 };
 
@@ -250,28 +226,26 @@ struct prefetch_stop_sink_archetype {
 ///   sooner, or no room at all), and the policy stops issuing in this call; a sink
 ///   returning `void` always succeeds.
 template <class P, class Key>
-concept prefetch_policy = requires(P& p, const Key& k, std::size_t budget_bytes,
-                                   detail::prefetch_sink_archetype<Key> sink,
-                                   detail::prefetch_stop_sink_archetype<Key> stop_sink) {
-  p.on_access(k);
-  p.prefetch(k, budget_bytes, sink);
-  p.prefetch(k, budget_bytes, stop_sink);
-};
+concept prefetch_policy =
+    requires(P& p, const Key& k, std::size_t budget_bytes, detail::prefetch_sink_archetype<Key> sink,
+             detail::prefetch_stop_sink_archetype<Key> stop_sink) {
+      p.on_access(k);
+      p.prefetch(k, budget_bytes, sink);
+      p.prefetch(k, budget_bytes, stop_sink);
+    };
 
 /// @brief Names, in a `static_assert`, the first requirement of
 /// `ferry::prefetch_policy<P, Key>` that `P` misses; `true` when it models it.
 template <class P, class Key>
 consteval bool check_prefetch_policy() {
   static_assert(
-      requires(P & p, const Key& k) { p.on_access(k); }, "ferry::prefetch_policy: P::on_access(const Key&) is missing");
+      requires(P& p, const Key& k) { p.on_access(k); }, "ferry::prefetch_policy: P::on_access(const Key&) is missing");
   static_assert(
-      requires(P & p, const Key& k, std::size_t b, detail::prefetch_sink_archetype<Key> s) { p.prefetch(k, b, s); },
+      requires(P& p, const Key& k, std::size_t b, detail::prefetch_sink_archetype<Key> s) { p.prefetch(k, b, s); },
       "ferry::prefetch_policy: P::prefetch(const Key&, std::size_t budget_bytes, Sink) must accept any "
       "callable Sink taking const Key&");
   static_assert(
-      requires(P & p, const Key& k, std::size_t b, detail::prefetch_stop_sink_archetype<Key> s) {
-        p.prefetch(k, b, s);
-      },
+      requires(P& p, const Key& k, std::size_t b, detail::prefetch_stop_sink_archetype<Key> s) { p.prefetch(k, b, s); },
       "ferry::prefetch_policy: P::prefetch(const Key&, std::size_t budget_bytes, Sink) must accept a Sink "
       "returning bool (false: stop issuing)");
   return prefetch_policy<P, Key>;
@@ -307,31 +281,26 @@ concept guarded_prefetch_policy = prefetch_policy<P, Key> && requires(const P& c
 /// The device side (encode and decode on a CUDA stream) is `ferry::device_codec`.
 /// ferry's codecs (`identity`, `bf16`, `fp8_e4m3`, `fp8_e5m2`; docs/codecs.md) model both.
 template <class C>
-concept codec = requires {
-  typename C::value_type;
-}
-&&requires(const C& c, std::size_t n, std::span<const typename C::value_type> values, std::span<std::byte> bytes,
-           std::span<const std::byte> encoded, std::span<typename C::value_type> decoded) {
-  { c.encoded_bytes(n) }
-  noexcept->std::same_as<std::size_t>;
-  { c.encode(values, bytes) } -> std::same_as<std::size_t>;
-  c.decode(encoded, decoded);
-};
+concept codec =
+    requires { typename C::value_type; } &&
+    requires(const C& c, std::size_t n, std::span<const typename C::value_type> values, std::span<std::byte> bytes,
+             std::span<const std::byte> encoded, std::span<typename C::value_type> decoded) {
+      { c.encoded_bytes(n) } noexcept -> std::same_as<std::size_t>;
+      { c.encode(values, bytes) } -> std::same_as<std::size_t>;
+      c.decode(encoded, decoded);
+    };
 
 /// @brief Names, in a `static_assert`, the first requirement of `ferry::codec` that
 /// `C` misses; `true` when `C` models it.
 template <class C>
 consteval bool check_codec() {
-  static_assert(
-      requires { typename C::value_type; }, "ferry::codec: C must name its element type C::value_type");
+  static_assert(requires { typename C::value_type; }, "ferry::codec: C must name its element type C::value_type");
   if constexpr (requires { typename C::value_type; }) {
     using V = typename C::value_type;
     static_assert(
         requires(const C& c, std::size_t n) {
-          { c.encoded_bytes(n) }
-          noexcept->std::same_as<std::size_t>;
-        },
-        "ferry::codec: C::encoded_bytes(std::size_t elements) const noexcept -> std::size_t is missing");
+          { c.encoded_bytes(n) } noexcept -> std::same_as<std::size_t>;
+        }, "ferry::codec: C::encoded_bytes(std::size_t elements) const noexcept -> std::size_t is missing");
     static_assert(
         requires(const C& c, std::span<const V> in, std::span<std::byte> out) {
           { c.encode(in, out) } -> std::same_as<std::size_t>;
@@ -358,12 +327,12 @@ consteval bool check_codec() {
 /// Present when `FERRY_HAS_CUDA` is 1. Calling the functions needs the codec's kernels
 /// (`ferry/codec/device.cuh`, under nvcc); declaring them is enough to model the concept.
 template <class C>
-concept device_codec = codec<C> && requires(const C& c, const typename C::value_type* in, typename C::value_type* out,
-                                            std::size_t n, std::byte* encoded, const std::byte* encoded_in,
-                                            ::cuda::stream_ref s) {
-  c.encode(in, n, encoded, s);
-  c.decode(encoded_in, n, out, s);
-};
+concept device_codec =
+    codec<C> && requires(const C& c, const typename C::value_type* in, typename C::value_type* out, std::size_t n,
+                         std::byte* encoded, const std::byte* encoded_in, ::cuda::stream_ref s) {
+      c.encode(in, n, encoded, s);
+      c.decode(encoded_in, n, out, s);
+    };
 
 /// @brief Names, in a `static_assert`, the first requirement of `ferry::device_codec`
 /// that `C` misses; `true` when `C` models it.
