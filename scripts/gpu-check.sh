@@ -176,7 +176,10 @@ if [[ $here != "$carry" && -f $carry/gpu-check.sh ]] && ! cmp -s "$here/gpu-chec
   echo "== note: this gpu-check.sh ($here) differs from the carry folder's copy; running this one"
 fi
 echo "== ${#selected[@]} steps, limits adding up to ${planned} s with ${kill_after} s a step to stop it (budget ${budget} s); output in $out"
-((scale > 1)) && echo "== limits run ${scale}x longer here (FERRY_GPU_CHECK_LIMIT_SCALE=$scale)"
+if ((scale > 1)); then
+  echo "== limits run ${scale}x longer here (FERRY_GPU_CHECK_LIMIT_SCALE=$scale)"
+  [[ $mode == gpu ]] && echo "== warning: on a GPU machine this run may take ${scale}x the ${budget} s budget: the scale is for machines slower than it"
+fi
 
 # --- the summary, rewritten after every step -------------------------------------------------
 summary_rows=()
