@@ -189,14 +189,6 @@ template <class T>
 inline constexpr bool is_identity_codec<identity<T>> = true;
 }  // namespace detail
 
-/// @brief Activation offload over a pipeline's tiers and policies (see the file comment).
-///
-/// @tparam Pipeline     an `offload_pipeline` (usually from `make_pipeline`)
-/// @tparam Backend      the scheduler's backend: `device_backend<cuda_runtime>` or
-///                      `host_backend` (`device_backend<cpu_runtime>`)
-/// @tparam DeviceMemory where device copies live: a `basic_device_arena` of the same
-///                      runtime (`device_arena`, `host_device_arena`)
-/// @tparam Nvme         the NVMe tier type (used when the pipeline has one)
 namespace detail {
 /// @cond detail
 // Where a pipeline keeps a policy. One made from the recorded schedule is rebuilt when
@@ -229,6 +221,14 @@ class policy_slot<P, true> {
 /// @endcond
 }  // namespace detail
 
+/// @brief Activation offload over a pipeline's tiers and policies (see the file comment).
+///
+/// @tparam Pipeline     an `offload_pipeline` (usually from `make_pipeline`)
+/// @tparam Backend      the scheduler's backend: `device_backend<cuda_runtime>` or
+///                      `host_backend` (`device_backend<cpu_runtime>`)
+/// @tparam DeviceMemory where device copies live: a `basic_device_arena` of the same
+///                      runtime (`device_arena`, `host_device_arena`)
+/// @tparam Nvme         the NVMe tier type (used when the pipeline has one)
 template <class Pipeline, class Backend, class DeviceMemory, class Nvme = nvme_tier>
 class basic_tensor_cache {
  public:
