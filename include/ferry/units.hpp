@@ -25,7 +25,7 @@ inline constexpr std::size_t TB = 1000 * GB;  ///< 10^12 bytes (decimal)
 
 /// @brief `n` rounded up to a multiple of `a`: the bytes a request of `n` takes where space
 /// is handed out in units of `a` (an alignment, a page, a slot). `a` need not be a power
-/// of two; for one the division compiles to a mask.
+/// of two; a run-time `a` costs one integer division (a constant one, a mask or less).
 /// @pre `a > 0` and `round_up_fits(n, a)` (else the result wraps)
 template <std::unsigned_integral N, std::unsigned_integral A>
 [[nodiscard]] constexpr std::common_type_t<N, A> round_up(N n, A a) noexcept {
