@@ -229,13 +229,13 @@ std::vector<row> run_adam(const run_options& options) {
     ferry::adamw opt(hyper, {.threads = cfg.threads});
     std::uint64_t t = 0;
     std::uint64_t ts = 0;
+    auto ferry_step = [&] {  // one timed step of ferry's, steps/s
+      const auto t0 = std::chrono::steady_clock::now();
+      opt.step(p, g, m, v, ++t);
+      return 1.0 / seconds_since(t0);
+    };
     const auto r = ferry::bench::alternate(
-        reps, 1,
-        [&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          opt.step(p, g, m, v, ++t);
-          return 1.0 / seconds_since(t0);
-        },
+        reps, 1, ferry_step,
         [&] {
           const auto t0 = std::chrono::steady_clock::now();
           scalar_step(sp, g, sm, sv, ++ts);
@@ -251,12 +251,7 @@ std::vector<row> run_adam(const run_options& options) {
     // The ceiling, on copies of the same states (its arithmetic would spoil ferry's).
     std::vector<float> cp = p, cm = m, cv = v;
     const auto c = ferry::bench::alternate(
-        reps, 1,
-        [&] {
-          const auto t0 = std::chrono::steady_clock::now();
-          opt.step(p, g, m, v, ++t);
-          return 1.0 / seconds_since(t0);
-        },
+        reps, 1, ferry_step,
         [&] {
           const auto t0 = std::chrono::steady_clock::now();
           same_traffic_step(cp, g, cm, cv, cfg.threads);

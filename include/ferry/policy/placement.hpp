@@ -650,19 +650,26 @@ class placement {
     return id;
   }
 
+  // Node `id` pinned in its tier while the scope lasts (no eviction picks it meanwhile).
+  class pin_scope {
+   public:
+    pin_scope(placement& self, detail::node_id id) : self_(self), id_(id) { self_.pin_id(id_); }
+    ~pin_scope() { self_.unpin_id(id_); }
+    pin_scope(const pin_scope&) = delete;
+    pin_scope& operator=(const pin_scope&) = delete;
+
+   private:
+    placement& self_;
+    detail::node_id id_;
+  };
+
   // Makes room in tier `t` for `bytes` new bytes of the key at node `old`, whose old copy
   // stays, pinned, until the new one is placed; its bytes count as free if it is in `t`.
   template <class Mover>
   void secure_room(std::size_t t, std::size_t bytes, detail::node_id old, Mover& mover) {
     const location loc = where_[old];
     const std::size_t need = loc.tier == t ? (bytes > loc.bytes ? bytes - loc.bytes : 0) : bytes;
-    struct pin_guard {
-      placement& self;
-      detail::node_id id;
-      ~pin_guard() { self.unpin_id(id); }
-    };
-    pin_id(old);
-    const pin_guard guard{*this, old};
+    const pin_scope pinned{*this, old};
     make_room(t, need, false, mover);
   }
 
@@ -758,14 +765,8 @@ class placement {
   bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
-    struct pin_guard {
-      placement& self;
-      detail::node_id id;
-      ~pin_guard() { self.unpin_id(id); }
-    };
     {
-      pin_id(id);
-      const pin_guard guard{*this, id};
+      const pin_scope pinned{*this, id};
       if (!make_room(0, bytes, ahead, mover)) {
         return false;
       }
