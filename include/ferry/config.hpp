@@ -64,6 +64,14 @@
 #define FERRY_COLD
 #endif
 
+/// @brief Asks the compiler to inline a small function on a hot path even where its
+/// heuristics would not (the steps of `ferry::placement::access`).
+#if defined(__GNUC__) || defined(__clang__)
+#define FERRY_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define FERRY_ALWAYS_INLINE inline
+#endif
+
 namespace ferry {
 
 /// @brief Whether this build of ferry has its CUDA parts (`FERRY_HAS_CUDA`).

@@ -325,6 +325,7 @@ TEST_CASE("an empty prefetch policy adds nothing to a placement", "[policy][simu
   // [[no_unique_address]]: the same size as the placement's other members alone.
   struct same_members_without_prefetch {
     std::vector<int> a;
+    std::size_t home;
     ferry::detail::keyed_pool<int, std::pair<std::size_t, std::size_t>> b;
     ferry::placement_options options;
     const void* follows;

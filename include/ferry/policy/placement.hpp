@@ -8,6 +8,7 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
+#include "ferry/detail/id_table.hpp"
 #include "ferry/detail/keyed_pool.hpp"
 #include "ferry/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
@@ -86,12 +87,36 @@ struct move_event {
 };
 
 /// @brief Where an access found its key.
+/// 16 bytes, so that it comes back in two registers.
 struct access_outcome {
   static constexpr std::size_t no_tier = std::numeric_limits<std::size_t>::max();  ///< "no tier"
-  bool hit = false;                                                                ///< the key was in tier 0
   std::size_t found_in = no_tier;  ///< the tier it was in, `no_tier` if it existed nowhere
+  bool hit = false;                ///< the key was in tier 0
   bool bypassed = false;           ///< served without caching the key in tier 0 (`admission::bypass`)
 };
+
+/// @brief How a `ferry::placement` finds the tier of a key: through a hash index over
+/// keys of any type (the default).
+struct hashed_keys {};
+
+/// @brief How a `ferry::placement` finds the tier of a key: the keys are dense
+/// `std::uint32_t` ids (an `access_schedule`'s key ids, layer numbers, block numbers)
+/// and each indexes an array, so a lookup is one array read and no hash. Memory is about
+/// 17 bytes per id up to the largest id placed. What `ferry::simulate` runs on.
+struct dense_keys {};
+
+namespace detail {
+/// The table of a placement's keys for a `KeyIndex` tag.
+template <class KeyIndex, class Key, class Payload, class Hash, class KeyEqual>
+struct placement_table {
+  using type = keyed_pool<Key, Payload, Hash, KeyEqual>;  ///< `hashed_keys`: a hash index
+};
+/// `dense_keys`: an array indexed by the key.
+template <class Key, class Payload, class Hash, class KeyEqual>
+struct placement_table<dense_keys, Key, Payload, Hash, KeyEqual> {
+  using type = id_table<Payload>;  ///< one node per id
+};
+}  // namespace detail
 
 /// @brief Keys in a hierarchy of tiers (tier 0 the fastest, where accesses happen; the
 /// last tier the home that never evicts), moved by an eviction and a prefetch policy.
@@ -144,8 +169,10 @@ struct access_outcome {
 /// @tparam Prefetch a `ferry::prefetch_policy<Prefetch, Key>`
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
+/// @tparam KeyIndex `ferry::hashed_keys` (any key) or `ferry::dense_keys` (`Key` is
+///                  `std::uint32_t`, ids below 2^32 - 2, each an array index)
 template <class Key, class Eviction, class Prefetch = no_prefetch, class Hash = std::hash<Key>,
-          class KeyEqual = std::equal_to<Key>>
+          class KeyEqual = std::equal_to<Key>, class KeyIndex = hashed_keys>
 class placement {
   static_assert(check_eviction_policy<Eviction, Key>(),
                 "ferry::placement: Eviction must model ferry::eviction_policy<Eviction, Key>");
@@ -153,6 +180,9 @@ class placement {
                 "ferry::placement: Prefetch must model ferry::prefetch_policy<Prefetch, Key>");
   static_assert(std::is_copy_constructible_v<Eviction>,
                 "ferry::placement: Eviction must be copyable (each tier gets a copy of the prototype)");
+  static_assert(std::is_same_v<KeyIndex, hashed_keys> ||
+                    (std::is_same_v<KeyIndex, dense_keys> && std::is_same_v<Key, std::uint32_t>),
+                "ferry::placement: KeyIndex is ferry::hashed_keys, or ferry::dense_keys with std::uint32_t keys");
 
  public:
   using key_type = Key;                                                            ///< the key type
@@ -176,10 +206,15 @@ class placement {
       : prefetch_(std::move(prefetch)), options_(options), follows_(follows) {
     FERRY_EXPECTS(!capacities.empty(), "a placement needs at least one tier", capacities.size());
     FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
+    FERRY_EXPECTS(capacities.size() < std::size_t{std::numeric_limits<std::uint32_t>::max()},
+                  "a placement has fewer than 2^32 - 1 tiers", capacities.size());
+    FERRY_EXPECTS(!dense || follows == nullptr,
+                  "a dense_keys placement follows no schedule (its keys are ids already)", capacities.size());
     tiers_.reserve(capacities.size());
     for (const std::size_t c : capacities) {
       tiers_.push_back(tier_state{eviction, c});
     }
+    home_ = tiers_.size() - 1;
     if (follows_ != nullptr) {
       offset_of_ = follows_->size();
       by_sid_.assign(follows_->key_count(), detail::no_node);
@@ -237,7 +272,7 @@ class placement {
     FERRY_EXPECTS(find_node(key) == detail::no_node, "the key is already placed", key, tier);
     FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
     make_room(tier, bytes, false, mover);
-    if (tier + 1 == tiers_.size() && !home_bytes_.empty()) {
+    if (tier == home_ && !home_bytes_.empty()) {
       if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
         keep_new_at_home(static_cast<std::uint32_t>(sid), bytes);
         mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
@@ -251,8 +286,8 @@ class placement {
   /// @brief Places every key of the followed schedule whose first access is a read
   /// (weights, optimizer states: what exists before the program runs) in the home
   /// tier, in order of first access, with its bytes at that access; keys first written
-  /// appear when written. What `ferry::simulate` starts from. One pass over the
-  /// schedule's entries; the keys kept at home take no hash insert.
+  /// appear when written. What `ferry::simulate` starts from. One step per key of the
+  /// schedule (its first use); the keys kept at home take no hash insert.
   /// @throws ferry::logic_error if the placement follows no schedule, or one of the
   ///         keys is placed already
   /// @throws ferry::out_of_capacity if the home tier cannot hold them all
@@ -260,13 +295,9 @@ class placement {
   void place_at_home(Mover&& mover) {
     FERRY_EXPECTS(follows_ != nullptr, "place_at_home needs a placement that follows a schedule", tiers_.size());
     const std::size_t home = tiers_.size() - 1;
-    std::vector<bool> seen(follows_->key_count());
-    for (std::size_t e = 0; e < follows_->size(); ++e) {
-      const std::uint32_t sid = follows_->id_at(e);
-      if (seen[sid]) {
-        continue;
-      }
-      seen[sid] = true;
+    // Key ids run in order of first use: one step per key, not per entry.
+    for (std::uint32_t sid = 0; sid < follows_->key_count(); ++sid) {
+      const std::size_t e = follows_->uses(sid).front();
       if (follows_->kind_at(e) != access_kind::read) {
         continue;
       }
@@ -340,41 +371,44 @@ class placement {
                         Mover&& mover) {
     access_outcome out;
     detail::node_id id = find_current(key);
-    if (id != detail::no_node && where_[id].bytes != bytes) {
-      FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
-                    bytes, where_[id].bytes);
-      out.found_in = where_[id].tier;
-      // Room for the new size first, the old copy pinned (and counted as freed where it
-      // is in that tier): a write that cannot be placed loses nothing.
-      const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
-      const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
-      if (dest != no_tier) {
-        secure_room(dest, bytes, id, mover);
-      }
-      erase(key, mover);
-      id = detail::no_node;
-    }
-    if (options_.oversized == admission::bypass && !admitted(bytes) &&
-        (id == detail::no_node || where_[id].tier != 0)) {
-      FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
-                    key, bytes);
-      bypass(id, key, bytes, kind, out, mover);
-    } else if (id == detail::no_node) {
-      FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
-      make_room(0, bytes, false, mover);
-      id = add_new(key, bytes, 0);
-      mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-    } else if (const std::size_t from = where_[id].tier; from == 0) {
-      out.hit = true;
+    if (id != detail::no_node && where_[id].tier == 0 && where_[id].bytes == bytes) {
+      out.hit = true;  // the common case first: resident in tier 0 at its size
       out.found_in = 0;
     } else {
-      out.found_in = from;
-      bring_up(id, from, false, mover);
-      if (kind == access_kind::write) {
-        mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
+      if (id != detail::no_node && where_[id].bytes != bytes) {
+        FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
+                      bytes, where_[id].bytes);
+        out.found_in = where_[id].tier;
+        // Room for the new size first, the old copy pinned (and counted as freed where it
+        // is in that tier): a write that cannot be placed loses nothing.
+        const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
+        const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
+        if (dest != no_tier) {
+          secure_room(dest, bytes, id, mover);
+        }
+        erase(key, mover);
+        id = detail::no_node;
+      }
+      if (options_.oversized == admission::bypass && !admitted(bytes) &&
+          (id == detail::no_node || where_[id].tier != 0)) {
+        FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
+                      key, bytes);
+        bypass(id, key, bytes, kind, out, mover);
+      } else if (id == detail::no_node) {
+        FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
+        make_room(0, bytes, false, mover);
+        id = add_new(key, bytes, 0);
         mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-      } else {
-        mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
+      } else {  // in a lower tier (a key in tier 0 at its size is the hit above)
+        const std::size_t from = where_[id].tier;
+        out.found_in = from;
+        bring_up(id, from, false, mover);
+        if (kind == access_kind::write) {
+          mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
+          mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
+        } else {
+          mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
+        }
       }
     }
     // Both policies see the access at position clock_; then the clock moves on. (A
@@ -390,7 +424,7 @@ class placement {
     }
     prefetch_.on_access(key);
     ++clock_;
-    if (follows_ != nullptr) {
+    if (!dense && follows_ != nullptr) {
       if (follows_->size() != offset_of_) {  // recorded into since (outside the contract): recompute
         offset_of_ = follows_->size();
         offset_ = offset_of_ == 0 ? 0 : clock_ % offset_of_;
@@ -432,12 +466,29 @@ class placement {
     std::size_t peak = 0;
     std::size_t evictions = 0;
   };
-  struct location {
-    std::size_t tier = 0;
+  static constexpr bool dense = std::is_same_v<KeyIndex, dense_keys>;
+  struct plain_location {
     std::size_t bytes = 0;
+    std::uint32_t tier = 0;
     std::uint32_t pins = 0;  // pins of the key in its tier (the home tier's policy keeps none)
-    std::uint32_t sid = 0;   // its id in follows_, or unknown_sid
   };
+  struct sid_location : plain_location {
+    std::uint32_t sid = access_schedule<Key, Hash, KeyEqual>::unknown_key;  // its id in follows_, or unknown_sid
+  };
+  // 16 bytes a key with dense_keys (a dense placement follows no schedule: no sid).
+  using location = std::conditional_t<dense, plain_location, sid_location>;
+  [[nodiscard]] static std::uint32_t sid_of(const location& loc) noexcept {
+    if constexpr (dense) {
+      return access_schedule<Key, Hash, KeyEqual>::unknown_key;
+    } else {
+      return loc.sid;
+    }
+  }
+  static void set_sid(location& loc, std::uint32_t sid) noexcept {
+    if constexpr (!dense) {
+      loc.sid = sid;
+    }
+  }
 
   // Keys kept at home. With a schedule to follow and more than one tier, a key of the
   // schedule that rests unpinned in the home tier leaves where_: by_sid_ says at_home
@@ -460,6 +511,9 @@ class placement {
   // The where_ node of `key`, bringing a key kept at home back into where_; no_node if
   // it is not placed.
   detail::node_id find_node(const Key& key) {
+    if constexpr (dense) {
+      return where_.find(key);  // no key is kept at home: where_ holds every key
+    }
     detail::node_id id = where_.find(key);
     if (id == detail::no_node) {
       if (const std::uint32_t sid = home_sid(key); sid != unknown_sid) {
@@ -472,7 +526,11 @@ class placement {
   detail::node_id materialize(std::uint32_t sid, const Key& key) {
     const detail::node_id id = where_.insert(key);
     FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
-    where_[id] = location{tiers_.size() - 1, home_bytes_[sid], 0, sid};
+    location& loc = where_[id];
+    loc = location{};
+    loc.bytes = home_bytes_[sid];
+    loc.tier = static_cast<std::uint32_t>(tiers_.size() - 1);
+    set_sid(loc, sid);
     by_sid_[sid] = id;
     --at_home_;
     return id;
@@ -491,9 +549,9 @@ class placement {
   // Takes node `id` out of where_ if it rests unpinned at home and the schedule knows it.
   void keep_at_home(detail::node_id id) {
     const location& loc = where_[id];
-    if (!home_bytes_.empty() && loc.tier + 1 == tiers_.size() && loc.pins == 0 && loc.sid < by_sid_.size()) {
-      home_bytes_[loc.sid] = loc.bytes;
-      by_sid_[loc.sid] = at_home;
+    if (!home_bytes_.empty() && loc.tier == home_ && loc.pins == 0 && sid_of(loc) < by_sid_.size()) {
+      home_bytes_[sid_of(loc)] = loc.bytes;
+      by_sid_[sid_of(loc)] = at_home;
       ++at_home_;
       where_.erase(id);
     }
@@ -516,6 +574,9 @@ class placement {
   // schedule has the key there (no hash lookup), else a lookup. A key kept at home is
   // brought back into where_.
   detail::node_id find_current(const Key& key) {
+    if constexpr (dense) {
+      return where_.find(key);  // an array read: nothing to gain from the schedule
+    }
     if (follows_ != nullptr && offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
 #if defined(__GNUC__)
       // The accesses a few positions on: their keys and nodes are a cache miss each
@@ -553,7 +614,7 @@ class placement {
     FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
     const std::size_t sid = schedule_id(key);
     where_[id] = location{};
-    where_[id].sid = sid < by_sid_.size() ? static_cast<std::uint32_t>(sid) : unknown_sid;
+    set_sid(where_[id], sid < by_sid_.size() ? static_cast<std::uint32_t>(sid) : unknown_sid);
     if (sid < by_sid_.size()) {
       by_sid_[sid] = id;
     }
@@ -561,14 +622,14 @@ class placement {
   }
 
   void erase_key(detail::node_id id) {
-    if (const std::uint32_t sid = where_[id].sid; sid < by_sid_.size()) {
+    if (const std::uint32_t sid = sid_of(where_[id]); sid < by_sid_.size()) {
       by_sid_[sid] = detail::no_node;
     }
     where_.erase(id);
   }
 
   // Whether tier i keeps an eviction policy: every tier but the last, which never evicts.
-  [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return i + 1 < tiers_.size(); }
+  [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return i < home_; }
 
   // Whether a key of `bytes` may live in tier 0.
   [[nodiscard]] bool admitted(std::size_t bytes) const noexcept {
@@ -593,7 +654,7 @@ class placement {
 
   // The first tier below `above` that could hold `bytes` at all (no_tier: none).
   [[nodiscard]] std::size_t first_fit_below(std::size_t above, std::size_t bytes) const noexcept {
-    for (std::size_t t = above + 1; t < tiers_.size(); ++t) {
+    for (std::size_t t = above + 1; t <= home_; ++t) {
       if (bytes <= tiers_[t].capacity) {
         return t;
       }
@@ -639,7 +700,7 @@ class placement {
   // policy that refuses the key (its precondition, or bad_alloc) leaves no trace of it.
   detail::node_id add_new(const Key& key, std::size_t bytes, std::size_t tier) {
     const detail::node_id id = insert_key(key);
-    where_[id].tier = tier;
+    where_[id].tier = static_cast<std::uint32_t>(tier);
     where_[id].bytes = bytes;
     try {
       insert_into(tier, key, bytes);
@@ -682,7 +743,7 @@ class placement {
     }
   }
 
-  void insert_into(std::size_t i, const Key& key, std::size_t bytes) {
+  FERRY_ALWAYS_INLINE void insert_into(std::size_t i, const Key& key, std::size_t bytes) {
     tier_state& t = tiers_[i];
     if (has_policy(i)) {
       sync(i);
@@ -692,7 +753,7 @@ class placement {
     t.peak = std::max(t.peak, t.used);
   }
 
-  void remove_from(std::size_t i, const Key& key, std::size_t bytes) {
+  FERRY_ALWAYS_INLINE void remove_from(std::size_t i, const Key& key, std::size_t bytes) {
     tier_state& t = tiers_[i];
     if (has_policy(i)) {
       t.policy.on_erase(key);
@@ -723,7 +784,7 @@ class placement {
     }
     while (bytes > t.capacity - t.used) {
       std::optional<Key> v;
-      if (i + 1 < tiers_.size()) {
+      if (i < home_) {
         sync(i);
         v = t.policy.victim();
       }
@@ -746,12 +807,12 @@ class placement {
         const std::size_t fit = first_fit_below(to, vb);
         to = fit == no_tier ? to : fit;  // none: the next tier refuses, naming itself
       }
-      if (!make_room(to, vb, ahead, mover)) {
+      if (vb > tiers_[to].capacity - tiers_[to].used && !make_room(to, vb, ahead, mover)) {
         return false;
       }
       insert_into(to, *v, vb);  // first: a policy that refuses it leaves it where it was
       remove_from(i, *v, vb);
-      where_[vid].tier = to;
+      where_[vid].tier = static_cast<std::uint32_t>(to);
       ++t.evictions;
       mover(move_event<Key>{where_.key(vid), vb, i, to, move_kind::evict});
       keep_at_home(vid);
@@ -765,9 +826,13 @@ class placement {
   bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
-    {
-      const pin_scope pinned{*this, id};
-      if (!make_room(0, bytes, ahead, mover)) {
+    if (bytes > tiers_[0].capacity - tiers_[0].used) {
+      if (has_policy(from)) {
+        const pin_scope pinned{*this, id};
+        if (!make_room(0, bytes, ahead, mover)) {
+          return false;
+        }
+      } else if (!make_room(0, bytes, ahead, mover)) {  // a tier without a policy evicts nothing: no pin
         return false;
       }
     }
@@ -779,7 +844,8 @@ class placement {
   }
 
   std::vector<tier_state> tiers_;
-  detail::keyed_pool<Key, location, Hash, KeyEqual> where_;
+  std::size_t home_ = 0;  // the last tier: tiers_.size() - 1
+  typename detail::placement_table<KeyIndex, Key, location, Hash, KeyEqual>::type where_;
   [[no_unique_address]] Prefetch prefetch_;
   placement_options options_;
   const access_schedule<Key, Hash, KeyEqual>* follows_;

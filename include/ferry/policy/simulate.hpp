@@ -30,6 +30,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <numeric>
@@ -106,6 +108,120 @@ struct simulation_result {
   }
 };
 
+namespace detail {
+
+/// Adds the bytes of one move to `r` (the mover of both simulation runs).
+template <class Key>
+void count_move(simulation_result& r, const move_event<Key>& e) noexcept {
+  switch (e.kind) {
+    case move_kind::prefetch:
+      ++r.prefetches;
+      r.prefetch_bytes = saturating_add(r.prefetch_bytes, e.bytes);
+      [[fallthrough]];
+    case move_kind::fetch:
+      for (std::size_t b = e.to; b < e.from; ++b) {
+        r.bytes_up[b] = saturating_add(r.bytes_up[b], e.bytes);
+      }
+      break;
+    case move_kind::evict:
+      for (std::size_t b = e.from; b < e.to; ++b) {
+        r.bytes_down[b] = saturating_add(r.bytes_down[b], e.bytes);
+      }
+      break;
+    case move_kind::bypass:
+      ++r.bypassed;
+      for (std::size_t b = e.to; b < e.from; ++b) {  // a read: up from `from`
+        r.bytes_up[b] = saturating_add(r.bytes_up[b], e.bytes);
+      }
+      for (std::size_t b = e.from; b < e.to; ++b) {  // a write: down to `to`
+        r.bytes_down[b] = saturating_add(r.bytes_down[b], e.bytes);
+      }
+      break;
+    case move_kind::create:
+    case move_kind::drop: break;
+  }
+}
+
+/// The replay of `simulate` on placement `p` (its keys placed at home by `place_home`),
+/// `key_of(e)` naming the key of entry `e` as `p` knows it.
+template <class Placement, class Schedule, class PlaceHome, class KeyOf>
+simulation_result replay(Placement& p, const Schedule& schedule, std::size_t tiers, std::size_t budget,
+                         std::size_t iterations, PlaceHome&& place_home, KeyOf&& key_of) {
+  simulation_result r;
+  r.fetched_from.assign(tiers, 0);
+  r.bytes_up.assign(tiers - 1, 0);
+  r.bytes_down.assign(tiers - 1, 0);
+  auto count = [&r](const auto& e) { count_move(r, e); };
+  place_home(count);
+  const std::size_t n = schedule.size();
+  for (std::size_t it = 0; it < iterations; ++it) {
+    for (std::size_t e = 0; e < n; ++e) {
+      const access_kind kind = schedule.kind_at(e);
+      const access_outcome o = p.access(key_of(e), schedule.bytes_at(e), kind, budget, count);
+      if (o.hit) {
+        ++r.hits;
+      } else {
+        ++r.misses;
+        if (kind == access_kind::write) {
+          ++r.writes_without_fetch;
+        } else {
+          ++r.fetched_from[o.found_in];
+        }
+      }
+    }
+  }
+  r.accesses = r.hits + r.misses;
+  r.peak_bytes.resize(tiers);
+  r.evictions.resize(tiers);
+  for (std::size_t i = 0; i < tiers; ++i) {
+    r.peak_bytes[i] = p.peak(i);
+    r.evictions[i] = p.evictions(i);
+  }
+  return r;
+}
+
+/// `simulate` on the keys: a hashed placement that follows the schedule.
+template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch>
+simulation_result simulate_keys(const access_schedule<Key, Hash, KeyEqual>& schedule,
+                                std::span<const std::size_t> capacities, const Eviction& eviction, Prefetch prefetch,
+                                const simulate_options& options) {
+  placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(
+      capacities, eviction, std::move(prefetch),
+      placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes}, &schedule);
+  return replay(
+      p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]), options.iterations,
+      [&p](auto& count) { p.place_at_home(count); }, [&schedule](std::size_t e) -> const Key& { return schedule.key_at(e); });
+}
+
+/// `simulate` on the schedule's key ids: a `dense_keys` placement with the policies
+/// rebound to `std::uint32_t`.
+template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch>
+simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& schedule,
+                               std::span<const std::size_t> capacities, const Eviction& eviction, const Prefetch& prefetch,
+                               const simulate_options& options) {
+  using id = std::uint32_t;
+  using id_eviction = decltype(eviction.template rebind_key<id>());
+  using id_prefetch = decltype(prefetch.template rebind_key<id>());
+  placement<id, id_eviction, id_prefetch, std::hash<id>, std::equal_to<id>, dense_keys> p(
+      capacities, eviction.template rebind_key<id>(), prefetch.template rebind_key<id>(),
+      placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes});
+  // The keys first read, in order of first access, in the home tier (what place_at_home
+  // does on the keys).
+  auto place_home = [&](auto& count) {
+    const std::size_t home = capacities.size() - 1;
+    for (id sid = 0; sid < schedule.key_count(); ++sid) {  // key ids run in order of first use
+      const std::size_t e = schedule.uses(sid).front();
+      if (schedule.kind_at(e) == access_kind::read) {
+        p.place(sid, schedule.bytes_at(e), home, count);
+      }
+    }
+  };
+  return replay(p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]),
+                options.iterations, place_home, [&schedule](std::size_t e) { return schedule.id_at(e); });
+}
+
+}  // namespace detail
+
 /// @brief Replays `schedule` through tiers of the given capacities with `eviction` (a
 /// prototype: each tier gets a copy) and `prefetch`, and reports what moved.
 ///
@@ -122,8 +238,15 @@ struct simulation_result {
 /// `ferry::schedule_replay`) must be built on the same `schedule` and start at
 /// position 0. The caller's policy objects are copied, not changed.
 ///
-/// Costs: O(iterations x entries) placement steps, each one hash lookup plus the
-/// policies' operations (O(1)-O(log n)); the home tier costs nothing per key.
+/// Costs: O(iterations x entries) placement steps, each the policies' operations
+/// (O(1)-O(log n)) and, for policies that model `ferry::key_rebindable_policy` (the
+/// eviction and the prefetch policy both), no hash lookup: the run is made on the
+/// schedule's key ids (a `ferry::dense_keys` placement, the policies rebound to
+/// `std::uint32_t`), the same decisions as on the keys (the result has no keys in it).
+/// Other policies (`ferry::belady`, `ferry::lookahead`, `ferry::schedule_replay`, a
+/// user's) run on the keys, one hash lookup per eviction; the home tier costs nothing
+/// per key either way. A `ferry::logic_error` of an id run is reported by rerunning on
+/// the keys, so its message names the key.
 ///
 /// @param schedule   the recorded iteration
 /// @param capacities bytes of each tier, tier 0 (where accesses happen) first; use
@@ -149,72 +272,17 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
   static_assert(prefetch_ok, "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
   if constexpr (eviction_ok && prefetch_ok) {
     FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
-    const std::size_t tiers = capacities.size();
-    simulation_result r;
-    r.fetched_from.assign(tiers, 0);
-    r.bytes_up.assign(tiers - 1, 0);
-    r.bytes_down.assign(tiers - 1, 0);
-
-    placement<Key, Eviction, Prefetch, Hash, KeyEqual> p(
-        capacities, eviction, std::move(prefetch),
-        placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes}, &schedule);
-    auto count = [&r](const move_event<Key>& e) {
-      switch (e.kind) {
-        case move_kind::prefetch:
-          ++r.prefetches;
-          r.prefetch_bytes = detail::saturating_add(r.prefetch_bytes, e.bytes);
-          [[fallthrough]];
-        case move_kind::fetch:
-          for (std::size_t b = e.to; b < e.from; ++b) {
-            r.bytes_up[b] = detail::saturating_add(r.bytes_up[b], e.bytes);
-          }
-          break;
-        case move_kind::evict:
-          for (std::size_t b = e.from; b < e.to; ++b) {
-            r.bytes_down[b] = detail::saturating_add(r.bytes_down[b], e.bytes);
-          }
-          break;
-        case move_kind::bypass:
-          ++r.bypassed;
-          for (std::size_t b = e.to; b < e.from; ++b) {  // a read: up from `from`
-            r.bytes_up[b] = detail::saturating_add(r.bytes_up[b], e.bytes);
-          }
-          for (std::size_t b = e.from; b < e.to; ++b) {  // a write: down to `to`
-            r.bytes_down[b] = detail::saturating_add(r.bytes_down[b], e.bytes);
-          }
-          break;
-        case move_kind::create:
-        case move_kind::drop: break;
+    if constexpr (key_rebindable_policy<Eviction, std::uint32_t> && key_rebindable_policy<Prefetch, std::uint32_t>) {
+      try {
+        return detail::simulate_ids(schedule, capacities, eviction, prefetch, options);
+      } catch (const ferry::logic_error&) {
+        // The same run on the keys fails at the same access, naming the key.
+        (void)detail::simulate_keys(schedule, capacities, eviction, std::move(prefetch), options);
+        throw;
       }
-    };
-
-    p.place_at_home(count);
-
-    const std::size_t budget = std::min(options.prefetch_budget_bytes, capacities[0]);
-    const std::size_t n = schedule.size();
-    for (std::size_t it = 0; it < options.iterations; ++it) {
-      for (std::size_t e = 0; e < n; ++e) {
-        const access_outcome o = p.access(schedule.key_at(e), schedule.bytes_at(e), schedule.kind_at(e), budget, count);
-        ++r.accesses;
-        if (o.hit) {
-          ++r.hits;
-        } else {
-          ++r.misses;
-          if (schedule.kind_at(e) == access_kind::write) {
-            ++r.writes_without_fetch;
-          } else {
-            ++r.fetched_from[o.found_in];
-          }
-        }
-      }
+    } else {
+      return detail::simulate_keys(schedule, capacities, eviction, std::move(prefetch), options);
     }
-    r.peak_bytes.resize(tiers);
-    r.evictions.resize(tiers);
-    for (std::size_t i = 0; i < tiers; ++i) {
-      r.peak_bytes[i] = p.peak(i);
-      r.evictions[i] = p.evictions(i);
-    }
-    return r;
   } else {
     return simulation_result{};
   }

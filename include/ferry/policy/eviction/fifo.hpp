@@ -33,6 +33,12 @@ template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to
 class fifo : public detail::recency_queue<Key, Hash, KeyEqual, false> {
  public:
   fifo() = default;
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] fifo<K> rebind_key() const {
+    return fifo<K>{};
+  }
 };
 
 }  // namespace ferry

@@ -82,7 +82,15 @@ class basic_greedy_dual;
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class greedy_dual_size : public basic_greedy_dual<Key, greedy_dual_rule::size, Hash, KeyEqual> {};
+class greedy_dual_size : public basic_greedy_dual<Key, greedy_dual_rule::size, Hash, KeyEqual> {
+ public:
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] greedy_dual_size<K> rebind_key() const {
+    return greedy_dual_size<K>{};
+  }
+};
 
 /// @brief GreedyDual-Size-Frequency eviction (GDSF): `H = L + uses * cost / bytes` — GDS
 /// that also keeps what is used often, as web and KV caches do: a large key read many
@@ -97,7 +105,15 @@ class greedy_dual_size : public basic_greedy_dual<Key, greedy_dual_rule::size, H
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class gdsf : public basic_greedy_dual<Key, greedy_dual_rule::frequency_size, Hash, KeyEqual> {};
+class gdsf : public basic_greedy_dual<Key, greedy_dual_rule::frequency_size, Hash, KeyEqual> {
+ public:
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] gdsf<K> rebind_key() const {
+    return gdsf<K>{};
+  }
+};
 
 /// @brief LFU with dynamic aging (LFU-DA): `H = L + uses * cost` (with `cost = 1`:
 /// `L + uses`) — LFU whose counts age: a key used often long ago goes once the floor `L`,
@@ -112,7 +128,15 @@ class gdsf : public basic_greedy_dual<Key, greedy_dual_rule::frequency_size, Has
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class lfu_da : public basic_greedy_dual<Key, greedy_dual_rule::frequency, Hash, KeyEqual> {};
+class lfu_da : public basic_greedy_dual<Key, greedy_dual_rule::frequency, Hash, KeyEqual> {
+ public:
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] lfu_da<K> rebind_key() const {
+    return lfu_da<K>{};
+  }
+};
 
 template <class Key, greedy_dual_rule Rule, class Hash, class KeyEqual>
 class basic_greedy_dual {

@@ -57,6 +57,12 @@ class lfu {
   static constexpr count_type initial_count = 0;
 
   lfu() = default;
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] lfu<K> rebind_key() const {
+    return lfu<K>{};
+  }
 
   /// @brief Key `k` became resident with `initial_count` uses (`bytes` is not used by
   /// this order). O(1) amortised.

@@ -38,6 +38,12 @@ template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to
 class lru : public detail::recency_queue<Key, Hash, KeyEqual, true> {
  public:
   lru() = default;
+  /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
+  /// holding no keys.
+  template <class K>
+  [[nodiscard]] lru<K> rebind_key() const {
+    return lru<K>{};
+  }
 };
 
 }  // namespace ferry

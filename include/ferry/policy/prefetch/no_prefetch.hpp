@@ -22,6 +22,13 @@ struct no_prefetch {
   template <class Key>
   constexpr void on_access(const Key& /*key*/) noexcept {}
 
+  /// @brief Itself: fetching nothing ahead works on any key type
+  /// (`ferry::key_rebindable_policy`).
+  template <class K>
+  [[nodiscard]] constexpr no_prefetch rebind_key() const noexcept {
+    return {};
+  }
+
   /// @brief Never calls `sink`.
   template <class Key, class Sink>
   constexpr void prefetch(const Key& /*key*/, std::size_t /*budget_bytes*/, Sink&& /*sink*/) noexcept {}

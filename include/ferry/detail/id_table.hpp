@@ -1,0 +1,91 @@
+/// @file
+/// @brief (private) A table of nodes addressed by dense integer keys: the interface of
+/// `detail::keyed_pool` where each key is its own node id, so a lookup is an array
+/// read instead of a hash probe.
+///
+/// Keys are `std::uint32_t` values below 2^32 - 2 (for example an access schedule's
+/// key ids, which run from 0 in order of first use); the table grows to the largest key
+/// inserted. Costs: `find`, `insert` (of a key below the bound reached so far) and
+/// `erase` are O(1) worst case; memory is O(largest key) and never returned before
+/// `clear()`.
+#pragma once
+
+#include "ferry/detail/keyed_pool.hpp"
+#include "ferry/error.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ferry::detail {
+
+/// A node per dense key: `Payload` beside a presence flag, indexed by the key itself.
+template <class Payload>
+class id_table {
+ public:
+  /// Live keys.
+  [[nodiscard]] std::size_t size() const noexcept { return live_; }
+
+  /// The node of `key` (the key itself), or `no_node`.
+  [[nodiscard]] node_id find(std::uint32_t key) const noexcept {
+    return key < present_.size() && present_[key] != 0 ? key : no_node;
+  }
+
+  /// Adds `key` (not present) with a value-initialised payload; returns its node (`key`).
+  /// @throws ferry::logic_error for a key of 2^32 - 2 or more (the table's sentinels)
+  node_id insert(std::uint32_t key) {
+    FERRY_EXPECTS(key < no_node - 1, "an id_table holds keys below 2^32 - 2", key);
+    if (key >= present_.size()) {
+      grow(std::size_t{key} + 1);
+    }
+    present_[key] = 1;
+    values_[key] = Payload{};
+    ++live_;
+    return key;
+  }
+
+  /// Removes the key of node `id` (present).
+  void erase(node_id id) noexcept {
+    present_[id] = 0;
+    --live_;
+  }
+
+  /// The key of node `id`: `id` itself (by value; bind it to a `const` reference only
+  /// for the expression or the local scope it is used in).
+  [[nodiscard]] std::uint32_t key(node_id id) const noexcept { return id; }
+  /// The payload of node `id`.
+  [[nodiscard]] Payload& operator[](node_id id) noexcept { return values_[id]; }
+  /// The payload of node `id`.
+  [[nodiscard]] const Payload& operator[](node_id id) const noexcept { return values_[id]; }
+
+  /// Room for keys below `n` without allocating.
+  void reserve(std::size_t n) {
+    if (n > present_.size()) {
+      grow(n);
+    }
+  }
+
+  /// Removes every key (memory kept).
+  void clear() noexcept {
+    for (std::uint8_t& p : present_) {
+      p = 0;
+    }
+    live_ = 0;
+  }
+
+ private:
+  void grow(std::size_t n) {
+    std::size_t want = present_.size() < 16 ? 16 : present_.size();
+    while (want < n) {
+      want *= 2;
+    }
+    values_.resize(want);
+    present_.resize(want, 0);
+  }
+
+  std::vector<Payload> values_;
+  std::vector<std::uint8_t> present_;
+  std::size_t live_ = 0;
+};
+
+}  // namespace ferry::detail
