@@ -453,6 +453,19 @@ class placement {
     return out;
   }
 
+  /// @brief Says that `key` will be accessed soon, so that its entry is in cache by
+  /// then: with `ferry::dense_keys` the CPU is asked to load the key's array entry (a
+  /// replay of a known schedule calls it a few accesses ahead, as `ferry::simulate`
+  /// does); with `ferry::hashed_keys` it does nothing (a placement that follows a
+  /// schedule prefetches by itself). Changes no state.
+  void expect(const Key& key) const noexcept {
+    if constexpr (dense) {
+      where_.prefetch(key);
+    } else {
+      (void)key;
+    }
+  }
+
   /// @brief `access` without prefetch budget or mover: prefetch gets 0 bytes.
   access_outcome access(const Key& key, std::size_t bytes, access_kind kind = access_kind::read) {
     return access(key, bytes, kind, 0, [](const move_event<Key>&) {});
@@ -548,6 +561,9 @@ class placement {
 
   // Takes node `id` out of where_ if it rests unpinned at home and the schedule knows it.
   void keep_at_home(detail::node_id id) {
+    if constexpr (dense) {
+      return;  // where_ is an array: nothing to gain from leaving it
+    }
     const location& loc = where_[id];
     if (!home_bytes_.empty() && loc.tier == home_ && loc.pins == 0 && sid_of(loc) < by_sid_.size()) {
       home_bytes_[sid_of(loc)] = loc.bytes;
@@ -772,9 +788,11 @@ class placement {
 
   // Makes `bytes` free in tier i by evicting to i + 1. For a prefetch (`ahead`) it
   // returns false where a demand throws, and asks the prefetch guard before evicting
-  // from tier 0.
+  // from tier 0. Inlined where it is called: an eviction into a tier with room is one
+  // straight run of code; a tier below that must make room in turn recurses through
+  // make_room_below, out of line.
   template <class Mover>
-  bool make_room(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
+  FERRY_ALWAYS_INLINE bool make_room(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
     tier_state& t = tiers_[i];
     if (bytes > t.capacity) {
       if (ahead) {
@@ -807,7 +825,7 @@ class placement {
         const std::size_t fit = first_fit_below(to, vb);
         to = fit == no_tier ? to : fit;  // none: the next tier refuses, naming itself
       }
-      if (vb > tiers_[to].capacity - tiers_[to].used && !make_room(to, vb, ahead, mover)) {
+      if (vb > tiers_[to].capacity - tiers_[to].used && !make_room_below(to, vb, ahead, mover)) {
         return false;
       }
       insert_into(to, *v, vb);  // first: a policy that refuses it leaves it where it was
@@ -820,10 +838,16 @@ class placement {
     return true;
   }
 
+  // make_room for a tier below the one evicting (the recursion, out of line).
+  template <class Mover>
+  bool make_room_below(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
+    return make_room(i, bytes, ahead, mover);
+  }
+
   // Moves key `id` from tier `from` (> 0) to tier 0. The key stays pinned in `from`
   // until tier 0 has room, so a failure leaves it where it was.
   template <class Mover>
-  bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
+  FERRY_ALWAYS_INLINE bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
     if (bytes > tiers_[0].capacity - tiers_[0].used) {

@@ -144,9 +144,12 @@ void count_move(simulation_result& r, const move_event<Key>& e) noexcept {
 
 /// The replay of `simulate` on placement `p` (its keys placed at home by `place_home`),
 /// `key_of(e)` naming the key of entry `e` as `p` knows it.
-template <class Placement, class Schedule, class PlaceHome, class KeyOf>
+template <class Placement, class Schedule, class PlaceHome, class KeyOf, class Expect>
 simulation_result replay(Placement& p, const Schedule& schedule, std::size_t tiers, std::size_t budget,
-                         std::size_t iterations, PlaceHome&& place_home, KeyOf&& key_of) {
+                         std::size_t iterations, PlaceHome&& place_home, KeyOf&& key_of, Expect&& expect) {
+  // Accesses told ahead to `expect`: each access depends on the last, so the CPU cannot
+  // run ahead to their cache misses by itself.
+  constexpr std::size_t ahead = 8;
   simulation_result r;
   r.fetched_from.assign(tiers, 0);
   r.bytes_up.assign(tiers - 1, 0);
@@ -157,6 +160,9 @@ simulation_result replay(Placement& p, const Schedule& schedule, std::size_t tie
   for (std::size_t it = 0; it < iterations; ++it) {
     for (std::size_t e = 0; e < n; ++e) {
       const access_kind kind = schedule.kind_at(e);
+      if (e + ahead < n) {
+        expect(e + ahead);
+      }
       const access_outcome o = p.access(key_of(e), schedule.bytes_at(e), kind, budget, count);
       if (o.hit) {
         ++r.hits;
@@ -190,7 +196,8 @@ simulation_result simulate_keys(const access_schedule<Key, Hash, KeyEqual>& sche
       placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes}, &schedule);
   return replay(
       p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]), options.iterations,
-      [&p](auto& count) { p.place_at_home(count); }, [&schedule](std::size_t e) -> const Key& { return schedule.key_at(e); });
+      [&p](auto& count) { p.place_at_home(count); }, [&schedule](std::size_t e) -> const Key& { return schedule.key_at(e); },
+      [](std::size_t) {});  // the placement follows the schedule and prefetches by itself
 }
 
 /// `simulate` on the schedule's key ids: a `dense_keys` placement with the policies
@@ -217,7 +224,8 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
     }
   };
   return replay(p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]),
-                options.iterations, place_home, [&schedule](std::size_t e) { return schedule.id_at(e); });
+                options.iterations, place_home, [&schedule](std::size_t e) { return schedule.id_at(e); },
+                [&](std::size_t e) { p.expect(schedule.id_at(e)); });
 }
 
 }  // namespace detail
