@@ -107,8 +107,9 @@ TEMPLATE_TEST_CASE("simulate on the schedule's key ids counts exactly what it co
     std::mt19937 rng(seed);
     const auto s = random_schedule<key>(rng, 2 + seed % 25, 1 + rng() % 150, seed % 2 == 0, seed % 4 == 0);
     const std::vector<std::size_t> caps =
-        seed % 3 == 0 ? std::vector<std::size_t>{64 + 16 * (rng() % 10), 128 + 16 * (rng() % 10), ferry::unlimited_bytes}
-                      : std::vector<std::size_t>{64 + 16 * (rng() % 20), ferry::unlimited_bytes};
+        seed % 3 == 0
+            ? std::vector<std::size_t>{64 + 16 * (rng() % 10), 128 + 16 * (rng() % 10), ferry::unlimited_bytes}
+            : std::vector<std::size_t>{64 + 16 * (rng() % 20), ferry::unlimited_bytes};
     ferry::simulate_options options;
     options.iterations = 1 + seed % 3;
     options.oversized = seed % 7 == 0 ? ferry::admission::refuse : ferry::admission::bypass;
@@ -142,8 +143,8 @@ TEST_CASE("an error of simulate's id run names the key, as the key run does", "[
   // The id run fails at the third access; simulate reports it from the key run.
   CHECK_THROWS_AS(ferry::detail::simulate_ids(s, caps, ferry::lru<std::string>{}, ferry::no_prefetch{}, {}),
                   ferry::logic_error);
-  CHECK_THROWS_WITH(ferry::simulate(s, caps, ferry::lru<std::string>{}), Catch::Contains("layer.7.weight") &&
-                                                                             Catch::Contains("only a write may resize"));
+  CHECK_THROWS_WITH(ferry::simulate(s, caps, ferry::lru<std::string>{}),
+                    Catch::Contains("layer.7.weight") && Catch::Contains("only a write may resize"));
   CHECK_THROWS_AS(ferry::simulate(s, caps, ferry::gdsf<std::string>{}), ferry::logic_error);
 }
 
@@ -156,8 +157,8 @@ TEST_CASE("policies rebind to another key type holding no keys", "[policy][dense
   static_assert(std::is_same_v<decltype(ferry::lfu<std::string>{}.rebind_key<int>()), ferry::lfu<int>>);
   static_assert(std::is_same_v<decltype(ferry::gdsf<std::string>{}.rebind_key<int>()), ferry::gdsf<int>>);
   static_assert(std::is_same_v<decltype(ferry::lfu_da<std::string>{}.rebind_key<int>()), ferry::lfu_da<int>>);
-  static_assert(std::is_same_v<decltype(ferry::greedy_dual_size<std::string>{}.rebind_key<int>()),
-                               ferry::greedy_dual_size<int>>);
+  static_assert(
+      std::is_same_v<decltype(ferry::greedy_dual_size<std::string>{}.rebind_key<int>()), ferry::greedy_dual_size<int>>);
   static_assert(ferry::key_rebindable_policy<ferry::no_prefetch, std::uint32_t>);
   // Policies that read the schedule by key stay on the keys.
   static_assert(!ferry::key_rebindable_policy<ferry::belady<int>, std::uint32_t>);
@@ -177,24 +178,23 @@ struct recorded_move {
 }  // namespace
 
 TEST_CASE("a dense_keys placement moves exactly as a hashed one", "[policy][dense]") {
-  using dense = ferry::placement<std::uint32_t, ferry::lru<std::uint32_t>, ferry::no_prefetch,
-                                 std::hash<std::uint32_t>, std::equal_to<std::uint32_t>, ferry::dense_keys>;
+  using dense = ferry::placement<std::uint32_t, ferry::lru<std::uint32_t>, ferry::no_prefetch, std::hash<std::uint32_t>,
+                                 std::equal_to<std::uint32_t>, ferry::dense_keys>;
   using hashed = ferry::placement<std::uint32_t, ferry::lru<std::uint32_t>>;
   for (unsigned seed = 1; seed <= 40; ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
-    const std::vector<std::size_t> caps =
-        seed % 2 == 0 ? std::vector<std::size_t>{128, 256, ferry::unlimited_bytes}
-                      : std::vector<std::size_t>{96 + 16 * (rng() % 8), ferry::unlimited_bytes};
+    const std::vector<std::size_t> caps = seed % 2 == 0
+                                              ? std::vector<std::size_t>{128, 256, ferry::unlimited_bytes}
+                                              : std::vector<std::size_t>{96 + 16 * (rng() % 8), ferry::unlimited_bytes};
     const ferry::placement_options options{.oversized = ferry::admission::bypass,
                                            .admit_max_bytes = seed % 3 == 0 ? 64 : ferry::unlimited_bytes};
     dense d(caps, ferry::lru<std::uint32_t>{}, ferry::no_prefetch{}, options);
     hashed h(caps, ferry::lru<std::uint32_t>{}, ferry::no_prefetch{}, options);
     std::vector<recorded_move> a, b;
     const auto into = [](std::vector<recorded_move>& out) {
-      return [&out](const ferry::move_event<std::uint32_t>& e) {
-        out.push_back({e.key, e.bytes, e.from, e.to, e.kind});
-      };
+      return
+          [&out](const ferry::move_event<std::uint32_t>& e) { out.push_back({e.key, e.bytes, e.from, e.to, e.kind}); };
     };
     const unsigned keys = 4 + seed % 30;
     std::vector<std::size_t> bytes(keys);
