@@ -375,41 +375,7 @@ class placement {
       out.hit = true;  // the common case first: resident in tier 0 at its size
       out.found_in = 0;
     } else {
-      if (id != detail::no_node && where_[id].bytes != bytes) {
-        FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
-                      bytes, where_[id].bytes);
-        out.found_in = where_[id].tier;
-        // Room for the new size first, the old copy pinned (and counted as freed where it
-        // is in that tier): a write that cannot be placed loses nothing.
-        const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
-        const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
-        if (dest != no_tier) {
-          secure_room(dest, bytes, id, mover);
-        }
-        erase(key, mover);
-        id = detail::no_node;
-      }
-      if (options_.oversized == admission::bypass && !admitted(bytes) &&
-          (id == detail::no_node || where_[id].tier != 0)) {
-        FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
-                      key, bytes);
-        bypass(id, key, bytes, kind, out, mover);
-      } else if (id == detail::no_node) {
-        FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
-        make_room(0, bytes, false, mover);
-        id = add_new(key, bytes, 0);
-        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-      } else {  // in a lower tier (a key in tier 0 at its size is the hit above)
-        const std::size_t from = where_[id].tier;
-        out.found_in = from;
-        bring_up(id, from, false, mover);
-        if (kind == access_kind::write) {
-          mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
-          mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-        } else {
-          mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
-        }
-      }
+      out = miss(id, key, bytes, kind, mover);
     }
     // Both policies see the access at position clock_; then the clock moves on. (A
     // bypassed key is not in tier 0, and a home tier 0 keeps no policy.)
@@ -511,6 +477,50 @@ class placement {
   static constexpr detail::node_id at_home = detail::no_node - 1;
   static constexpr std::size_t prefetch_distance = 8;  // accesses ahead (find_current)
   static constexpr std::uint32_t unknown_sid = access_schedule<Key, Hash, KeyEqual>::unknown_key;
+
+  // Everything but a hit, out of line: the hit path of access stays a short run of
+  // code with its values in registers.
+  template <class Mover>
+  [[gnu::noinline]] access_outcome miss(detail::node_id id, const Key& key, std::size_t bytes, access_kind kind,
+                                        Mover& mover) {
+    access_outcome out;
+    if (id != detail::no_node && where_[id].bytes != bytes) {
+      FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
+                    bytes, where_[id].bytes);
+      out.found_in = where_[id].tier;
+      // Room for the new size first, the old copy pinned (and counted as freed where it
+      // is in that tier): a write that cannot be placed loses nothing.
+      const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
+      const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
+      if (dest != no_tier) {
+        secure_room(dest, bytes, id, mover);
+      }
+      erase(key, mover);
+      id = detail::no_node;
+    }
+    if (options_.oversized == admission::bypass && !admitted(bytes) &&
+        (id == detail::no_node || where_[id].tier != 0)) {
+      FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
+                    key, bytes);
+      bypass(id, key, bytes, kind, out, mover);
+    } else if (id == detail::no_node) {
+      FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
+      make_room(0, bytes, false, mover);
+      id = add_new(key, bytes, 0);
+      mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
+    } else {  // in a lower tier (a key in tier 0 at its size is the hit above)
+      const std::size_t from = where_[id].tier;
+      out.found_in = from;
+      bring_up(id, from, false, mover);
+      if (kind == access_kind::write) {
+        mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
+        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
+      } else {
+        mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
+      }
+    }
+    return out;
+  }
 
   // The schedule id of `key` if it is kept at home, else unknown_sid. O(1) expected.
   [[nodiscard]] std::uint32_t home_sid(const Key& key) const {
