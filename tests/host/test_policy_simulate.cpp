@@ -708,3 +708,26 @@ TEST_CASE("byte counts of huge keys saturate instead of wrapping", "[policy][sim
   CHECK(r.bytes_up[0] == std::numeric_limits<std::size_t>::max());
   CHECK(r.bytes_moved() == std::numeric_limits<std::size_t>::max());
 }
+
+TEST_CASE("a key fetched from a middle tier is pinned there whether or not tier 0 must make room",
+          "[policy][simulate]") {
+  // The GreedyDual family counts an unpin as a use, and an erase raises L to the key's H:
+  // the middle tier's policy must see pin, unpin, erase on every fetch from it.
+  const auto reference_inflation = [](std::size_t bytes) {
+    ferry::gdsf<int> p;
+    p.on_insert(1, bytes);
+    p.pin(1);
+    p.unpin(1);
+    p.on_erase(1);
+    return p.inflation();
+  };
+  for (const std::size_t tier0 : {std::size_t{100}, std::size_t{10}}) {  // room to spare, then exactly full
+    INFO("tier 0 of " << tier0 << " bytes");
+    const std::size_t caps[] = {tier0, 100, 1000};
+    ferry::placement<int, ferry::gdsf<int>> p(caps, ferry::gdsf<int>{});
+    p.place(1, 10, 1);
+    p.access(1, 10);
+    CHECK(p.tier_of(1) == std::optional<std::size_t>{0});
+    CHECK(p.eviction(1).inflation() == reference_inflation(10));
+  }
+}
