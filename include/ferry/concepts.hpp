@@ -197,20 +197,27 @@ concept schedule_aware_policy = requires(P& p, const P& cp, std::size_t pos) {
   p.advance_to(pos);
 };
 
-/// @brief A policy that can be remade over another key type: `p.template
+/// @brief A policy over `Key` that can be remade over another key type: `p.template
 /// rebind_key<NewKey>()` returns a policy of the same algorithm and configuration over
 /// keys of type `NewKey` (with `NewKey`'s default hash and equality), holding no keys,
 /// that makes the same decisions for the same sequence of calls (its choices depend on
 /// the order of calls and the sizes and costs given, never on key values).
+///
+/// Rebinding to `Key` itself must give back `P`: a class derived from a built-in policy
+/// (which inherits its `rebind_key`, returning the base), or one with a hash or equality
+/// of its own, does not model it, so nothing replaces it by a policy it is not.
 ///
 /// `ferry::simulate` uses it to run a schedule on the schedule's dense key ids
 /// (`std::uint32_t`, a `ferry::dense_keys` placement) instead of the keys; a policy
 /// without it (a user's, or one that reads the schedule by key: `ferry::belady`,
 /// `ferry::lookahead`, `ferry::schedule_replay`) runs on the keys. `ferry::lru`,
 /// `ferry::fifo`, `ferry::lfu`, `ferry::greedy_dual_size`, `ferry::gdsf`,
-/// `ferry::lfu_da` and `ferry::no_prefetch` model it.
-template <class P, class NewKey>
-concept key_rebindable_policy = requires(const P& cp) { cp.template rebind_key<NewKey>(); };
+/// `ferry::lfu_da` (with the default hash and equality) and `ferry::no_prefetch` model it.
+template <class P, class Key, class NewKey>
+concept key_rebindable_policy = requires(const P& cp) {
+  cp.template rebind_key<NewKey>();
+  { cp.template rebind_key<Key>() } -> std::same_as<P>;
+};
 
 // ---------------------------------------------------------------------------------
 // prefetch_policy

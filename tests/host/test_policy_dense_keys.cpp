@@ -101,7 +101,7 @@ TEMPLATE_TEST_CASE("simulate on the schedule's key ids counts exactly what it co
                    ferry::gdsf<std::string>, ferry::lfu_da<std::string>) {
   using eviction = TestType;
   using key = typename eviction::key_type;
-  static_assert(ferry::key_rebindable_policy<eviction, std::uint32_t>);
+  static_assert(ferry::key_rebindable_policy<eviction, key, std::uint32_t>);
   for (unsigned seed = 1; seed <= 60; ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
@@ -159,11 +159,61 @@ TEST_CASE("policies rebind to another key type holding no keys", "[policy][dense
   static_assert(std::is_same_v<decltype(ferry::lfu_da<std::string>{}.rebind_key<int>()), ferry::lfu_da<int>>);
   static_assert(
       std::is_same_v<decltype(ferry::greedy_dual_size<std::string>{}.rebind_key<int>()), ferry::greedy_dual_size<int>>);
-  static_assert(ferry::key_rebindable_policy<ferry::no_prefetch, std::uint32_t>);
+  static_assert(ferry::key_rebindable_policy<ferry::no_prefetch, int, std::uint32_t>);
   // Policies that read the schedule by key stay on the keys.
-  static_assert(!ferry::key_rebindable_policy<ferry::belady<int>, std::uint32_t>);
-  static_assert(!ferry::key_rebindable_policy<ferry::lookahead<int, 2>, std::uint32_t>);
-  static_assert(!ferry::key_rebindable_policy<ferry::schedule_replay<int>, std::uint32_t>);
+  static_assert(!ferry::key_rebindable_policy<ferry::belady<int>, int, std::uint32_t>);
+  static_assert(!ferry::key_rebindable_policy<ferry::lookahead<int, 2>, int, std::uint32_t>);
+  static_assert(!ferry::key_rebindable_policy<ferry::schedule_replay<int>, int, std::uint32_t>);
+}
+
+namespace {
+
+// A policy derived from a built-in one, with a rule of its own (evict the newest key):
+// it inherits lru's rebind_key, which would give back plain LRU.
+struct most_recent : ferry::lru<int> {
+  void on_insert(const int& k, std::size_t bytes) {
+    ferry::lru<int>::on_insert(k, bytes);
+    newest.push_back(k);
+  }
+  void on_erase(const int& k) {
+    ferry::lru<int>::on_erase(k);
+    std::erase(newest, k);
+  }
+  [[nodiscard]] std::optional<int> victim() const {
+    return newest.empty() ? std::nullopt : std::optional<int>{newest.back()};
+  }
+  std::vector<int> newest;
+};
+
+// A prefetcher derived from no_prefetch that fetches the next key.
+struct next_key : ferry::no_prefetch {
+  template <class Key, class Sink>
+  void prefetch(const Key& key, std::size_t /*budget_bytes*/, Sink&& sink) {
+    sink(key + 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a policy derived from a built-in one runs as itself, on the keys", "[policy][simulate][dense]") {
+  static_assert(!ferry::key_rebindable_policy<most_recent, int, std::uint32_t>);
+  static_assert(!ferry::key_rebindable_policy<next_key, int, std::uint32_t>);
+  static_assert(!ferry::key_rebindable_policy<ferry::lru<int, std::hash<long>>, int, std::uint32_t>);
+  ferry::access_schedule<int> s;
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < 4; ++k) {
+      s.record(k, 16);
+    }
+  }
+  const std::size_t caps[] = {32, ferry::unlimited_bytes};
+  const ferry::simulate_options options{.prefetch_budget_bytes = 16};
+  require_same(ferry::simulate(s, caps, most_recent{}, ferry::no_prefetch{}, options),
+               ferry::detail::simulate_keys(s, caps, most_recent{}, ferry::no_prefetch{}, options));
+  require_same(ferry::simulate(s, caps, ferry::lru<int>{}, next_key{}, options),
+               ferry::detail::simulate_keys(s, caps, ferry::lru<int>{}, next_key{}, options));
+  // Each rule shows in the counts: MRU keeps key 0 and one other; the prefetcher fetches ahead.
+  CHECK(ferry::simulate(s, caps, most_recent{}).hits != ferry::simulate(s, caps, ferry::lru<int>{}).hits);
+  CHECK(ferry::simulate(s, caps, ferry::lru<int>{}, next_key{}, options).prefetches > 0);
 }
 
 namespace {

@@ -280,7 +280,8 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
   static_assert(prefetch_ok, "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
   if constexpr (eviction_ok && prefetch_ok) {
     FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
-    if constexpr (key_rebindable_policy<Eviction, std::uint32_t> && key_rebindable_policy<Prefetch, std::uint32_t>) {
+    if constexpr (key_rebindable_policy<Eviction, Key, std::uint32_t> &&
+                  key_rebindable_policy<Prefetch, Key, std::uint32_t>) {
       try {
         return detail::simulate_ids(schedule, capacities, eviction, prefetch, options);
       } catch (const ferry::logic_error&) {
