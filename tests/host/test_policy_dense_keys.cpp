@@ -318,6 +318,15 @@ TEST_CASE("a dense_keys placement checks its keys and follows no schedule", "[po
   dense p(caps, ferry::fifo<std::uint32_t>{});
   CHECK_THROWS_WITH(p.place(0xFFFFFFFEu, 16, 1), Catch::Contains("below 2^32 - 2"));
   CHECK(p.size() == 0);
+  {  // a refused id moves nothing: checked before tier 0 makes room for it
+    dense full(caps, ferry::fifo<std::uint32_t>{});
+    full.access(7, 64, ferry::access_kind::write);
+    CHECK_THROWS_WITH(full.access(0xFFFFFFFEu, 16, ferry::access_kind::write), Catch::Contains("below 2^32 - 2"));
+    CHECK_THROWS_WITH(full.place(0xFFFFFFFFu, 16, 0), Catch::Contains("below 2^32 - 2"));
+    CHECK(full.evictions(0) == 0);
+    CHECK(full.used(0) == 64);
+    CHECK(full.tier_of(7) == std::optional<std::size_t>{0});
+  }
   CHECK_THROWS_WITH(p.access(5, 16), Catch::Contains("never placed or written"));
   p.place(1000, 16, 1);  // far past the ids used so far: the table grows
   CHECK(p.tier_of(1000) == std::optional<std::size_t>{1});

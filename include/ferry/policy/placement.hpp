@@ -271,6 +271,7 @@ class placement {
   void place(const Key& key, std::size_t bytes, std::size_t tier, Mover&& mover) {
     FERRY_EXPECTS(find_node(key) == detail::no_node, "the key is already placed", key, tier);
     FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
+    check_new_key(key);
     make_room(tier, bytes, false, mover);
     if (tier == home_ && !home_bytes_.empty()) {
       if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
@@ -484,6 +485,9 @@ class placement {
   [[gnu::noinline]] access_outcome miss(detail::node_id id, const Key& key, std::size_t bytes, access_kind kind,
                                         Mover& mover) {
     access_outcome out;
+    if (id == detail::no_node) {
+      check_new_key(key);  // before anything is evicted for it
+    }
     if (id != detail::no_node && where_[id].bytes != bytes) {
       FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
                     bytes, where_[id].bytes);
@@ -520,6 +524,16 @@ class placement {
       }
     }
     return out;
+  }
+
+  // A key about to be added: with dense_keys, an id the table can hold (checked before
+  // room is made for it, so a refused id moves nothing).
+  void check_new_key(const Key& key) const {
+    if constexpr (dense) {
+      FERRY_EXPECTS(key < detail::no_node - 1, "a dense_keys placement holds ids below 2^32 - 2", key);
+    } else {
+      (void)key;
+    }
   }
 
   // The schedule id of `key` if it is kept at home, else unknown_sid. O(1) expected.
