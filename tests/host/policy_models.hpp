@@ -3,9 +3,8 @@
 // and its model with the same random operations and compare their victims.
 #pragma once
 
-#include <ferry/policy/eviction/greedy_dual_size.hpp>
-
 #include <ferry/policy/access_schedule.hpp>
+#include <ferry/policy/eviction/greedy_dual_size.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -15,10 +14,23 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace models {
+
+// Key number i as a `Key`: the number itself, or "tensor-<i>" for std::string keys (the
+// policy tests run each policy over both).
+template <class Key>
+Key key_of(int i) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return "tensor-" + std::to_string(i);
+  } else {
+    return static_cast<Key>(i);
+  }
+}
 
 // LRU as a std::list in recency order (front: least recent) plus a pin count per key;
 // pinned keys are off the list and come back at the recent end.

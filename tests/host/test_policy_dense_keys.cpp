@@ -15,15 +15,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "policy_models.hpp"
+
 namespace {
 
 template <class Key>
 Key key_named(unsigned i) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return "tensor." + std::to_string(i);
-  } else {
-    return static_cast<Key>(i);
-  }
+  return models::key_of<Key>(static_cast<int>(i));
 }
 
 // A random schedule over `keys` keys of sizes 16..128: reads, writes (when `writes`) and,

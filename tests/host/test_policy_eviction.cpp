@@ -20,14 +20,7 @@
 
 namespace {
 
-template <class Key>
-Key key_of(int i) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return "tensor-" + std::to_string(i);
-  } else {
-    return static_cast<Key>(i);
-  }
-}
+using models::key_of;
 
 // Keys 0..199, each used twice, for the belady instances of the generic tests.
 template <class Key>
