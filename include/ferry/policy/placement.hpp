@@ -295,7 +295,7 @@ class placement {
   template <class Mover>
   void place_at_home(Mover&& mover) {
     FERRY_EXPECTS(follows_ != nullptr, "place_at_home needs a placement that follows a schedule", tiers_.size());
-    const std::size_t home = tiers_.size() - 1;
+    const std::size_t home = home_;
     // Key ids run in order of first use: one step per key, not per entry.
     for (std::uint32_t sid = 0; sid < follows_->key_count(); ++sid) {
       const std::size_t e = follows_->uses(sid).front();
@@ -566,7 +566,7 @@ class placement {
     location& loc = where_[id];
     loc = location{};
     loc.bytes = home_bytes_[sid];
-    loc.tier = static_cast<std::uint32_t>(tiers_.size() - 1);
+    loc.tier = static_cast<std::uint32_t>(home_);
     set_sid(loc, sid);
     by_sid_[sid] = id;
     --at_home_;
@@ -874,15 +874,13 @@ class placement {
   FERRY_ALWAYS_INLINE bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
-    if (has_policy(from)) {
-      // Pinned in `from` while tier 0 makes room, whether or not it must: the policy sees
+    {
+      // Pinned in `from` while tier 0 makes room, whether or not it must: its policy sees
       // the same pin and unpin either way (for the GreedyDual family an unpin is a use).
       const pin_scope pinned{*this, id};
       if (!make_room(0, bytes, ahead, mover)) {
         return false;
       }
-    } else if (bytes > tiers_[0].capacity - tiers_[0].used && !make_room(0, bytes, ahead, mover)) {
-      return false;  // a tier without a policy (the home) evicts nothing: no pin
     }
     insert_into(0, key, bytes);  // first: a policy that refuses it leaves it where it was
     remove_from(from, key, bytes);
