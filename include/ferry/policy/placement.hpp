@@ -874,13 +874,15 @@ class placement {
   FERRY_ALWAYS_INLINE bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
     const Key& key = where_.key(id);
     const std::size_t bytes = where_[id].bytes;
-    {
+    if (has_policy(from)) {
       // Pinned in `from` while tier 0 makes room, whether or not it must: its policy sees
       // the same pin and unpin either way (for the GreedyDual family an unpin is a use).
       const pin_scope pinned{*this, id};
       if (!make_room(0, bytes, ahead, mover)) {
         return false;
       }
+    } else if (!make_room(0, bytes, ahead, mover)) {
+      return false;  // a tier without a policy (the home) evicts nothing: no pin to tell
     }
     insert_into(0, key, bytes);  // first: a policy that refuses it leaves it where it was
     remove_from(from, key, bytes);
