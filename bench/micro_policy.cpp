@@ -15,6 +15,8 @@
 //                            on_access, residency in a bitmap (the least an owner does)
 //   trace/<policy>/simulate  the same trace through ferry::simulate (tier 0 of 10 k
 //                            keys, an unlimited home): what the placement adds
+//   trace/belady-ids/bare    the bare loop with belady's form on the schedule's key ids
+//                            (rebind_ids: what simulate runs), keys the trace's ids
 // The trace benchmarks report ns_per_access (time / requests) and miss_ratio;
 // scripts/peers/policy_speed.py times libCacheSim on a trace of the same distribution.
 //
@@ -46,6 +48,8 @@ namespace {
 
 using key = std::uint64_t;
 using schedule = ferry::access_schedule<key>;
+using id_schedule = ferry::schedule_ids<schedule>;
+using belady_on_ids = ferry::belady<std::uint32_t, std::hash<std::uint32_t>, std::equal_to<std::uint32_t>, id_schedule>;
 
 // The reference: the textbook LRU over standard containers.
 class reference_lru {
@@ -124,6 +128,8 @@ template <class P>
 P make(const schedule& s) {
   if constexpr (std::is_constructible_v<P, const schedule&>) {
     return P(s);
+  } else if constexpr (std::is_constructible_v<P, const id_schedule&>) {
+    return P(id_schedule(s));
   } else {
     (void)s;
     return P{};
@@ -239,11 +245,11 @@ void bm_trace_bare(benchmark::State& state) {
     misses = 0;
     state.ResumeTiming();
     for (std::size_t i = 0; i < trace_requests; ++i) {
-      const key k = t.key_at(i);
+      const typename P::key_type k = std::is_same_v<typename P::key_type, key> ? t.key_at(i) : t.id_at(i);
       if (resident[k] == 0) {
         ++misses;
         if (used == trace_room) {
-          const key v = *p.victim();
+          const typename P::key_type v = *p.victim();
           p.on_erase(v);
           resident[v] = 0;
         } else {
@@ -305,6 +311,7 @@ int main(int argc, char** argv) {
   register_trace<ferry::lfu<key>>("lfu");
   register_trace<ferry::gdsf<key>>("gdsf");
   register_trace<ferry::belady<key>>("belady");
+  benchmark::RegisterBenchmark("trace/belady-ids/bare", &bm_trace_bare<belady_on_ids>)->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 1;

@@ -209,14 +209,36 @@ concept schedule_aware_policy = requires(P& p, const P& cp, std::size_t pos) {
 ///
 /// `ferry::simulate` uses it to run a schedule on the schedule's dense key ids
 /// (`std::uint32_t`, a `ferry::dense_keys` placement) instead of the keys; a policy
-/// without it (a user's, or one that reads the schedule by key: `ferry::belady`,
-/// `ferry::lookahead`, `ferry::schedule_replay`) runs on the keys. `ferry::lru`,
-/// `ferry::fifo`, `ferry::lfu`, `ferry::greedy_dual_size`, `ferry::gdsf`,
-/// `ferry::lfu_da` (with the default hash and equality) and `ferry::no_prefetch` model it.
+/// with neither it nor `ferry::schedule_id_rebindable_policy` (a user's) runs on the
+/// keys. `ferry::lru`, `ferry::fifo`, `ferry::lfu`, `ferry::greedy_dual_size`,
+/// `ferry::gdsf`, `ferry::lfu_da` (with the default hash and equality) and
+/// `ferry::no_prefetch` model it.
 template <class P, class Key, class NewKey>
 concept key_rebindable_policy = requires(const P& cp) {
   cp.template rebind_key<NewKey>();
   { cp.template rebind_key<Key>() } -> std::same_as<P>;
+};
+
+/// @brief A schedule-aware policy that can be remade over its schedule's key ids:
+/// `p.template rebind_ids<P>()` returns the same algorithm and configuration over
+/// `std::uint32_t` keys that are the `access_schedule`'s key ids, following the same
+/// schedule through a `ferry::schedule_ids` view (no copy of it), at the same position,
+/// holding no keys, and making the same decisions for the same calls (with each key
+/// replaced by its id).
+///
+/// Its keys are not `Key` values converted: they are ids, so (unlike
+/// `ferry::key_rebindable_policy`) this holds for a schedule of `std::uint32_t` keys
+/// too. The template argument must be `P` itself: `rebind_ids<Self>` of the built-in
+/// policies accepts only their own type, so a class derived from one (which would
+/// inherit it and get the base back) does not model the concept and is run as itself.
+///
+/// `ferry::simulate` runs `ferry::belady`, `ferry::lookahead` and
+/// `ferry::schedule_replay` (which model it) on the key ids when they follow the
+/// schedule simulated.
+template <class P>
+concept schedule_id_rebindable_policy = schedule_aware_policy<P> && requires(const P& cp) {
+  cp.template rebind_ids<P>();
+  { cp.schedule() };
 };
 
 // ---------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ TEST_CASE("access_schedule: next_use_after is next_use from the following positi
     const auto s = record(random_trace(rng, keys, 1 + rng() % 50));
     for (std::size_t pos = 0; pos < 3 * s.size(); ++pos) {
       INFO("trial " << trial << ", position " << pos);
-      const std::size_t want = s.next_use(s.id_at(pos % s.size()), pos + 1);
+      const std::size_t want = s.next_use_by_id(s.id_at(pos % s.size()), pos + 1);
       REQUIRE(s.next_use_after(pos) == want);
       REQUIRE(want > pos);
       REQUIRE(want <= pos + s.size());

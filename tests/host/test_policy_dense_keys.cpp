@@ -158,7 +158,8 @@ TEST_CASE("policies rebind to another key type holding no keys", "[policy][dense
   static_assert(
       std::is_same_v<decltype(ferry::greedy_dual_size<std::string>{}.rebind_key<int>()), ferry::greedy_dual_size<int>>);
   static_assert(ferry::key_rebindable_policy<ferry::no_prefetch, int, std::uint32_t>);
-  // Policies that read the schedule by key stay on the keys.
+  // Policies that follow a schedule are not rebound by key type (their id form is
+  // rebind_ids: test_policy_schedule_ids.cpp).
   static_assert(!ferry::key_rebindable_policy<ferry::belady<int>, int, std::uint32_t>);
   static_assert(!ferry::key_rebindable_policy<ferry::lookahead<int, 2>, int, std::uint32_t>);
   static_assert(!ferry::key_rebindable_policy<ferry::schedule_replay<int>, int, std::uint32_t>);

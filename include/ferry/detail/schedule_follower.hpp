@@ -16,18 +16,19 @@
 
 namespace ferry::detail {
 
-template <class Key, class Hash, class KeyEqual>
+// Schedule: an access_schedule over Key, or a schedule_ids view (Key its key ids).
+template <class Key, class Hash, class KeyEqual, class Schedule>
 class schedule_follower {
  public:
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;
+  using schedule_type = Schedule;
 
   explicit schedule_follower(const schedule_type& schedule, std::size_t start) noexcept
-      : schedule_(&schedule), position_(start) {}
+      : schedule_(schedule), position_(start) {}
 
   /// The absolute schedule position of the next access.
   [[nodiscard]] std::size_t position() const noexcept { return position_; }
   /// The schedule followed.
-  [[nodiscard]] const schedule_type& schedule() const noexcept { return *schedule_; }
+  [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_.get(); }
 
   /// Whether the owner may evict resident key `v` to make room for the key being
   /// fetched: `false` when the schedule needs `v` before that key. `true` outside a
@@ -46,7 +47,7 @@ class schedule_follower {
   // or after position_: the previous use of its key is a write inside the window, so
   // there is nothing to fetch (the write produces it). O(log u).
   [[nodiscard]] bool produced_ahead(std::size_t at) const noexcept {
-    const schedule_type& s = *schedule_;
+    const schedule_type& s = schedule_.get();
     const std::size_t n = s.size();
     const std::size_t e = at % n;
     const std::span<const std::size_t> uses = s.uses(s.id_at(e));
@@ -79,7 +80,7 @@ class schedule_follower {
     }
   }
 
-  const schedule_type* schedule_;
+  schedule_ref<schedule_type> schedule_;
   std::size_t position_;
   std::size_t fetching_ = none;  // absolute position of the key being fetched, in a sink call
 };

@@ -60,9 +60,13 @@ struct phase_mark {
 /// reference, to the policies and the simulator. Each distinct key gets a dense
 /// `key_id` (first-appearance order) and a sorted list of the entries that use it, so
 /// `next_use` is a hash lookup and one binary search: O(1) expected + O(log u), `u`
-/// the uses of that key (<= `size()`). Each entry also links to the entry of its key's
-/// next use (the precomputed next-use array of offline cache simulators), so the next
-/// use after an access, `next_use_after`, is O(1).
+/// the uses of that key (<= `size()`; `next_use_by_id` skips the hash lookup). Each
+/// entry also links to the entry of its key's next use (the precomputed next-use array
+/// of offline cache simulators), so the next use after an access, `next_use_after`, is
+/// O(1). `ferry::schedule_ids` is the same schedule seen through its key ids.
+///
+/// The query by key id is `next_use_by_id`, not an overload of `next_use`: with
+/// `std::uint32_t` keys the two would be one signature.
 ///
 /// Lifetime: policies keep a pointer to the schedule; it must outlive them and must
 /// not be changed (recorded into or cleared) while they use it, because absolute
@@ -154,7 +158,7 @@ class access_schedule {
   /// `e >= from % n` using the key, else `(from / n + 1) * n + e0` with `e0` its first
   /// entry.
   /// Complexity: O(log u), `u` the uses of the key.
-  [[nodiscard]] std::size_t next_use(key_id id, std::size_t from) const noexcept {
+  [[nodiscard]] std::size_t next_use_by_id(key_id id, std::size_t from) const noexcept {
     if (id == unknown_key) {
       return never;
     }
@@ -170,7 +174,7 @@ class access_schedule {
   }
 
   /// @brief The absolute position of the next use, after `pos`, of the key accessed at
-  /// absolute position `pos`: `next_use(id_at(pos % size()), pos + 1)`, from an array
+  /// absolute position `pos`: `next_use_by_id(id_at(pos % size()), pos + 1)`, from an array
   /// built as the schedule is recorded, O(1). This is the query a policy makes on every
   /// access; `next_use` is for keys met anywhere else. @pre `!empty()`
   [[nodiscard]] std::size_t next_use_after(std::size_t pos) const noexcept {
@@ -181,7 +185,7 @@ class access_schedule {
   }
 
   /// @brief `next_use(find(key), from)`. O(1) expected + O(log u).
-  [[nodiscard]] std::size_t next_use(const Key& key, std::size_t from) const { return next_use(find(key), from); }
+  [[nodiscard]] std::size_t next_use(const Key& key, std::size_t from) const { return next_use_by_id(find(key), from); }
 
   /// @brief The phase marks in order of position.
   [[nodiscard]] std::span<const phase_mark> phases() const noexcept { return phases_; }
@@ -229,5 +233,104 @@ class access_schedule {
   std::vector<phase_mark> phases_;
   detail::keyed_pool<Key, key_record, Hash, KeyEqual> keys_;
 };
+
+/// @brief A recorded `ferry::access_schedule` seen through its key ids: the same
+/// entries, uses, phases and next-use queries, with each key replaced by its dense
+/// `key_id` (`std::uint32_t`, 0, 1, 2, ... in order of first use).
+///
+/// It copies nothing: it holds a pointer to the schedule, which must outlive it and not
+/// change while it is used. It is what a schedule-aware policy follows after
+/// `rebind_ids()` (`ferry::schedule_id_rebindable_policy`), so that `ferry::simulate`
+/// can run `ferry::belady`, `ferry::lookahead` and `ferry::schedule_replay` on key ids,
+/// with no hash lookup; every query is the schedule's own, at the same cost, minus the
+/// hash lookup of `find`.
+///
+/// @tparam Schedule an `access_schedule<Key, Hash, KeyEqual>`
+template <class Schedule>
+class schedule_ids {
+ public:
+  using source_type = Schedule;                                 ///< the schedule seen
+  using key_id = typename Schedule::key_id;                     ///< dense id of a key
+  using key_type = key_id;                                      ///< the keys are the ids
+  using hasher = std::hash<key_id>;                             ///< hash of the ids
+  using key_equal = std::equal_to<key_id>;                      ///< equality of the ids
+  static constexpr key_id unknown_key = Schedule::unknown_key;  ///< `find` of an id past `key_count()`
+  static constexpr std::size_t never = Schedule::never;         ///< `next_use` of `unknown_key`
+
+  /// @brief The view of `schedule` (which must outlive it).
+  explicit schedule_ids(const Schedule& schedule) noexcept : s_(&schedule) {}
+
+  /// The schedule seen.
+  [[nodiscard]] const Schedule& source() const noexcept { return *s_; }
+  /// Entries (accesses) in one iteration.
+  [[nodiscard]] std::size_t size() const noexcept { return s_->size(); }
+  /// Whether nothing was recorded.
+  [[nodiscard]] bool empty() const noexcept { return s_->empty(); }
+  /// Distinct keys (ids `0 .. key_count() - 1`).
+  [[nodiscard]] std::size_t key_count() const noexcept { return s_->key_count(); }
+  /// @brief The key id of entry `pos` (the "key" of this view). @pre `pos < size()`
+  [[nodiscard]] key_type key_at(std::size_t pos) const noexcept { return s_->id_at(pos); }
+  /// @brief The key id of entry `pos`. @pre `pos < size()`
+  [[nodiscard]] key_id id_at(std::size_t pos) const noexcept { return s_->id_at(pos); }
+  /// @brief The bytes of entry `pos`. @pre `pos < size()`
+  [[nodiscard]] std::size_t bytes_at(std::size_t pos) const noexcept { return s_->bytes_at(pos); }
+  /// @brief The kind of entry `pos`. @pre `pos < size()`
+  [[nodiscard]] access_kind kind_at(std::size_t pos) const noexcept { return s_->kind_at(pos); }
+  /// @brief `id` itself if the schedule has it, else `unknown_key`. O(1), no hash.
+  [[nodiscard]] key_id find(key_type id) const noexcept { return id < s_->key_count() ? id : unknown_key; }
+  /// @brief The "key" with id `id`: `id` itself.
+  [[nodiscard]] key_type key(key_id id) const noexcept { return id; }
+  /// @brief The entries that use key `id`, ascending. @pre `id < key_count()`
+  [[nodiscard]] std::span<const std::size_t> uses(key_id id) const noexcept { return s_->uses(id); }
+  /// @brief `Schedule::next_use_by_id(id, from)`: O(log u), no hash; `never` for an id
+  /// the schedule does not have.
+  [[nodiscard]] std::size_t next_use_by_id(key_id id, std::size_t from) const noexcept {
+    return s_->next_use_by_id(find(id), from);
+  }
+  /// @brief `next_use_by_id(id, from)` (the keys of this view are the ids).
+  [[nodiscard]] std::size_t next_use(key_type id, std::size_t from) const noexcept { return next_use_by_id(id, from); }
+  /// @brief `Schedule::next_use_after(pos)`, O(1). @pre `!empty()`
+  [[nodiscard]] std::size_t next_use_after(std::size_t pos) const noexcept { return s_->next_use_after(pos); }
+  /// @brief The phase marks in order of position.
+  [[nodiscard]] std::span<const phase_mark> phases() const noexcept { return s_->phases(); }
+  /// @brief The phase entry `pos` belongs to, as `Schedule::phase_at`.
+  [[nodiscard]] std::optional<ferry::phase> phase_at(std::size_t pos) const noexcept { return s_->phase_at(pos); }
+
+ private:
+  const Schedule* s_;
+};
+
+namespace detail {
+/// Whether `S` is a `ferry::schedule_ids` view (its keys are the ids of the schedule it
+/// sees).
+template <class S>
+inline constexpr bool is_schedule_ids = false;
+template <class S>
+inline constexpr bool is_schedule_ids<schedule_ids<S>> = true;
+
+/// How a schedule-aware policy holds the schedule it follows: a pointer to an
+/// `access_schedule` (which outlives the policy), or a copy of a `schedule_ids` view (a
+/// pointer itself). `get()` is the schedule either way.
+template <class S>
+class schedule_ref {
+ public:
+  explicit schedule_ref(const S& s) noexcept : s_(&s) {}
+  [[nodiscard]] const S& get() const noexcept { return *s_; }
+  const S* operator->() const noexcept { return s_; }
+
+ private:
+  const S* s_;
+};
+template <class S>
+class schedule_ref<schedule_ids<S>> {
+ public:
+  explicit schedule_ref(const schedule_ids<S>& s) noexcept : s_(s) {}
+  [[nodiscard]] const schedule_ids<S>& get() const noexcept { return s_; }
+  const schedule_ids<S>* operator->() const noexcept { return &s_; }
+
+ private:
+  schedule_ids<S> s_;
+};
+}  // namespace detail
 
 }  // namespace ferry

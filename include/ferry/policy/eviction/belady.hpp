@@ -5,17 +5,20 @@
 
 #include "ferry/concepts.hpp"
 #include "ferry/detail/id_list.hpp"
+#include "ferry/detail/id_table.hpp"
 #include "ferry/detail/indexed_heap.hpp"
 #include "ferry/detail/keyed_pool.hpp"
 #include "ferry/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ferry {
@@ -74,17 +77,31 @@ namespace ferry {
 /// Lifetime: holds a pointer to the schedule, which must outlive it and not change
 /// while it is used.
 ///
+/// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
+/// (`ferry::schedule_id_rebindable_policy`, what `ferry::simulate` runs), following a
+/// `ferry::schedule_ids` view; there its resident keys sit in an array indexed by the
+/// id (`detail::id_table`, 56 bytes an id up to the largest resident) instead of a hash
+/// table, so no operation hashes.
+///
 /// Errors: `ferry::logic_error` for a resident key inserted again, an absent key
 /// accessed, erased, pinned or unpinned, or `advance_to` backwards.
 ///
 /// @tparam Key      copyable key
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
-template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
+/// @tparam Schedule the schedule followed: `access_schedule<Key, Hash, KeyEqual>`, or a
+///                  `ferry::schedule_ids` view of one (then `Key` is its key id)
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>,
+          class Schedule = access_schedule<Key, Hash, KeyEqual>>
 class belady {
+  // On a schedule_ids view the keys are the schedule's ids: the node of a key is the key.
+  static constexpr bool on_ids = detail::is_schedule_ids<Schedule>;
+  template <class, class, class, class>
+  friend class belady;
+
  public:
-  using key_type = Key;                                        ///< the key type
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
+  using key_type = Key;            ///< the key type
+  using schedule_type = Schedule;  ///< the schedule type followed
 
   /// Next use wraps into the next iteration (iterations repeat).
   static constexpr bool wraps = true;
@@ -94,15 +111,31 @@ class belady {
   /// @param start    the absolute position of the first access
   /// @throws std::bad_alloc if the table of the schedule's keys cannot be allocated
   explicit belady(const schedule_type& schedule, std::size_t start = 0)
-      : schedule_(&schedule), by_sid_(schedule.key_count(), detail::no_node) {
+      : schedule_(schedule), by_sid_(on_ids ? 0 : schedule.key_count(), detail::no_node) {
     set_position(start);
+  }
+
+  /// @brief The same policy over the schedule's key ids: a `belady` following
+  /// `ferry::schedule_ids` of the same schedule, at the same position, holding no keys
+  /// (`ferry::schedule_id_rebindable_policy`; `Self` must be this class, so a class
+  /// derived from it does not model the concept).
+  /// @throws ferry::logic_error if this policy holds keys
+  template <class Self = belady>
+    requires std::same_as<Self, belady> && (!on_ids)
+  [[nodiscard]] auto rebind_ids() const {
+    FERRY_EXPECTS(keys_.size() == 0, "belady::rebind_ids of a policy that holds keys", keys_.size());
+    using ids = schedule_ids<Schedule>;
+    belady<typename ids::key_type, typename ids::hasher, typename ids::key_equal, ids> r(ids(schedule_.get()),
+                                                                                         position_);
+    r.clock_ = clock_;
+    return r;
   }
 
   /// @brief The absolute schedule position of the next access.
   [[nodiscard]] std::size_t position() const noexcept { return position_; }
 
   /// @brief The schedule this policy follows.
-  [[nodiscard]] const schedule_type& schedule() const noexcept { return *schedule_; }
+  [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_.get(); }
 
   /// @brief Moves the position forward to `pos` without an access. O(1).
   /// @throws ferry::logic_error if `pos < position()`
@@ -120,7 +153,7 @@ class belady {
     heap_.for_each([&](detail::node_id id, const priority&) { ids.push_back(id); });
     for (const detail::node_id id : ids) {
       payload& p = keys_[id];
-      p.next = schedule_->next_use(p.sid, position_);
+      p.next = schedule_->next_use_by_id(p.sid, position_);
       heap_.update(id, priority{p.next, p.bytes, p.stamp});
     }
   }
@@ -141,11 +174,13 @@ class belady {
     p.bytes = bytes;
     p.stamp = ++clock_;
     if (sid != schedule_type::unknown_key) {
-      p.next = here ? position_ : schedule_->next_use(sid, position_);
-      if (sid >= by_sid_.size()) {  // keys recorded after this policy was made
-        by_sid_.resize(schedule_->key_count(), detail::no_node);
+      p.next = here ? position_ : schedule_->next_use_by_id(sid, position_);
+      if constexpr (!on_ids) {
+        if (sid >= by_sid_.size()) {  // keys recorded after this policy was made
+          by_sid_.resize(schedule_->key_count(), detail::no_node);
+        }
+        by_sid_[sid] = id;
       }
-      by_sid_[sid] = id;
       heap_.push(id, priority{p.next, p.bytes, p.stamp});
     } else {
       p.next = schedule_type::never;
@@ -162,7 +197,7 @@ class belady {
     // hash lookup or a search. An access elsewhere (the program deviated): both looked up.
     resync();
     bool here = scheduled_here(k);
-    detail::node_id id = here ? by_sid_[schedule_->id_at(offset_)] : keys_.find(k);
+    detail::node_id id = here ? node_of(schedule_->id_at(offset_)) : keys_.find(k);
     if (here && id == detail::no_node) {  // inserted before the schedule knew the key
       id = keys_.find(k);
       here = false;
@@ -171,7 +206,7 @@ class belady {
     payload& p = keys_[id];
     p.stamp = ++clock_;
     if (p.sid != schedule_type::unknown_key) {
-      p.next = here ? schedule_->next_use_after(position_) : schedule_->next_use(p.sid, position_ + 1);
+      p.next = here ? schedule_->next_use_after(position_) : schedule_->next_use_by_id(p.sid, position_ + 1);
       if (p.pins == 0) {
         heap_.update(id, priority{p.next, p.bytes, p.stamp});
       }
@@ -190,8 +225,10 @@ class belady {
     const detail::node_id id = keys_.find(k);
     FERRY_EXPECTS(id != detail::no_node, "on_erase of a key that is not resident", k);
     detach(id);
-    if (keys_[id].sid != schedule_type::unknown_key) {
-      by_sid_[keys_[id].sid] = detail::no_node;
+    if constexpr (!on_ids) {
+      if (keys_[id].sid != schedule_type::unknown_key) {
+        by_sid_[keys_[id].sid] = detail::no_node;
+      }
     }
     keys_.erase(id);
   }
@@ -218,7 +255,7 @@ class belady {
     if (--p.pins == 0) {
       p.stamp = ++clock_;
       if (p.sid != schedule_type::unknown_key) {
-        p.next = schedule_->next_use(p.sid, position_);
+        p.next = schedule_->next_use_by_id(p.sid, position_);
         heap_.push(id, priority{p.next, p.bytes, p.stamp});
       } else {
         unknown_.push_back(id, links());
@@ -312,8 +349,21 @@ class belady {
 
   // Whether the schedule's entry at position() is an access of `k`.
   [[nodiscard]] bool scheduled_here(const Key& k) const {
-    return offset_ < schedule_->size() && schedule_->id_at(offset_) < by_sid_.size() &&
-           KeyEqual{}(schedule_->key_at(offset_), k);
+    if constexpr (on_ids) {
+      return offset_ < schedule_->size() && schedule_->id_at(offset_) == k;
+    } else {
+      return offset_ < schedule_->size() && schedule_->id_at(offset_) < by_sid_.size() &&
+             KeyEqual{}(schedule_->key_at(offset_), k);
+    }
+  }
+
+  // The resident node of schedule key id `sid` (no_node when not resident).
+  [[nodiscard]] detail::node_id node_of(typename schedule_type::key_id sid) const noexcept {
+    if constexpr (on_ids) {
+      return keys_.find(sid);
+    } else {
+      return by_sid_[sid];
+    }
   }
 
   auto links() noexcept {
@@ -332,13 +382,14 @@ class belady {
     }
   }
 
-  const schedule_type* schedule_;
+  detail::schedule_ref<schedule_type> schedule_;
   std::size_t position_ = 0;
   std::size_t offset_ = 0;     // position_ % schedule size: the entry of the next access
   std::size_t offset_of_ = 0;  // the schedule size offset_ was computed for
-  // Resident node of each schedule key id (no_node when not resident).
+  // Resident node of each schedule key id (no_node when not resident); empty on ids,
+  // where the key is its own node.
   std::vector<detail::node_id> by_sid_;
-  detail::keyed_pool<Key, payload, Hash, KeyEqual> keys_;
+  std::conditional_t<on_ids, detail::id_table<payload>, detail::keyed_pool<Key, payload, Hash, KeyEqual>> keys_;
   detail::indexed_heap<priority, before> heap_;
   detail::id_list unknown_;
   std::uint64_t clock_ = 0;
@@ -348,3 +399,4 @@ class belady {
 
 static_assert(ferry::check_eviction_policy<ferry::belady<int>, int>());
 static_assert(ferry::schedule_aware_policy<ferry::belady<int>>);
+static_assert(ferry::schedule_id_rebindable_policy<ferry::belady<int>>);

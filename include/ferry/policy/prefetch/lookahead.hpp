@@ -7,6 +7,7 @@
 #include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <functional>
 
@@ -38,18 +39,24 @@ namespace ferry {
 ///
 /// Lifetime: holds a pointer to the schedule, which must outlive it and not change.
 ///
+/// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
+/// (`ferry::schedule_id_rebindable_policy`), which `ferry::simulate` runs on.
+///
 /// @tparam Key      copyable key
 /// @tparam N        accesses to look ahead, at least 1
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
-template <class Key, std::size_t N, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
+/// @tparam Schedule the schedule followed: `access_schedule<Key, Hash, KeyEqual>`, or a
+///                  `ferry::schedule_ids` view of one (then `Key` is its key id)
+template <class Key, std::size_t N, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>,
+          class Schedule = access_schedule<Key, Hash, KeyEqual>>
+class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual, Schedule> {
   static_assert(N >= 1, "ferry::lookahead: N (accesses to look ahead) must be at least 1");
-  using base = detail::schedule_follower<Key, Hash, KeyEqual>;
+  using base = detail::schedule_follower<Key, Hash, KeyEqual, Schedule>;
 
  public:
-  using key_type = Key;                                        ///< the key type
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
+  using key_type = Key;            ///< the key type
+  using schedule_type = Schedule;  ///< the schedule type followed
 
   /// Accesses looked at per `prefetch` call.
   static constexpr std::size_t depth = N;
@@ -58,6 +65,18 @@ class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
   /// @param schedule the recorded iteration; must outlive the policy
   /// @param start    the absolute position of the first access
   explicit lookahead(const schedule_type& schedule, std::size_t start = 0) noexcept : base(schedule, start) {}
+
+  /// @brief The same policy over the schedule's key ids: a `lookahead` following
+  /// `ferry::schedule_ids` of the same schedule, at the same position
+  /// (`ferry::schedule_id_rebindable_policy`; `Self` must be this class, so a class
+  /// derived from it does not model the concept). O(1).
+  template <class Self = lookahead>
+    requires std::same_as<Self, lookahead> && (!detail::is_schedule_ids<Schedule>)
+  [[nodiscard]] auto rebind_ids() const {
+    using ids = schedule_ids<Schedule>;
+    return lookahead<typename ids::key_type, N, typename ids::hasher, typename ids::key_equal, ids>(
+        ids(this->schedule()), this->position_);
+  }
 
   /// @brief The access at `position()` happened; advances the position by one. O(1).
   void on_access(const Key& /*key*/) noexcept { ++this->position_; }
@@ -73,7 +92,7 @@ class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
   /// while their bytes fit in `budget_bytes`. O(N).
   template <class Sink>
   void prefetch(const Key& /*key*/, std::size_t budget_bytes, Sink&& sink) {
-    const schedule_type& s = *this->schedule_;
+    const schedule_type& s = this->schedule_.get();
     const std::size_t n = s.size();
     if (n == 0) {
       return;
@@ -103,3 +122,4 @@ class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual> {
 static_assert(ferry::check_prefetch_policy<ferry::lookahead<int, 2>, int>());
 static_assert(ferry::guarded_prefetch_policy<ferry::lookahead<int, 2>, int>);
 static_assert(ferry::schedule_aware_policy<ferry::lookahead<int, 2>>);
+static_assert(ferry::schedule_id_rebindable_policy<ferry::lookahead<int, 2>>);

@@ -8,6 +8,7 @@
 #include "ferry/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <functional>
 
@@ -51,22 +52,45 @@ namespace ferry {
 ///
 /// Lifetime: holds a pointer to the schedule, which must outlive it and not change.
 ///
+/// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
+/// (`ferry::schedule_id_rebindable_policy`), which `ferry::simulate` runs on.
+///
 /// @tparam Key      copyable key
 /// @tparam Hash     hash of `Key`
 /// @tparam KeyEqual equality of `Key`
-template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
-class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
-  using base = detail::schedule_follower<Key, Hash, KeyEqual>;
+/// @tparam Schedule the schedule followed: `access_schedule<Key, Hash, KeyEqual>`, or a
+///                  `ferry::schedule_ids` view of one (then `Key` is its key id)
+template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>,
+          class Schedule = access_schedule<Key, Hash, KeyEqual>>
+class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual, Schedule> {
+  using base = detail::schedule_follower<Key, Hash, KeyEqual, Schedule>;
+  template <class, class, class, class>
+  friend class schedule_replay;
 
  public:
-  using key_type = Key;                                        ///< the key type
-  using schedule_type = access_schedule<Key, Hash, KeyEqual>;  ///< the schedule type followed
+  using key_type = Key;            ///< the key type
+  using schedule_type = Schedule;  ///< the schedule type followed
 
   /// @brief A policy following `schedule` from absolute position `start`.
   /// @param schedule the recorded iteration; must outlive the policy
   /// @param start    the absolute position of the first access
   explicit schedule_replay(const schedule_type& schedule, std::size_t start = 0) noexcept
       : base(schedule, start), cursor_(start) {}
+
+  /// @brief The same policy over the schedule's key ids: a `schedule_replay` following
+  /// `ferry::schedule_ids` of the same schedule, at the same position, with the same
+  /// window (`ferry::schedule_id_rebindable_policy`; `Self` must be this class, so a
+  /// class derived from it does not model the concept). O(1).
+  template <class Self = schedule_replay>
+    requires std::same_as<Self, schedule_replay> && (!detail::is_schedule_ids<Schedule>)
+  [[nodiscard]] auto rebind_ids() const {
+    using ids = schedule_ids<Schedule>;
+    schedule_replay<typename ids::key_type, typename ids::hasher, typename ids::key_equal, ids> r(ids(this->schedule()),
+                                                                                                  this->position_);
+    r.cursor_ = cursor_;
+    r.window_bytes_ = window_bytes_;
+    return r;
+  }
 
   /// @brief One past the last position issued (`>= position()`).
   [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
@@ -97,7 +121,7 @@ class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
   /// for each read entering it (see the class comment). Amortised O(1) per access.
   template <class Sink>
   void prefetch(const Key& /*key*/, std::size_t budget_bytes, Sink&& sink) {
-    const schedule_type& s = *this->schedule_;
+    const schedule_type& s = this->schedule_.get();
     const std::size_t n = s.size();
     if (n == 0) {
       return;
@@ -119,7 +143,7 @@ class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
 
  private:
   void step() noexcept {
-    const schedule_type& s = *this->schedule_;
+    const schedule_type& s = this->schedule_.get();
     if (cursor_ > this->position_) {
       window_bytes_ -= s.bytes_at(this->position_ % s.size());
     }
@@ -138,3 +162,4 @@ class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual> {
 static_assert(ferry::check_prefetch_policy<ferry::schedule_replay<int>, int>());
 static_assert(ferry::guarded_prefetch_policy<ferry::schedule_replay<int>, int>);
 static_assert(ferry::schedule_aware_policy<ferry::schedule_replay<int>>);
+static_assert(ferry::schedule_id_rebindable_policy<ferry::schedule_replay<int>>);
