@@ -80,8 +80,8 @@ namespace ferry {
 /// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
 /// (`ferry::schedule_id_rebindable_policy`, what `ferry::simulate` runs), following a
 /// `ferry::schedule_ids` view; there its resident keys sit in an array indexed by the
-/// id (`detail::id_table`, 56 bytes an id up to the largest resident) instead of a hash
-/// table, so no operation hashes.
+/// id (`detail::id_table`: 41 bytes an id up to the largest resident, and 4 in the
+/// heap's position array) instead of a hash table, so no operation hashes.
 ///
 /// Errors: `ferry::logic_error` for a resident key inserted again, an absent key
 /// accessed, erased, pinned or unpinned, or `advance_to` backwards.
