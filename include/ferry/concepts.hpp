@@ -198,10 +198,11 @@ concept schedule_aware_policy = requires(P& p, const P& cp, std::size_t pos) {
 };
 
 /// @brief A policy over `Key` that can be remade over another key type: `p.template
-/// rebind_key<NewKey>()` returns a policy of the same algorithm and configuration over
-/// keys of type `NewKey` (with `NewKey`'s default hash and equality), holding no keys,
-/// that makes the same decisions for the same sequence of calls (its choices depend on
-/// the order of calls and the sizes and costs given, never on key values).
+/// rebind_key<NewKey>()` returns a policy of the same algorithm, configuration and
+/// key-independent state (the GreedyDual family's floor `L`) over keys of type `NewKey`
+/// (with `NewKey`'s default hash and equality), holding no keys, that makes the same
+/// decisions for the same sequence of calls (its choices depend on the order of calls
+/// and the sizes and costs given, never on key values).
 ///
 /// Rebinding to `Key` itself must give back `P`: a class derived from a built-in policy
 /// (which inherits its `rebind_key`, returning the base), or one with a hash or equality

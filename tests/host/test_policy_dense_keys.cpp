@@ -363,3 +363,51 @@ TEST_CASE("id_table: find, insert, erase and growth by key", "[policy][dense]") 
   CHECK(t.find(70000) == ferry::detail::no_node);
   CHECK_THROWS_AS(t.insert(0xFFFFFFFEu), ferry::logic_error);
 }
+
+TEST_CASE("a GreedyDual prototype's floor L comes along to the id run", "[policy][simulate][dense]") {
+  // A prototype whose L is large after two evictions, holding no keys: L swallows
+  // small cost / bytes differences, so the runs differ unless the id run starts from it.
+  ferry::gdsf<int> g;
+  g.on_insert(100, 1, 1e20);
+  g.on_insert(101, 1, 2e20);
+  g.on_erase(*g.victim());
+  g.on_erase(101);
+  REQUIRE(g.size() == 0);
+  REQUIRE(g.inflation() == 2e20);  // each erased key was the smallest H left
+  CHECK(g.rebind_key<std::uint32_t>().inflation() == g.inflation());
+  ferry::lfu_da<int> d;
+  d.set_inflation(7.0);
+  CHECK(d.rebind_key<std::string>().inflation() == 7.0);
+  ferry::greedy_dual_size<int> s0;
+  s0.set_inflation(3.0);
+  CHECK(s0.rebind_key<long>().inflation() == 3.0);
+  CHECK_THROWS_WITH(g.set_inflation(-1.0), Catch::Contains("finite and non-negative"));
+  g.on_insert(5, 16);
+  CHECK_THROWS_WITH(g.set_inflation(1.0), Catch::Contains("holds keys"));
+  g.on_erase(5);
+
+  for (unsigned seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const auto s = random_schedule<int>(rng, 2 + seed % 20, 1 + rng() % 120, seed % 2 == 0, seed % 3 == 0);
+    const std::vector<std::size_t> caps{64 + 16 * (rng() % 16), ferry::unlimited_bytes};
+    require_same(ferry::simulate(s, caps, g), ferry::detail::simulate_keys(s, caps, g, ferry::no_prefetch{}, {}));
+  }
+}
+
+TEST_CASE("a prototype holding keys is refused by simulate, as by the key run", "[policy][simulate][dense]") {
+  ferry::access_schedule<int> s;
+  s.record(1, 16);
+  s.record(2, 16);
+  const std::size_t caps[] = {32, ferry::unlimited_bytes};
+  ferry::lru<int> holding;
+  holding.on_insert(1, 16);
+  CHECK_THROWS_WITH(ferry::simulate(s, caps, holding), Catch::Contains("must hold no keys"));
+  CHECK_THROWS_WITH(ferry::detail::simulate_keys(s, caps, holding, ferry::no_prefetch{}, {}),
+                    Catch::Contains("must hold no keys"));
+  CHECK_THROWS_WITH(ferry::detail::simulate_ids(s, caps, holding, ferry::no_prefetch{}, {}),
+                    Catch::Contains("must hold no keys"));
+  ferry::belady<int> b(s);
+  b.on_insert(2, 16);
+  CHECK_THROWS_WITH(ferry::simulate(s, caps, b), Catch::Contains("must hold no keys"));
+}

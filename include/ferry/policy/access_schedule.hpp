@@ -184,7 +184,7 @@ class access_schedule {
     return pos - e + next + (next > e ? 0 : n);
   }
 
-  /// @brief `next_use(find(key), from)`. O(1) expected + O(log u).
+  /// @brief `next_use_by_id(find(key), from)`. O(1) expected + O(log u).
   [[nodiscard]] std::size_t next_use(const Key& key, std::size_t from) const { return next_use_by_id(find(key), from); }
 
   /// @brief The phase marks in order of position.

@@ -36,6 +36,7 @@
 #include <limits>
 #include <numeric>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -208,6 +209,14 @@ simulation_result simulate_keys(const access_schedule<Key, Hash, KeyEqual>& sche
 template <class P, class Key>
 inline constexpr bool has_id_form = schedule_id_rebindable_policy<P> || key_rebindable_policy<P, Key, std::uint32_t>;
 
+/// Whether `P` is a policy's form on key ids (it follows a `schedule_ids` view): what
+/// `rebind_ids` makes, not what `simulate` takes.
+template <class P>
+struct on_schedule_ids : std::false_type {};
+template <class P>
+  requires requires { typename P::schedule_type; }
+struct on_schedule_ids<P> : std::bool_constant<is_schedule_ids<typename P::schedule_type>> {};
+
 /// `p` over the schedule's key ids (`has_id_form<P, Key>`).
 template <class Key, class P>
 auto id_form(const P& p) {
@@ -235,6 +244,9 @@ template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch>
 simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& schedule,
                                std::span<const std::size_t> capacities, const Eviction& eviction, const Prefetch& prefetch,
                                const simulate_options& options) {
+  // The id forms hold no keys whatever the prototype holds: refuse what the key run
+  // refuses (its placement then says why, naming the prototype).
+  FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
   using id = std::uint32_t;
   using id_eviction = decltype(id_form<Key>(eviction));
   using id_prefetch = decltype(id_form<Key>(prefetch));
@@ -272,8 +284,10 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 /// bypassed (`options.oversized`, counted in `bypassed`) unless refused.
 ///
 /// Schedule-aware policies (`ferry::belady`, `ferry::lookahead`,
-/// `ferry::schedule_replay`) must be built on the same `schedule` and start at
-/// position 0. The caller's policy objects are copied, not changed.
+/// `ferry::schedule_replay`) are meant to be built on the same `schedule` (then they run
+/// on its key ids, below) and must start at position 0; one built on another schedule
+/// object follows that schedule, on the keys. The caller's policy objects are copied,
+/// not changed; the eviction prototype must hold no keys.
 ///
 /// Costs: O(iterations x entries) placement steps, each the policies' operations
 /// (O(1)-O(log n)) and, when the eviction and the prefetch policy both have a form over
@@ -300,8 +314,8 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 ///         the capacity), including a home tier too small for the keys placed in it, a
 ///         key no tier but the home can hold and, with `admission::refuse`, a key
 ///         larger than tier 0
-/// @throws ferry::logic_error if `capacities` is empty, or the schedule reads a key
-///         with two different sizes
+/// @throws ferry::logic_error if `capacities` is empty, the eviction prototype holds
+///         keys, or the schedule reads a key with two different sizes
 template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
 simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
                            std::span<const std::size_t> capacities, const Eviction& eviction,
@@ -311,6 +325,9 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
   constexpr bool prefetch_ok = check_prefetch_policy<Prefetch, Key>();
   static_assert(eviction_ok, "ferry::simulate: the eviction policy must model ferry::eviction_policy<P, Key>");
   static_assert(prefetch_ok, "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
+  static_assert(!detail::on_schedule_ids<Eviction>::value && !detail::on_schedule_ids<Prefetch>::value,
+                "ferry::simulate: pass the policies over the schedule's keys; a policy on a schedule_ids view (made "
+                "by rebind_ids) names keys by id, and simulate makes that form itself");
   if constexpr (eviction_ok && prefetch_ok) {
     FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
     if constexpr (detail::has_id_form<Eviction, Key> && detail::has_id_form<Prefetch, Key>) {

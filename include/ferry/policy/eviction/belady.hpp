@@ -80,8 +80,9 @@ namespace ferry {
 /// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
 /// (`ferry::schedule_id_rebindable_policy`, what `ferry::simulate` runs), following a
 /// `ferry::schedule_ids` view; there its resident keys sit in an array indexed by the
-/// id (`detail::id_table`: 41 bytes an id up to the largest resident, and 4 in the
-/// heap's position array) instead of a hash table, so no operation hashes.
+/// id (`detail::id_table`: 41 bytes an id, and 8 in the heap's position array, up to the
+/// largest id resident so far, the table growing by doubling) instead of a hash table,
+/// so no operation hashes.
 ///
 /// Errors: `ferry::logic_error` for a resident key inserted again, an absent key
 /// accessed, erased, pinned or unpinned, or `advance_to` backwards.
@@ -294,10 +295,12 @@ class belady {
     return id != detail::no_node && keys_[id].pins > 0;
   }
   /// @brief Makes room for `n` resident keys: no operation allocates while at most `n`
-  /// keys are resident.
+  /// keys are resident. On key ids (where a key's entry is at its id), room for every
+  /// id of the schedule as well, so the promise holds for the keys the schedule has.
   void reserve(std::size_t n) {
-    keys_.reserve(n);
-    heap_.reserve(n, n);
+    const std::size_t ids = on_ids ? std::max(n, schedule_->key_count()) : n;
+    keys_.reserve(ids);
+    heap_.reserve(n, ids);
   }
   /// @brief Forgets every key (the position stays).
   void clear() noexcept {

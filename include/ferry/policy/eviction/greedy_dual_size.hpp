@@ -85,10 +85,12 @@ template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to
 class greedy_dual_size : public basic_greedy_dual<Key, greedy_dual_rule::size, Hash, KeyEqual> {
  public:
   /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
-  /// holding no keys.
+  /// holding no keys, with the same floor `L` (`inflation()`).
   template <class K>
   [[nodiscard]] greedy_dual_size<K> rebind_key() const {
-    return greedy_dual_size<K>{};
+    greedy_dual_size<K> r;
+    r.set_inflation(this->inflation());
+    return r;
   }
 };
 
@@ -108,10 +110,12 @@ template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to
 class gdsf : public basic_greedy_dual<Key, greedy_dual_rule::frequency_size, Hash, KeyEqual> {
  public:
   /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
-  /// holding no keys.
+  /// holding no keys, with the same floor `L` (`inflation()`).
   template <class K>
   [[nodiscard]] gdsf<K> rebind_key() const {
-    return gdsf<K>{};
+    gdsf<K> r;
+    r.set_inflation(this->inflation());
+    return r;
   }
 };
 
@@ -131,10 +135,12 @@ template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to
 class lfu_da : public basic_greedy_dual<Key, greedy_dual_rule::frequency, Hash, KeyEqual> {
  public:
   /// @brief The same policy over keys of type `K` (`ferry::key_rebindable_policy`),
-  /// holding no keys.
+  /// holding no keys, with the same floor `L` (`inflation()`).
   template <class K>
   [[nodiscard]] lfu_da<K> rebind_key() const {
-    return lfu_da<K>{};
+    lfu_da<K> r;
+    r.set_inflation(this->inflation());
+    return r;
   }
 };
 
@@ -249,6 +255,15 @@ class basic_greedy_dual {
   [[nodiscard]] std::size_t size() const noexcept { return keys_.size(); }
   /// @brief The floor `L`: the largest `H` of a key evicted so far (0 at first).
   [[nodiscard]] double inflation() const noexcept { return inflation_; }
+  /// @brief Sets the floor `L` of a policy that holds no keys (what `rebind_key` does, so
+  /// that the policy remade over other keys goes on from the same `L`).
+  /// @throws ferry::logic_error if the policy holds keys, or `l` is negative or not finite
+  void set_inflation(double l) {
+    FERRY_EXPECTS(keys_.size() == 0, "set_inflation of a policy that holds keys", keys_.size());
+    FERRY_EXPECTS(l >= 0.0 && l <= std::numeric_limits<double>::max(), "the inflation must be finite and non-negative",
+                  l);
+    inflation_ = l;
+  }
   /// @brief `H` of resident key `k`.
   /// @throws ferry::logic_error if `k` is not resident
   [[nodiscard]] double value(const Key& k) const {
