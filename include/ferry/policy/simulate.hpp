@@ -15,8 +15,10 @@
 /// s.begin_phase(ferry::phase::backward);
 /// for (int layer = 47; layer >= 0; --layer) s.record(layer, 512 * ferry::MiB);
 /// const std::size_t tiers[] = {8 * ferry::GiB, ferry::unlimited_bytes};  // HBM, host
+/// // Prefetch three layers ahead, not into all of tier 0 (docs/policies.md: a whole-tier
+/// // window costs 44% more traffic here).
 /// auto r = ferry::simulate(s, tiers, ferry::belady<int>(s), ferry::schedule_replay<int>(s),
-///                          {.iterations = 2});
+///                          {.iterations = 2, .prefetch_budget_bytes = 1536 * ferry::MiB});
 /// // r.misses, r.bytes_up[0] (host -> HBM), r.peak_bytes[0], ...
 /// @endcode
 #pragma once
@@ -217,6 +219,38 @@ template <class P>
   requires requires { typename P::schedule_type; }
 struct on_schedule_ids<P> : std::bool_constant<is_schedule_ids<typename P::schedule_type>> {};
 
+/// `check_eviction_policy<P, Key>()` (`Eviction`) or `check_prefetch_policy<P, Key>()`,
+/// with their diagnostics, unless `Skip` (then `false`, and no diagnostics).
+template <bool Skip, bool Eviction, class P, class Key>
+constexpr bool checked_unless() {
+  if constexpr (Skip) {
+    return false;
+  } else if constexpr (Eviction) {
+    return check_eviction_policy<P, Key>();
+  } else {
+    return check_prefetch_policy<P, Key>();
+  }
+}
+
+/// Refuses a schedule-aware policy that does not start an iteration: `simulate`'s
+/// accesses start at entry 0, so the policy's position must be a multiple of the
+/// schedule's size (0 for a policy made for it).
+template <class P, class Schedule>
+void check_start(const P& p, const Schedule& schedule, const char* which) {
+  if constexpr (schedule_aware_policy<P>) {
+    const std::size_t n = schedule.size();
+    const std::size_t position = p.position();
+    FERRY_EXPECTS(n == 0 || position % n == 0,
+                  "simulate: a schedule-aware policy must start where an iteration starts (position 0, or a "
+                  "multiple of the schedule's size)",
+                  which, position, n);
+  } else {
+    (void)p;
+    (void)schedule;
+    (void)which;
+  }
+}
+
 /// `p` over the schedule's key ids (`has_id_form<P, Key>`).
 template <class Key, class P>
 auto id_form(const P& p) {
@@ -285,7 +319,8 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 ///
 /// Schedule-aware policies (`ferry::belady`, `ferry::lookahead`,
 /// `ferry::schedule_replay`) are meant to be built on the same `schedule` (then they run
-/// on its key ids, below) and must start at position 0; one built on another schedule
+/// on its key ids, below) and must start at position 0 (or another multiple of
+/// `schedule.size()`: the replay starts at entry 0); one built on another schedule
 /// object follows that schedule, on the keys. The caller's policy objects are copied,
 /// not changed; the eviction prototype must hold no keys.
 ///
@@ -315,21 +350,29 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 ///         key no tier but the home can hold and, with `admission::refuse`, a key
 ///         larger than tier 0
 /// @throws ferry::logic_error if `capacities` is empty, the eviction prototype holds
-///         keys, or the schedule reads a key with two different sizes
+///         keys, a schedule-aware policy does not start an iteration, or the schedule
+///         reads a key with two different sizes
 template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
 simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
                            std::span<const std::size_t> capacities, const Eviction& eviction,
                            Prefetch prefetch = Prefetch{}, const simulate_options& options = {}) {
-  // Readable failures first; the body is not instantiated for a type that fails them.
-  constexpr bool eviction_ok = check_eviction_policy<Eviction, Key>();
-  constexpr bool prefetch_ok = check_prefetch_policy<Prefetch, Key>();
-  static_assert(eviction_ok, "ferry::simulate: the eviction policy must model ferry::eviction_policy<P, Key>");
-  static_assert(prefetch_ok, "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
-  static_assert(!detail::on_schedule_ids<Eviction>::value && !detail::on_schedule_ids<Prefetch>::value,
+  // Readable failures first (one each); the body is not instantiated for a type that
+  // fails them. An id form is told apart first: over keys other than std::uint32_t it
+  // would also fail the policy checks, in many lines.
+  constexpr bool id_forms = detail::on_schedule_ids<Eviction>::value || detail::on_schedule_ids<Prefetch>::value;
+  static_assert(!id_forms,
                 "ferry::simulate: pass the policies over the schedule's keys; a policy on a schedule_ids view (made "
                 "by rebind_ids) names keys by id, and simulate makes that form itself");
+  constexpr bool eviction_ok = detail::checked_unless<id_forms, true, Eviction, Key>();
+  constexpr bool prefetch_ok = detail::checked_unless<id_forms, false, Prefetch, Key>();
+  static_assert(eviction_ok || id_forms,
+                "ferry::simulate: the eviction policy must model ferry::eviction_policy<P, Key>");
+  static_assert(prefetch_ok || id_forms,
+                "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
   if constexpr (eviction_ok && prefetch_ok) {
     FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
+    detail::check_start(eviction, schedule, "eviction");
+    detail::check_start(prefetch, schedule, "prefetch");
     if constexpr (detail::has_id_form<Eviction, Key> && detail::has_id_form<Prefetch, Key>) {
       if (detail::follows_schedule(eviction, schedule) && detail::follows_schedule(prefetch, schedule)) {
         try {
