@@ -188,6 +188,13 @@ TEST_CASE("rebind_ids gives the same policy on the ids, at the same position", "
   CHECK(bi.position() == 2);
   CHECK(bi.size() == 0);
   CHECK(&bi.schedule().source() == &s);
+  {
+    auto unknown = b.rebind_ids();  // on ids, a key must be an id of the schedule
+    CHECK_THROWS_WITH(unknown.on_insert(static_cast<std::uint32_t>(s.key_count()), 16),
+                      Catch::Contains("not an id of the schedule"));
+    CHECK_THROWS_WITH(unknown.on_insert(0xFFFFFFF0u, 16), Catch::Contains("not an id of the schedule"));
+    CHECK(unknown.size() == 0);
+  }
   b.on_insert("c", 16);  // a policy holding keys has no empty form on the ids
   CHECK_THROWS_WITH(b.rebind_ids(), Catch::Contains("holds keys"));
 

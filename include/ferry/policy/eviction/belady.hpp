@@ -82,7 +82,8 @@ namespace ferry {
 /// `ferry::schedule_ids` view; there its resident keys sit in an array indexed by the
 /// id (`detail::id_table`: 41 bytes an id, and 8 in the heap's position array, up to the
 /// largest id resident so far, the table growing by doubling) instead of a hash table,
-/// so no operation hashes.
+/// so no operation hashes; a key there must be one of the schedule's ids (below
+/// `key_count()`), else `on_insert` throws `ferry::logic_error`.
 ///
 /// Errors: `ferry::logic_error` for a resident key inserted again, an absent key
 /// accessed, erased, pinned or unpinned, or `advance_to` backwards.
@@ -161,8 +162,13 @@ class belady {
 
   /// @brief Key `k` of `bytes` bytes became resident; its next use is the first use at
   /// or after `position()`. O(log n + log u) amortised.
-  /// @throws ferry::logic_error if `k` is already resident
+  /// @throws ferry::logic_error if `k` is already resident, or (on key ids) is not an id
+  ///         of the schedule
   void on_insert(const Key& k, std::size_t bytes) {
+    if constexpr (on_ids) {  // its entry sits at the id: an id past the schedule's would grow the table to it
+      FERRY_EXPECTS(k < schedule_->key_count(), "belady on key ids: the key is not an id of the schedule", k,
+                    schedule_->key_count());
+    }
     FERRY_EXPECTS(keys_.find(k) == detail::no_node, "the key is already resident", k, bytes);
     // Fetched for the access at position(): the schedule's entry names it, and that
     // entry is its next use (no lookup). Prefetched ahead, or unknown: look it up.
