@@ -232,21 +232,17 @@ constexpr bool checked_unless() {
   }
 }
 
-/// Refuses a schedule-aware policy that does not start an iteration: `simulate`'s
-/// accesses start at entry 0, so the policy's position must be a multiple of the
-/// schedule's size (0 for a policy made for it).
-template <class P, class Schedule>
-void check_start(const P& p, const Schedule& schedule, const char* which) {
+/// Refuses a schedule-aware policy that does not start at position 0: `simulate`'s
+/// placement counts accesses from 0 and moves its policies forward to that count, so
+/// one made at another position replays out of step (a lower tier's `belady` ahead of
+/// time computes its next uses from the wrong place, even a whole iteration ahead).
+template <class P>
+void check_start(const P& p, const char* which) {
   if constexpr (schedule_aware_policy<P>) {
-    const std::size_t n = schedule.size();
     const std::size_t position = p.position();
-    FERRY_EXPECTS(n == 0 || position % n == 0,
-                  "simulate: a schedule-aware policy must start where an iteration starts (position 0, or a "
-                  "multiple of the schedule's size)",
-                  which, position, n);
+    FERRY_EXPECTS(position == 0, "simulate: a schedule-aware policy must start at position 0", which, position);
   } else {
     (void)p;
-    (void)schedule;
     (void)which;
   }
 }
@@ -319,9 +315,8 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 ///
 /// Schedule-aware policies (`ferry::belady`, `ferry::lookahead`,
 /// `ferry::schedule_replay`) are meant to be built on the same `schedule` (then they run
-/// on its key ids, below) and must start at position 0 (or another multiple of
-/// `schedule.size()`: the replay starts at entry 0); one built on another schedule
-/// object follows that schedule, on the keys. The caller's policy objects are copied,
+/// on its key ids, below) and must start at position 0 (their default); one built on
+/// another schedule object follows that schedule, on the keys. The caller's policy objects are copied,
 /// not changed; the eviction prototype must hold no keys.
 ///
 /// Costs: O(iterations x entries) placement steps, each the policies' operations
@@ -350,7 +345,7 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
 ///         key no tier but the home can hold and, with `admission::refuse`, a key
 ///         larger than tier 0
 /// @throws ferry::logic_error if `capacities` is empty, the eviction prototype holds
-///         keys, a schedule-aware policy does not start an iteration, or the schedule
+///         keys, a schedule-aware policy does not start at position 0, or the schedule
 ///         reads a key with two different sizes
 template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch = no_prefetch>
 simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
@@ -371,8 +366,8 @@ simulation_result simulate(const access_schedule<Key, Hash, KeyEqual>& schedule,
                 "ferry::simulate: the prefetch policy must model ferry::prefetch_policy<P, Key>");
   if constexpr (eviction_ok && prefetch_ok) {
     FERRY_EXPECTS(!capacities.empty(), "simulate needs at least one tier", capacities.size());
-    detail::check_start(eviction, schedule, "eviction");
-    detail::check_start(prefetch, schedule, "prefetch");
+    detail::check_start(eviction, "eviction");
+    detail::check_start(prefetch, "prefetch");
     if constexpr (detail::has_id_form<Eviction, Key> && detail::has_id_form<Prefetch, Key>) {
       if (detail::follows_schedule(eviction, schedule) && detail::follows_schedule(prefetch, schedule)) {
         try {
