@@ -16,8 +16,12 @@
 #include <vector>
 
 #include "policy_models.hpp"
+#include "simulation_checks.hpp"
 
 namespace {
+
+using checks::require_same;
+using checks::same_on_ids_and_keys;
 
 template <class Key>
 Key key_named(unsigned i) {
@@ -52,44 +56,6 @@ ferry::access_schedule<Key> random_schedule(std::mt19937& rng, unsigned keys, st
   return s;
 }
 
-void require_same(const ferry::simulation_result& a, const ferry::simulation_result& b) {
-  REQUIRE(a.accesses == b.accesses);
-  REQUIRE(a.hits == b.hits);
-  REQUIRE(a.misses == b.misses);
-  REQUIRE(a.fetched_from == b.fetched_from);
-  REQUIRE(a.writes_without_fetch == b.writes_without_fetch);
-  REQUIRE(a.bytes_up == b.bytes_up);
-  REQUIRE(a.bytes_down == b.bytes_down);
-  REQUIRE(a.peak_bytes == b.peak_bytes);
-  REQUIRE(a.evictions == b.evictions);
-  REQUIRE(a.prefetches == b.prefetches);
-  REQUIRE(a.prefetch_bytes == b.prefetch_bytes);
-  REQUIRE(a.bypassed == b.bypassed);
-}
-
-// The id run and the key run of one simulation: equal results, or the same failure.
-template <class Key, class Eviction>
-void same_on_ids_and_keys(const ferry::access_schedule<Key>& s, const std::vector<std::size_t>& caps,
-                          const ferry::simulate_options& options) {
-  std::optional<ferry::simulation_result> on_ids, on_keys;
-  bool ids_full = false, keys_full = false;
-  try {
-    on_ids = ferry::detail::simulate_ids(s, caps, Eviction{}, ferry::no_prefetch{}, options);
-  } catch (const ferry::out_of_capacity&) {
-    ids_full = true;
-  }
-  try {
-    on_keys = ferry::detail::simulate_keys(s, caps, Eviction{}, ferry::no_prefetch{}, options);
-  } catch (const ferry::out_of_capacity&) {
-    keys_full = true;
-  }
-  REQUIRE(ids_full == keys_full);
-  if (!ids_full) {
-    require_same(*on_ids, *on_keys);
-    require_same(ferry::simulate(s, caps, Eviction{}, ferry::no_prefetch{}, options), *on_keys);
-  }
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("simulate on the schedule's key ids counts exactly what it counts on the keys",
@@ -112,7 +78,7 @@ TEMPLATE_TEST_CASE("simulate on the schedule's key ids counts exactly what it co
     options.iterations = 1 + seed % 3;
     options.oversized = seed % 7 == 0 ? ferry::admission::refuse : ferry::admission::bypass;
     options.admit_max_bytes = seed % 5 == 0 ? 64 : ferry::unlimited_bytes;
-    same_on_ids_and_keys<key, eviction>(s, caps, options);
+    same_on_ids_and_keys(s, caps, eviction{}, ferry::no_prefetch{}, options);
   }
 }
 

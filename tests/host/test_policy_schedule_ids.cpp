@@ -16,8 +16,12 @@
 #include <vector>
 
 #include "policy_models.hpp"
+#include "simulation_checks.hpp"
 
 namespace {
+
+using checks::require_same;
+using checks::same_on_ids_and_keys;
 
 // A random schedule over `keys` keys of sizes 16..128 (fixed per key), reads and, when
 // `writes`, writes. Keys are named by `name(k)`.
@@ -39,51 +43,6 @@ ferry::access_schedule<Key> random_schedule(std::mt19937& rng, unsigned keys, st
     s.record(name(k), bytes[k], write ? ferry::access_kind::write : ferry::access_kind::read);
   }
   return s;
-}
-
-void require_same(const ferry::simulation_result& a, const ferry::simulation_result& b) {
-  REQUIRE(a.accesses == b.accesses);
-  REQUIRE(a.hits == b.hits);
-  REQUIRE(a.misses == b.misses);
-  REQUIRE(a.fetched_from == b.fetched_from);
-  REQUIRE(a.writes_without_fetch == b.writes_without_fetch);
-  REQUIRE(a.bytes_up == b.bytes_up);
-  REQUIRE(a.bytes_down == b.bytes_down);
-  REQUIRE(a.peak_bytes == b.peak_bytes);
-  REQUIRE(a.evictions == b.evictions);
-  REQUIRE(a.prefetches == b.prefetches);
-  REQUIRE(a.prefetch_bytes == b.prefetch_bytes);
-  REQUIRE(a.bypassed == b.bypassed);
-}
-
-bool same(const ferry::simulation_result& a, const ferry::simulation_result& b) {
-  return a.hits == b.hits && a.misses == b.misses && a.fetched_from == b.fetched_from && a.bytes_up == b.bytes_up &&
-         a.bytes_down == b.bytes_down && a.peak_bytes == b.peak_bytes && a.evictions == b.evictions &&
-         a.prefetches == b.prefetches && a.bypassed == b.bypassed;
-}
-
-// The id run and the key run of one simulation: equal results, or the same failure;
-// and simulate itself gives the key run's result.
-template <class Key, class Eviction, class Prefetch>
-void same_on_ids_and_keys(const ferry::access_schedule<Key>& s, const std::vector<std::size_t>& caps,
-                          const Eviction& eviction, const Prefetch& prefetch, const ferry::simulate_options& options) {
-  std::optional<ferry::simulation_result> on_ids, on_keys;
-  bool ids_full = false, keys_full = false;
-  try {
-    on_ids = ferry::detail::simulate_ids(s, caps, eviction, prefetch, options);
-  } catch (const ferry::out_of_capacity&) {
-    ids_full = true;
-  }
-  try {
-    on_keys = ferry::detail::simulate_keys(s, caps, eviction, prefetch, options);
-  } catch (const ferry::out_of_capacity&) {
-    keys_full = true;
-  }
-  REQUIRE(ids_full == keys_full);
-  if (!ids_full) {
-    require_same(*on_ids, *on_keys);
-    require_same(ferry::simulate(s, caps, eviction, prefetch, options), *on_keys);
-  }
 }
 
 // Which policies a case runs: 0 belady + none, 1 belady + schedule_replay, 2 belady +
@@ -288,7 +247,7 @@ TEST_CASE("a schedule-aware policy derived from a built-in one, or built on anot
     require_same(ferry::simulate(a, few, ferry::belady<int>(b), ferry::schedule_replay<int>(b), options), *keyed);
     try {
       ids_would_differ =
-          ids_would_differ || !same(*keyed, ferry::detail::simulate_ids(a, few, ferry::belady<int>(b),
+          ids_would_differ || !checks::same(*keyed, ferry::detail::simulate_ids(a, few, ferry::belady<int>(b),
                                                                         ferry::schedule_replay<int>(b), options));
     } catch (const ferry::error&) {
       ids_would_differ = true;
