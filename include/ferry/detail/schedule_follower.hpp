@@ -16,8 +16,9 @@
 
 namespace ferry::detail {
 
-// Schedule: an access_schedule over Key, or a schedule_ids view (Key its key ids).
-template <class Key, class Hash, class KeyEqual, class Schedule>
+// Schedule: an access_schedule over Key (it carries the hash and equality), or a
+// schedule_ids view (Key its key ids).
+template <class Key, class Schedule>
 class schedule_follower {
  public:
   using schedule_type = Schedule;

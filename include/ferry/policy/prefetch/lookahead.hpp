@@ -50,9 +50,9 @@ namespace ferry {
 ///                  `ferry::schedule_ids` view of one (then `Key` is its key id)
 template <class Key, std::size_t N, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>,
           class Schedule = access_schedule<Key, Hash, KeyEqual>>
-class lookahead : public detail::schedule_follower<Key, Hash, KeyEqual, Schedule> {
+class lookahead : public detail::schedule_follower<Key, Schedule> {
   static_assert(N >= 1, "ferry::lookahead: N (accesses to look ahead) must be at least 1");
-  using base = detail::schedule_follower<Key, Hash, KeyEqual, Schedule>;
+  using base = detail::schedule_follower<Key, Schedule>;
 
  public:
   using key_type = Key;            ///< the key type

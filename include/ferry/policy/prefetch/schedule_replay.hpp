@@ -62,8 +62,8 @@ namespace ferry {
 ///                  `ferry::schedule_ids` view of one (then `Key` is its key id)
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>,
           class Schedule = access_schedule<Key, Hash, KeyEqual>>
-class schedule_replay : public detail::schedule_follower<Key, Hash, KeyEqual, Schedule> {
-  using base = detail::schedule_follower<Key, Hash, KeyEqual, Schedule>;
+class schedule_replay : public detail::schedule_follower<Key, Schedule> {
+  using base = detail::schedule_follower<Key, Schedule>;
   template <class, class, class, class>
   friend class schedule_replay;
 
