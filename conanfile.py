@@ -2,7 +2,7 @@
 
     conan create . --test-folder=packaging/conan/test_package
 
-The version is read from include/ferry/version.hpp. Options add the optional parts
+The version is read from include/ferry/core/version.hpp. Options add the optional parts
 to the consumer's build: with_cuda (the CUDA toolkit must be installed on the system;
 Conan does not package it) and with_uring (the system's liburing).
 """

@@ -3,7 +3,7 @@
 // references it replaces: cudaHostAlloc + cudaFreeHost per call (registered only when
 // a CUDA device is present) and malloc + free. Sizes 256 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB.
 //   ferry-micro-memory [--benchmark_filter=...]
-#include <ferry/config.hpp>
+#include <ferry/core/config.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/tier/host_tier.hpp>
 

@@ -17,18 +17,18 @@
 // Every benchmark counts calls of the global operator new during its timed loop
 // ("allocs_per_move"; 0 means no allocation on the hot path once warm).
 //   ferry-micro-schedule [--benchmark_filter=noop] [--benchmark_min_time=0.1]
-#include <ferry/config.hpp>
-#include <ferry/error.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/error.hpp>
 #include <ferry/memory/pinned_pool.hpp>
-#include <ferry/runtime/device_runtime.hpp>
-#include <ferry/schedule/device_backend.hpp>
-#include <ferry/schedule/host_executor.hpp>
-#include <ferry/schedule/scheduler.hpp>
+#include <ferry/cuda/device_runtime.hpp>
+#include <ferry/transfer/device_backend.hpp>
+#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/scheduler.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/device.hpp>
 #include <ferry/cuda/stream.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
+#include <ferry/transfer/stream_scheduler.hpp>
 
 #include <cuda_runtime_api.h>
 #endif

@@ -3,8 +3,8 @@
 //   FERRY_EXPECTS (message built only on failure)  vs  if (!c) throw std::logic_error(...)
 //   defaults::current() after the first call       vs  reading a global
 //   defaults::parse("4MiB")                         vs  std::strtoull of "4194304"
-#include <ferry/defaults.hpp>
-#include <ferry/error.hpp>
+#include <ferry/core/defaults.hpp>
+#include <ferry/core/error.hpp>
 
 #include <benchmark/benchmark.h>
 

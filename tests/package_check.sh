@@ -23,7 +23,7 @@ prefix="$work/prefix"
 fail() { echo "package_check $step: FAILED: $*" >&2; exit 1; }
 
 version_from_header() {
-  local h="$src/include/ferry/version.hpp" major minor patch
+  local h="$src/include/ferry/core/version.hpp" major minor patch
   major=$(sed -n 's/^#define FERRY_VERSION_MAJOR \([0-9]*\)$/\1/p' "$h")
   minor=$(sed -n 's/^#define FERRY_VERSION_MINOR \([0-9]*\)$/\1/p' "$h")
   patch=$(sed -n 's/^#define FERRY_VERSION_PATCH \([0-9]*\)$/\1/p' "$h")
@@ -109,8 +109,8 @@ versions)
     "$src/packaging/vcpkg/ports/ferry/vcpkg.json")
   echo "version.hpp $v, CMakeLists.txt $cmake_v, vcpkg.json $vcpkg_v (conanfile.py reads version.hpp)"
   [[ $v == "$cmake_v" && $v == "$vcpkg_v" ]] || fail "versions disagree"
-  grep -q 'include/ferry/version.hpp' "$src/conanfile.py" || fail "conanfile.py does not read version.hpp"
-  grep -q "version_string = \"$v\"" "$src/include/ferry/version.hpp" || fail "ferry::version_string is not $v"
+  grep -q 'include/ferry/core/version.hpp' "$src/conanfile.py" || fail "conanfile.py does not read version.hpp"
+  grep -q "version_string = \"$v\"" "$src/include/ferry/core/version.hpp" || fail "ferry::version_string is not $v"
   ;;
 vcpkg)
   # vcpkg is not on this machine (it is not a Debian or PyPI package), so the port is

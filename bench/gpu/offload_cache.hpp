@@ -5,14 +5,14 @@
 // Compiled only where ferry-bench is built with nvcc (FERRY_BENCH_OFFLOAD_KERNELS).
 #pragma once
 
-#include <ferry/config.hpp>
+#include <ferry/core/config.hpp>
 
 #if FERRY_HAS_CUDA
 
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
+#include <ferry/transfer/stream_scheduler.hpp>
 
 #include <cuda_runtime_api.h>
 

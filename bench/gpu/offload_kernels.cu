@@ -4,7 +4,7 @@
 // so that this file compiles quickly: it includes no ferry header but the errors.
 #include "gpu/offload_kernels.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <cuda_bf16.h>
 

@@ -4,7 +4,7 @@
 /// Like an NVMe tuner that sweeps block size and queue depth and reports the best, but
 /// from the measurements of the ferry code that will run (the `nvme` and `link` sweeps of
 /// the same invocation) and stated as the environment variables ferry reads
-/// (include/ferry/defaults.hpp):
+/// (include/ferry/core/defaults.hpp):
 /// - `chunk_bytes` (FERRY_CHUNK_BYTES): the smallest chunk whose throughput reaches 95%
 ///   of the link peak in every direction measured (peak: the best of ferry and raw
 ///   `cudaMemcpyAsync` in the sweep). Smaller chunks start the first copy sooner and hold
@@ -30,7 +30,7 @@
 #include "harness/policy_advice.hpp"
 #include "harness/report.hpp"
 
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -9,7 +9,7 @@
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <CLI/CLI.hpp>
 

@@ -4,8 +4,8 @@
 /// when `FERRY_HAS_CUDA` is 1; the rest is plain host C++.
 #pragma once
 
-#include <ferry/config.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/units.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -16,7 +16,7 @@
 #include <utility>
 
 #if FERRY_HAS_CUDA
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <cuda_runtime_api.h>
 #endif

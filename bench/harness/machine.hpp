@@ -3,9 +3,9 @@
 /// Every results file carries this, so a figure always names its machine.
 #pragma once
 
-#include <ferry/config.hpp>
-#include <ferry/defaults.hpp>
-#include <ferry/version.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/defaults.hpp>
+#include <ferry/core/version.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/device.hpp>

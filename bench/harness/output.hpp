@@ -14,7 +14,7 @@
 #include "harness/interrupt.hpp"
 #include "harness/report.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <nlohmann/json.hpp>
 

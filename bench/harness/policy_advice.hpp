@@ -32,9 +32,9 @@
 
 #include "harness/report.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 #include <ferry/policy.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -10,7 +10,7 @@
 
 #include "harness/stats.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <nlohmann/json.hpp>
 

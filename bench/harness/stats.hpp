@@ -4,7 +4,7 @@
 /// load) hits both alike, with the ratio of every pair.
 #pragma once
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -39,7 +39,7 @@
 
 #include "harness/policy_advice.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 #include <ferry/policy.hpp>
 
 #include <algorithm>

@@ -23,7 +23,7 @@
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 #include <ferry/optim/adamw.hpp>
 
 #include <nlohmann/json.hpp>

@@ -52,7 +52,7 @@
 #include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
 #include <ferry/tier/nvme.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 #include <nlohmann/json.hpp>
 

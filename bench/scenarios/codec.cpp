@@ -14,7 +14,7 @@
 #include "gpu/codec_gpu.hpp"
 #endif
 
-#include <ferry/error.hpp>
+#include <ferry/core/error.hpp>
 
 #include <stdexcept>
 #include <string>

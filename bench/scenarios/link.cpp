@@ -20,12 +20,12 @@
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
 
-#include <ferry/config.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/units.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/stream.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
+#include <ferry/transfer/stream_scheduler.hpp>
 #endif
 
 #include <algorithm>

@@ -41,7 +41,7 @@
 #include "harness/stats.hpp"
 
 #include <ferry/tier/nvme.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -36,8 +36,8 @@
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
 
-#include <ferry/config.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/units.hpp>
 
 #if FERRY_HAS_CUDA && FERRY_BENCH_HAS_CUBLAS && FERRY_BENCH_OFFLOAD_KERNELS
 #define FERRY_BENCH_OFFLOAD_READY 1

@@ -21,13 +21,13 @@
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
 
-#include <ferry/config.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/units.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/event.hpp>
 #include <ferry/cuda/stream.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
+#include <ferry/transfer/stream_scheduler.hpp>
 #endif
 #if FERRY_HAS_CUDA && FERRY_BENCH_HAS_CUBLAS
 #include <cublas_v2.h>

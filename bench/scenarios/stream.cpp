@@ -25,8 +25,8 @@
 #include "harness/scenario.hpp"
 #include "harness/stats.hpp"
 
-#include <ferry/config.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/config.hpp>
+#include <ferry/core/units.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/event.hpp>
@@ -34,7 +34,7 @@
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/pipeline/layer_streamer.hpp>
-#include <ferry/schedule/stream_scheduler.hpp>
+#include <ferry/transfer/stream_scheduler.hpp>
 #endif
 #if FERRY_HAS_CUDA && FERRY_BENCH_HAS_CUBLAS
 #include <cublas_v2.h>

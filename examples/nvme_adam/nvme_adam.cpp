@@ -7,7 +7,7 @@
 #include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
 #include <ferry/tier/nvme.hpp>
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 #include <cmath>
 #include <cstdio>

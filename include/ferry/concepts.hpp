@@ -19,7 +19,7 @@
 /// stream; with `FERRY_HAS_CUDA`).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #include <concepts>
 #include <cstddef>

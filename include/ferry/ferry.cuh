@@ -4,7 +4,7 @@
 /// (`ferry/codec/device.cuh`).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if !FERRY_CUDA_COMPILER
 #error "ferry/ferry.cuh needs a CUDA compiler (nvcc); include ferry/ferry.hpp from host C++"

@@ -20,7 +20,7 @@ and prints, for each pair compared, the mismatch counts by class of input: in ra
 (finite, rounds to a finite code), overflow (finite, rounds past max), inf, NaN; a
 NaN mismatch where both codes are NaN is split into "sign" (codes differ in the sign
 bit only) and "code" (another NaN encoding). Exit status 0 whatever the counts (it
-measures; tests/host/test_fp8_modes.cpp and tests/oracle/ are the tests).
+measures; tests/codec/test_fp8_modes.cpp and tests/oracle/ are the tests).
 
   python3 scripts/peers/fp8_peers.py [--fp32-count N] [--seed S] [--convert PATH]
                                      [--torch-site DIR] [--cuda-include DIR]

@@ -1,5 +1,5 @@
 // Must not compile: a byte literal that does not fit in std::size_t.
-#include <ferry/units.hpp>
+#include <ferry/core/units.hpp>
 
 using namespace ferry::literals;
 #ifdef FERRY_COMPILE_FAIL_CONTROL

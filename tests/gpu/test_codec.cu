@@ -5,7 +5,7 @@
 // outside the output is written; bad arguments are refused before anything is enqueued.
 #include <ferry/ferry.cuh>
 
-#include "../host/codec_test_util.hpp"
+#include "codec_test_util.hpp"
 
 #include <catch2/catch.hpp>
 #include <cuda_bf16.h>

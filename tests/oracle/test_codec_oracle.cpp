@@ -6,7 +6,7 @@
 // it runs in CI on machines without one (built whenever the CUDA toolkit is found).
 #include <ferry/codec.hpp>
 
-#include "../host/codec_test_util.hpp"
+#include "codec_test_util.hpp"
 
 #include <catch2/catch.hpp>
 #include <cuda_bf16.h>

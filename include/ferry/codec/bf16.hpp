@@ -5,9 +5,9 @@
 
 #include "ferry/codec/formats.hpp"
 #include "ferry/concepts.hpp"
-#include "ferry/config.hpp"
-#include "ferry/detail/codec_device.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/config.hpp"
+#include "ferry/detail/codec/device.hpp"
+#include "ferry/core/error.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -8,7 +8,7 @@
 #pragma once
 
 #include "ferry/codec/formats.hpp"
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_CUDA
 

@@ -35,7 +35,7 @@
 ///   between GPUs and x86 otherwise).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if !FERRY_CUDA_COMPILER
 #error "ferry/codec/device.cuh needs a CUDA compiler (nvcc); host code uses the codecs' std::span overloads"
@@ -46,8 +46,8 @@
 
 #include "ferry/codec.hpp"
 #include "ferry/cuda/device.hpp"
-#include "ferry/error.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_reduce.cuh>

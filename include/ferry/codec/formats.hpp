@@ -35,7 +35,7 @@
 ///   normal 2^-14, smallest subnormal 2^-16.
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #include <array>
 #include <bit>

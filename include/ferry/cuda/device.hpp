@@ -4,11 +4,11 @@
 /// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_CUDA
 
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>

@@ -12,12 +12,12 @@
 /// ask for `timing = true` to measure elapsed time.
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_CUDA
 
 #include "ferry/cuda/device.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>

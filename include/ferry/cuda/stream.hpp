@@ -11,13 +11,13 @@
 /// (libcu++) and reject the legacy default stream (`ferry::is_legacy_default_stream`).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_CUDA
 
 #include "ferry/cuda/device.hpp"
 #include "ferry/cuda/event.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>

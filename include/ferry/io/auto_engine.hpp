@@ -22,7 +22,7 @@
 /// (`FERRY_HAS_URING == 1`); without it `ferry::nvme_tier` runs on the thread pool.
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_URING
 

@@ -33,10 +33,10 @@
 /// follow kvikio's compat mode (DESIGN.md, "Style to learn from").
 #pragma once
 
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -13,8 +13,8 @@
 /// call (`check()` verifies it and the shape of the free maps).
 #pragma once
 
-#include "ferry/error.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 
 #include <cstddef>
 #include <cstdint>

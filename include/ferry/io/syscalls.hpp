@@ -50,7 +50,7 @@
 /// test can tell that its fault really happened.
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 #include "ferry/io/request.hpp"
 
 #include <algorithm>

@@ -11,8 +11,8 @@
 /// is a queue depth of N.
 #pragma once
 
-#include "ferry/defaults.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 

@@ -40,15 +40,15 @@
 /// buffers).
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
 #if FERRY_HAS_URING
 
-#include "ferry/defaults.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <liburing.h>
 

@@ -14,15 +14,15 @@
 /// `cpu_runtime`), so the accounting and the checks run in CI on the CPU model.
 #pragma once
 
-#include "ferry/config.hpp"
+#include "ferry/core/config.hpp"
 
-#include "ferry/error.hpp"
-#include "ferry/runtime/cpu_runtime.hpp"
-#include "ferry/runtime/device_runtime.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/cuda/cpu_runtime.hpp"
+#include "ferry/cuda/device_runtime.hpp"
+#include "ferry/core/units.hpp"
 
 #if FERRY_HAS_CUDA
-#include "ferry/runtime/cuda_runtime.hpp"
+#include "ferry/cuda/cuda_runtime.hpp"
 #endif
 
 #include <atomic>

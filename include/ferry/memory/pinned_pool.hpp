@@ -20,11 +20,11 @@
 /// a page-aligned host pool (`pinning_state::host_only`).
 #pragma once
 
-#include "ferry/config.hpp"
-#include "ferry/defaults.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/config.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/io/extent_allocator.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 #if FERRY_HAS_CUDA
-#include "ferry/runtime/cuda_runtime.hpp"
+#include "ferry/cuda/cuda_runtime.hpp"
 
 #include <cuda_runtime_api.h>
 #endif

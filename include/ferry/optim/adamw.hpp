@@ -53,7 +53,7 @@
 ///   `|m_fused - m_unfused| <= 2^-23 (|lerp_weight (g - m)| + |m|)` (not an ulp bound:
 ///   the two terms of `m` may cancel), `|v_fused - v_unfused| <= 2^-22 v` (2 ulp), and
 ///   `p` differs by what those give through the division plus 2^-22 (|p| + |update|);
-///   `tests/host/test_adamw.cpp` checks these bounds element by element.
+///   `tests/optim/test_adamw.cpp` checks these bounds element by element.
 ///
 /// Both were checked element for element against torch 2.15's CPU `AdamW` on 2^20
 /// elements: the moments are bitwise equal (fused against its AVX-512 kernels, unfused
@@ -117,13 +117,13 @@
 /// only, through the same instructions wherever it lies (no reductions), so **the results
 /// are bitwise identical for every thread count, block size, alignment and kernel**, and
 /// for each rounding bitwise equal to a scalar loop of its formula
-/// (tests/host/test_adamw.cpp, on every kernel the CPU has).
+/// (tests/optim/test_adamw.cpp, on every kernel the CPU has).
 #pragma once
 
-#include "ferry/defaults.hpp"
-#include "ferry/detail/worker_pool.hpp"
-#include "ferry/error.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/detail/core/worker_pool.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -102,20 +102,20 @@
 /// (synchronise it, or free the slots on it: `slot_memory::arena(k, arena, compute)`).
 #pragma once
 
-#include "ferry/config.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/config.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/memory/pinned_pool.hpp"
-#include "ferry/pipeline/stage_ring.hpp"
-#include "ferry/schedule/host_executor.hpp"
-#include "ferry/schedule/scheduler.hpp"
+#include "ferry/memory/stage_ring.hpp"
+#include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/scheduler.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/ticket.hpp"
 
 #include "ferry/memory/device_arena.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #if FERRY_HAS_CUDA
-#include "ferry/schedule/stream_scheduler.hpp"
+#include "ferry/transfer/stream_scheduler.hpp"
 #endif
 
 #include <algorithm>

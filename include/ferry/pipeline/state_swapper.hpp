@@ -73,10 +73,10 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/defaults.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/memory/pinned_pool.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <array>

@@ -76,15 +76,15 @@
 /// scheduler's streams and threads.
 #pragma once
 
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/offload_pipeline.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/schedule/host_executor.hpp"
-#include "ferry/schedule/scheduler.hpp"
+#include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/scheduler.hpp"
 #include "ferry/tier/nvme.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -100,7 +100,7 @@
 #include <vector>
 
 #if FERRY_HAS_CUDA
-#include "ferry/schedule/stream_scheduler.hpp"
+#include "ferry/transfer/stream_scheduler.hpp"
 #endif
 
 namespace ferry {
@@ -898,7 +898,7 @@ class basic_tensor_cache {
   schedule_type schedule_;
   bool recorded_ = false;
   std::size_t position_ = 0;  // absolute schedule position of the next access
-  // Stateless policies take no bytes (tests/host/test_tensor_cache.cpp checks sizeof).
+  // Stateless policies take no bytes (tests/pipeline/test_tensor_cache.cpp checks sizeof).
   [[no_unique_address]] detail::policy_slot<eviction_type, schedule_driven<eviction_type, key_type>> eviction_;
   [[no_unique_address]] detail::policy_slot<prefetch_type, schedule_driven<prefetch_type, key_type>> prefetch_;
   tensor_cache_stats stats_;

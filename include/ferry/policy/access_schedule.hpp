@@ -18,8 +18,8 @@
 /// of a 10-entry schedule has `next_use(key, 8) == 13`.
 #pragma once
 
-#include "ferry/detail/keyed_pool.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/core/error.hpp"
 
 #include <algorithm>
 #include <cstddef>

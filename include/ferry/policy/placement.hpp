@@ -8,9 +8,9 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/id_table.hpp"
-#include "ferry/detail/keyed_pool.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/id_table.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
 

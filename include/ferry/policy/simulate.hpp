@@ -24,11 +24,11 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/placement.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/memory/device_arena.hpp"
 
 #include <cstddef>

@@ -8,8 +8,8 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/error.hpp"
-#include "ferry/units.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 
 #include <atomic>
 #include <cstddef>

@@ -73,8 +73,8 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/defaults.hpp"
-#include "ferry/error.hpp"
+#include "ferry/core/defaults.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/io/auto_engine.hpp"
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"

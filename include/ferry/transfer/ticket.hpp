@@ -20,8 +20,8 @@
 /// move allocates nothing once the pool has grown to the number of moves in flight.
 #pragma once
 
-#include "ferry/error.hpp"
-#include "ferry/runtime/device_runtime.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/cuda/device_runtime.hpp"
 
 #include <atomic>
 #include <cstddef>

@@ -4,11 +4,11 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/id_list.hpp"
-#include "ferry/detail/id_table.hpp"
-#include "ferry/detail/indexed_heap.hpp"
-#include "ferry/detail/keyed_pool.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/id_list.hpp"
+#include "ferry/detail/policy/id_table.hpp"
+#include "ferry/detail/policy/indexed_heap.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/recency_queue.hpp"
+#include "ferry/detail/policy/recency_queue.hpp"
 
 #include <functional>
 #include <string>

@@ -6,9 +6,9 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/indexed_heap.hpp"
-#include "ferry/detail/keyed_pool.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/indexed_heap.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/core/error.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -3,9 +3,9 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/id_list.hpp"
-#include "ferry/detail/keyed_pool.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/id_list.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/core/error.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/schedule_follower.hpp"
+#include "ferry/detail/policy/schedule_follower.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/schedule_follower.hpp"
-#include "ferry/error.hpp"
+#include "ferry/detail/policy/schedule_follower.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
 #include <concepts>

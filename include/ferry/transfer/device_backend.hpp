@@ -1,0 +1,608 @@
+/// @file
+/// @brief `ferry::device_backend<Runtime>`: the backend of `basic_scheduler`
+/// (schedule/scheduler.hpp) over a device runtime (runtime/device_runtime.hpp) — an H2D
+/// and a D2H stream of its own, events recorded on the stream that produced the bytes,
+/// completion threads that carry disk moves from the copy engines to the I/O engine and
+/// back, and host-signalled stream waits for disk moves. Written once: on a GPU it runs
+/// on `cuda_runtime` (`ferry::stream_scheduler`, schedule/stream_scheduler.hpp), in CI and
+/// in programs without a GPU on `cpu_runtime` (`ferry::host_executor`,
+/// schedule/host_executor.hpp). Plain C++20; needs no CUDA header.
+///
+/// ## How a stream waits for a disk move
+/// A disk move completes on a host thread, after the stream that will consume it may
+/// already have been told to wait. The backend gives each such move a 32-bit flag in
+/// mapped pinned memory and a target value; `enqueue_wait(s)` enqueues
+/// `cuStreamWaitValue32(s, flag, target, GEQ)` (the driver entry point, found at run time
+/// with `cudaGetDriverEntryPointByVersion`, so nothing links libcuda), and completion
+/// stores the target into the flag. Flags are reused with increasing targets, so a
+/// stream still waiting on an old move is never stranded. Where stream memory
+/// operations are unavailable, `enqueue_wait` waits on the host until the move has
+/// completed (correct; the host does not run ahead). A blocking host function
+/// (`cudaLaunchHostFunc`) would not block the host, but it deadlocks: CUDA may run host
+/// functions of all streams on one thread, where one waiting for a move holds back
+/// another that the move itself waits for.
+///
+/// ## Threads
+/// A completion thread per stream the backend owns (the two lanes, and each pooled
+/// stream of a staged move): events on one stream complete in order, so each thread
+/// waits on the events of its own stream only, in record order — a pooled stream's
+/// thread blocks in `cudaEventSynchronize`, a lane's polls its front (a continuation on
+/// an older copy can be queued after a newer one is waited for) — and runs the
+/// continuations of disk moves: submitting the disk write of
+/// a chunk that landed in a bounce buffer, returning a slot whose H2D copy finished.
+/// One thread never waits on events of two streams in turn: a move whose start waits
+/// (through the producer stream) for another move's chunks cannot hold those chunks'
+/// completions behind it. No continuation runs inside a CUDA callback, and the backend
+/// launches no host function.
+///
+/// ## Devices and graphs
+/// The backend belongs to the device that was current when it was made; every call that
+/// makes or records an event or makes a stream first makes that device current on the
+/// calling thread (and restores the thread's own afterwards), so I/O-engine threads and
+/// the caller's threads on another device work. A move ordered after a stream that is
+/// being captured into a CUDA graph, and a stream wait on a ticket from one, are refused
+/// with `ferry::logic_error` (a captured event or flag wait would replay with the values
+/// of the capture, not of the replay); `copy_on` is stream-ordered only and may be
+/// captured.
+///
+/// ## Testing without a GPU
+/// Every runtime call goes through the `Api` policy, a `ferry::device_runtime`. The
+/// tests run this backend on `cpu_runtime` with adversarial timing and under
+/// ThreadSanitizer, and tests/transfer/test_stream_scheduler.cpp substitutes a recording
+/// runtime to check which calls are made on which streams in which order;
+/// `ferry-micro-schedule` measures it over a no-op runtime.
+#pragma once
+
+#include "ferry/core/error.hpp"
+#include "ferry/cuda/device_runtime.hpp"
+#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/ticket.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief The backend of `basic_scheduler` over a device runtime (see the file comment).
+/// @tparam Api the device runtime (`cuda_runtime`, `cpu_runtime`; a recording or no-op
+///             one in tests and benchmarks): every runtime call the backend makes goes
+///             through it
+template <device_runtime Api>
+class device_backend {
+ public:
+  /// @brief The runtime.
+  using runtime_type = Api;
+  /// @brief Streams are passed as the runtime's `stream_ref` (`cuda::stream_ref`,
+  /// `host_stream_ref`).
+  using stream_type = typename Api::stream_ref;
+  /// @brief The runtime's stream handle.
+  using stream_handle = typename Api::stream_handle;
+  /// @brief The runtime's event handle.
+  using event_handle = typename Api::event_handle;
+  /// @brief What runtime calls return.
+  using status_type = typename Api::status_type;
+  /// @brief A marker: a pooled event (disabled timing, blocking sync) and, for a record
+  /// on a lane, its place among that lane's records (completion threads run a lane's
+  /// waits in that order, whatever order they were asked for in).
+  struct marker_type {
+    event_handle event{};  ///< the event
+    std::uint64_t seq = 0;        ///< the record's number on its lane (0: not on a lane)
+  };
+  /// @brief A flag slot and the value that means "complete".
+  struct signal_type {
+    std::uint32_t slot = 0;    ///< index of the flag in the backend's flag array
+    std::uint32_t target = 0;  ///< the flag value that means "complete"
+  };
+
+  /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities)
+  /// on the current device, the flag page and the lanes' completion threads.
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA)
+  explicit device_backend(const scheduler_options& options, Api api = {}) : api_(std::move(api)) {
+    FERRY_RUNTIME_TRY(Api, api_.get_device(&device_));
+    const int h2d_priority = options.h2d_priority;
+    const int d2h_priority = options.d2h_priority;
+    priorities_[0] = h2d_priority;
+    priorities_[1] = d2h_priority;
+    try {
+      FERRY_RUNTIME_TRY(Api, api_.stream_create(&streams_[0], h2d_priority), h2d_priority);
+      FERRY_RUNTIME_TRY(Api, api_.stream_create(&streams_[1], d2h_priority), d2h_priority);
+      grow_flags();
+      for (std::size_t i = 0; i < 2; ++i) lane_queues_[i] = start_queue(streams_[i], true);
+    } catch (...) {
+      release_all();
+      throw;
+    }
+  }
+  device_backend(const device_backend&) = delete;
+  device_backend& operator=(const device_backend&) = delete;
+  /// @brief Stops the completion threads, destroys the streams, events and flags.
+  ~device_backend() { release_all(); }
+
+  /// @brief The stream of lane `l`.
+  [[nodiscard]] stream_type lane(ferry::lane l) const noexcept {
+    return Api::ref(streams_[static_cast<std::size_t>(l)]);
+  }
+
+  /// @brief An asynchronous copy of one chunk on `s` (`cudaMemcpyAsync`).
+  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  void copy(stream_type s, void* dst, const void* src, std::size_t n, copy_direction direction) {
+    refuse_legacy(s);
+    const device_scope on(*this);
+    FERRY_RUNTIME_TRY(Api, api_.memcpy_async(dst, src, n, direction, Api::handle(s)), dst, src, n);
+  }
+
+  /// @brief An asynchronous 2D copy (`cudaMemcpy2DAsync`) of `rows` rows of `row_bytes` on `s` (pitches in bytes).
+  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  void copy_2d(stream_type s, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t row_bytes, std::size_t rows, copy_direction direction) {
+    refuse_legacy(s);
+    const device_scope on(*this);
+    FERRY_RUNTIME_TRY(Api, api_.memcpy2d_async(dst, dst_pitch, src, src_pitch, row_bytes, rows, direction, Api::handle(s)), dst, dst_pitch,
+                   src, src_pitch, row_bytes, rows);
+  }
+
+  /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
+  /// calling thread's current device is).
+  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  [[nodiscard]] marker_type record(stream_type s) {
+    refuse_legacy(s);
+    const device_scope on(*this);
+    marker_type m{acquire_event(), 0};
+    status_type status{};
+    const std::size_t l = streams_[0] == Api::handle(s) ? 0 : streams_[1] == Api::handle(s) ? 1 : 2;
+    if (l < 2) {  // numbered and recorded under one lock: the numbers follow the stream's order
+      std::lock_guard lock(lane_record_mutex_[l]);
+      m.seq = ++lane_records_[l];
+      status = api_.event_record(m.event, Api::handle(s));
+    } else {
+      status = api_.event_record(m.event, Api::handle(s));
+    }
+    if (!Api::ok(status)) {
+      release(m);
+      FERRY_RUNTIME_TRY(Api, status);
+    }
+    return m;
+  }
+
+  /// @brief Makes `s` wait for `m` (`cudaStreamWaitEvent`).
+  void wait(stream_type s, const marker_type& m) {
+    refuse_legacy(s);
+    FERRY_RUNTIME_TRY(Api, api_.stream_wait_event(Api::handle(s), m.event));
+  }
+
+  /// @brief Refuses a stream that is being captured into a CUDA graph: ordering a move
+  /// after it (or making it wait for a ticket) would be captured with the events and
+  /// flag values of this moment, and a replay of the graph would not wait for the move.
+  /// @param s the stream a move is ordered after, or that is to wait for a ticket
+  /// @param what the call, for the message
+  /// @throws ferry::logic_error naming the stream; ferry::device_error (`ferry::cuda_error` on CUDA) if the query fails
+  void refuse_capture(stream_type s, const char* what) {
+    refuse_legacy(s);
+    bool capturing = false;
+    FERRY_RUNTIME_TRY(Api, api_.stream_is_capturing(Api::handle(s), &capturing));
+    const auto stream = Api::handle(s);
+    FERRY_EXPECTS(!capturing,
+                  "the stream is being captured into a CUDA graph: a move ordered on it would not be ordered when "
+                  "the graph replays; end the capture first, or capture copy_on (stream-ordered only)",
+                  what, stream);
+  }
+
+  /// @brief Whether the work before `m` has completed.
+  [[nodiscard]] bool query(const marker_type& m) const {
+    const status_type status = api_.event_query(m.event);
+    if (Api::not_ready(status)) return false;
+    FERRY_RUNTIME_TRY(Api, status);
+    return true;
+  }
+
+  /// @brief Blocks until `m` has completed.
+  void synchronize(const marker_type& m) const { FERRY_RUNTIME_TRY(Api, api_.event_synchronize(m.event)); }
+
+  /// @brief Returns an event to the pool (its last record may still be pending: the
+  /// pool reuses it only for a new record, which CUDA allows).
+  void release(marker_type& m) noexcept {
+    if (m.event == event_handle{}) return;
+    std::lock_guard lock(events_mutex_);
+    free_events_.push_back(m.event);  // capacity reserved in acquire_event
+    m = {};
+  }
+
+  /// @brief Calls `fn(context, error)` on the completion thread of `s` (a lane, or a
+  /// stream from `acquire_stream`) once the work enqueued on `s` so far has completed
+  /// (`error`: a `device_error`, or what a failed stream carries, if the wait failed). A stream the backend does not own is
+  /// waited for on lane `l`'s thread.
+  void notify(stream_type s, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
+    const marker_type m = record(s);
+    push(queue_for(Api::handle(s), l), {m, fn, context, true});
+  }
+
+  /// @brief Calls `fn(context, error)` on lane `l`'s completion thread once marker `m`
+  /// (recorded on that lane, and kept alive by the caller until `fn` runs) has
+  /// completed: a continuation of a copy fires with its copy, not behind later work
+  /// (the lane's queue is kept in record order, so it waits for no later record).
+  void notify_marker(const marker_type& m, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept,
+                     void* context) {
+    push(*lane_queues_[static_cast<std::size_t>(l)], {m, fn, context, false});
+  }
+
+  /// @brief Gives a disk move a flag slot and its next target value.
+  void arm(signal_type& sig) {
+    std::lock_guard lock(flags_mutex_);
+    if (free_flags_.empty()) grow_flags();
+    sig.slot = free_flags_.back();
+    free_flags_.pop_back();
+    sig.target = ++targets_[sig.slot];
+  }
+  /// @brief Returns the slot (its flag keeps its value; the next target is higher).
+  void disarm(signal_type& sig) noexcept {
+    std::lock_guard lock(flags_mutex_);
+    free_flags_.push_back(sig.slot);  // capacity reserved in grow_flags
+  }
+  /// @brief Stores the target: streams waiting on it proceed.
+  void raise(signal_type& sig) noexcept {
+    std::atomic_ref<std::uint32_t>(*flag_host(sig.slot)).store(sig.target, std::memory_order_release);
+  }
+  /// @brief Makes `s` wait for the flag to reach the target (`cuStreamWaitValue32`).
+  /// Where stream memory operations are unavailable, the calling thread waits until the
+  /// move has finished instead (then `s` needs no wait): correct, but the host does not
+  /// run ahead of the move; from inside a scheduler continuation (an I/O or completion
+  /// thread, which the move may need) that wait is refused with `ferry::logic_error`.
+  /// (A host function blocking on the move, the other way to make
+  /// a stream wait for the host, deadlocks: CUDA may run all host functions on one
+  /// thread, and one that waits for a move holds back another that the move waits for.)
+  template <class State>
+  void wait_signal(stream_type s, signal_type& sig, State* state) {
+    refuse_legacy(s);
+    if (wait_value_ok_.load(std::memory_order_relaxed)) {
+      if (Api::ok(api_.wait_value32(Api::handle(s), flag_device(sig.slot), sig.target))) {
+        waits_issued_.store(true, std::memory_order_relaxed);
+        return;
+      }
+      wait_value_ok_.store(false, std::memory_order_relaxed);
+    }
+    if (state->finished.load(std::memory_order_acquire) != 0) return;
+    FERRY_EXPECTS(detail::continuation_depth() == 0,
+                  "enqueue_wait on an unfinished disk move from inside a scheduler continuation needs stream memory "
+                  "operations (cuStreamWaitValue32), which this driver refuses: the host-side wait would block the "
+                  "thread the move needs; wait from another thread",
+                  sig.slot);
+    while (state->finished.load(std::memory_order_acquire) == 0) state->finished.wait(0, std::memory_order_acquire);
+  }
+  /// @brief Whether stream waits on disk moves use `cuStreamWaitValue32` (true until a
+  /// call is refused; then `enqueue_wait` waits on the host).
+  [[nodiscard]] bool stream_memory_waits() const noexcept { return wait_value_ok_.load(std::memory_order_relaxed); }
+
+  /// @brief A stream of its own for a staged move in direction `l` (non-blocking, the
+  /// lane's priority, on the backend's device; from a pool, made with its completion
+  /// thread the first time more are in use at once than ever before).
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA), std::system_error
+  [[nodiscard]] stream_type acquire_stream(ferry::lane l) {
+    std::lock_guard lock(pool_mutex_);
+    auto& free = free_streams_[static_cast<std::size_t>(l)];
+    if (!free.empty()) {
+      stream_handle s = free.back();
+      free.pop_back();
+      return Api::ref(s);
+    }
+    const int priority = priorities_[static_cast<std::size_t>(l)];
+    // Room first (so that nothing below but the stream and its thread can fail, and
+    // release never allocates), then the stream, then its completion thread.
+    extra_queues_.reserve(extra_queues_.size() + 1);
+    extra_streams_.reserve(extra_streams_.size() + 1);
+    for (auto& f : free_streams_) f.reserve(extra_streams_.size() + 1);
+    stream_handle s{};
+    {
+      const device_scope on(*this);
+      FERRY_RUNTIME_TRY(Api, api_.stream_create(&s, priority), priority);
+    }
+    try {
+      extra_queues_.push_back(start_queue(s));
+    } catch (...) {
+      (void)api_.stream_destroy(s);
+      throw;
+    }
+    extra_streams_.push_back(s);
+    return Api::ref(s);
+  }
+  /// @brief Returns an idle stream from `acquire_stream`.
+  void release_stream(ferry::lane l, stream_type s) noexcept {
+    std::lock_guard lock(pool_mutex_);
+    free_streams_[static_cast<std::size_t>(l)].push_back(Api::handle(s));
+  }
+  /// @brief Blocks until `s` is idle (errors ignored).
+  void drain_stream(stream_type s) noexcept { (void)api_.stream_synchronize(Api::handle(s)); }
+
+  /// @brief Blocks until lane `l`'s stream is idle (errors ignored).
+  void drain_lane(ferry::lane l) noexcept { (void)api_.stream_synchronize(streams_[static_cast<std::size_t>(l)]); }
+  /// @brief Blocks until every stream is idle and every queued continuation has run.
+  void drain() noexcept {
+    drain_lane(ferry::lane::h2d);
+    drain_lane(ferry::lane::d2h);
+    // The pooled streams are synchronized outside `pool_mutex_`: one of them may wait
+    // (through a producer stream) for another move whose chunks need that lock to go on.
+    std::vector<stream_handle> streams;
+    std::vector<queue*> queues;
+    {
+      std::lock_guard lock(pool_mutex_);
+      streams = extra_streams_;
+      for (auto& q : extra_queues_) queues.push_back(q.get());
+    }
+    for (stream_handle s : streams) (void)api_.stream_synchronize(s);
+    for (auto& q : lane_queues_) {
+      if (q) queues.push_back(q.get());
+    }
+    for (queue* q : queues) {
+      std::unique_lock lock(q->mutex);
+      q->idle_cv.wait(lock, [&] { return q->items.empty() && !q->busy; });
+    }
+  }
+  /// @brief Stops the completion threads after they have run what is queued.
+  void shutdown() noexcept {
+    std::vector<queue*> queues;
+    {
+      std::lock_guard lock(pool_mutex_);
+      for (auto& q : extra_queues_) queues.push_back(q.get());
+    }
+    for (auto& q : lane_queues_) {
+      if (q) queues.push_back(q.get());
+    }
+    for (queue* q : queues) {
+      {
+        std::lock_guard lock(q->mutex);
+        q->stopping = true;
+      }
+      q->cv.notify_all();
+      if (q->thread.joinable()) q->thread.join();
+    }
+  }
+  /// @brief The API object (for tests).
+  [[nodiscard]] Api& api() noexcept { return api_; }
+
+ private:
+  struct item {
+    marker_type marker;
+    void (*fn)(void*, std::exception_ptr) noexcept;
+    void* context;
+    bool owned;  // the event is the backend's to release after the wait
+  };
+  // The completion queue of one stream, with its thread.
+  struct queue {
+    stream_handle stream{};
+    bool lane = false;  // a lane's queue: kept in record order, its front polled
+    std::mutex mutex;
+    std::condition_variable cv;       // items or stopping
+    std::condition_variable idle_cv;  // drained
+    std::deque<item> items;
+    bool busy = false;
+    bool stopping = false;
+    std::thread thread;
+  };
+  static constexpr std::size_t flags_per_page = 1024;
+
+  // Makes the backend's device current on the calling thread for a scope, and restores
+  // the thread's own device after (one `get_device` when they agree).
+  class device_scope {
+   public:
+    explicit device_scope(device_backend& b) : b_(b) {
+      FERRY_RUNTIME_TRY(Api, b_.api_.get_device(&previous_));
+      if (previous_ != b_.device_) FERRY_RUNTIME_TRY(Api, b_.api_.set_device(b_.device_), b_.device_);
+    }
+    device_scope(const device_scope&) = delete;
+    device_scope& operator=(const device_scope&) = delete;
+    ~device_scope() {
+      if (previous_ != b_.device_) (void)b_.api_.set_device(previous_);
+    }
+
+   private:
+    device_backend& b_;
+    int previous_ = 0;
+  };
+
+  static void refuse_legacy(stream_type s) {
+    const auto stream = Api::handle(s);
+    FERRY_EXPECTS(!Api::is_legacy_default(s),
+                  "ferry never issues work on the legacy default stream (or a null one); pass a stream of your own",
+                  stream);
+  }
+
+  std::unique_ptr<queue> start_queue(stream_handle s, bool lane = false) {
+    auto q = std::make_unique<queue>();
+    q->stream = s;
+    q->lane = lane;
+    queue* raw = q.get();
+    q->thread = std::thread([this, raw] { complete(*raw); });
+    return q;
+  }
+
+  queue& queue_for(stream_handle s, ferry::lane l) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (streams_[i] == s) return *lane_queues_[i];
+    }
+    std::lock_guard lock(pool_mutex_);
+    for (auto& q : extra_queues_) {
+      if (q->stream == s) return *q;
+    }
+    return *lane_queues_[static_cast<std::size_t>(l)];
+  }
+
+  // Queues `it` in record order: events of one stream complete in the order they were
+  // recorded, so the front is always the next to complete (a lane's markers carry their
+  // number; other streams' items come in record order anyway).
+  static void push(queue& q, item it) {
+    {
+      std::lock_guard lock(q.mutex);
+      auto pos = q.items.end();
+      if (it.marker.seq != 0) {
+        while (pos != q.items.begin() && std::prev(pos)->marker.seq > it.marker.seq) --pos;
+      }
+      q.items.insert(pos, it);
+    }
+    q.cv.notify_one();
+  }
+
+  event_handle acquire_event() {
+    {
+      std::lock_guard lock(events_mutex_);
+      if (!free_events_.empty()) {
+        event_handle e = free_events_.back();
+        free_events_.pop_back();
+        return e;
+      }
+    }
+    event_handle e{};
+    FERRY_RUNTIME_TRY(Api, api_.event_create(&e));
+    std::lock_guard lock(events_mutex_);
+    all_events_.push_back(e);
+    free_events_.reserve(all_events_.size());  // so that release never allocates
+    return e;
+  }
+
+  void complete(queue& q) noexcept {
+    (void)api_.set_device(device_);
+    std::unique_lock lock(q.mutex);
+    auto backoff = std::chrono::microseconds(10);
+    for (;;) {
+      q.cv.wait(lock, [&] { return q.stopping || !q.items.empty(); });
+      if (q.items.empty()) return;
+      const item it = q.items.front();
+      status_type status{};
+      if (q.lane) {
+        // A lane's queue may gain an earlier record at its front (`then` on an older
+        // copy) while the front waits: poll the front, woken at once by every push,
+        // instead of blocking on it (10 us, doubling to 500 us, between queries).
+        lock.unlock();
+        status = api_.event_query(it.marker.event);
+        lock.lock();
+        const item& now = q.items.front();
+        const bool same = now.marker.seq == it.marker.seq && now.marker.event == it.marker.event &&
+                          now.context == it.context && now.fn == it.fn;
+        if (Api::not_ready(status) || !same) {
+          if (same) {
+            q.cv.wait_for(lock, backoff);
+            backoff = std::min(backoff * 2, std::chrono::microseconds(500));
+          }
+          continue;
+        }
+        backoff = std::chrono::microseconds(10);
+      }
+      q.items.pop_front();
+      q.busy = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        if (!q.lane) status = api_.event_synchronize(it.marker.event);
+        FERRY_RUNTIME_TRY(Api, status);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (it.owned) {
+        marker_type m = it.marker;
+        release(m);
+      }
+      {
+        const detail::continuation_mark mark;
+        it.fn(it.context, std::move(error));
+      }
+      lock.lock();
+      q.busy = false;
+      if (q.items.empty()) q.idle_cv.notify_all();
+    }
+  }
+
+  void grow_flags() {
+    FERRY_EXPECTS(page_count_ < max_flag_pages,
+                  "more disk moves with live tickets at once than the scheduler has flags for; drop tickets of "
+                  "finished moves",
+                  page_count_ * flags_per_page);
+    void* page = nullptr;
+    FERRY_RUNTIME_TRY(Api, api_.host_alloc_mapped(&page, flags_per_page * sizeof(std::uint32_t)));
+    void* device = nullptr;
+    const status_type status = api_.device_pointer(&device, page);
+    if (!Api::ok(status)) {
+      (void)api_.free_host(page);
+      FERRY_RUNTIME_TRY(Api, status);
+    }
+    std::memset(page, 0, flags_per_page * sizeof(std::uint32_t));
+    // A fixed array: `raise` and `wait_signal` read it without the lock, for slots handed
+    // out after their page was stored here (a growing vector would move under them).
+    pages_[page_count_] = {static_cast<std::uint32_t*>(page), static_cast<std::byte*>(device)};
+    ++page_count_;
+    targets_.resize(page_count_ * flags_per_page, 0);
+    free_flags_.reserve(targets_.size());
+    for (std::size_t i = 0; i < flags_per_page; ++i) {
+      free_flags_.push_back(static_cast<std::uint32_t>(targets_.size() - 1 - i));
+    }
+  }
+  std::uint32_t* flag_host(std::uint32_t slot) noexcept {
+    return pages_[slot / flags_per_page].host + slot % flags_per_page;
+  }
+  void* flag_device(std::uint32_t slot) noexcept {
+    return pages_[slot / flags_per_page].device + (slot % flags_per_page) * sizeof(std::uint32_t);
+  }
+
+  void release_all() noexcept {
+    shutdown();
+    for (stream_handle& s : streams_) {
+      if (s != stream_handle{}) FERRY_RUNTIME_ASSERT(Api, api_.stream_destroy(s));
+      s = stream_handle{};
+    }
+    for (stream_handle s : extra_streams_) FERRY_RUNTIME_ASSERT(Api, api_.stream_destroy(s));
+    extra_streams_.clear();
+    extra_queues_.clear();
+    for (auto& q : lane_queues_) q.reset();
+    for (auto& f : free_streams_) f.clear();
+    for (event_handle e : all_events_) FERRY_RUNTIME_ASSERT(Api, api_.event_destroy(e));
+    all_events_.clear();
+    free_events_.clear();
+    // A stream told to wait on a flag (`cuStreamWaitValue32`) may not have got to that
+    // wait yet, and the backend cannot know when it will: once such waits were issued,
+    // the flag pages (4 KiB each) are left allocated rather than freed under them.
+    if (!waits_issued_.load(std::memory_order_relaxed)) {
+      for (std::size_t i = 0; i < page_count_; ++i) FERRY_RUNTIME_ASSERT(Api, api_.free_host(pages_[i].host));
+    }
+    page_count_ = 0;
+  }
+
+  struct flag_page {
+    std::uint32_t* host;
+    std::byte* device;
+  };
+
+  [[no_unique_address]] Api api_;
+  int device_ = 0;
+  stream_handle streams_[2] = {};
+  int priorities_[2] = {0, 0};
+  std::mutex pool_mutex_;
+  std::vector<stream_handle> extra_streams_;          // staged moves' own streams
+  std::vector<std::unique_ptr<queue>> extra_queues_; // their completion queues
+  std::vector<stream_handle> free_streams_[2];
+  std::mutex events_mutex_;
+  std::vector<event_handle> all_events_;
+  std::vector<event_handle> free_events_;
+  std::mutex flags_mutex_;
+  static constexpr std::size_t max_flag_pages = 1024;  // 1 Mi disk moves with live tickets
+  flag_page pages_[max_flag_pages] = {};
+  std::size_t page_count_ = 0;
+  std::atomic<bool> waits_issued_{false};  // a stream was made to wait on a flag
+  std::vector<std::uint32_t> targets_;
+  std::vector<std::uint32_t> free_flags_;
+  std::atomic<bool> wait_value_ok_{true};
+  std::unique_ptr<queue> lane_queues_[2];
+  std::mutex lane_record_mutex_[2];         // numbers and records a lane's markers together
+  std::uint64_t lane_records_[2] = {0, 0};  // records made on each lane so far
+};
+
+}  // namespace ferry

@@ -1,0 +1,521 @@
+// The rows of docs/reliability.md that no other test showed: each fault gives the
+// exception (or fallback) the matrix names, with its values, and what the matrix says
+// survives does survive (checked with checksums of the bytes stored before).
+#include <ferry/codec/identity.hpp>
+#include <ferry/io/extent_allocator.hpp>
+#include <ferry/memory/pinned_pool.hpp>
+#include <ferry/pipeline/tensor_cache.hpp>
+#include <ferry/transfer/host_executor.hpp>
+#include <ferry/tier/host_tier.hpp>
+#include <ferry/tier/nvme.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io_test_support.hpp"
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+// Sanitizer allocators abort on a request they cannot serve (allocator_may_return_null
+// is off), so the "system out of memory" case runs only in the plain builds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FERRY_TEST_SANITIZED_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define FERRY_TEST_SANITIZED_ALLOCATOR 1
+#endif
+#endif
+
+using ferry::MiB;
+using ferry::io::fault;
+using ferry::io::fault_plan;
+using ferry::io::faulty_syscalls;
+using ferry::io::syscall_kind;
+using ferry_test::guarded_buffer;
+using ferry_test::read_text;
+using ferry_test::scratch_path;
+using ferry_test::write_text;
+
+namespace {
+
+constexpr std::size_t block = 256 * 1024;  // small_options' block_bytes
+
+// A tier on a faulty syscalls object with `before` (MiB + 7 bytes) stored in it: the
+// data every case checks survives the fault.
+template <class Tier>
+struct stored_before {
+  std::shared_ptr<fault_plan> plan = std::make_shared<fault_plan>();
+  scratch_path path{ferry_test::disk_dir};
+  ferry::nvme_options options;
+  std::unique_ptr<Tier> tier;
+  std::vector<std::byte> before_bytes = ferry_test::pattern(MiB + 7, 4242);
+  ferry::nvme_region before;
+
+  explicit stored_before(std::uint64_t capacity = 16 * MiB, unsigned retry_limit = 100)
+      : options(ferry_test::small_options({path.path()}, capacity)) {
+    options.retry_limit = retry_limit;
+    tier = std::make_unique<Tier>(options, faulty_syscalls<>(plan));
+    before = tier->store(before_bytes);
+  }
+  ~stored_before() { plan->clear(); }
+
+  [[nodiscard]] std::uint64_t next_offset() const { return before.offset + before.reserved; }
+
+  void check_before_intact() {
+    plan->clear();
+    guarded_buffer back(before.size(), 3);
+    tier->read(before, back.span());
+    CHECK(ferry_test::checksum(back.span()) == ferry_test::checksum(before_bytes));
+    CHECK(back.guards_intact());
+    CHECK(tier->check());
+  }
+};
+
+fault at(syscall_kind call, std::uint64_t offset, int error, std::size_t times = 1) {
+  return fault{.call = call, .error = error, .min_offset = offset, .max_offset = offset + 1, .times = times};
+}
+
+// One completion of a callback, waited for without timing.
+struct one_callback {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  void set(std::exception_ptr e) {
+    std::lock_guard lock(m);
+    error = std::move(e);
+    done = true;
+    cv.notify_all();
+  }
+  std::exception_ptr wait() {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done; });
+    return error;
+  }
+};
+
+
+std::uint64_t fill_memory(void* p, std::size_t n, std::uint64_t seed) {
+  const std::span<std::byte> s(static_cast<std::byte*>(p), n);
+  ferry_test::fill(s, seed);
+  return ferry_test::checksum(s);
+}
+
+std::uint64_t sum_memory(const void* p, std::size_t n) {
+  return ferry_test::checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), n));
+}
+
+}  // namespace
+
+// --- disk I/O ---------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("fault matrix: ECANCELED is retried like EINTR; endless ECANCELED fails after the retry limit",
+                   "[faults][nvme]", FERRY_TEST_ENGINES) {
+  stored_before<typename TestType::template tier<faulty_syscalls<>>> f(16 * MiB, 5);
+  const std::vector<std::byte> src = ferry_test::pattern(2 * block + 4096 + 9, 21);
+  const std::uint64_t target = f.next_offset();
+  const auto on_write = f.plan->add(at(syscall_kind::pwrite, target + block, ECANCELED, 3));
+  const auto on_read = f.plan->add(at(syscall_kind::pread, target, ECANCELED, 5));  // exactly the limit
+  const auto r = f.tier->store(src);
+  guarded_buffer back(r.size(), 0);
+  f.tier->read(r, back.span());
+  CHECK(ferry_test::checksum(back.span()) == ferry_test::checksum(src));
+  CHECK(f.plan->fired(on_write) == 3);
+  CHECK(f.plan->fired(on_read) == 5);
+  CHECK(f.tier->stats().retried == 8);
+  CHECK(f.tier->stats().failed == 0);
+
+  // One more than the limit in a row: the request fails with ECANCELED and its values.
+  f.plan->add(at(syscall_kind::pread, target + block, ECANCELED, fault::forever));
+  try {
+    f.tier->read(r, back.span());
+    FAIL("read succeeded");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == ECANCELED);
+    CHECK(e.path() == f.path.str());
+    CHECK(e.offset() == target + block);
+    CHECK(e.bytes() == block);
+  }
+  CHECK(f.tier->stats().failed == 1);
+  f.check_before_intact();
+  // The region written before the failed read still holds its bytes.
+  guarded_buffer again(r.size(), 1);
+  f.tier->read(r, again.span());
+  CHECK(ferry_test::checksum(again.span()) == ferry_test::checksum(src));
+}
+
+TEMPLATE_TEST_CASE("fault matrix: an asynchronous transfer's error reaches its ticket and its callback, with values",
+                   "[faults][nvme]", FERRY_TEST_ENGINES) {
+  stored_before<typename TestType::template tier<faulty_syscalls<>>> f;
+  const std::uint64_t target = f.before.offset + block;
+  f.plan->add(at(syscall_kind::pread, target, EIO, 2));
+  const auto check_error = [&](const ferry::io_error& e) {
+    CHECK(e.code().value() == EIO);
+    CHECK(e.path() == f.path.str());
+    CHECK(e.offset() == target);
+    CHECK(e.bytes() == block);
+  };
+  guarded_buffer back(f.before.size(), 0);
+  auto ticket = f.tier->submit_read(f.before, 0, back.span());
+  for (int i = 0; i < 2; ++i) {  // each wait throws (a new copy of) the same error
+    try {
+      ticket.wait();
+      FAIL("wait succeeded");
+    } catch (const ferry::io_error& e) {
+      check_error(e);
+    }
+  }
+  CHECK(ticket.ready());
+  one_callback cb;
+  f.tier->submit_read(f.before, 0, back.span(), [&](std::exception_ptr e) { cb.set(std::move(e)); });
+  const std::exception_ptr e = cb.wait();
+  REQUIRE(e != nullptr);
+  try {
+    std::rethrow_exception(e);
+  } catch (const ferry::io_error& error) {
+    check_error(error);
+  }
+  CHECK(back.guards_intact());
+  CHECK(f.tier->stats().failed == 2);
+  f.check_before_intact();
+}
+
+TEMPLATE_TEST_CASE("fault matrix: fsync EIO names the file; the data stored before survives and sync works again",
+                   "[faults][nvme]", FERRY_TEST_ENGINES) {
+  stored_before<typename TestType::template tier<faulty_syscalls<>>> f;
+  const auto rule = f.plan->add({.call = syscall_kind::fsync, .error = EIO});
+  try {
+    f.tier->sync();
+    FAIL("sync succeeded");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == EIO);
+    CHECK(e.path() == f.path.str());
+    CHECK(e.offset() == ferry::io_error::no_offset);
+    CHECK_THAT(e.what(), Catch::Contains("fsync"));
+  }
+  CHECK(f.plan->fired(rule) == 1);
+  CHECK_NOTHROW(f.tier->sync());
+  f.check_before_intact();
+}
+
+TEMPLATE_TEST_CASE("fault matrix: a failed preallocation removes the file it created and keeps a user's file",
+                   "[faults][nvme]", FERRY_TEST_ENGINES) {
+  using tier_t = typename TestType::template tier<faulty_syscalls<>>;
+  auto plan = std::make_shared<fault_plan>();
+  scratch_path fresh(ferry_test::disk_dir), user(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({fresh.path()}, 8 * MiB);
+  o.sizing = ferry::file_sizing::preallocate;
+  plan->add({.call = syscall_kind::fallocate, .error = ENOSPC, .times = fault::forever});
+  try {
+    tier_t tier(o, faulty_syscalls<>(plan));
+    FAIL("constructed");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == ENOSPC);
+    CHECK(e.path() == fresh.str());
+    CHECK(e.bytes() == 8 * MiB);
+  }
+  CHECK_FALSE(std::filesystem::exists(fresh.path()));  // created by the failed construction: removed
+
+  const std::string content = "a user's own file";
+  write_text(user.path(), content);
+  o.paths = {user.path()};
+  o.truncate_on_open = false;
+  CHECK_THROWS_AS(tier_t(o, faulty_syscalls<>(plan)), ferry::io_error);
+  REQUIRE(std::filesystem::exists(user.path()));  // there before: never removed
+  CHECK(read_text(user.path()) == content);
+}
+
+// --- tiers --------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("fault matrix: a full or fragmented nvme_tier refuses with out_of_capacity; every region survives",
+                   "[faults][nvme]", FERRY_TEST_ENGINES) {
+  scratch_path path(ferry_test::disk_dir);
+  typename TestType::template tier<ferry::io::posix_syscalls> tier(ferry_test::small_options({path.path()}, 4 * MiB));
+  // Eight regions of 512 KiB fill the tier.
+  std::vector<ferry::nvme_region> regions;
+  std::vector<std::vector<std::byte>> data;
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    data.push_back(ferry_test::pattern(512 * 1024, 100 + i));
+    regions.push_back(tier.store(data.back()));
+  }
+  REQUIRE(tier.used() == 4 * MiB);
+  const std::vector<std::byte> more = ferry_test::pattern(4096, 1);
+  try {
+    (void)tier.store(more);
+    FAIL("stored past the capacity");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == 4096);
+    CHECK(e.used() == 4 * MiB);
+    CHECK(e.capacity() == 4 * MiB);
+    CHECK_THAT(e.what(), Catch::Contains("nvme_tier"));
+  }
+  // Every other region freed: 2 MiB free, but in holes of 512 KiB.
+  for (std::size_t i = 0; i < 8; i += 2) tier.deallocate(regions[i]);
+  CHECK(tier.used() == 2 * MiB);
+  try {
+    (void)tier.allocate(MiB);
+    FAIL("allocated across fragmented holes");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK(e.requested() == MiB);
+    CHECK(e.used() == 2 * MiB);
+    CHECK(e.capacity() == 4 * MiB);
+  }
+  CHECK(tier.used() == 2 * MiB);
+  CHECK(tier.check());
+  for (std::size_t i = 1; i < 8; i += 2) {
+    std::vector<std::byte> back(regions[i].size());
+    tier.read(regions[i], back);
+    CHECK(ferry_test::checksum(back) == ferry_test::checksum(data[i]));
+  }
+  // A request that fits a hole still works.
+  const auto r = tier.store(data[0]);
+  std::vector<std::byte> back(r.size());
+  tier.read(r, back);
+  CHECK(back == data[0]);
+}
+
+TEST_CASE("fault matrix: host_tier out of system memory is out_of_capacity and gives the bytes back",
+          "[faults][tier]") {
+#if FERRY_TEST_SANITIZED_ALLOCATOR
+  WARN("skipped: a sanitizer's allocator aborts instead of failing the allocation");
+#else
+  ferry::host_tier tier(~std::size_t{0});  // no capacity limit: only the system can refuse
+  auto kept = tier.allocate(4097);
+  const std::uint64_t sum = fill_memory(kept.ptr, kept.size(), 5);
+  const std::size_t used = tier.used();
+  const std::size_t huge = std::size_t{1} << 62;  // more than any x86-64 or arm64 address space
+  try {
+    (void)tier.allocate(huge);
+    FAIL("allocated 2^62 bytes");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK_THAT(e.what(), Catch::Contains("host_tier (system memory)"));
+    CHECK(e.requested() == huge);
+    CHECK(e.used() == used);
+    CHECK(e.capacity() == ~std::size_t{0});
+  }
+  CHECK(tier.used() == used);  // the refused request's bytes were given back
+  CHECK(sum_memory(kept.ptr, kept.size()) == sum);
+  tier.deallocate(kept);
+  CHECK(tier.used() == 0);
+#endif
+}
+
+// --- pinned memory ------------------------------------------------------------------------
+
+TEST_CASE(
+    "fault matrix: a pinned_pool slab that cannot be mapped is out_of_capacity; live allocations keep their bytes",
+    "[faults][pinned_pool]") {
+  auto maps = std::make_shared<int>(0);
+  ferry::pinned_pool_options o;
+  o.budget_bytes = 64 * MiB;
+  o.slab_bytes = 4 * MiB;
+  o.pin = false;
+  o.hooks.map = [maps](std::size_t bytes) -> void* {
+    if ((*maps)++ >= 1) return nullptr;  // the second mapping fails, as mmap's ENOMEM would
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  };
+  o.hooks.unmap = [](void* p, std::size_t bytes) { ::munmap(p, bytes); };
+  ferry::pinned_pool pool(o);
+  void* a = pool.allocate(3 * MiB);
+  const std::uint64_t sum = fill_memory(a, 3 * MiB, 9);
+  try {
+    (void)pool.allocate(2 * MiB);  // does not fit the first slab: a second one is mapped
+    FAIL("allocated without a slab");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK_THAT(e.what(), Catch::Contains("pinned_pool (mmap failed)"));
+    CHECK(e.requested() == 4 * MiB);  // the slab it tried to map
+    CHECK(e.used() == 3 * MiB);
+    CHECK(e.capacity() == 64 * MiB);
+  }
+  CHECK(pool.used() == 3 * MiB);
+  CHECK(pool.reserved() == 4 * MiB);
+  CHECK(pool.slab_count() == 1);
+  CHECK_THROWS_AS(pool.reserve(8 * MiB), ferry::out_of_capacity);  // reserve maps too: same refusal
+  CHECK(pool.reserved() == 4 * MiB);
+  CHECK(sum_memory(a, 3 * MiB) == sum);
+  void* b = pool.allocate(MiB);  // what still fits the mapped slab is served
+  fill_memory(b, MiB, 10);
+  CHECK(sum_memory(a, 3 * MiB) == sum);
+  pool.deallocate(b, MiB);
+  pool.deallocate(a, 3 * MiB);
+  CHECK(pool.used() == 0);
+}
+
+namespace {
+// Runs `f` in a forked child whose stderr is captured; returns what it wrote there and
+// whether it ended by SIGABRT. (Only this thread runs in the child: `f` must not need
+// others.)
+template <class F>
+std::pair<std::string, bool> in_child(F f) {
+  int err_pipe[2];
+  REQUIRE(::pipe(err_pipe) == 0);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not Catch2's fatal-signal handler: the plain abort
+    if (const int null = ::open("/dev/null", O_WRONLY); null >= 0) ::dup2(null, STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    f();
+    ::_exit(0);
+  }
+  ::close(err_pipe[1]);
+  std::string text;
+  char buffer[256];
+  for (ssize_t n; (n = ::read(err_pipe[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(err_pipe[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return {text, WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT};
+}
+}  // namespace
+
+TEST_CASE("fault matrix: pinned_pool::deallocate of a pointer it did not hand out aborts with one stderr line",
+          "[faults][pinned_pool]") {
+  const auto [text, aborted] = in_child([] {
+    ferry::pinned_pool_options o;
+    o.budget_bytes = 8 * MiB;
+    o.slab_bytes = 4 * MiB;
+    o.pin = false;
+    ferry::pinned_pool pool(o);
+    void* p = pool.allocate(4096);
+    static char foreign[64];
+    pool.deallocate(foreign, sizeof foreign);  // aborts
+    pool.deallocate(p, 4096);
+  });
+  CHECK(aborted);
+  CHECK_THAT(text, Catch::Contains("ferry: pinned_pool::deallocate of") && Catch::Contains("not from this pool"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+}
+
+TEST_CASE("fault matrix: an extent_allocator double free aborts with one stderr line naming the extent",
+          "[faults][nvme]") {
+  const auto [text, aborted] = in_child([] {
+    ferry::io::extent_allocator a(MiB, 4096);
+    const auto e = a.allocate(8192);
+    a.deallocate(e);
+    a.deallocate(e);  // aborts
+  });
+  CHECK(aborted);
+  CHECK_THAT(text, Catch::Contains("ferry::io::extent_allocator: deallocate of an extent that overlaps free space") &&
+                       Catch::Contains("length = 8192"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+}
+
+// --- bad input to a pipeline ------------------------------------------------------------
+
+TEST_CASE(
+    "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget; nothing changes",
+    "[faults][tensor_cache]") {
+  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
+                                 ferry::identity<float>>;
+  ferry::host_stream compute;
+  ferry::host_executor sched{ferry::host_stream_ref(compute)};
+  ferry::host_device_arena device(MiB);
+  ferry::pinned_pool_options po;
+  po.pin = false;
+  po.budget_bytes = 4 * MiB;
+  po.slab_bytes = MiB;
+  ferry::pinned_pool pool(po);
+  {
+    ferry::host_tensor_cache<P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+    const ferry::host_stream_ref s(compute);
+    // Device memory past its budget: out_of_capacity with the rounded request, use, budget.
+    try {
+      (void)cache.allocate(MiB + 1, s);
+      FAIL("allocated past the device budget");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("device_arena"));
+      CHECK(e.requested() == MiB + 1);  // past the whole budget: the request as asked
+      CHECK(e.used() == 0);
+      CHECK(e.capacity() == MiB);
+    }
+    CHECK(device.used() == 0);
+    void* p = cache.allocate(4096, s);
+    const std::vector<std::byte> bytes = ferry_test::pattern(4096, 77);
+    std::memcpy(p, bytes.data(), bytes.size());
+    cache.store(1, p, 4096, s);
+    // The same buffer again under another key with another size.
+    try {
+      cache.store(2, p, 8192, s);
+      FAIL("stored the same buffer with another size");
+    } catch (const ferry::logic_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("another size") && Catch::Contains("8192") && Catch::Contains("4096"));
+    }
+    // Not whole elements of the codec (float: 4 bytes).
+    void* q = cache.allocate(4098, s);
+    try {
+      cache.store(3, q, 4098, s);
+      FAIL("stored 4098 bytes of floats");
+    } catch (const ferry::logic_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("multiple of the codec's element size") && Catch::Contains("4098"));
+    }
+    device.deallocate(q, 4098, s);  // a refused store leaves the buffer the caller's
+    CHECK(cache.size() == 1);
+    CHECK_FALSE(cache.contains(2));
+    CHECK_FALSE(cache.contains(3));
+    // The tensor stored before comes back bit for bit.
+    const void* back = cache.get(1, s);
+    std::uint64_t sum = 0;
+    compute.enqueue([&] { sum = sum_memory(back, 4096); });
+    compute.synchronize();
+    CHECK(sum == ferry_test::checksum(bytes));
+    cache.erase(1, s);
+    sched.synchronize();
+  }
+  compute.synchronize();
+  CHECK(device.used() == 0);
+  CHECK(pool.used() == 0);
+}
+
+TEST_CASE("fault matrix: host_device_arena sizes up to SIZE_MAX are out_of_capacity, nothing allocated",
+          "[faults][tensor_cache]") {
+  ferry::host_stream stream;
+  ferry::host_device_arena device(MiB);
+  void* kept = device.allocate(1000, ferry::host_stream_ref(stream));
+  const std::uint64_t sum = fill_memory(kept, 1000, 3);
+  for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 1, ~std::size_t{0} - 254, ~std::size_t{0} - 255,
+                                  ~std::size_t{0} / 2, MiB + 1}) {
+    INFO(bytes);
+    try {
+      (void)device.allocate(bytes, ferry::host_stream_ref(stream));
+      FAIL("allocated more than the budget");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("device_arena"));
+      CHECK(e.requested() >= bytes);
+      CHECK(e.used() == 1024);
+      CHECK(e.capacity() == MiB);
+    }
+    CHECK(device.used() == 1024);
+  }
+  CHECK(sum_memory(kept, 1000) == sum);
+  device.deallocate(kept, 1000, ferry::host_stream_ref(stream));
+  stream.synchronize();
+  CHECK(device.used() == 0);
+}
