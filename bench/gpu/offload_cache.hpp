@@ -42,7 +42,7 @@ class activation_cache {
   [[nodiscard]] virtual tensor_cache_stats stats() const = 0;
 };
 
-/// @brief `activation_cache` over a concrete `ferry::tensor_cache<Pipeline>`.
+/// @brief `activation_cache` over a concrete `ferry::tensor_cache`.
 template <class Cache>
 class cache_adapter final : public activation_cache {
  public:

@@ -9,8 +9,10 @@ namespace ferry::bench::offload_gpu {
 
 std::unique_ptr<activation_cache> make_fp8_cache(stream_scheduler& sched, device_arena& arena, pinned_pool& pool,
                                                  tensor_cache_options options) {
-  using pipeline = make_pipeline<int, tiers<device, pinned>, automatic, automatic, fp8_e4m3<bfloat16, per_block<128>>>;
-  return std::make_unique<cache_adapter<tensor_cache<pipeline>>>(sched, arena, pool, nullptr, options);
+  using two_tiers = tiers<device_tier, pinned_tier>;
+  using cache = tensor_cache<int, two_tiers, automatic, automatic, fp8_e4m3<bfloat16, per_block<128>>>;
+  return std::make_unique<cache_adapter<cache>>(sched, two_tiers(device_tier(arena, sched.h2d()), pinned_tier(pool)),
+                                                options);
 }
 
 }  // namespace ferry::bench::offload_gpu

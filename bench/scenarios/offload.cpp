@@ -448,11 +448,13 @@ std::vector<row> run_offload(const run_options& options) {
   co.prefetch_budget_bytes = cfg.prefetch_budget_mib * ferry::MiB;
   co.resident_below_bytes = cfg.resident_below_kib * ferry::KiB;
 
-  using identity_pipeline = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+  using two_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier>;
+  using identity_cache = ferry::tensor_cache<int, two_tiers>;
+  const two_tiers tiers(ferry::device_tier(arena, sched.h2d()), ferry::pinned_tier(pool));
   resident_saver none(m);
   sync_saver sync(m);
   cache_saver ferry_identity(
-      m, std::make_unique<gpu::cache_adapter<ferry::tensor_cache<identity_pipeline>>>(sched, arena, pool, nullptr, co));
+      m, std::make_unique<gpu::cache_adapter<identity_cache>>(sched, tiers, co));
   std::unique_ptr<cache_saver> ferry_fp8;
   if (fp8) ferry_fp8 = std::make_unique<cache_saver>(m, gpu::make_fp8_cache(sched, arena, pool, co));
 
@@ -485,7 +487,7 @@ std::vector<row> run_offload(const run_options& options) {
   for (const std::size_t n : offload_layers) {
     sweep_caches.push_back(std::make_unique<cache_saver>(
         m,
-        std::make_unique<gpu::cache_adapter<ferry::tensor_cache<identity_pipeline>>>(sched, arena, pool, nullptr, co)));
+        std::make_unique<gpu::cache_adapter<identity_cache>>(sched, tiers, co)));
     sweep.push_back(std::make_unique<partial_saver>(none, *sweep_caches.back(), n));
     (void)m.step(*sweep.back());
     check_equal(want, m.gradient_sums(), "ferry (identity) offloading part of the layers");

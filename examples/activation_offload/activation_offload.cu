@@ -233,8 +233,11 @@ int main() {
   options.prefetch_budget_bytes = std::size_t{64} << 20;  // up to 16 activations fetched ahead
   bool ok = true;
   {  // identity codec: bit for bit
-    using pipeline = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
-    ferry::tensor_cache<pipeline> cache(sched, arena, pool, nullptr, options);
+    // The common case in one statement: the cache owns its device and pinned memory.
+    ferry::tensor_cache_options own = options;
+    own.device_budget_bytes = std::size_t{256} << 20;
+    own.pinned_budget_bytes = std::size_t{512} << 20;
+    ferry::tensor_cache<int> cache(sched, own);
     cache_store<decltype(cache)> st{compute, cache};
     const run_result got = train(st, compute, blas);
     report("offload", got, cache);
@@ -248,9 +251,10 @@ int main() {
   }
   {  // fp8 codec: half the bytes of bf16, a quarter of fp32; gradients move a little
     using codec = ferry::fp8_e4m3<float, ferry::per_block<128>>;
-    using pipeline = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic,
-                                          ferry::automatic, codec>;
-    ferry::tensor_cache<pipeline> cache(sched, arena, pool, nullptr, options);
+    // Tiers given: device memory from `arena`, pinned memory from `pool`.
+    using two_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier>;
+    ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic, codec> cache(
+        sched, two_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool)), options);
     cache_store<decltype(cache)> st{compute, cache};
     const run_result got = train(st, compute, blas);
     report("fp8", got, cache);

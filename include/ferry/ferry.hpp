@@ -22,7 +22,7 @@
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/optim/adamw.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
-#include "ferry/pipeline/offload_pipeline.hpp"
+#include "ferry/pipeline/composition.hpp"
 #include "ferry/memory/stage_ring.hpp"
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"

@@ -176,8 +176,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-using identity_pinned = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
-using identity_nvme = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>>;
+using two_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier>;
+using three_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier, ferry::nvme_tier>;
+using identity_pinned = ferry::tensor_cache<int, two_tiers>;
+using identity_nvme = ferry::tensor_cache<int, three_tiers>;
 
 }  // namespace
 
@@ -190,7 +192,7 @@ TEST_CASE("tensor_cache on a GPU: forward/backward with the cache equals the one
   constexpr int layers = 4;
   plain_store plain{compute, {}};
   {
-    ferry::tensor_cache<identity_pinned> cache(sched, arena, pool, nullptr, {.keep_last = 1});
+    identity_pinned cache(sched, two_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool)), {.keep_last = 1});
     cache_store<decltype(cache)> cached{compute, cache};
     for (unsigned it = 0; it < 3; ++it) {
       const step_result want = step(plain, compute, layers, 10 * it);
@@ -220,7 +222,7 @@ TEST_CASE("tensor_cache on a GPU: a small pinned budget spills to NVMe and resul
   constexpr int layers = 6;
   plain_store plain{compute, {}};
   {
-    ferry::tensor_cache<identity_nvme> cache(sched, arena, pool, &tier,
+    identity_nvme cache(sched, three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), tier),
                                              {.keep_last = 1, .prefetch_budget_bytes = 12 * MiB});
     cache_store<decltype(cache)> cached{compute, cache};
     for (unsigned it = 0; it < 3; ++it) {
@@ -246,7 +248,7 @@ TEMPLATE_TEST_CASE("tensor_cache on a GPU: with an FP8 codec every fetched tenso
                    (ferry::fp8_e4m3<ferry::bfloat16, ferry::per_block<128>>)) {
   using codec = TestType;
   using T = typename codec::value_type;
-  using pipeline = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::automatic,
+  using pipeline = ferry::tensor_cache<int, three_tiers, ferry::automatic,
                                         ferry::automatic, codec>;
   ferry::stream compute;
   ferry::stream_scheduler sched(compute, small_chunks());
@@ -257,7 +259,7 @@ TEMPLATE_TEST_CASE("tensor_cache on a GPU: with an FP8 codec every fetched tenso
   const std::size_t bytes = n * sizeof(T);
   constexpr int tensors = 8;
   {
-    ferry::tensor_cache<pipeline> cache(sched, arena, pool, &tier, {.keep_last = 0, .prefetch_budget_bytes = 12 * MiB});
+    pipeline cache(sched, three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), tier), {.keep_last = 0, .prefetch_budget_bytes = 12 * MiB});
     for (unsigned it = 0; it < 3; ++it) {
       std::vector<std::vector<T>> oracle;
       for (int k = 0; k < tensors; ++k) {

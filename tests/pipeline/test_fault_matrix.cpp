@@ -433,7 +433,8 @@ TEST_CASE("fault matrix: an extent_allocator double free aborts with one stderr 
 TEST_CASE(
     "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget; nothing changes",
     "[faults][tensor_cache]") {
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
+  using two_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
+  using cache_type = ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic,
                                  ferry::identity<float>>;
   ferry::host_stream compute;
   ferry::host_executor sched{ferry::host_stream_ref(compute)};
@@ -444,7 +445,8 @@ TEST_CASE(
   po.slab_bytes = MiB;
   ferry::pinned_pool pool(po);
   {
-    ferry::host_tensor_cache<P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+    cache_type cache(sched, two_tiers(ferry::host_device_tier(device, sched.h2d()), ferry::pinned_tier(pool)),
+                     {.keep_last = 0});
     const ferry::host_stream_ref s(compute);
     // Device memory past its budget: out_of_capacity with the rounded request, use, budget.
     try {

@@ -43,7 +43,7 @@ ferry::scheduler_options options() {
   return o;
 }
 
-using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+using pinned_only = ferry_test::recipe<int, false>;
 
 }  // namespace
 
@@ -59,7 +59,7 @@ TEMPLATE_TEST_CASE("ordering: a stored tensor's buffer, handed straight back for
   const std::size_t bytes = 2 * MiB + 3;
   constexpr int n = 8;
   {
-    cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+    cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
     // The scheduler's streams wait: every D2H copy (and the free behind it) is still to
     // run when the next tensor is allocated and produced into the same block.
     td.model().hold_streams_except(compute.native());
@@ -186,7 +186,7 @@ TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool),
                                         {.resident_below_bytes = 64 * 1024, .keep_last = 2});
   gate g;
   a.enqueue([&g] { g.pass(); });  // the producer is held
@@ -197,8 +197,8 @@ TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream
   void* kept = cache.allocate(big, a);
   produce(a, kept, big, 10);
   cache.store(2, kept, big, a);  // kept on the device: among the last keep_last
-  CHECK(cache.tier_of(1) == 0);
-  CHECK(cache.tier_of(2) == 0);
+  CHECK(cache.tier_of(1) == ferry::tier_kind::device);
+  CHECK(cache.tier_of(2) == ferry::tier_kind::device);
   std::uint64_t seen_small = 0;
   std::uint64_t seen_big = 0;
   std::atomic<bool> read{false};
@@ -231,14 +231,14 @@ TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H
   auto& sched = td.scheduler(compute, options());
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   const std::size_t n = 3 * MiB + 3;
   void* p = cache.allocate(n, compute);
   produce(compute, p, n, 21);
   cache.store(0, p, n, compute);  // offloaded at once
   sched.synchronize();
   compute.synchronize();
-  REQUIRE(cache.tier_of(0) == 1);
+  REQUIRE(cache.tier_of(0) == ferry::tier_kind::pinned);
   td.model().hold_streams_except(compute.native());  // the H2D lane waits
   const void* q = cache.get(0, compute);             // its H2D is queued, not run
   std::uint64_t seen = 0;
@@ -269,7 +269,7 @@ TEMPLATE_TEST_CASE("ordering: the same buffer stored again by a second producer 
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 4});
   const std::size_t n = 8192;
   void* p = cache.allocate(n, a);
   produce(a, p, n, 1);
@@ -300,7 +300,7 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   auto& sched = td.scheduler(a, options());
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 4});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 4});
   const ferry::host_stream_ref legacy{nullptr};  // the CPU runtime's counterpart of the legacy default stream
   void* p = cache.allocate(4096, a);
   CHECK_THROWS_AS(cache.store(1, p, 4096, legacy), ferry::logic_error);

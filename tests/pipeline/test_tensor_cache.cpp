@@ -26,9 +26,9 @@ using ferry_test::fill;
 using ferry_test::scratch_path;
 using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
-using pinned_only = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
-using with_nvme = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>>;
-using with_lru = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
+using pinned_only = ferry_test::recipe<int, false>;
+using with_nvme = ferry_test::recipe<int, true>;
+using with_lru = ferry_test::recipe<int, true, ferry::lru<int>,
                                       ferry::no_prefetch>;
 
 template <class Syscalls>
@@ -46,15 +46,15 @@ TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device m
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1});
   producer prod{compute};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     cache.store(static_cast<int>(i), prod.make(cache, sizes[i], i), sizes[i], compute);
   }
   CHECK(cache.stats().offloaded == sizes.size() - 1);                 // all but the last one stored
   CHECK(cache.stats().pageable_offloads == cache.stats().offloaded);  // the pool does not pin (pin = false)
-  CHECK(cache.tier_of(static_cast<int>(sizes.size() - 1)) == 0);
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) CHECK(cache.tier_of(static_cast<int>(i)) == 1);
+  CHECK(cache.tier_of(static_cast<int>(sizes.size() - 1)) == ferry::tier_kind::device);
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) CHECK(cache.tier_of(static_cast<int>(i)) == ferry::tier_kind::pinned);
   sched.synchronize();
   compute.synchronize();
   // Only the last tensor is on the device now.
@@ -80,18 +80,18 @@ TEMPLATE_TEST_CASE("tensor_cache: small tensors and the last N stored stay on th
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr,
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool),
                                         {.resident_below_bytes = 64 * 1024, .keep_last = 3});
   producer prod{compute};
   cache.store(100, prod.make(cache, 1000, 100), 1000, compute);  // small
   for (int i = 0; i < 5; ++i)
     cache.store(i, prod.make(cache, MiB + 8, static_cast<std::uint64_t>(i)), MiB + 8, compute);
-  CHECK(cache.tier_of(100) == 0);
-  CHECK(cache.tier_of(0) == 1);
-  CHECK(cache.tier_of(1) == 1);
-  CHECK(cache.tier_of(2) == 0);
-  CHECK(cache.tier_of(3) == 0);
-  CHECK(cache.tier_of(4) == 0);
+  CHECK(cache.tier_of(100) == ferry::tier_kind::device);
+  CHECK(cache.tier_of(0) == ferry::tier_kind::pinned);
+  CHECK(cache.tier_of(1) == ferry::tier_kind::pinned);
+  CHECK(cache.tier_of(2) == ferry::tier_kind::device);
+  CHECK(cache.tier_of(3) == ferry::tier_kind::device);
+  CHECK(cache.tier_of(4) == ferry::tier_kind::device);
   CHECK(cache.stats().kept_resident == 1);
   CHECK(cache.stats().offloaded == 2);
   CHECK(sum_on(compute, cache.get(100, compute), 1000) == expected_sum(1000, 100));
@@ -106,7 +106,7 @@ TEMPLATE_TEST_CASE("tensor_cache: the same buffer stored under two keys is kept 
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 1});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1});
   producer prod{compute};
   void* p = prod.make(cache, 2 * MiB, 7);
   cache.store(1, p, 2 * MiB, compute);
@@ -134,7 +134,7 @@ TEMPLATE_TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe 
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(12 * MiB));  // room for three or so
-  cache_on<TestType, with_lru> cache(sched, device, pool, &tier, {.keep_last = 1});
+  cache_on<TestType, with_lru> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 1});
   producer prod{compute};
   constexpr int n = 10;
   for (int i = 0; i < n; ++i) {
@@ -143,7 +143,7 @@ TEMPLATE_TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe 
   }
   CHECK(cache.stats().spilled > 0);
   CHECK(tier.used() > 0);
-  CHECK(cache.tier_of(0) == 2);  // LRU spilled the oldest
+  CHECK(cache.tier_of(0) == ferry::tier_kind::nvme);  // LRU spilled the oldest
   for (int i = n; i-- > 0;) {
     const std::size_t bytes = 3 * MiB + static_cast<std::size_t>(i) * 4099;
     CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(i)));
@@ -163,12 +163,12 @@ TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_cap
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);  // fits
   CHECK_THROWS_AS(cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute), ferry::out_of_capacity);
   CHECK(cache.contains(1));
-  CHECK(cache.tier_of(1) == 0);  // still on the device, owned by the cache
+  CHECK(cache.tier_of(1) == ferry::tier_kind::device);  // still on the device, owned by the cache
   CHECK(sum_on(compute, cache.get(1, compute), 3 * MiB) == expected_sum(3 * MiB, 1));
   CHECK(sum_on(compute, cache.get(0, compute), 3 * MiB) == expected_sum(3 * MiB, 0));
 }
@@ -185,9 +185,9 @@ TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and 
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, ferry::lru<int>,
+  using P = ferry_test::recipe<int, true, ferry::lru<int>,
                                  ferry::no_prefetch>;
-  cache_on<TestType, P, decltype(tier)> cache(sched, device, pool, &tier, {.keep_last = 0});
+  cache_on<TestType, P, decltype(tier)> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);
   cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute);
@@ -207,7 +207,7 @@ TEMPLATE_TEST_CASE("tensor_cache: a store waits for its producer before the copy
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   ferry_test::gate g;
   void* p = cache.allocate(2 * MiB, compute);
   std::memset(p, 0, 2 * MiB);
@@ -230,7 +230,7 @@ TEMPLATE_TEST_CASE("tensor_cache: later iterations prefetch from the recorded sc
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(16 * MiB));
-  cache_on<TestType, with_nvme> cache(sched, device, pool, &tier, {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
+  cache_on<TestType, with_nvme> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
   producer prod{compute};
   constexpr int layers = 8;
   const auto bytes_of = [](int i) { return 2 * MiB + static_cast<std::size_t>(i) * 8191; };
@@ -266,7 +266,7 @@ TEMPLATE_TEST_CASE("tensor_cache: offloads into pinned blocks are not counted as
   o.hooks.register_chunk = [](void*, std::size_t) { return 0; };  // "pinned" (no GPU here)
   o.hooks.unregister_chunk = [](void*, std::size_t) {};
   ferry::pinned_pool pool(o);
-  cache_on<TestType, pinned_only> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   producer prod{compute};
   for (int i = 0; i < 3; ++i)
     cache.store(i, prod.make(cache, MiB + 5, static_cast<std::uint64_t>(i)), MiB + 5, compute);
@@ -289,9 +289,9 @@ TEMPLATE_TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::automatic, ferry::automatic,
+  using P = ferry_test::recipe<int, false, ferry::automatic, ferry::automatic,
                                  ferry::bf16>;
-  cache_on<TestType, P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+  cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   const std::size_t n = 1'000'003;
   std::vector<float> want(n);
   for (std::size_t i = 0; i < n; ++i) want[i] = std::sin(static_cast<float>(i) * 0.001f) * 1000.0f;
@@ -317,14 +317,19 @@ TEMPLATE_TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  cache_on<TestType, pinned_only> cache(sched, device, pool);
+  cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool));
   void* p = cache.allocate(4096, compute);
   CHECK_THROWS_AS(cache.store(1, nullptr, 10, compute), ferry::logic_error);
   CHECK_THROWS_AS(cache.get(5, compute), ferry::logic_error);
   CHECK_THROWS_AS(cache.erase(5, compute), ferry::logic_error);
   cache.store(1, p, 4096, compute);
   CHECK_THROWS_AS(cache.store(1, p, 4096, compute), ferry::logic_error);
-  CHECK_THROWS_AS((cache_on<TestType, with_nvme>(sched, device, pool, nullptr)), ferry::logic_error);
+  // A cache with an NVMe tier cannot be made without one (no constructor takes no tiers),
+  // while one of two tiers can own its device and pinned memory.
+  using sched_type = std::remove_reference_t<decltype(sched)>;
+  STATIC_REQUIRE_FALSE(std::is_constructible_v<cache_on<TestType, with_nvme>, sched_type&, ferry::tensor_cache_options>);
+  STATIC_REQUIRE_FALSE(std::is_constructible_v<cache_on<TestType, with_nvme>, sched_type&>);
+  STATIC_REQUIRE(std::is_constructible_v<cache_on<TestType, pinned_only>, sched_type&, ferry::tensor_cache_options>);
 }
 
 namespace {
@@ -336,10 +341,9 @@ struct one_byte_prefetch {
   template <class Sink>
   void prefetch(const int& /*key*/, std::size_t /*budget_bytes*/, Sink&& /*sink*/) noexcept {}
 };
-using lru_no_prefetch = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::lru<int>,
-                                             ferry::no_prefetch>;
-using lru_one_byte = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>, ferry::lru<int>,
-                                          one_byte_prefetch>;
+using host_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
+using lru_no_prefetch = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, ferry::no_prefetch>;
+using lru_one_byte = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, one_byte_prefetch>;
 }  // namespace
 
 TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]])", "[pipeline][tensor_cache]") {
@@ -352,7 +356,7 @@ TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]
   STATIC_REQUIRE(sizeof(probe) == sizeof(std::uint64_t));
   // In the cache itself: were no_prefetch held in a std::optional (a byte and a flag,
   // padded to 8 like the one-byte policy's optional), the two caches would be the same size.
-  STATIC_REQUIRE(sizeof(ferry::host_tensor_cache<lru_no_prefetch>) < sizeof(ferry::host_tensor_cache<lru_one_byte>));
+  STATIC_REQUIRE(sizeof(lru_no_prefetch) < sizeof(lru_one_byte));
   // A policy built from the recorded schedule is rebuilt after the recording: an optional.
   STATIC_REQUIRE(sizeof(ferry::detail::policy_slot<ferry::no_prefetch, true>) > sizeof(slot));
 }

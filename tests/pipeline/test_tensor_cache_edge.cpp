@@ -28,7 +28,7 @@ using namespace ferry_test;  // the shared pipeline-test helpers (backend_harnes
 
 using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
 
-using lru_no_prefetch = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>,
+using lru_no_prefetch = ferry_test::recipe<int, true,
                                              ferry::lru<int>, ferry::no_prefetch>;
 
 // belady recording where the cache reports each access of a pinned tensor.
@@ -56,15 +56,15 @@ TEMPLATE_TEST_CASE("tensor_cache edge: prefetch() of a tensor on NVMe brings it 
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
-    cache_on<TestType, lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
     producer prod{compute};
     for (int i = 0; i < 4; ++i)
       cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
-    REQUIRE(cache.tier_of(0) == 2);
+    REQUIRE(cache.tier_of(0) == ferry::tier_kind::nvme);
     cache.prefetch(0);
     settle(sched, compute);  // the read has landed
     cache.prefetch(0);       // any call finishes landed read-backs
-    CHECK(cache.tier_of(0) == 0);
+    CHECK(cache.tier_of(0) == ferry::tier_kind::device);
     CHECK(cache.stats().prefetched == 1);
     CHECK(sum_on(compute, cache.get(0, compute), 3 * MiB) == expected_sum(3 * MiB, 0));
     for (int i = 0; i < 4; ++i) cache.erase(i, compute);
@@ -89,19 +89,19 @@ TEMPLATE_TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only th
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
-    cache_on<TestType, lru_no_prefetch, faulty_tier> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch, faulty_tier> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
     producer prod{compute};
     for (int i = 0; i < 4; ++i)
       cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
-    REQUIRE(cache.tier_of(0) == 2);
-    REQUIRE(cache.tier_of(3) == 1);
+    REQUIRE(cache.tier_of(0) == ferry::tier_kind::nvme);
+    REQUIRE(cache.tier_of(3) == ferry::tier_kind::pinned);
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
     cache.prefetch(0);  // the read fails in the background
     settle(sched, compute);
     const void* p = nullptr;
     REQUIRE_NOTHROW(p = cache.get(3, compute));
     CHECK(sum_on(compute, p, 3 * MiB) == expected_sum(3 * MiB, 3));
-    CHECK(cache.tier_of(0) == 2);  // the NVMe copy is kept
+    CHECK(cache.tier_of(0) == ferry::tier_kind::nvme);  // the NVMe copy is kept
     CHECK_THROWS_AS(cache.get(0, compute), ferry::io_error);
     plan->clear();
     for (int i = 0; i < 4; ++i) {
@@ -129,12 +129,12 @@ TEMPLATE_TEST_CASE(
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(4 * MiB));  // one 3 MiB block
   {
-    cache_on<TestType, lru_no_prefetch> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
     producer prod{compute};
     for (int i = 0; i < 3; ++i)
       cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
-    REQUIRE(cache.tier_of(0) == 2);
-    REQUIRE(cache.tier_of(1) == 2);
+    REQUIRE(cache.tier_of(0) == ferry::tier_kind::nvme);
+    REQUIRE(cache.tier_of(1) == ferry::tier_kind::nvme);
     cache.prefetch(0);  // takes the only block (spilling 2), read in flight or landed
     for (int i : {1, 2, 0}) {
       CHECK(sum_on(compute, cache.get(i, compute), 3 * MiB) == expected_sum(3 * MiB, static_cast<std::uint64_t>(i)));
@@ -158,9 +158,9 @@ TEMPLATE_TEST_CASE("tensor_cache edge: an iteration longer than the recorded one
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(512 * MiB);
   ferry::pinned_pool pool(unpinned(256 * MiB));
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+  using P = ferry_test::recipe<int, false>;
   {
-    cache_on<TestType, P> cache(sched, device, pool, nullptr, {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
+    cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
     producer prod{compute};
     const std::size_t bytes = 2 * MiB;
     std::vector<std::uint64_t> prefetched;
@@ -200,10 +200,10 @@ TEMPLATE_TEST_CASE("tensor_cache edge: the eviction policy sees each get at the 
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned, ferry::nvme>, recording_belady,
+  using P = ferry_test::recipe<int, true, recording_belady,
                                  ferry::no_prefetch>;
   {
-    cache_on<TestType, P> cache(sched, device, pool, &tier, {.keep_last = 0});
+    cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
     producer prod{compute};
     for (int it = 0; it < 3; ++it) {
       for (int i = 0; i < 4; ++i)
@@ -245,8 +245,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: destroying the cache frees a stored tenso
   bool open = false;
   std::vector<std::byte> seen(2 * MiB);
   {
-    cache_on<TestType, ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>> cache(
-        sched, device, pool, nullptr, {.keep_last = 1});
+    cache_on<TestType, ferry_test::recipe<int, false>> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1});
     void* p = cache.allocate(2 * MiB, compute);
     compute.enqueue([&] {
       std::unique_lock lock(m);
@@ -298,12 +297,12 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
     o.hooks.unregister_chunk = [](void*, std::size_t) {};
     return o;
   };
-  using P = ferry::make_pipeline<int, ferry::tiers<ferry::device, ferry::pinned>>;
+  using P = ferry_test::recipe<int, false>;
 
   SECTION("default: all of the budget, pinned in the constructor") {
     ferry::pinned_pool pool(counted(32 * MiB + 100));  // not a multiple of the page: rounded down
     {
-      cache_on<ferry_test::host_device, P> cache(sched, device, pool, nullptr, {.keep_last = 0});
+      cache_on<ferry_test::host_device, P> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
       CHECK(pool.reserved() == 32 * MiB);
       CHECK(pinned_bytes.load() == 32 * MiB);
       CHECK(cache.stats().reserved_pinned_bytes == 32 * MiB);
@@ -330,15 +329,15 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
   SECTION("a smaller reservation; none when the pool already holds it; 0 reserves nothing") {
     ferry::pinned_pool pool(counted(64 * MiB));
     {
-      cache_on<ferry_test::host_device, P> a(sched, device, pool, nullptr, {.reserve_pinned_bytes = 16 * MiB});
+      cache_on<ferry_test::host_device, P> a(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 16 * MiB});
       CHECK(pool.reserved() == 16 * MiB);
-      cache_on<ferry_test::host_device, P> b(sched, device, pool, nullptr, {.reserve_pinned_bytes = 16 * MiB});
+      cache_on<ferry_test::host_device, P> b(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 16 * MiB});
       CHECK(pool.reserved() == 16 * MiB);  // the pool holds it already: a second cache on it maps nothing
-      cache_on<ferry_test::host_device, P> c(sched, device, pool, nullptr, {.reserve_pinned_bytes = 0});
+      cache_on<ferry_test::host_device, P> c(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 0});
       CHECK(pool.reserved() == 16 * MiB);
     }
     ferry::pinned_pool lazy(counted(64 * MiB));
-    cache_on<ferry_test::host_device, P> d(sched, device, lazy, nullptr, {.reserve_pinned_bytes = 0});
+    cache_on<ferry_test::host_device, P> d(sched, ferry_test::tier_set(sched, device, lazy), {.reserve_pinned_bytes = 0});
     CHECK(lazy.reserved() == 0);
   }
   SECTION("a reservation the pool cannot map: the default pins on first use, an explicit one throws") {
@@ -347,11 +346,11 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
     ferry::pinned_pool pool(std::move(o));
     using cache_type = cache_on<ferry_test::host_device, P>;
     {
-      cache_type cache(sched, device, pool, nullptr);
+      cache_type cache(sched, ferry_test::tier_set(sched, device, pool));
       CHECK(cache.stats().reserved_pinned_bytes == 0);
       CHECK(pool.reserved() == 0);
     }
-    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, device, pool, nullptr, {.reserve_pinned_bytes = 8 * MiB})),
+    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 8 * MiB})),
                     ferry::out_of_capacity);
     CHECK(pool.reserved() == 0);
     CHECK(pins.load() == 0);
@@ -360,7 +359,7 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
     ferry::pinned_pool_options o = counted(32 * MiB);
     o.keep_empty_slabs = false;
     ferry::pinned_pool pool(std::move(o));
-    cache_on<ferry_test::host_device, P> cache(sched, device, pool, nullptr);
+    cache_on<ferry_test::host_device, P> cache(sched, ferry_test::tier_set(sched, device, pool));
     CHECK(cache.stats().reserved_pinned_bytes == 0);
     CHECK(pool.reserved() == 0);
   }

@@ -37,6 +37,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <tuple>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <utility>
@@ -231,8 +233,48 @@ void settle(Scheduler& sched, Stream& compute) {
   compute.synchronize();
 }
 
-/// The tensor cache over a test device's backend and device memory.
-template <class Device, class Pipeline, class Nvme = ferry::nvme_tier>
-using cache_on = ferry::basic_tensor_cache<Pipeline, typename Device::backend_type, typename Device::memory_type, Nvme>;
+/// A test's choice of a tensor cache's key, tiers and policies, without the device:
+/// `WithNvme` adds a file-backed tier (its type is given to `cache_on`).
+template <class Key, bool WithNvme, class Eviction = ferry::automatic, class Prefetch = ferry::automatic,
+          class Codec = ferry::automatic>
+struct recipe {};
+
+namespace detail {
+template <class Device, class Recipe, class Nvme>
+struct cache_of;
+template <class Device, class Key, bool WithNvme, class E, class P, class C, class Nvme>
+struct cache_of<Device, recipe<Key, WithNvme, E, P, C>, Nvme> {
+  using device_tier = ferry::basic_device_tier<typename Device::backend_type::runtime_type>;
+  using tiers = std::conditional_t<WithNvme, ferry::tiers<device_tier, ferry::pinned_tier, Nvme>,
+                                   ferry::tiers<device_tier, ferry::pinned_tier>>;
+  using type = ferry::tensor_cache<Key, tiers, E, P, C>;
+};
+}  // namespace detail
+
+/// The tensor cache of `Recipe` over a test device's runtime (`Nvme`: the file-backed
+/// tier's type when the recipe has one).
+template <class Device, class Recipe, class Nvme = ferry::nvme_tier>
+using cache_on = typename detail::cache_of<Device, Recipe, Nvme>::type;
+
+/// The tier objects of a cache: the device tier over `device` (ordered on the scheduler's
+/// H2D stream), the pinned tier over `pool`, and, when given, the NVMe tier; converts to
+/// the `ferry::tiers` of the cache being constructed.
+template <class Scheduler, class Arena, class... Nvme>
+struct tier_set {
+  Scheduler& sched;
+  Arena& device;
+  ferry::pinned_pool& pool;
+  std::tuple<Nvme&...> nvme;
+  tier_set(Scheduler& s, Arena& d, ferry::pinned_pool& p, Nvme&... n) : sched(s), device(d), pool(p), nvme(n...) {}
+  template <class D, class... N>
+  operator ferry::tiers<D, ferry::pinned_tier, N...>() const {  // NOLINT(google-explicit-constructor)
+    static_assert(sizeof...(N) == sizeof...(Nvme), "tier_set: the cache's tiers and the tiers given differ");
+    return std::apply(
+        [&](auto&... n) {
+          return ferry::tiers<D, ferry::pinned_tier, N...>(D(device, sched.h2d()), ferry::pinned_tier(pool), n...);
+        },
+        nvme);
+  }
+};
 
 }  // namespace ferry_test

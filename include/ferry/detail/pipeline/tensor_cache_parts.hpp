@@ -1,0 +1,151 @@
+/// @file
+/// @brief Pieces of `ferry::tensor_cache`'s body: the codec run on a backend's stream,
+/// where a pipeline keeps a policy, a guard of a backend marker, the pinned reservation
+/// and the waits on a tensor's moves.
+#pragma once
+
+#include "ferry/codec/identity.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/memory/pinned_pool.hpp"
+#include "ferry/pipeline/tensor_cache_options.hpp"
+#include "ferry/transfer/host_executor.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+
+#if FERRY_HAS_CUDA
+#include <cuda/stream_ref>
+#endif
+
+namespace ferry::detail {
+
+// Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
+// queued host function) on a stream of the CPU runtime.
+template <class Codec>
+struct codec_on_stream {
+  using T = typename Codec::value_type;
+  static void encode(const Codec& c, host_stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t out_bytes) {
+    s.enqueue([c, in, n, out, out_bytes] {
+      (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
+    });
+  }
+  static void decode(const Codec& c, host_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
+                     std::size_t n) {
+    s.enqueue([c, in, in_bytes, out, n] {
+      c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));
+    });
+  }
+#if FERRY_HAS_CUDA
+  static void encode(const Codec& c, ::cuda::stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t /*out_bytes*/) {
+    (void)c.encode(static_cast<const T*>(in), n, out, s);
+  }
+  static void decode(const Codec& c, ::cuda::stream_ref s, const std::byte* in, std::size_t /*in_bytes*/, void* out,
+                     std::size_t n) {
+    c.decode(in, n, static_cast<T*>(out), s);
+  }
+#endif
+};
+
+template <class C>
+inline constexpr bool is_identity_codec = false;
+template <class T>
+inline constexpr bool is_identity_codec<identity<T>> = true;
+
+// Where a pipeline keeps a policy. One made from the recorded schedule is rebuilt when
+// the recording ends, so it sits in an optional; any other is made once, default-
+// constructed, and stored as itself, so that a stateless one (no_prefetch, a user's
+// empty policy) takes no bytes in a `[[no_unique_address]]` member.
+template <class P, bool Rebuilt>
+class policy_slot {
+ public:
+  P* operator->() noexcept { return &policy_; }
+  const P* operator->() const noexcept { return &policy_; }
+
+ private:
+  [[no_unique_address]] P policy_{};
+};
+
+template <class P>
+class policy_slot<P, true> {
+ public:
+  P* operator->() noexcept { return &*policy_; }
+  const P* operator->() const noexcept { return &*policy_; }
+  template <class... Args>
+  void emplace(Args&&... args) {
+    policy_.emplace(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::optional<P> policy_;
+};
+
+// Releases a backend marker unless ownership is taken (`release()`).
+template <class Backend>
+struct marker_guard {
+  using marker_type = typename Backend::marker_type;
+  Backend& backend;
+  std::optional<marker_type> m;
+  marker_guard(Backend& b, marker_type marker) : backend(b), m(marker) {}
+  marker_guard(const marker_guard&) = delete;
+  marker_guard& operator=(const marker_guard&) = delete;
+  ~marker_guard() {
+    if (m) backend.release(*m);
+  }
+  marker_type release() noexcept {
+    marker_type out = *m;
+    m.reset();
+    return out;
+  }
+};
+
+// Maps and pins `options.reserve_pinned_bytes` of `pool` (clamped to what is left of
+// its budget) now, not inside the first stores; returns the bytes reserved.
+inline std::uint64_t reserve_pinned(pinned_pool& pool, const tensor_cache_options& options) {
+  const bool whole = options.reserve_pinned_bytes == tensor_cache_options::whole_budget;
+  // A pool that releases empty slabs would release the reservation after its first use.
+  if (whole && !pool.keeps_empty_slabs()) return 0;
+  const std::size_t held = pool.reserved();
+  const std::size_t budget = pool.budget();
+  if (options.reserve_pinned_bytes == 0 || held >= options.reserve_pinned_bytes || held >= budget) return 0;
+  std::size_t bytes = std::min(options.reserve_pinned_bytes - held, budget - held);
+  bytes -= bytes % pool.page_bytes();
+  if (bytes == 0) return 0;
+  try {
+    pool.reserve(bytes);
+  } catch (const out_of_capacity&) {
+    // The default asks for the whole budget, which may be more than the machine maps
+    // at once (a generous or unlimited budget): slabs are then pinned on first use.
+    if (!whole) throw;
+  }
+  return pool.reserved() - std::min(held, pool.reserved());
+}
+
+// Waits for every move of a tensor (its tickets `out`, `in`, `read_back`), quietly:
+// errors stay with the tickets.
+template <class Record>
+void quiesce(Record& r) noexcept {
+  for (auto* t : {&r.out, &r.in, &r.read_back}) {
+    if (!t->valid()) continue;
+    try {
+      t->wait();
+    } catch (...) {
+    }
+  }
+}
+
+// A move of a tensor still in flight (its pinned block or NVMe extent in use).
+template <class Record>
+[[nodiscard]] bool in_flight(const Record& r) noexcept {
+  for (const auto* t : {&r.out, &r.in, &r.read_back}) {
+    if (t->valid() && !t->ready()) return true;
+  }
+  return false;
+}
+
+}  // namespace ferry::detail
