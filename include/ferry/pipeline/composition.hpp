@@ -2,7 +2,7 @@
 /// @brief How a pipeline is composed: `ferry::tiers`, the tiers it moves bytes between,
 /// named once as types (its template argument) and given once as objects (its
 /// constructor argument); `ferry::automatic`, the "choose for me" of a policy slot, and
-/// its resolution; `ferry::tier_kind`; `ferry::schedule_driven`.
+/// its resolution; `ferry::tier_kind`.
 ///
 /// ```cpp
 /// // the common case: device and pinned memory the cache owns
@@ -108,12 +108,6 @@ struct resolve_codec<automatic> {
 };
 /// @endcond
 }  // namespace detail
-
-/// @brief A policy that follows a recorded schedule: constructible from it (and, to
-/// start at a position, from it and the position). A pipeline makes such a policy from
-/// the iteration it records; any other policy is default-constructed.
-template <class P, class Key>
-concept schedule_driven = std::is_constructible_v<P, const access_schedule<Key>&>;
 
 /// @brief `Eviction` with `ferry::automatic` resolved: `belady<Key>` (replays the
 /// recorded iteration; LRU for keys it has not seen).

@@ -24,10 +24,12 @@
 /// default:
 /// | slot | allowed | default |
 /// |---|---|---|
-/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`, `D` a `basic_device_tier<Runtime>` (`device_tier` on CUDA, `host_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier, pinned_tier>` |
-/// | `Eviction` (which pinned tensor spills to NVMe) | any `ferry::eviction_policy<P, Key>` | `automatic`: `belady<Key>` (replays the recorded iteration; LRU for keys it has not seen) |
-/// | `Prefetch` (which tensor comes back early) | any `ferry::prefetch_policy<P, Key>` | `automatic`: `schedule_replay<Key>` (the recorded iteration within a byte budget) |
-/// | `Codec` | any `ferry::codec` | `automatic`: `identity<std::byte>` |
+/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`, `D` a `basic_device_tier<Runtime>` (`device_tier`
+/// on CUDA, `host_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier,
+/// pinned_tier>` | | `Eviction` (which pinned tensor spills to NVMe) | any `ferry::eviction_policy<P, Key>` |
+/// `automatic`: `belady<Key>` (replays the recorded iteration; LRU for keys it has not seen) | | `Prefetch` (which
+/// tensor comes back early) | any `ferry::prefetch_policy<P, Key>` | `automatic`: `schedule_replay<Key>` (the recorded
+/// iteration within a byte budget) | | `Codec` | any `ferry::codec` | `automatic`: `identity<std::byte>` |
 ///
 /// The device tier's runtime picks the scheduler (`basic_scheduler<device_backend<Runtime>>`)
 /// and the streams. The constructor takes the scheduler, the tier objects (or none, with
@@ -39,6 +41,16 @@
 /// takes no bytes (`[[no_unique_address]]`; tests/pipeline/test_tensor_cache.cpp checks
 /// `sizeof`).
 ///
+/// ## Who decides
+/// Every decision — which tensor goes to pinned memory, which spills from there to NVMe,
+/// which comes back and when — is made by an `offload_plan` (policy/offload_plan.hpp) on
+/// a `placement` of three tiers: tier 0 the device (unbounded: the arena refuses for
+/// itself), tier 1 pinned memory (the pool's budget, counted in encoded bytes), tier 2
+/// NVMe. The cache carries out the plan's moves with the scheduler; `simulate_offload`
+/// runs the same plan over a recorded iteration with a mover that counts, and makes the
+/// same moves (`observe_moves` shows them). A tensor lives in one tier at a time: the
+/// copy it leaves is freed once the new one is confirmed.
+///
 /// ## Where a tensor lives
 /// - **On the device only**: tensors under `resident_below_bytes`, and the last
 ///   `keep_last` stored (the backward pass needs them first) stay where they are; a
@@ -46,22 +58,26 @@
 ///   on the producer stream, and `get` of such a tensor makes the consumer stream wait
 ///   for it (and `erase` orders the free after it), so a consumer on another stream
 ///   never reads it before the producer has written it.
-/// - **Pinned memory**: every other stored tensor, encoded by the pipeline's codec, in a
-///   block of the `pinned_pool` (the pinned tier). The D2H copy runs on the scheduler's D2H stream after
-///   an event on the producer stream; the device memory is freed on the D2H stream
+/// - **Pinned memory**: an offloaded tensor, encoded by the codec, in a block of the
+///   `pinned_pool` (the pinned tier). The D2H copy runs on the scheduler's D2H stream
+///   after an event on the producer stream; the device memory is freed on the D2H stream
 ///   behind the copy (stream-ordered, so the producer never waits). The constructor
 ///   reserves the pool's budget (`tensor_cache_options::reserve_pinned_bytes`), so the
 ///   mapping and pinning (`cudaHostRegister`, tens of ms per GiB) happen there and not
 ///   inside `store`.
-/// - **NVMe** (pipelines with an NVMe tier): when a pinned block cannot be had
-///   (`out_of_capacity` from the pool), the eviction policy names a tensor in pinned
-///   memory to spill; it is written to the NVMe tier (the calling thread waits for that
-///   write: it is what makes room) and its pinned block freed.
+/// - **NVMe** (caches with an NVMe tier): when the pinned tier is full, the eviction
+///   policy names a tensor in pinned memory to spill; it is written to the NVMe tier (the
+///   calling thread waits for that write: it is what makes room) and its pinned block
+///   freed. A tensor larger than the whole pinned tier goes from the device to NVMe
+///   through the scheduler's bounce buffers. When the pool refuses a block the plan's
+///   count allowed (fragmentation, a pool shared with others), the plan spills one more
+///   tensor and the offload is tried again.
 /// - **Back on the device**: `get` (or a prefetch) allocates device memory on the H2D
-///   stream, copies the encoded bytes H2D (after the D2H that filled them), decodes them
-///   on the H2D stream, and the consumer stream waits on an event. A tensor on NVMe is
-///   first read back into pinned memory (asynchronously when prefetched; `get` waits for
-///   that read). The fetched device copy stays until `erase`.
+///   stream, copies the encoded bytes there — H2D from pinned memory after the D2H that
+///   filled them, or from NVMe through the bounce buffers — decodes them on the H2D
+///   stream, and the consumer stream waits on an event. `get` of a tensor on NVMe waits
+///   on the host for the read (a prefetch does not). The pinned block or NVMe extent is
+///   freed once the copy has landed; the device copy stays until `erase`.
 ///
 /// The same device buffer stored under several keys is kept once (`store` of a pointer
 /// the cache already holds adds a key to it).
@@ -71,25 +87,24 @@
 /// `access_schedule`; then schedule-driven policies (`belady`, `schedule_replay`,
 /// `lookahead`) are made from it and replay it in every later iteration: spills go to the
 /// tensor needed furthest in the future, and prefetches bring back the next reads within
-/// `prefetch_budget_bytes` of device memory. A prefetch's read-back spills no tensor the
-/// schedule needs before the prefetched one. Each `end_iteration()` moves the replay to
-/// the start of the recorded iteration again, also after an iteration with more or fewer
-/// accesses than the recorded one.
+/// `prefetch_budget_bytes`. The prefetch policy runs after every access (a store too),
+/// as in the simulator. Each `end_iteration()` moves the replay to the start of the
+/// recorded iteration again, also after an iteration with more or fewer accesses than
+/// the recorded one.
 ///
 /// ## Errors and guarantees
 /// Nothing is lost: a tensor stays where it was until its new copy is confirmed. If no
 /// pinned block can be had and nothing can spill, `store` throws `out_of_capacity`
 /// and the tensor stays on the device, still owned by the cache (retrievable with `get`,
 /// freed by `erase`). A failed spill write leaves the tensor in pinned memory. A failed
-/// D2H or H2D surfaces from `get` (the ticket's error) and the other copy is kept. A
-/// prefetch that fails (its read from NVMe, or no device memory for its H2D) is dropped
-/// quietly: the tensor keeps its other copy, and its own `get` tries again and throws
-/// the error if it persists; no other key's `get` sees it. Reading a tensor back from
-/// NVMe needs a pinned block: with the pool full and the NVMe tier too full to spill
-/// into, `get` of a tensor on NVMe throws `out_of_capacity` until something is erased.
-/// Unknown keys, a null pointer, a size that is not a multiple of the element size:
-/// `ferry::logic_error` (a refused `store` leaves the buffer the caller's: free it with
-/// the device memory's `deallocate`).
+/// D2H surfaces from the spill or the `get` that reads it; a failed H2D or NVMe read
+/// from `get` (the ticket's error), and the copy it came from is kept and the tensor
+/// counted there again. A prefetch that fails (its read from NVMe, or no device memory
+/// for it) is dropped quietly: the tensor keeps its copy, and its own `get` tries again
+/// and throws the error if it persists; no other key's `get` sees it. Unknown keys, a
+/// null pointer, a size that is not a multiple of the element size: `ferry::logic_error`
+/// (a refused `store` leaves the buffer the caller's: free it with the device memory's
+/// `deallocate`).
 ///
 /// ## Threads
 /// A cache is used from one thread at a time (the training loop). Its moves run on the
@@ -103,6 +118,7 @@
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/policy/access_schedule.hpp"
+#include "ferry/policy/offload_plan.hpp"
 #include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"
@@ -110,6 +126,7 @@
 #include "ferry/transfer/scheduler.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <tuple>
 #include <type_traits>
@@ -139,7 +156,8 @@ struct cache_tiers<tiers<D, H, N...>> {
 /// @tparam Tiers    `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>` (see the file comment)
 /// @tparam Eviction which tensor in pinned memory spills to NVMe when the pool is full (`automatic`: `belady<Key>`)
 /// @tparam Prefetch which tensors come back to the device ahead of their use (`automatic`: `schedule_replay<Key>`)
-/// @tparam Codec    how tensors are encoded on the way out and decoded on the way in (`automatic`: `identity<std::byte>`)
+/// @tparam Codec    how tensors are encoded on the way out and decoded on the way in (`automatic`:
+/// `identity<std::byte>`)
 template <class Key, class Tiers = tiers<default_device_tier, pinned_tier>, class Eviction = automatic,
           class Prefetch = automatic, class Codec = automatic>
 class tensor_cache {
@@ -151,21 +169,22 @@ class tensor_cache {
                 "and spill from there to NVMe)");
 
  public:
-  using key_type = Key;                                                 ///< the key
-  using tiers_type = Tiers;                                             ///< the tiers
-  using eviction_type = resolve_eviction_t<Key, Eviction>;              ///< which pinned tensor spills
-  using prefetch_type = resolve_prefetch_t<Key, Prefetch>;              ///< which tensors come back early
-  using codec_type = resolve_codec_t<Codec>;                            ///< the codec
-  using element_type = typename codec_type::value_type;                 ///< tensors' element type (the codec's)
-  using device_tier_type = typename shape::device;                      ///< the device tier
-  using nvme_tier_type = typename shape::nvme;                          ///< the NVMe tier (when there is one)
+  using key_type = Key;                                     ///< the key
+  using tiers_type = Tiers;                                 ///< the tiers
+  using eviction_type = resolve_eviction_t<Key, Eviction>;  ///< which pinned tensor spills
+  using prefetch_type = resolve_prefetch_t<Key, Prefetch>;  ///< which tensors come back early
+  using codec_type = resolve_codec_t<Codec>;                ///< the codec
+  using element_type = typename codec_type::value_type;     ///< tensors' element type (the codec's)
+  using device_tier_type = typename shape::device;          ///< the device tier
+  using nvme_tier_type = typename shape::nvme;              ///< the NVMe tier (when there is one)
   using runtime_type = typename detail::device_tier_runtime<device_tier_type>::type;  ///< the device runtime
-  using backend_type = device_backend<runtime_type>;                    ///< the scheduler's backend
-  using stream_type = typename backend_type::stream_type;               ///< the backend's stream
-  using scheduler_type = basic_scheduler<backend_type>;                 ///< the scheduler
-  using arena_type = basic_device_arena<runtime_type>;                  ///< where device copies live
-  using schedule_type = access_schedule<key_type>;                      ///< the recorded iteration
-  static constexpr bool has_nvme = shape::has_nvme;                     ///< NVMe is the last tier
+  using backend_type = device_backend<runtime_type>;                                  ///< the scheduler's backend
+  using stream_type = typename backend_type::stream_type;                             ///< the backend's stream
+  using scheduler_type = basic_scheduler<backend_type>;                               ///< the scheduler
+  using arena_type = basic_device_arena<runtime_type>;                                ///< where device copies live
+  using schedule_type = access_schedule<key_type>;                                    ///< the recorded iteration
+  using plan_type = offload_plan<Key, eviction_type, prefetch_type, codec_type>;      ///< the decisions
+  static constexpr bool has_nvme = shape::has_nvme;                                   ///< NVMe is the last tier
 
  private:
   static_assert(eviction_policy<eviction_type, Key>,
@@ -182,7 +201,8 @@ class tensor_cache {
   static_assert(std::is_default_constructible_v<prefetch_type> || schedule_driven<prefetch_type, Key>,
                 "ferry::tensor_cache: Prefetch must be default-constructible or constructible from the recorded "
                 "ferry::access_schedule<Key>");
-  static_assert(std::is_default_constructible_v<codec_type>, "ferry::tensor_cache: Codec must be default-constructible");
+  static_assert(std::is_default_constructible_v<codec_type>,
+                "ferry::tensor_cache: Codec must be default-constructible");
   static_assert(!has_nvme || nvme_tier_type::traits.file_backed,
                 "ferry::tensor_cache: the third tier must be file-backed (an nvme_tier)");
   using engine_type = detail::tensor_cache_engine<Key, eviction_type, prefetch_type, codec_type, backend_type,
@@ -279,8 +299,19 @@ class tensor_cache {
   /// @brief Counters since construction.
   [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return engine_.stats(); }
   /// @brief The recorded iteration: recorded as the first iteration runs, fixed from the
-  /// first `end_iteration()` on.
+  /// first `end_iteration()` on. Raw bytes (before the codec).
   [[nodiscard]] const schedule_type& schedule() const noexcept { return engine_.schedule(); }
+
+  /// @brief The plan whose decisions the cache carries out (read-only): its placement
+  /// says where each tensor is counted, tier 0 device, 1 pinned, 2 NVMe.
+  [[nodiscard]] const plan_type& plan() const noexcept { return engine_.plan(); }
+
+  /// @brief Calls `f(const move_event<Key>&)` for every move of the plan once the cache has
+  /// issued it (or, for `create` and `drop`, decided it), on the thread calling the
+  /// cache, until replaced; an empty function stops it. For tracing, and for comparing a
+  /// run with `ferry::simulate_offload`. The event's key is the name the plan knows the
+  /// buffer by (its first stored key); bytes are offloaded (encoded) bytes.
+  void observe_moves(std::function<void(const move_event<key_type>&)> f) { engine_.observe(std::move(f)); }
 
  private:
   static pinned_pool_options pool_options(const tensor_cache_options& options) {

@@ -44,21 +44,21 @@ struct tensor_cache_options {
 
 /// @brief Counters of a `tensor_cache` (bytes are encoded bytes where they moved encoded).
 struct tensor_cache_stats {
-  std::uint64_t stored = 0;          ///< `store` calls
-  std::uint64_t deduplicated = 0;    ///< stores of a buffer the cache already held
-  std::uint64_t kept_resident = 0;   ///< stores under `resident_below_bytes` (never offloaded)
-  std::uint64_t offloaded = 0;       ///< tensors copied to pinned memory
-  std::uint64_t offloaded_bytes = 0; ///< bytes copied D2H (encoded)
+  std::uint64_t stored = 0;           ///< `store` calls
+  std::uint64_t deduplicated = 0;     ///< stores of a buffer the cache already held
+  std::uint64_t kept_resident = 0;    ///< stores under `resident_below_bytes` (never offloaded)
+  std::uint64_t offloaded = 0;        ///< tensors copied to pinned memory
+  std::uint64_t offloaded_bytes = 0;  ///< bytes copied D2H (encoded)
   /// Of `offloaded`, copies into a pinned-pool block that is not pinned (pinning was refused,
   /// or the pool does not pin): a D2H copy into pageable memory runs at a fraction of the
   /// link's speed and blocks the calling thread until the producer stream reaches it.
   std::uint64_t pageable_offloads = 0;
-  std::uint64_t spilled = 0;         ///< tensors written from pinned memory to NVMe
-  std::uint64_t spilled_bytes = 0;   ///< bytes written to NVMe
-  std::uint64_t fetched = 0;         ///< tensors brought back to the device
-  std::uint64_t fetched_bytes = 0;   ///< bytes copied H2D (encoded)
-  std::uint64_t prefetched = 0;      ///< of those, started by a prefetch
-  std::uint64_t read_back = 0;       ///< tensors read from NVMe into pinned memory
+  std::uint64_t spilled = 0;        ///< tensors written from pinned memory to NVMe
+  std::uint64_t spilled_bytes = 0;  ///< bytes written to NVMe
+  std::uint64_t fetched = 0;        ///< tensors brought back to the device
+  std::uint64_t fetched_bytes = 0;  ///< bytes copied H2D (encoded)
+  std::uint64_t prefetched = 0;     ///< of those, started by a prefetch
+  std::uint64_t read_back = 0;      ///< tensors read from NVMe into pinned memory
   /// Pinned bytes the constructor reserved in the pool (`reserve_pinned_bytes`; 0 when it
   /// reserved nothing: the pool held enough, releases empty slabs, or could not map the
   /// whole budget at once).

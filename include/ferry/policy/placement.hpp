@@ -8,9 +8,9 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
+#include "ferry/core/error.hpp"
 #include "ferry/detail/policy/id_table.hpp"
 #include "ferry/detail/policy/keyed_pool.hpp"
-#include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
 
@@ -208,13 +208,16 @@ class placement {
     FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
     FERRY_EXPECTS(capacities.size() < std::size_t{std::numeric_limits<std::uint32_t>::max()},
                   "a placement has fewer than 2^32 - 1 tiers", capacities.size());
-    FERRY_EXPECTS(!dense || follows == nullptr,
-                  "a dense_keys placement follows no schedule (its keys are ids already)", capacities.size());
+    FERRY_EXPECTS(!dense || follows == nullptr, "a dense_keys placement follows no schedule (its keys are ids already)",
+                  capacities.size());
     tiers_.reserve(capacities.size());
     for (const std::size_t c : capacities) {
       tiers_.push_back(tier_state{eviction, c});
     }
     home_ = tiers_.size() - 1;
+    for (std::size_t i = 0; i < home_; ++i) {
+      tiers_[i].keeps_policy = tiers_[i].capacity != unlimited_bytes;
+    }
     if (follows_ != nullptr) {
       offset_of_ = follows_->size();
       by_sid_.assign(follows_->key_count(), detail::no_node);
@@ -239,22 +242,10 @@ class placement {
   /// @brief Keys held, in all tiers.
   [[nodiscard]] std::size_t size() const noexcept { return where_.size() + at_home_; }
   /// @brief The tier holding `key`, or `std::nullopt`. O(1) expected.
-  [[nodiscard]] std::optional<std::size_t> tier_of(const Key& key) const {
-    const detail::node_id id = where_.find(key);
-    if (id != detail::no_node) {
-      return where_[id].tier;
-    }
-    if (home_sid(key) != unknown_sid) {
-      return tiers_.size() - 1;
-    }
-    return std::nullopt;
-  }
+  [[nodiscard]] std::optional<std::size_t> tier_of(const Key& key) const;
   /// @brief Whether `key` is placed and pinned (`pin` more often than `unpin`) in its
   /// tier. O(1) expected.
-  [[nodiscard]] bool pinned(const Key& key) const {
-    const detail::node_id id = where_.find(key);
-    return id != detail::no_node && where_[id].pins > 0;  // a key kept at home has no pins
-  }
+  [[nodiscard]] bool pinned(const Key& key) const;
   /// @brief Accesses served without caching the key in tier 0 (`admission::bypass`).
   [[nodiscard]] std::size_t bypasses() const noexcept { return bypasses_; }
   /// @brief Tier `i`'s eviction policy (read-only: the placement drives it; the last
@@ -268,21 +259,7 @@ class placement {
   /// @throws ferry::logic_error if `key` is held already or `tier` is out of range
   /// @throws ferry::out_of_capacity if the tier (or one below it) cannot make room
   template <class Mover>
-  void place(const Key& key, std::size_t bytes, std::size_t tier, Mover&& mover) {
-    FERRY_EXPECTS(find_node(key) == detail::no_node, "the key is already placed", key, tier);
-    FERRY_EXPECTS(tier < tiers_.size(), "no such tier", tier, tiers_.size());
-    check_new_key(key);
-    make_room(tier, bytes, false, mover);
-    if (tier == home_ && !home_bytes_.empty()) {
-      if (const std::size_t sid = schedule_id(key); sid < by_sid_.size()) {
-        keep_new_at_home(static_cast<std::uint32_t>(sid), bytes);
-        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
-        return;
-      }
-    }
-    add_new(key, bytes, tier);
-    mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, tier, move_kind::create});
-  }
+  void place(const Key& key, std::size_t bytes, std::size_t tier, Mover&& mover);
 
   /// @brief Places every key of the followed schedule whose first access is a read
   /// (weights, optimizer states: what exists before the program runs) in the home
@@ -293,68 +270,28 @@ class placement {
   ///         keys is placed already
   /// @throws ferry::out_of_capacity if the home tier cannot hold them all
   template <class Mover>
-  void place_at_home(Mover&& mover) {
-    FERRY_EXPECTS(follows_ != nullptr, "place_at_home needs a placement that follows a schedule", tiers_.size());
-    const std::size_t home = home_;
-    // Key ids run in order of first use: one step per key, not per entry.
-    for (std::uint32_t sid = 0; sid < follows_->key_count(); ++sid) {
-      const std::size_t e = follows_->uses(sid).front();
-      if (follows_->kind_at(e) != access_kind::read) {
-        continue;
-      }
-      const std::size_t bytes = follows_->bytes_at(e);
-      if (home_bytes_.empty() || sid >= by_sid_.size()) {
-        place(follows_->key_at(e), bytes, home, mover);
-        continue;
-      }
-      FERRY_EXPECTS(by_sid_[sid] == detail::no_node, "the key is already placed", follows_->key_at(e), home);
-      make_room(home, bytes, false, mover);
-      keep_new_at_home(sid, bytes);
-      mover(move_event<Key>{follows_->key_at(e), bytes, move_event<Key>::no_tier, home, move_kind::create});
-    }
-  }
+  void place_at_home(Mover&& mover);
 
   /// @brief `place` without a mover.
-  void place(const Key& key, std::size_t bytes, std::size_t tier) {
-    place(key, bytes, tier, [](const move_event<Key>&) {});
-  }
+  void place(const Key& key, std::size_t bytes, std::size_t tier);
 
   /// @brief Removes `key` from its tier. Reports `move_kind::drop`.
   /// @throws ferry::logic_error if `key` is not held
   template <class Mover>
-  void erase(const Key& key, Mover&& mover) {
-    const detail::node_id id = find_node(key);
-    FERRY_EXPECTS(id != detail::no_node, "erase of a key that is not placed", key);
-    const location loc = where_[id];
-    remove_from(loc.tier, key, loc.bytes);
-    mover(move_event<Key>{key, loc.bytes, loc.tier, move_event<Key>::no_tier, move_kind::drop});
-    erase_key(id);
-  }
+  void erase(const Key& key, Mover&& mover);
 
   /// @brief `erase` without a mover.
-  void erase(const Key& key) {
-    erase(key, [](const move_event<Key>&) {});
-  }
+  void erase(const Key& key);
 
   /// @brief Pins `key` in its tier: its tier's policy never evicts it until unpinned.
   /// Pins count per residency: a key that moves to another tier (fetched to tier 0)
   /// arrives there unpinned.
   /// @throws ferry::logic_error if `key` is not held
-  void pin(const Key& key) {
-    const detail::node_id id = find_node(key);
-    FERRY_EXPECTS(id != detail::no_node, "pin of a key that is not placed", key);
-    pin_id(id);
-  }
+  void pin(const Key& key);
 
   /// @brief Undoes one `pin(key)`.
   /// @throws ferry::logic_error if `key` is not held or not pinned
-  void unpin(const Key& key) {
-    const detail::node_id id = find_node(key);
-    FERRY_EXPECTS(id != detail::no_node, "unpin of a key that is not placed", key);
-    FERRY_EXPECTS(where_[id].pins > 0, "unpin of a key that is not pinned", key, where_[id].tier);
-    unpin_id(id);
-    keep_at_home(id);
-  }
+  void unpin(const Key& key);
 
   /// @brief Makes `key` (`bytes` bytes, used as `kind`) resident in tier 0 for an
   /// access, then lets the prefetch policy fetch ahead within `prefetch_budget_bytes`.
@@ -369,74 +306,56 @@ class placement {
   ///         hold is refused
   template <class Mover>
   access_outcome access(const Key& key, std::size_t bytes, access_kind kind, std::size_t prefetch_budget_bytes,
-                        Mover&& mover) {
-    access_outcome out;
-    detail::node_id id = find_current(key);
-    if (id != detail::no_node && where_[id].tier == 0 && where_[id].bytes == bytes) {
-      out.hit = true;  // the common case first: resident in tier 0 at its size
-      out.found_in = 0;
-    } else {
-      out = miss(id, key, bytes, kind, mover);
-    }
-    // Both policies see the access at position clock_; then the clock moves on. (A
-    // bypassed key is not in tier 0, and a home tier 0 keeps no policy.)
-    if (has_policy(0) && !out.bypassed) {
-      sync(0);
-      tiers_[0].policy.on_access(key);
-    }
-    if constexpr (schedule_aware_policy<Prefetch>) {
-      if (prefetch_.position() < clock_) {
-        prefetch_.advance_to(clock_);
-      }
-    }
-    prefetch_.on_access(key);
-    ++clock_;
-    if (!dense && follows_ != nullptr) {
-      if (follows_->size() != offset_of_) {  // recorded into since (outside the contract): recompute
-        offset_of_ = follows_->size();
-        offset_ = offset_of_ == 0 ? 0 : clock_ % offset_of_;
-      } else if (++offset_ >= offset_of_) {
-        offset_ = 0;
-      }
-    }
+                        Mover&& mover);
 
-    prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
-      const detail::node_id aid = find_node(ahead);
-      if (aid == detail::no_node || where_[aid].tier == 0) {
-        return true;  // not produced yet, or already resident: nothing to fetch
-      }
-      const std::size_t src = where_[aid].tier;
-      const std::size_t b = where_[aid].bytes;
-      if (options_.oversized == admission::bypass && !admitted(b)) {
-        return true;  // not admitted to tier 0: its access will bypass it
-      }
-      if (!bring_up(aid, src, true, mover)) {
-        keep_at_home(aid);
-        return false;
-      }
-      mover(move_event<Key>{where_.key(aid), b, src, 0, move_kind::prefetch});
-      return true;
-    });
-    return out;
-  }
+  /// @brief Moves `key` from its tier `t` down to the next tier that can hold it (a
+  /// pipeline's own rule: an activation leaving the window of tensors kept on the
+  /// device), making room there by evicting as `access` does; reported as
+  /// `move_kind::evict` from `t`. The key is pinned in `t` while room is made, and the
+  /// mover is told the move before it is committed: a mover that throws leaves the key
+  /// in `t` (evictions made for it stay made).
+  /// @throws ferry::logic_error if `key` is not placed or is in the last tier
+  /// @throws ferry::out_of_capacity if no lower tier can make room (nothing moves)
+  template <class Mover>
+  void demote(const Key& key, Mover&& mover);
+
+  /// @brief Evicts one victim of tier `i`'s policy to the tier below (what a pipeline
+  /// does when the memory behind tier `i` refuses an allocation the placement's byte
+  /// count allowed: fragmentation, or a pool shared with others). Reported as
+  /// `move_kind::evict`; a mover that throws leaves the victim where it was.
+  /// @return false when tier `i` keeps no policy or has no victim (all pinned)
+  /// @throws ferry::logic_error if `i` is out of range; what making room below throws
+  template <class Mover>
+  bool evict_one(std::size_t i, Mover&& mover);
+
+  /// @brief Brings `key` to tier 0 ahead of its use, as the prefetch policy's sink does
+  /// (`move_kind::prefetch`), evicting from tier 0 as needed. Never throws for want of
+  /// room or for a mover's failure: it returns false and the key stays where it was.
+  /// @return true when the key is in tier 0 now (also when it was already)
+  /// @throws ferry::logic_error if `key` is not placed
+  template <class Mover>
+  bool prefetch(const Key& key, Mover&& mover);
+
+  /// @brief Places `to` where `from` is, with its size and pins, and forgets `from`
+  /// (several keys naming one buffer, whose first name was erased). Nothing moves; the
+  /// tier's policy sees `on_erase(from)` and `on_insert(to, bytes)`.
+  /// @throws ferry::logic_error if `from` is not placed or `to` is
+  void rename(const Key& from, const Key& to);
+
+  /// @brief Moves the clock forward to `position` (the next access is made there): a
+  /// pipeline that starts each iteration at a multiple of its recorded schedule's size
+  /// skips the positions in between. Schedule-aware policies follow at their next use.
+  void advance_to(std::size_t position) noexcept;
 
   /// @brief Says that `key` will be accessed soon, so that its entry is in cache by
   /// then: with `ferry::dense_keys` the CPU is asked to load the key's array entry (a
   /// replay of a known schedule calls it a few accesses ahead, as `ferry::simulate`
   /// does); with `ferry::hashed_keys` it does nothing (a placement that follows a
   /// schedule prefetches by itself). Changes no state.
-  void expect(const Key& key) const noexcept {
-    if constexpr (dense) {
-      where_.prefetch(key);
-    } else {
-      (void)key;
-    }
-  }
+  void expect(const Key& key) const noexcept;
 
   /// @brief `access` without prefetch budget or mover: prefetch gets 0 bytes.
-  access_outcome access(const Key& key, std::size_t bytes, access_kind kind = access_kind::read) {
-    return access(key, bytes, kind, 0, [](const move_event<Key>&) {});
-  }
+  access_outcome access(const Key& key, std::size_t bytes, access_kind kind = access_kind::read);
 
  private:
   struct tier_state {
@@ -445,6 +364,7 @@ class placement {
     std::size_t used = 0;
     std::size_t peak = 0;
     std::size_t evictions = 0;
+    bool keeps_policy = false;  // evicts: not the home, and not of unlimited capacity
   };
   static constexpr bool dense = std::is_same_v<KeyIndex, dense_keys>;
   struct plain_location {
@@ -457,18 +377,8 @@ class placement {
   };
   // 16 bytes a key with dense_keys (a dense placement follows no schedule: no sid).
   using location = std::conditional_t<dense, plain_location, sid_location>;
-  [[nodiscard]] static std::uint32_t sid_of(const location& loc) noexcept {
-    if constexpr (dense) {
-      return access_schedule<Key, Hash, KeyEqual>::unknown_key;
-    } else {
-      return loc.sid;
-    }
-  }
-  static void set_sid(location& loc, std::uint32_t sid) noexcept {
-    if constexpr (!dense) {
-      loc.sid = sid;
-    }
-  }
+  [[nodiscard]] static std::uint32_t sid_of(const location& loc) noexcept;
+  static void set_sid(location& loc, std::uint32_t sid) noexcept;
 
   // Keys kept at home. With a schedule to follow and more than one tier, a key of the
   // schedule that rests unpinned in the home tier leaves where_: by_sid_ says at_home
@@ -483,273 +393,65 @@ class placement {
   // code with its values in registers.
   template <class Mover>
   [[gnu::noinline]] access_outcome miss(detail::node_id id, const Key& key, std::size_t bytes, access_kind kind,
-                                        Mover& mover) {
-    access_outcome out;
-    if (id == detail::no_node) {
-      check_new_key(key);  // before anything is evicted for it
-    }
-    if (id != detail::no_node && where_[id].bytes != bytes) {
-      FERRY_EXPECTS(kind == access_kind::write, "a read must use the key's size (only a write may resize it)", key,
-                    bytes, where_[id].bytes);
-      out.found_in = where_[id].tier;
-      // Room for the new size first, the old copy pinned (and counted as freed where it
-      // is in that tier): a write that cannot be placed loses nothing.
-      const bool bypassed = options_.oversized == admission::bypass && !admitted(bytes);
-      const std::size_t dest = bypassed ? first_fit_below(0, bytes) : 0;
-      if (dest != no_tier) {
-        secure_room(dest, bytes, id, mover);
-      }
-      erase(key, mover);
-      id = detail::no_node;
-    }
-    if (options_.oversized == admission::bypass && !admitted(bytes) &&
-        (id == detail::no_node || where_[id].tier != 0)) {
-      FERRY_EXPECTS(id != detail::no_node || kind == access_kind::write, "a read of a key that was never placed or written",
-                    key, bytes);
-      bypass(id, key, bytes, kind, out, mover);
-    } else if (id == detail::no_node) {
-      FERRY_EXPECTS(kind == access_kind::write, "a read of a key that was never placed or written", key, bytes);
-      make_room(0, bytes, false, mover);
-      id = add_new(key, bytes, 0);
-      mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-    } else {  // in a lower tier (a key in tier 0 at its size is the hit above)
-      const std::size_t from = where_[id].tier;
-      out.found_in = from;
-      bring_up(id, from, false, mover);
-      if (kind == access_kind::write) {
-        mover(move_event<Key>{key, bytes, from, move_event<Key>::no_tier, move_kind::drop});
-        mover(move_event<Key>{key, bytes, move_event<Key>::no_tier, 0, move_kind::create});
-      } else {
-        mover(move_event<Key>{key, bytes, from, 0, move_kind::fetch});
-      }
-    }
-    return out;
-  }
+                                        Mover& mover);
 
   // A key about to be added: with dense_keys, an id the table can hold (checked before
   // room is made for it, so a refused id moves nothing).
-  void check_new_key(const Key& key) const {
-    if constexpr (dense) {
-      FERRY_EXPECTS(key < detail::no_node - 1, "a dense_keys placement holds ids below 2^32 - 2", key);
-    } else {
-      (void)key;
-    }
-  }
+  void check_new_key(const Key& key) const;
 
   // The schedule id of `key` if it is kept at home, else unknown_sid. O(1) expected.
-  [[nodiscard]] std::uint32_t home_sid(const Key& key) const {
-    if (home_bytes_.empty()) {
-      return unknown_sid;
-    }
-    const std::uint32_t sid = follows_->find(key);
-    return sid < by_sid_.size() && by_sid_[sid] == at_home ? sid : unknown_sid;
-  }
+  [[nodiscard]] std::uint32_t home_sid(const Key& key) const;
 
   // The where_ node of `key`, bringing a key kept at home back into where_; no_node if
   // it is not placed.
-  detail::node_id find_node(const Key& key) {
-    if constexpr (dense) {
-      return where_.find(key);  // no key is kept at home: where_ holds every key
-    }
-    detail::node_id id = where_.find(key);
-    if (id == detail::no_node) {
-      if (const std::uint32_t sid = home_sid(key); sid != unknown_sid) {
-        id = materialize(sid, key);
-      }
-    }
-    return id;
-  }
+  detail::node_id find_node(const Key& key);
 
-  detail::node_id materialize(std::uint32_t sid, const Key& key) {
-    const detail::node_id id = where_.insert(key);
-    FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
-    location& loc = where_[id];
-    loc = location{};
-    loc.bytes = home_bytes_[sid];
-    loc.tier = static_cast<std::uint32_t>(home_);
-    set_sid(loc, sid);
-    by_sid_[sid] = id;
-    --at_home_;
-    return id;
-  }
+  detail::node_id materialize(std::uint32_t sid, const Key& key);
 
   // Puts a new key of the schedule in the home tier without a where_ node (room made).
-  void keep_new_at_home(std::uint32_t sid, std::size_t bytes) {
-    tier_state& t = tiers_.back();
-    t.used += bytes;
-    t.peak = std::max(t.peak, t.used);
-    home_bytes_[sid] = bytes;
-    by_sid_[sid] = at_home;
-    ++at_home_;
-  }
+  void keep_new_at_home(std::uint32_t sid, std::size_t bytes);
 
   // Takes node `id` out of where_ if it rests unpinned at home and the schedule knows it.
-  void keep_at_home(detail::node_id id) {
-    if constexpr (dense) {
-      return;  // where_ is an array: nothing to gain from leaving it
-    }
-    const location& loc = where_[id];
-    if (!home_bytes_.empty() && loc.tier == home_ && loc.pins == 0 && sid_of(loc) < by_sid_.size()) {
-      home_bytes_[sid_of(loc)] = loc.bytes;
-      by_sid_[sid_of(loc)] = at_home;
-      ++at_home_;
-      where_.erase(id);
-    }
-  }
+  void keep_at_home(detail::node_id id);
 
   // The schedule id of `key` (unknown_key without a schedule or for a key it lacks):
   // the entry at the current position when it names the key, else a lookup.
-  [[nodiscard]] std::size_t schedule_id(const Key& key) const {
-    using schedule_type = access_schedule<Key, Hash, KeyEqual>;
-    if (follows_ == nullptr) {
-      return schedule_type::unknown_key;
-    }
-    if (offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
-      return follows_->id_at(offset_);
-    }
-    return follows_->find(key);
-  }
+  [[nodiscard]] std::size_t schedule_id(const Key& key) const;
 
   // The node of `key` for the access at the current position: by schedule id when the
   // schedule has the key there (no hash lookup), else a lookup. A key kept at home is
   // brought back into where_.
-  detail::node_id find_current(const Key& key) {
-    if constexpr (dense) {
-      return where_.find(key);  // an array read: nothing to gain from the schedule
-    }
-    if (follows_ != nullptr && offset_ < follows_->size() && KeyEqual{}(follows_->key_at(offset_), key)) {
-#if defined(__GNUC__)
-      // The accesses a few positions on: their keys and nodes are a cache miss each
-      // over a large schedule; ask for them early (each access depends on the last, so
-      // the CPU cannot run ahead to them by itself).
-      if (const std::size_t ahead = offset_ + prefetch_distance; ahead < follows_->size()) {
-        __builtin_prefetch(std::addressof(follows_->key_at(ahead)));
-        const std::uint32_t next = follows_->id_at(ahead);
-        if (next < by_sid_.size()) {
-          __builtin_prefetch(&by_sid_[next]);
-          if (!home_bytes_.empty()) {
-            __builtin_prefetch(&home_bytes_[next]);
-          }
-        }
-      }
-#endif
-      const std::uint32_t sid = follows_->id_at(offset_);
-      if (sid < by_sid_.size()) {
-        const detail::node_id id = by_sid_[sid];
-        if (id == at_home) {
-          return materialize(sid, key);
-        }
-        if (id != detail::no_node) {
-          return id;
-        }
-        // Not placed, or placed before the schedule knew it (recorded later): look up.
-      }
-    }
-    return find_node(key);
-  }
+  detail::node_id find_current(const Key& key);
 
   // A new where_ node for `key` (not placed), its sid recorded.
-  detail::node_id insert_key(const Key& key) {
-    const detail::node_id id = where_.insert(key);
-    FERRY_EXPECTS(id != at_home, "a placement holds at most 2^32 - 2 keys above its home", id);
-    const std::size_t sid = schedule_id(key);
-    where_[id] = location{};
-    set_sid(where_[id], sid < by_sid_.size() ? static_cast<std::uint32_t>(sid) : unknown_sid);
-    if (sid < by_sid_.size()) {
-      by_sid_[sid] = id;
-    }
-    return id;
-  }
+  detail::node_id insert_key(const Key& key);
 
-  void erase_key(detail::node_id id) {
-    if (const std::uint32_t sid = sid_of(where_[id]); sid < by_sid_.size()) {
-      by_sid_[sid] = detail::no_node;
-    }
-    where_.erase(id);
-  }
+  void erase_key(detail::node_id id);
 
-  // Whether tier i keeps an eviction policy: every tier but the last, which never evicts.
-  [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return i < home_; }
+  // Whether tier i keeps an eviction policy: every tier that may evict (not the last,
+  // and not one of unlimited capacity).
+  [[nodiscard]] bool has_policy(std::size_t i) const noexcept { return tiers_[i].keeps_policy; }
 
   // Whether a key of `bytes` may live in tier 0.
-  [[nodiscard]] bool admitted(std::size_t bytes) const noexcept {
-    return bytes <= tiers_[0].capacity && bytes <= options_.admit_max_bytes;
-  }
+  [[nodiscard]] bool admitted(std::size_t bytes) const noexcept;
 
-  void pin_id(detail::node_id id) {
-    location& loc = where_[id];
-    if (has_policy(loc.tier)) {
-      tiers_[loc.tier].policy.pin(where_.key(id));
-    }
-    ++loc.pins;
-  }
+  void pin_id(detail::node_id id);
 
-  void unpin_id(detail::node_id id) {
-    location& loc = where_[id];
-    if (has_policy(loc.tier)) {
-      tiers_[loc.tier].policy.unpin(where_.key(id));
-    }
-    --loc.pins;
-  }
+  void unpin_id(detail::node_id id);
 
   // The first tier below `above` that could hold `bytes` at all (no_tier: none).
-  [[nodiscard]] std::size_t first_fit_below(std::size_t above, std::size_t bytes) const noexcept {
-    for (std::size_t t = above + 1; t <= home_; ++t) {
-      if (bytes <= tiers_[t].capacity) {
-        return t;
-      }
-    }
-    return no_tier;
-  }
+  [[nodiscard]] std::size_t first_fit_below(std::size_t above, std::size_t bytes) const noexcept;
 
   // Serves an access of a key that may not live in tier 0 (admission::bypass). A read
   // leaves the key where it is; a write drops any old copy and puts the new bytes in the
   // first lower tier that can hold them.
   template <class Mover>
   void bypass(detail::node_id id, const Key& key, std::size_t bytes, access_kind kind, access_outcome& out,
-              Mover& mover) {
-    out.bypassed = true;
-    ++bypasses_;
-    if (kind == access_kind::read) {
-      const std::size_t from = where_[id].tier;
-      out.found_in = from;
-      if (has_policy(from)) {  // the key was used where it lives: its tier's policy is told
-        sync(from);
-        tiers_[from].policy.on_access(key);
-      }
-      mover(move_event<Key>{where_.key(id), bytes, from, 0, move_kind::bypass});
-      keep_at_home(id);
-      return;
-    }
-    const std::size_t to = first_fit_below(0, bytes);
-    if (to == no_tier) {
-      refuse(tiers_.size() - 1, bytes);
-    }
-    if (id != detail::no_node) {
-      out.found_in = where_[id].tier;
-      secure_room(to, bytes, id, mover);  // before the old copy goes: a failure loses nothing
-      erase(key, mover);
-    }
-    make_room(to, bytes, false, mover);
-    id = add_new(key, bytes, to);
-    mover(move_event<Key>{where_.key(id), bytes, 0, to, move_kind::bypass});
-    keep_at_home(id);
-  }
+              Mover& mover);
 
   // A new where_ node for `key` in tier `tier` (room made), told to the tier's policy; a
   // policy that refuses the key (its precondition, or bad_alloc) leaves no trace of it.
-  detail::node_id add_new(const Key& key, std::size_t bytes, std::size_t tier) {
-    const detail::node_id id = insert_key(key);
-    where_[id].tier = static_cast<std::uint32_t>(tier);
-    where_[id].bytes = bytes;
-    try {
-      insert_into(tier, key, bytes);
-    } catch (...) {
-      erase_key(id);
-      throw;
-    }
-    return id;
-  }
+  detail::node_id add_new(const Key& key, std::size_t bytes, std::size_t tier);
 
   // Node `id` pinned in its tier while the scope lasts (no eviction picks it meanwhile).
   class pin_scope {
@@ -767,48 +469,16 @@ class placement {
   // Makes room in tier `t` for `bytes` new bytes of the key at node `old`, whose old copy
   // stays, pinned, until the new one is placed; its bytes count as free if it is in `t`.
   template <class Mover>
-  void secure_room(std::size_t t, std::size_t bytes, detail::node_id old, Mover& mover) {
-    const location loc = where_[old];
-    const std::size_t need = loc.tier == t ? (bytes > loc.bytes ? bytes - loc.bytes : 0) : bytes;
-    const pin_scope pinned{*this, old};
-    make_room(t, need, false, mover);
-  }
+  void secure_room(std::size_t t, std::size_t bytes, detail::node_id old, Mover& mover);
 
   // Moves the policy of tier i to the current position, if it follows a schedule.
-  void sync(std::size_t i) {
-    if constexpr (schedule_aware_policy<Eviction>) {
-      if (tiers_[i].policy.position() < clock_) {
-        tiers_[i].policy.advance_to(clock_);
-      }
-    }
-  }
+  void sync(std::size_t i);
 
-  FERRY_ALWAYS_INLINE void insert_into(std::size_t i, const Key& key, std::size_t bytes) {
-    tier_state& t = tiers_[i];
-    if (has_policy(i)) {
-      sync(i);
-      t.policy.on_insert(key, bytes);
-    }
-    t.used += bytes;
-    t.peak = std::max(t.peak, t.used);
-  }
+  FERRY_ALWAYS_INLINE void insert_into(std::size_t i, const Key& key, std::size_t bytes);
 
-  FERRY_ALWAYS_INLINE void remove_from(std::size_t i, const Key& key, std::size_t bytes) {
-    tier_state& t = tiers_[i];
-    if (has_policy(i)) {
-      t.policy.on_erase(key);
-    }
-    t.used -= bytes;
-  }
+  FERRY_ALWAYS_INLINE void remove_from(std::size_t i, const Key& key, std::size_t bytes);
 
-  [[noreturn]] FERRY_COLD void refuse(std::size_t i, std::size_t bytes) const {
-    std::string resource = "ferry::placement tier ";
-    resource += std::to_string(i);
-    resource += " (of ";
-    resource += std::to_string(tiers_.size());
-    resource += ')';
-    FERRY_THROW_OUT_OF_CAPACITY(resource, bytes, tiers_[i].used, tiers_[i].capacity);
-  }
+  [[noreturn]] FERRY_COLD void refuse(std::size_t i, std::size_t bytes) const;
 
   // Makes `bytes` free in tier i by evicting to i + 1. For a prefetch (`ahead`) it
   // returns false where a demand throws, and asks the prefetch guard before evicting
@@ -816,80 +486,33 @@ class placement {
   // straight run of code; a tier below that must make room in turn recurses through
   // make_room_below, out of line.
   template <class Mover>
-  FERRY_ALWAYS_INLINE bool make_room(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
-    tier_state& t = tiers_[i];
-    if (bytes > t.capacity) {
-      if (ahead) {
-        return false;
-      }
-      refuse(i, bytes);
-    }
-    while (bytes > t.capacity - t.used) {
-      std::optional<Key> v;
-      if (i < home_) {
-        sync(i);
-        v = t.policy.victim();
-      }
-      if (!v) {
-        if (ahead) {
-          return false;
-        }
-        refuse(i, bytes);
-      }
-      if constexpr (guarded_prefetch_policy<Prefetch, Key>) {
-        if (ahead && i == 0 && !prefetch_.may_evict(*v)) {
-          return false;
-        }
-      }
-      const detail::node_id vid = where_.find(*v);
-      const std::size_t vb = where_[vid].bytes;
-      // The next tier, or past it to the first that can hold the victim at all.
-      std::size_t to = i + 1;
-      if (vb > tiers_[to].capacity) {
-        const std::size_t fit = first_fit_below(to, vb);
-        to = fit == no_tier ? to : fit;  // none: the next tier refuses, naming itself
-      }
-      if (vb > tiers_[to].capacity - tiers_[to].used && !make_room_below(to, vb, ahead, mover)) {
-        return false;
-      }
-      insert_into(to, *v, vb);  // first: a policy that refuses it leaves it where it was
-      remove_from(i, *v, vb);
-      where_[vid].tier = static_cast<std::uint32_t>(to);
-      ++t.evictions;
-      mover(move_event<Key>{where_.key(vid), vb, i, to, move_kind::evict});
-      keep_at_home(vid);
-    }
-    return true;
-  }
+  FERRY_ALWAYS_INLINE bool make_room(std::size_t i, std::size_t bytes, bool ahead, Mover& mover);
+
+  // Moves node `vid` from tier `i` down to tier `to` (room made there): the destination's
+  // policy is told first (one that refuses leaves the key where it was), then the mover
+  // moves the bytes (one that throws leaves the key where it was: the move is undone in
+  // the destination), then the key leaves tier `i`.
+  template <class Mover>
+  FERRY_ALWAYS_INLINE void move_down(detail::node_id vid, std::size_t i, std::size_t to, Mover& mover);
+
+  // The prefetch of node `aid` from tier `src`: false when it cannot be made now (no
+  // room, or the mover failed: the key stays where it was). A mover that may throw is
+  // wrapped, so that its failure stops the prefetch while a policy's error still
+  // propagates.
+  template <class Mover>
+  bool prefetch_node(detail::node_id aid, std::size_t src, Mover& mover);
 
   // make_room for a tier below the one evicting (the recursion, out of line).
   template <class Mover>
-  bool make_room_below(std::size_t i, std::size_t bytes, bool ahead, Mover& mover) {
-    return make_room(i, bytes, ahead, mover);
-  }
+  bool make_room_below(std::size_t i, std::size_t bytes, bool ahead, Mover& mover);
 
   // Moves key `id` from tier `from` (> 0) to tier 0. The key stays pinned in `from`
-  // until tier 0 has room, so a failure leaves it where it was.
+  // until tier 0 has room, so a failure leaves it where it was. With `report`, the mover
+  // is told the move (of that kind) before it is committed: a mover that throws leaves
+  // the key in `from`.
   template <class Mover>
-  FERRY_ALWAYS_INLINE bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover) {
-    const Key& key = where_.key(id);
-    const std::size_t bytes = where_[id].bytes;
-    if (has_policy(from)) {
-      // Pinned in `from` while tier 0 makes room, whether or not it must: its policy sees
-      // the same pin and unpin either way (for the GreedyDual family an unpin is a use).
-      const pin_scope pinned{*this, id};
-      if (!make_room(0, bytes, ahead, mover)) {
-        return false;
-      }
-    } else if (!make_room(0, bytes, ahead, mover)) {
-      return false;  // a tier without a policy (the home) evicts nothing: no pin to tell
-    }
-    insert_into(0, key, bytes);  // first: a policy that refuses it leaves it where it was
-    remove_from(from, key, bytes);
-    where_[id].tier = 0;
-    where_[id].pins = 0;  // pins count per residency
-    return true;
-  }
+  FERRY_ALWAYS_INLINE bool bring_up(detail::node_id id, std::size_t from, bool ahead, Mover& mover,
+                                    const move_kind* report = nullptr);
 
   std::vector<tier_state> tiers_;
   std::size_t home_ = 0;  // the last tier: tiers_.size() - 1
@@ -907,3 +530,6 @@ class placement {
 };
 
 }  // namespace ferry
+
+#include "ferry/detail/policy/placement_index.hpp"  // IWYU pragma: export
+#include "ferry/detail/policy/placement_moves.hpp"  // IWYU pragma: export

@@ -159,7 +159,7 @@ simulation_result replay(Placement& p, const Schedule& schedule, std::size_t tie
   r.fetched_from.assign(tiers, 0);
   r.bytes_up.assign(tiers - 1, 0);
   r.bytes_down.assign(tiers - 1, 0);
-  auto count = [&r](const auto& e) { count_move(r, e); };
+  auto count = [&r](const auto& e) noexcept { count_move(r, e); };
   place_home(count);
   const std::size_t n = schedule.size();
   for (std::size_t it = 0; it < iterations; ++it) {

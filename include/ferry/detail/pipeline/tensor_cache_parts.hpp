@@ -126,11 +126,11 @@ inline std::uint64_t reserve_pinned(pinned_pool& pool, const tensor_cache_option
   return pool.reserved() - std::min(held, pool.reserved());
 }
 
-// Waits for every move of a tensor (its tickets `out`, `in`, `read_back`), quietly:
+// Waits for every move of a tensor (its tickets `out`, `in`, `in_copy`), quietly:
 // errors stay with the tickets.
 template <class Record>
 void quiesce(Record& r) noexcept {
-  for (auto* t : {&r.out, &r.in, &r.read_back}) {
+  for (auto* t : {&r.out, &r.in, &r.in_copy}) {
     if (!t->valid()) continue;
     try {
       t->wait();
@@ -142,7 +142,7 @@ void quiesce(Record& r) noexcept {
 // A move of a tensor still in flight (its pinned block or NVMe extent in use).
 template <class Record>
 [[nodiscard]] bool in_flight(const Record& r) noexcept {
-  for (const auto* t : {&r.out, &r.in, &r.read_back}) {
+  for (const auto* t : {&r.out, &r.in, &r.in_copy}) {
     if (t->valid() && !t->ready()) return true;
   }
   return false;

@@ -1,0 +1,304 @@
+/// @file
+/// @brief `ferry::offload_plan`: the decisions of activation offload, on a
+/// `ferry::placement` of three tiers (device, pinned memory, NVMe) — which tensor goes
+/// down to pinned memory, which spills from there to NVMe, which comes back, and when.
+///
+/// `ferry::tensor_cache` runs a plan with a mover that issues the copies, and
+/// `ferry::simulate_offload` runs one over a recorded iteration with a mover that counts
+/// them: the same calls in the same order make the same moves (tested in
+/// tests/pipeline/test_tensor_cache_plan.cpp).
+///
+/// ## Rules
+/// - **Tiers** (exclusive: a key lives in one at a time): tier 0 the device, of unlimited
+///   capacity (device memory is bounded by its arena, which refuses for itself); tier 1
+///   pinned memory, of the capacity given (a pool's budget); tier 2, when there is one,
+///   NVMe, of unlimited capacity (the disk refuses for itself). Keys are counted at their
+///   offloaded size (the codec's `encoded_bytes`); the schedule records the raw bytes.
+/// - **Store** (a write access): the key is created in tier 0. A tensor of at least
+///   `resident_below_bytes` joins the window of the last `keep_last` stored; `store`
+///   returns the one that leaves the window, and `demote` moves it to tier 1
+///   (`placement::demote`), making room by evicting tier 1's victims (the eviction
+///   policy's choice) to NVMe. A tensor below `resident_below_bytes` stays in tier 0.
+/// - **Get** (a read access): a key in tier 1 or 2 is fetched to tier 0; then the
+///   prefetch policy brings keys ahead within `prefetch_budget_bytes` (as after every
+///   access, also a store).
+/// - **Iterations**: the first iteration is recorded; at its end schedule-driven
+///   policies (`ferry::schedule_driven`) are made from it and every later iteration
+///   starts at the next multiple of its size.
+///
+/// Not thread-safe: one owner drives it.
+#pragma once
+
+#include "ferry/codec/identity.hpp"
+#include "ferry/concepts.hpp"
+#include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
+#include "ferry/policy/access_schedule.hpp"
+#include "ferry/policy/placement.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <deque>
+#include <optional>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+namespace ferry {
+
+/// @brief A policy that follows a recorded schedule: constructible from it. A pipeline
+/// makes such a policy from the iteration it records; any other policy is
+/// default-constructed.
+template <class P, class Key>
+concept schedule_driven = std::is_constructible_v<P, const access_schedule<Key>&>;
+
+/// @brief The rules of an `offload_plan` (see the file comment).
+struct offload_rules {
+  /// Tensors of fewer raw bytes than this stay on the device (offloading them costs more
+  /// than it frees). Bytes.
+  std::size_t resident_below_bytes = std::size_t{1} << 20;
+  /// The last N tensors stored stay on the device (the backward pass reads them first).
+  std::size_t keep_last = 1;
+  /// Bytes passed to the prefetch policy after each access (schedule-driven prefetch
+  /// keeps the tensors it brings ahead within it).
+  std::size_t prefetch_budget_bytes = std::size_t{1} << 30;
+};
+
+/// @brief The tiers of an `offload_plan`, as indices of its placement.
+struct offload_tier {
+  static constexpr std::size_t device = 0;  ///< device memory
+  static constexpr std::size_t pinned = 1;  ///< pinned host memory
+  static constexpr std::size_t nvme = 2;    ///< NVMe (when the plan has it)
+};
+
+/// @brief The decisions of activation offload (see the file comment).
+///
+/// @tparam Key      the tensors' key (hashable, equality-comparable, copyable)
+/// @tparam Eviction which tensor in pinned memory spills to NVMe (`eviction_policy<Eviction, Key>`)
+/// @tparam Prefetch which tensors come back early (`prefetch_policy<Prefetch, Key>`)
+/// @tparam Codec    the codec whose `encoded_bytes` gives a tensor's offloaded size
+template <class Key, class Eviction, class Prefetch, class Codec = identity<std::byte>>
+class offload_plan {
+ public:
+  using schedule_type = access_schedule<Key>;                 ///< the recorded iteration
+  using placement_type = placement<Key, Eviction, Prefetch>;  ///< the placement it runs
+  using element_type = typename Codec::value_type;            ///< the tensors' element type
+
+  /// @brief A plan that records its first iteration (what a pipeline runs).
+  /// @param pinned_capacity bytes of tier 1 (the pinned pool's budget)
+  /// @param has_nvme        whether there is a tier 2 (NVMe)
+  /// @param rules           residency and prefetch rules
+  /// @param codec           the codec sizing offloaded tensors
+  offload_plan(std::size_t pinned_capacity, bool has_nvme, offload_rules rules, Codec codec = Codec{})
+      : rules_(rules), codec_(std::move(codec)), pinned_capacity_(pinned_capacity), has_nvme_(has_nvme) {
+    make_placement(0);
+  }
+
+  /// @brief A plan that replays `recorded` from its start, its schedule-driven policies
+  /// made from it at once (what `ferry::simulate_offload` runs).
+  offload_plan(const schedule_type& recorded, std::size_t pinned_capacity, bool has_nvme, offload_rules rules,
+               Codec codec = Codec{})
+      : schedule_(recorded),
+        recorded_(true),
+        rules_(rules),
+        codec_(std::move(codec)),
+        pinned_capacity_(pinned_capacity),
+        has_nvme_(has_nvme) {
+    make_placement(0);
+  }
+
+  offload_plan(const offload_plan&) = delete;  // the policies point at schedule_
+  offload_plan& operator=(const offload_plan&) = delete;
+
+  /// @brief The offloaded size of a tensor of `raw_bytes` (the codec's `encoded_bytes`).
+  [[nodiscard]] std::size_t offloaded_bytes(std::size_t raw_bytes) const {
+    return codec_.encoded_bytes(raw_bytes / sizeof(element_type));
+  }
+
+  /// @brief A store of `key` (`raw_bytes`): created in tier 0 (every move, of the
+  /// prefetch that follows too, goes to `mover`). Returns the tensor that left the
+  /// window of the last `keep_last` stored, if one did and it is still in tier 0: the
+  /// caller demotes it next (`demote`).
+  /// @throws ferry::logic_error if `key` is placed; what the mover throws
+  template <class Mover>
+  [[nodiscard]] std::optional<Key> store(const Key& key, std::size_t raw_bytes, Mover&& mover) {
+    FERRY_EXPECTS(bytes_.find(key) == bytes_.end(), "the key is stored already", key);
+    const std::size_t at = next_position(key, raw_bytes, access_kind::write);
+    const std::size_t encoded = offloaded_bytes(raw_bytes);
+    placement_->advance_to(at);
+    (void)placement_->access(key, encoded, access_kind::write, rules_.prefetch_budget_bytes, mover);
+    bytes_.emplace(key, encoded);
+    if (raw_bytes < rules_.resident_below_bytes) {
+      return std::nullopt;
+    }
+    window_.push_back(key);
+    std::optional<Key> out;
+    while (window_.size() > rules_.keep_last) {
+      const Key leaving = window_.front();
+      window_.pop_front();
+      if (placement_->tier_of(leaving) == std::optional<std::size_t>(offload_tier::device)) {
+        out = leaving;
+      }
+    }
+    return out;
+  }
+
+  /// @brief Demotes `placed_as` from tier 0 to pinned memory (to NVMe when it is larger
+  /// than the pinned tier), spilling pinned tensors to NVMe to make room
+  /// (`placement::demote`).
+  /// @throws ferry::out_of_capacity when no room can be made (the tensor stays in tier
+  ///         0); what the mover throws (likewise)
+  template <class Mover>
+  void demote(const Key& placed_as, Mover&& mover) {
+    placement_->demote(placed_as, mover);
+  }
+
+  /// @brief A get of `key` (`raw_bytes`, recorded under `key`) of the tensor placed as
+  /// `placed_as`: fetched to tier 0 if it is not there, then the prefetch policy runs.
+  /// @return where the access found the tensor
+  /// @throws ferry::logic_error for a tensor not stored; what the mover throws (the
+  ///         tensor stays where it was)
+  template <class Mover>
+  access_outcome get(const Key& key, std::size_t raw_bytes, const Key& placed_as, Mover&& mover) {
+    const std::size_t at = next_position(key, raw_bytes, access_kind::read);
+    const auto it = bytes_.find(placed_as);
+    FERRY_EXPECTS(it != bytes_.end(), "get of a key that is not stored", placed_as);
+    placement_->advance_to(at);
+    return placement_->access(placed_as, it->second, access_kind::read, rules_.prefetch_budget_bytes, mover);
+  }
+
+  /// @brief An access counted at its position and recorded, without moving anything (a
+  /// store of a buffer stored already under another key).
+  void touch(const Key& key, std::size_t raw_bytes, access_kind kind) { (void)next_position(key, raw_bytes, kind); }
+
+  /// @brief Brings `placed_as` to tier 0 now (`placement::prefetch`).
+  /// @return false when it cannot be done now (no room, or the mover failed)
+  template <class Mover>
+  bool prefetch(const Key& placed_as, Mover&& mover) {
+    return placement_->prefetch(placed_as, mover);
+  }
+
+  /// @brief Forgets `placed_as` (`move_kind::drop` from its tier).
+  /// @throws ferry::logic_error if it is not stored
+  template <class Mover>
+  void erase(const Key& placed_as, Mover&& mover) {
+    placement_->erase(placed_as, mover);
+    bytes_.erase(placed_as);
+    window_.erase(std::remove(window_.begin(), window_.end(), placed_as), window_.end());
+  }
+
+  /// @brief The tensor placed as `from` is placed as `to` from now on (nothing moves).
+  void rename(const Key& from, const Key& to) {
+    placement_->rename(from, to);
+    const auto it = bytes_.find(from);
+    const std::size_t b = it->second;
+    bytes_.erase(it);
+    bytes_.emplace(to, b);
+    std::replace(window_.begin(), window_.end(), from, to);
+  }
+
+  /// @brief A move to tier 0 that failed after the plan made it (a copy that reported
+  /// its error later): the tensor is placed back in tier `tier`, where its bytes still
+  /// are, making room there as a placement does (evictions go to `mover`; the tensor's
+  /// own return is not reported, nothing moves for it).
+  /// @throws ferry::out_of_capacity when tier `tier` cannot make room (the tensor is then
+  ///         not placed); what the mover throws
+  template <class Mover>
+  void restore(const Key& placed_as, std::size_t tier, Mover&& mover) {
+    const std::size_t b = bytes_.at(placed_as);
+    placement_->erase(placed_as);
+    try {
+      placement_->place(placed_as, b, tier, [&](const move_event<Key>& e) {
+        if (e.kind != move_kind::create) mover(e);
+      });
+    } catch (...) {
+      bytes_.erase(placed_as);
+      window_.erase(std::remove(window_.begin(), window_.end(), placed_as), window_.end());
+      throw;
+    }
+  }
+
+  /// @brief Spills one tensor from pinned memory (tier 1's victim) to NVMe, for a pinned
+  /// pool that refused a block the plan's count allowed.
+  /// @return false when there is no NVMe tier or nothing to spill
+  template <class Mover>
+  bool spill_one(Mover&& mover) {
+    return has_nvme_ && placement_->evict_one(offload_tier::pinned, mover);
+  }
+
+  /// @brief Ends an iteration: after the first, the schedule-driven policies are made
+  /// from it (the placed tensors placed again where they are, nothing moved), and the
+  /// next iteration starts at the next multiple of its size.
+  void end_iteration() {
+    if (!recorded_) {
+      recorded_ = true;
+      if constexpr (schedule_driven<Eviction, Key> || schedule_driven<Prefetch, Key>) {
+        rebuild();
+      }
+    }
+    const std::size_t n = schedule_.size();
+    if (n == 0) return;
+    position_ = round_up(std::max(position_, placement_->position()), n);
+    placement_->advance_to(position_);
+  }
+
+  /// @brief The tier holding `placed_as` (an `offload_tier` index), or none.
+  [[nodiscard]] std::optional<std::size_t> tier_of(const Key& placed_as) const {
+    return placement_->tier_of(placed_as);
+  }
+  /// @brief The recorded iteration.
+  [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_; }
+  /// @brief The position of the next access.
+  [[nodiscard]] std::size_t position() const noexcept { return position_; }
+  /// @brief The placement (read-only).
+  [[nodiscard]] const placement_type& placement_state() const noexcept { return *placement_; }
+  /// @brief The rules.
+  [[nodiscard]] const offload_rules& rules() const noexcept { return rules_; }
+
+ private:
+  std::size_t next_position(const Key& key, std::size_t raw_bytes, access_kind kind) {
+    if (!recorded_) (void)schedule_.record(key, raw_bytes, kind);
+    return position_++;
+  }
+
+  template <class P>
+  P make_policy() {
+    if constexpr (schedule_driven<P, Key>) {
+      return P(schedule_);
+    } else {
+      return P{};
+    }
+  }
+
+  void make_placement(std::size_t clock) {
+    std::array<std::size_t, 3> capacities{unlimited_bytes, pinned_capacity_, unlimited_bytes};
+    const std::span<const std::size_t> tiers(capacities.data(), has_nvme_ ? 3 : 2);
+    placement_.emplace(tiers, make_policy<Eviction>(), make_policy<Prefetch>());
+    placement_->advance_to(clock);
+  }
+
+  // The policies made again from the recorded schedule; every placed tensor placed
+  // again in its tier (nothing moves).
+  void rebuild() {
+    std::vector<std::pair<Key, std::size_t>> where;
+    where.reserve(bytes_.size());
+    for (const auto& [k, b] : bytes_) where.emplace_back(k, *placement_->tier_of(k));
+    const std::size_t clock = placement_->position();
+    make_placement(clock);
+    for (const auto& [k, t] : where) placement_->place(k, bytes_.at(k), t);
+  }
+
+  schedule_type schedule_;
+  bool recorded_ = false;
+  offload_rules rules_;
+  [[no_unique_address]] Codec codec_;
+  std::size_t pinned_capacity_;
+  bool has_nvme_;
+  std::size_t position_ = 0;                    // the position of the next access
+  std::optional<placement_type> placement_;     // made again when the recording ends
+  std::unordered_map<Key, std::size_t> bytes_;  // offloaded bytes of each stored tensor
+  std::deque<Key> window_;                      // the last stored, kept on the device
+};
+
+}  // namespace ferry
