@@ -58,7 +58,11 @@ struct tensor_cache_stats {
   std::uint64_t fetched = 0;        ///< tensors brought back to the device
   std::uint64_t fetched_bytes = 0;  ///< bytes copied H2D (encoded)
   std::uint64_t prefetched = 0;     ///< of those, started by a prefetch
-  std::uint64_t read_back = 0;      ///< tensors read from NVMe into pinned memory
+  std::uint64_t read_back = 0;      ///< tensors read back from NVMe (to the device)
+  /// Spills made because the pinned pool refused a block the plan's byte count allowed
+  /// (its free bytes in pieces too small for the tensor, or a pool shared with others):
+  /// moves `ferry::simulate_offload` does not make.
+  std::uint64_t pool_refusals = 0;
   /// Pinned bytes the constructor reserved in the pool (`reserve_pinned_bytes`; 0 when it
   /// reserved nothing: the pool held enough, releases empty slabs, or could not map the
   /// whole budget at once).

@@ -319,6 +319,7 @@ class tensor_cache_engine {
         return;
       } catch (const out_of_capacity&) {
         if (!std::exchange(pool_refused_, false) || !plan_.spill_one(mover())) throw;
+        ++stats_.pool_refusals;
       }
     }
   }
