@@ -44,7 +44,7 @@
 
 #if FERRY_HAS_URING
 
-#include "ferry/core/defaults.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
@@ -166,7 +166,7 @@ class uring_engine {
   ///         io_uring refused (EPERM from `kernel.io_uring_disabled = 2` or seccomp,
   ///         EACCES from `kernel.io_uring_disabled = 1`, ENOSYS), ENOMEM, EPERM for SQPOLL.
   ///         There is no fallback here (`io::auto_engine` has one);
-  ///         ferry::config_error from `defaults::current()`; ferry::logic_error for a
+  ///         ferry::config_error from `io::defaults::current()`; ferry::logic_error for a
   ///         depth outside 1 .. 4096
   uring_engine(S& sys, std::span<const int> fds, const engine_options& options = {})
       : sys_(&sys), fds_(fds.begin(), fds.end()) {

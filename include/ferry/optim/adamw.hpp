@@ -120,7 +120,8 @@
 /// (tests/optim/test_adamw.cpp, on every kernel the CPU has).
 #pragma once
 
-#include "ferry/core/defaults.hpp"
+#include "ferry/core/knobs.hpp"
+#include "ferry/optim/defaults.hpp"
 #include "ferry/detail/core/worker_pool.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
@@ -693,7 +694,7 @@ inline void adamw_step(const adamw_constants& c, std::span<float> master, std::s
   detail::adamw_run<R>(resolve_adamw_isa(isa), master.data(), grad.data(), m.data(), v.data(), c, master.size());
 }
 
-/// @brief Settings of an `adamw` optimizer. Zero means "from ferry::defaults".
+/// @brief Settings of an `adamw` optimizer. Zero means "from ferry::optim::defaults".
 struct adamw_options {
   /// Threads that compute a step, the caller's included; 0: the `optimizer_threads` knob
   /// (`FERRY_OPTIMIZER_THREADS`: the hardware threads, 1 .. 16). At most 1024.
@@ -796,7 +797,7 @@ class basic_adamw {
 
  private:
   static std::size_t resolve_threads(std::size_t threads) {
-    return threads != 0 ? threads : static_cast<std::size_t>(defaults::current().optimizer_threads);
+    return threads != 0 ? threads : static_cast<std::size_t>(optim::defaults::current().optimizer_threads);
   }
 
   adamw_params params_;
