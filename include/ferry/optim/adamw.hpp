@@ -241,17 +241,13 @@ struct adamw_constants {
   /// @brief Checks hyper-parameters.
   /// @throws ferry::logic_error naming the value out of range
   static void check(const adamw_params& p) {
-    const float lr = p.lr;
-    const float beta1 = p.beta1;
-    const float beta2 = p.beta2;
-    const float eps = p.eps;
-    const float weight_decay = p.weight_decay;
-    FERRY_EXPECTS(std::isfinite(lr) && lr >= 0.0f, "the learning rate must be finite and >= 0", lr);
-    FERRY_EXPECTS(beta1 >= 0.0f && beta1 < 1.0f, "beta1 must be in [0, 1)", beta1);
-    FERRY_EXPECTS(beta2 >= 0.0f && beta2 < 1.0f, "beta2 must be in [0, 1)", beta2);
-    FERRY_EXPECTS(std::isfinite(eps) && eps > 0.0f, "eps must be finite and > 0", eps);
-    FERRY_EXPECTS(std::isfinite(weight_decay) && weight_decay >= 0.0f, "weight_decay must be finite and >= 0",
-                  weight_decay);
+    FERRY_EXPECTS(std::isfinite(p.lr) && p.lr >= 0.0f, "the learning rate must be finite and >= 0",
+                  ferry::named("lr", p.lr));
+    FERRY_EXPECTS(p.beta1 >= 0.0f && p.beta1 < 1.0f, "beta1 must be in [0, 1)", ferry::named("beta1", p.beta1));
+    FERRY_EXPECTS(p.beta2 >= 0.0f && p.beta2 < 1.0f, "beta2 must be in [0, 1)", ferry::named("beta2", p.beta2));
+    FERRY_EXPECTS(std::isfinite(p.eps) && p.eps > 0.0f, "eps must be finite and > 0", ferry::named("eps", p.eps));
+    FERRY_EXPECTS(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0f, "weight_decay must be finite and >= 0",
+                  ferry::named("weight_decay", p.weight_decay));
   }
 };
 
@@ -739,10 +735,9 @@ class basic_adamw {
         isa_(resolve_adamw_isa(options.isa)),
         pool_(resolve_threads(options.threads)) {
     adamw_constants::check(params_);
-    const std::size_t block_elements = block_;
-    FERRY_EXPECTS(block_elements > 0 && block_elements % adamw_tile_elements == 0 &&
-                      block_elements <= (std::size_t{1} << 40),
-                  "block_elements must be a positive multiple of adamw_tile_elements (1024)", block_elements);
+    FERRY_EXPECTS(block_ > 0 && block_ % adamw_tile_elements == 0 && block_ <= (std::size_t{1} << 40),
+                  "block_elements must be a positive multiple of adamw_tile_elements (1024)",
+                  ferry::named("block_elements", block_));
   }
   basic_adamw(const basic_adamw&) = delete;
   basic_adamw& operator=(const basic_adamw&) = delete;
