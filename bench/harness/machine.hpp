@@ -5,6 +5,8 @@
 
 #include <ferry/core/config.hpp>
 #include <ferry/core/defaults.hpp>
+#include <ferry/io/defaults.hpp>
+#include <ferry/optim/defaults.hpp>
 #include <ferry/core/version.hpp>
 
 #if FERRY_HAS_CUDA
@@ -125,11 +127,11 @@ inline nlohmann::json limit(rlim_t v) {
   }
   const ferry::defaults::settings& knobs = ferry::defaults::current();
   m["knobs"] = {{"chunk_bytes", knobs.chunk_bytes},
-                {"io_queue_depth", knobs.io_queue_depth},
-                {"io_block_bytes", knobs.io_block_bytes},
+                {"io_queue_depth", ferry::io::defaults::current().io_queue_depth},
+                {"io_block_bytes", ferry::io::defaults::current().io_block_bytes},
                 {"pinned_budget_bytes", knobs.pinned_budget_bytes},
-                {"io_threads", knobs.io_threads},
-                {"optimizer_threads", knobs.optimizer_threads}};
+                {"io_threads", ferry::io::defaults::current().io_threads},
+                {"optimizer_threads", ferry::optim::defaults::current().optimizer_threads}};
   m["drives"] = nlohmann::json::array();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/sys/block", ec)) {

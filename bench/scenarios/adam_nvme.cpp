@@ -119,7 +119,7 @@ std::vector<row> run_adam_nvme(const run_options& options) {
   if (elements == 0) throw std::runtime_error("adam-nvme: --total-mib is too small for --groups");
   const std::size_t threads =
       cfg.threads != 0 ? cfg.threads : std::max<std::size_t>(1, std::thread::hardware_concurrency());
-  const ferry::defaults::settings& knobs = ferry::defaults::current();
+  const ferry::io::defaults::settings& knobs = ferry::io::defaults::current();
   const std::size_t depth = cfg.queue_depth != 0 ? cfg.queue_depth : knobs.io_queue_depth;
   const std::size_t block = cfg.block_kib != 0 ? cfg.block_kib * ferry::KiB : knobs.io_block_bytes;
   const std::vector<std::size_t> sizes(groups, elements);

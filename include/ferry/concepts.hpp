@@ -28,7 +28,7 @@
 #include <type_traits>
 
 #if FERRY_HAS_CUDA
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #endif
 
 namespace ferry {

@@ -10,7 +10,9 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/config.hpp"
 #include "ferry/core/defaults.hpp"
+#include "ferry/core/knobs.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/io/auto_engine.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
@@ -21,6 +23,7 @@
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/optim/adamw.hpp"
+#include "ferry/optim/defaults.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/memory/stage_ring.hpp"

@@ -26,7 +26,7 @@ int main() {
     return 1;
   }
   try {
-    (void)ferry::defaults::parse(ferry::defaults::knob::io_queue_depth, "lots");
+    (void)ferry::io::defaults::parse(ferry::io::defaults::knob::io_queue_depth, "lots");
     std::puts("a malformed value was accepted");
     return 1;
   } catch (const ferry::config_error& e) {

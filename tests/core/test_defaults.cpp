@@ -1,5 +1,7 @@
-// The runtime knobs: the table, parsing of good and bad values, and loading from
-// a lookup and from the real process environment.
+// The runtime knobs of core: the table, parsing of good and bad values (the parser every
+// layer's table uses), and loading from a lookup and from the real process environment.
+// The I/O knobs are tested in tests/io/test_io_defaults.cpp, the optimizer's in
+// tests/optim/test_optim_defaults.cpp.
 #include <ferry/core/defaults.hpp>
 
 #include <catch2/catch.hpp>
@@ -77,8 +79,6 @@ TEST_CASE("the defaults table is well formed") {
 TEST_CASE("built-in defaults") {
   const auto b = defaults::builtin();
   CHECK(b.chunk_bytes == 4 * MiB);
-  CHECK(b.io_queue_depth == 16);
-  CHECK(b.io_block_bytes == 1 * MiB);
   CHECK(b.pinned_budget_bytes >= MiB);
   CHECK(b.pinned_budget_bytes % MiB == 0);
   const auto ram = defaults::detail::physical_memory_bytes();
@@ -86,11 +86,6 @@ TEST_CASE("built-in defaults") {
     CHECK(b.pinned_budget_bytes <= ram / 2);
     CHECK(b.pinned_budget_bytes + MiB > ram / 2);
   }
-  CHECK(b.io_threads >= 1);
-  CHECK(b.io_threads <= 8);
-  CHECK(b.optimizer_threads >= 1);
-  CHECK(b.optimizer_threads <= 16);
-  CHECK(b.optimizer_threads >= b.io_threads);  // all the hardware threads (to 16) against half (to 8)
   for (const auto& s : defaults::table) {
     CHECK(b.get(s.id) == s.default_value());
   }
@@ -125,13 +120,6 @@ TEST_CASE("byte values parse with IEC, single-letter and decimal units") {
   CHECK(defaults::parse(chunk, "4\tMiB") == 4 * MiB);     // a tab between number and unit
 }
 
-TEST_CASE("count values parse as plain integers") {
-  CHECK(defaults::parse(knob::io_queue_depth, "1") == 1);
-  CHECK(defaults::parse(knob::io_queue_depth, "64") == 64);
-  CHECK(defaults::parse(knob::io_queue_depth, " 4096 ") == 4096);
-  CHECK(defaults::parse(knob::io_threads, "12") == 12);
-}
-
 TEST_CASE("malformed values are rejected with the variable, the value and the rule") {
   const auto chunk = knob::chunk_bytes;
   const char* const byte_count = "expected a byte count";
@@ -161,19 +149,6 @@ TEST_CASE("malformed values are rejected with the variable, the value and the ru
   expect_rejected(chunk, "2GiB", "above the maximum [value = 2147483648, max = 1073741824]");
   expect_rejected(chunk, "4097", "not a multiple of what it needs [value = 4097, multiple_of = 4096]");
   expect_rejected(chunk, "4MB", "not a multiple");  // 4,000,000 is not a multiple of 4 KiB
-
-  const auto qd = knob::io_queue_depth;
-  const char* const integer = "expected a non-negative integer";
-  expect_rejected(qd, "16K", integer);  // counts take no units
-  expect_rejected(qd, "sixteen", integer);
-  expect_rejected(qd, "-1", integer);
-  expect_rejected(qd, "1e3", integer);
-  expect_rejected(qd, "", integer);
-  expect_rejected(qd, "0", "below the minimum");
-  expect_rejected(qd, "4097", "above the maximum");
-  expect_rejected(knob::io_threads, "0", "below the minimum");
-  expect_rejected(knob::io_block_bytes, "1000", "below the minimum");
-  expect_rejected(knob::io_block_bytes, "1MB", "not a multiple");
   expect_rejected(knob::pinned_budget_bytes, "1KiB", "below the minimum");
   expect_rejected(knob::pinned_budget_bytes, "1025TiB", "above the maximum");
 }
@@ -201,8 +176,7 @@ TEST_CASE("load applies values from the lookup and defaults for the rest") {
   const std::map<std::string, std::string> env{{"FERRY_CHUNK_BYTES", "8MiB"}, {"FERRY_IO_QUEUE_DEPTH", "64"}};
   const auto s = defaults::load([&](std::string_view v) { return from_map(env, v); });
   auto expected = defaults::builtin();
-  expected.chunk_bytes = 8 * MiB;
-  expected.io_queue_depth = 64;
+  expected.chunk_bytes = 8 * MiB;  // FERRY_IO_QUEUE_DEPTH is not a knob of this table
   CHECK(s == expected);
 }
 
@@ -215,11 +189,11 @@ TEST_CASE("load takes only lookups that return std::optional<std::string>") {
 
 TEST_CASE("a value with control characters is escaped in the message") {
   try {
-    (void)defaults::parse(knob::io_threads, "4\n\x1b[31m");
+    (void)defaults::parse(knob::chunk_bytes, "4\n\x1b[31m");
     FAIL("accepted");
   } catch (const ferry::config_error& e) {
     const std::string what = e.what();
-    CHECK(what.find("FERRY_IO_THREADS=\"4\\n\\x1b[31m\"") != std::string::npos);
+    CHECK(what.find("FERRY_CHUNK_BYTES=\"4\\n\\x1b[31m\"") != std::string::npos);
     CHECK(what.find('\n') == std::string::npos);
     CHECK(e.value() == "4\n\x1b[31m");  // the accessor keeps the value as given
   }
@@ -227,27 +201,27 @@ TEST_CASE("a value with control characters is escaped in the message") {
 
 TEST_CASE("load rejects a malformed or empty value instead of using the default") {
   SECTION("malformed") {
-    const std::map<std::string, std::string> env{{"FERRY_IO_BLOCK_BYTES", "1.5MiB"}};
+    const std::map<std::string, std::string> env{{"FERRY_CHUNK_BYTES", "1.5MiB"}};
     CHECK_THROWS_MATCHES(defaults::load([&](std::string_view v) { return from_map(env, v); }), ferry::config_error,
                          Catch::Matchers::Predicate<ferry::config_error>([](const ferry::config_error& e) {
-                           return e.variable() == "FERRY_IO_BLOCK_BYTES" && e.value() == "1.5MiB";
+                           return e.variable() == "FERRY_CHUNK_BYTES" && e.value() == "1.5MiB";
                          }));
   }
   SECTION("set but empty") {
-    const std::map<std::string, std::string> env{{"FERRY_IO_THREADS", ""}};
+    const std::map<std::string, std::string> env{{"FERRY_PINNED_BUDGET_BYTES", ""}};
     CHECK_THROWS_AS(defaults::load([&](std::string_view v) { return from_map(env, v); }), ferry::config_error);
   }
 }
 
 TEST_CASE("from_environment reads the real process environment") {
-  ::setenv("FERRY_IO_THREADS", "3", 1);
+  ::setenv("FERRY_CHUNK_BYTES", "8MiB", 1);
   ::setenv("FERRY_PINNED_BUDGET_BYTES", "2GiB", 1);
   const auto s = defaults::from_environment();
-  CHECK(s.io_threads == 3);
+  CHECK(s.chunk_bytes == 8 * MiB);
   CHECK(s.pinned_budget_bytes == 2 * GiB);
-  ::setenv("FERRY_IO_THREADS", "3 threads", 1);
-  CHECK_THROWS_WITH(defaults::from_environment(), Catch::Contains("FERRY_IO_THREADS=\"3 threads\""));
-  ::unsetenv("FERRY_IO_THREADS");
+  ::setenv("FERRY_CHUNK_BYTES", "3 chunks", 1);
+  CHECK_THROWS_WITH(defaults::from_environment(), Catch::Contains("FERRY_CHUNK_BYTES=\"3 chunks\""));
+  ::unsetenv("FERRY_CHUNK_BYTES");
   ::unsetenv("FERRY_PINNED_BUDGET_BYTES");
   CHECK(defaults::from_environment() == defaults::builtin());
 }
@@ -261,19 +235,15 @@ TEST_CASE("settings get and set address the knob they name") {
     ++value;
   }
   CHECK(s.chunk_bytes == 100);
-  CHECK(s.io_queue_depth == 101);
-  CHECK(s.io_block_bytes == 102);
-  CHECK(s.pinned_budget_bytes == 103);
-  CHECK(s.io_threads == 104);
-  CHECK(s.optimizer_threads == 105);
+  CHECK(s.pinned_budget_bytes == 101);
 }
 
 TEST_CASE("current() reads the environment once and keeps it") {
-  ::setenv("FERRY_IO_QUEUE_DEPTH", "48", 1);
+  ::setenv("FERRY_PINNED_BUDGET_BYTES", "48MiB", 1);
   const auto& first = defaults::current();
-  CHECK(first.io_queue_depth == 48);
-  ::setenv("FERRY_IO_QUEUE_DEPTH", "8", 1);
-  CHECK(defaults::current().io_queue_depth == 48);
+  CHECK(first.pinned_budget_bytes == 48 * MiB);
+  ::setenv("FERRY_PINNED_BUDGET_BYTES", "8MiB", 1);
+  CHECK(defaults::current().pinned_budget_bytes == 48 * MiB);
   CHECK(&defaults::current() == &first);
-  ::unsetenv("FERRY_IO_QUEUE_DEPTH");
+  ::unsetenv("FERRY_PINNED_BUDGET_BYTES");
 }

@@ -194,6 +194,53 @@ TEST_CASE("FERRY_EXPECTS takes many values, and parenthesised arguments with com
   }
 }
 
+TEST_CASE("ferry::named gives a value the name the message shows") {
+  struct element_type {
+    double x;
+  };
+  struct options {
+    int devices = 0;
+  } o;
+  std::string path = "/mnt/nvme0/x";
+  evaluations = 0;
+  FERRY_EXPECTS(true, "not shown", ferry::named("never", counted(1)));
+  CHECK(evaluations == 0);  // evaluated only on failure, as the other values
+  try {
+    FERRY_EXPECTS(o.devices >= 1, "a device at least", ferry::named("element", sizeof(element_type)),
+                  ferry::named("devices", o.devices), o.devices, ferry::named("path", path));
+    FAIL("no exception");
+  } catch (const ferry::logic_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains_all(what, {"`o.devices >= 1`", "a device at least",
+                              "[element = 8, devices = 0, o.devices = 0, path = \"/mnt/nvme0/x\"]"}));
+    CHECK(what.find("sizeof") == std::string::npos);  // the name replaces the expression text
+    CHECK(what.find("named(") == std::string::npos);
+  }
+  static_assert(std::is_same_v<decltype(ferry::named("n", o.devices)), ferry::named_arg<int&>>);  // no copy
+  static_assert(std::is_same_v<decltype(ferry::named("n", 4)), ferry::named_arg<int>>);           // kept
+}
+
+TEST_CASE("ferry::named names values of FERRY_RUNTIME_TRY too") {
+  struct fake_runtime {
+    static bool ok(int status) noexcept { return status == 0; }
+    static std::string describe(int status) { return "status " + std::to_string(status); }
+    [[noreturn]] static void raise(int status, const std::string& message, ferry::source_site site) {
+      throw ferry::device_error(message, status, site);
+    }
+  };
+  const std::size_t n = 4096;
+  try {
+    FERRY_RUNTIME_TRY(fake_runtime, 3 + 0 * static_cast<int>(n), ferry::named("bytes", n + 1));
+    FAIL("no exception");
+  } catch (const ferry::device_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains_all(what, {"failed: status 3", "[bytes = 4097]"}));
+    CHECK(e.code() == 3);
+  }
+}
+
 TEST_CASE("a message without values has no value list") {
   try {
     FERRY_EXPECTS(false, "nothing to show");

@@ -4,7 +4,11 @@
 #include <ferry/ferry.cuh>
 
 #include <catch2/catch.hpp>
+#if __has_include(<cuda/stream>)  // CCCL >= 3.1
+#include <cuda/stream>
+#else
 #include <cuda/stream_ref>
+#endif
 
 #include <cstdint>
 #include <utility>

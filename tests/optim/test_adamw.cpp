@@ -516,6 +516,6 @@ TEST_CASE("adamw: argument errors name the values and write nothing", "[adamw]")
 
 TEST_CASE("adamw: the default thread count is the optimizer_threads knob", "[adamw]") {
   ferry::adamw opt;
-  CHECK(opt.threads() == ferry::defaults::current().optimizer_threads);
+  CHECK(opt.threads() == ferry::optim::defaults::current().optimizer_threads);
   CHECK(opt.block_elements() == 16 * ferry::adamw_tile_elements);
 }

@@ -16,7 +16,7 @@
 #include <span>
 
 #if FERRY_HAS_CUDA
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #endif
 
 namespace ferry {
@@ -53,9 +53,9 @@ class bf16 {
   std::size_t encode(std::span<const float> in, std::span<std::byte> out) const {
     const std::size_t n = in.size();
     const std::size_t need = encoded_bytes(n);
-    const std::size_t have = out.size();
     FERRY_EXPECTS(n <= max_elements, "too many elements for one encoding", n, max_elements);
-    FERRY_EXPECTS(have >= need, "the output is smaller than encoded_bytes(n)", n, need, have);
+    FERRY_EXPECTS(out.size() >= need, "the output is smaller than encoded_bytes(n)", n, need,
+                  ferry::named("have", out.size()));
     std::byte* p = out.data();
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint16_t bits = to_bfloat16(in[i]).bits;
@@ -69,9 +69,9 @@ class bf16 {
   void decode(std::span<const std::byte> in, std::span<float> out) const {
     const std::size_t n = out.size();
     const std::size_t need = encoded_bytes(n);
-    const std::size_t have = in.size();
     FERRY_EXPECTS(n <= max_elements, "too many elements for one encoding", n, max_elements);
-    FERRY_EXPECTS(have >= need, "the encoded input is smaller than encoded_bytes(n)", n, need, have);
+    FERRY_EXPECTS(in.size() >= need, "the encoded input is smaller than encoded_bytes(n)", n, need,
+                  ferry::named("have", in.size()));
     const std::byte* p = in.data();
     for (std::size_t i = 0; i < n; ++i) {
       std::uint16_t bits = 0;

@@ -52,7 +52,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_reduce.cuh>
 #include <cuda/functional>
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

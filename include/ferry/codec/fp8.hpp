@@ -25,7 +25,7 @@
 #include <span>
 
 #if FERRY_HAS_CUDA
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #endif
 
 namespace ferry {
@@ -310,9 +310,9 @@ class fp8_codec {
   std::size_t encode(std::span<const Source> in, std::span<std::byte> out) const {
     const std::size_t n = in.size();
     const std::size_t need = encoded_bytes(n);
-    const std::size_t have = out.size();
     FERRY_EXPECTS(n <= max_elements, "too many elements for one encoding", n, max_elements);
-    FERRY_EXPECTS(have >= need, "the output is smaller than encoded_bytes(n)", n, need, have);
+    FERRY_EXPECTS(out.size() >= need, "the output is smaller than encoded_bytes(n)", n, need,
+                  ferry::named("have", out.size()));
     auto* payload = reinterpret_cast<std::uint8_t*>(out.data());
     if constexpr (std::same_as<Scaling, unscaled>) {
       detail::fp8_encode_run<F, Overflow, false>(in.data(), n, 1.0f, payload);
@@ -347,9 +347,9 @@ class fp8_codec {
   void decode(std::span<const std::byte> in, std::span<Source> out) const {
     const std::size_t n = out.size();
     const std::size_t need = encoded_bytes(n);
-    const std::size_t have = in.size();
     FERRY_EXPECTS(n <= max_elements, "too many elements for one encoding", n, max_elements);
-    FERRY_EXPECTS(have >= need, "the encoded input is smaller than encoded_bytes(n)", n, need, have);
+    FERRY_EXPECTS(in.size() >= need, "the encoded input is smaller than encoded_bytes(n)", n, need,
+                  ferry::named("have", in.size()));
     const auto* payload = reinterpret_cast<const std::uint8_t*>(in.data());
     if constexpr (std::same_as<Scaling, unscaled>) {
       detail::fp8_decode_run<F, false>(payload, n, 1.0f, out.data());

@@ -18,7 +18,7 @@
 #include <type_traits>
 
 #if FERRY_HAS_CUDA
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #endif
 
 namespace ferry {
@@ -49,8 +49,8 @@ class identity {
   /// @throws ferry::logic_error if `out` is too small
   std::size_t encode(std::span<const T> in, std::span<std::byte> out) const {
     const std::size_t need = in.size_bytes();
-    const std::size_t have = out.size();
-    FERRY_EXPECTS(have >= need, "the output is smaller than encoded_bytes(n)", need, have);
+    FERRY_EXPECTS(out.size() >= need, "the output is smaller than encoded_bytes(n)", need,
+                  ferry::named("have", out.size()));
     if (need != 0) {
       std::memcpy(out.data(), in.data(), need);
     }
@@ -61,8 +61,8 @@ class identity {
   /// @throws ferry::logic_error if `in` is smaller than `encoded_bytes(out.size())`
   void decode(std::span<const std::byte> in, std::span<T> out) const {
     const std::size_t need = out.size_bytes();
-    const std::size_t have = in.size();
-    FERRY_EXPECTS(have >= need, "the encoded input is smaller than encoded_bytes(n)", need, have);
+    FERRY_EXPECTS(in.size() >= need, "the encoded input is smaller than encoded_bytes(n)", need,
+                  ferry::named("have", in.size()));
     if (need != 0) {
       std::memcpy(out.data(), in.data(), need);
     }

@@ -18,25 +18,21 @@
 ///
 /// Two standard exceptions that are not `ferry::error`s can also leave ferry's calls:
 /// - `std::bad_alloc` when memory cannot be allocated — for ferry's own bookkeeping
-///   (containers, queued work, messages), and from an `nvme_tier` transfer whose
-///   failure could not be recorded for lack of memory (its `io_ticket::wait`, the
-///   synchronous `read`/`write` and the completion callback's `std::exception_ptr` then
-///   carry a plain `std::bad_alloc`);
-/// - `std::system_error` from `std::thread` when a thread cannot be started: a
-///   `cpu_device`'s callback thread, the workers of `ferry::adamw` and of
-///   `io::thread_pool_engine`, the ring thread of `io::uring_engine`, and the
-///   completion threads of a scheduler's backend (`device_backend`). (A stream of the
-///   CPU runtime whose worker cannot start is a `device_error`, `cpu_errc::memory_allocation`.)
+///   (containers, queued work, messages), and where a failure could not be recorded for
+///   lack of memory (a component that hands failures on later, through a ticket or a
+///   callback, then hands on a plain `std::bad_alloc`; its `@throws` say where);
+/// - `std::system_error` from `std::thread` when a thread cannot be started, by a
+///   component that runs threads of its own (its constructor's `@throws` say so).
 ///
 /// So `catch (const ferry::error&)` catches what ferry raises itself, not these two.
-/// An exception thrown by the caller's own code that ferry runs (an item queued on a
-/// `host_stream`: a "kernel" of the CPU runtime, a `layer_streamer` gradient callback) is kept and rethrown as it is,
-/// whatever its type, where that component says so.
+/// An exception thrown by the caller's own code that ferry runs (work queued on a
+/// stream, a callback) is kept and rethrown as it is, whatever its type, where that
+/// component says so.
 ///
 /// Messages name the file, line and function, the failed call or condition and the
 /// values involved, e.g.
 ///
-/// `include/ferry/memory/x.hpp:88 (allocate): precondition failed: `bytes % align == 0`: block size must be a
+/// `pool.hpp:88 (allocate): precondition failed: `bytes % align == 0`: block size must be a
 /// multiple of the alignment [bytes = 4097, align = 4096]`
 ///
 /// A message is built only on failure: the success path of a check is one compare and a
@@ -44,6 +40,7 @@
 #pragma once
 
 #include "ferry/core/config.hpp"
+#include "ferry/detail/core/error_message.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -118,11 +115,11 @@ class logic_error : public std::logic_error, public error {
   [[nodiscard]] const char* what() const noexcept override { return std::logic_error::what(); }
 };
 
-/// @brief A failed call of a device runtime (`ferry::device_runtime`): the CUDA runtime
-/// (`cuda_error`, derived from this) or ferry's CPU model of it (`ferry::cpu_runtime`).
+/// @brief A failed call of a device runtime (the CUDA runtime: `cuda_error`, derived from
+/// this; or a model of it that runs on host threads).
 ///
 /// Thrown by `FERRY_RUNTIME_TRY`. `code()` is the runtime's status code as an `int`
-/// (`cudaError_t` for CUDA, `ferry::cpu_errc` for the CPU model).
+/// (`cudaError_t` for CUDA; the model's own codes for a model).
 class device_error : public std::runtime_error, public error {
  public:
   /// @param message full message, naming the call, the status's name and description
@@ -142,7 +139,7 @@ class device_error : public std::runtime_error, public error {
 /// `cudaError_t` value as an `int` (so this type exists in builds without CUDA, and
 /// `catch` clauses compile everywhere).
 ///
-/// Thrown by `FERRY_CUDA_TRY` and, through `ferry::cuda_runtime`, by `FERRY_RUNTIME_TRY`.
+/// Thrown by `FERRY_CUDA_TRY` and, for the CUDA runtime, by `FERRY_RUNTIME_TRY`.
 class cuda_error : public device_error {
  public:
   /// @param message full message, naming the call, the error's name and description
@@ -209,7 +206,7 @@ class io_error : public std::system_error, public error {
 /// caller can tell "too big ever" (`requested() > capacity()`) from "too full now".
 class out_of_capacity : public std::bad_alloc, public error {
  public:
-  /// @param resource  what ran out, e.g. "pinned_pool" or "device_arena"
+  /// @param resource  what ran out: the name of a pool, an arena or a tier
   /// @param requested bytes asked for (including alignment padding)
   /// @param used      bytes in use when the request was made
   /// @param capacity  bytes the resource may hold in all (its budget)
@@ -301,129 +298,40 @@ inline destructor_error_handler set_destructor_error_handler(destructor_error_ha
                                                                        : &detail::default_destructor_error_handler);
 }
 
+/// @brief A value with the name a check's message shows for it; made by `ferry::named`.
+///
+/// @tparam T the value's type: a reference for an lvalue argument of `named` (the
+///           value is not copied), the value's own type for a temporary (kept here)
+template <class T>
+struct named_arg {
+  const char* name;  ///< the name the message shows (a string literal, or one that outlives the check)
+  T value;           ///< the value, or a reference to it
+};
+
+/// @brief Gives a value of a check an explicit name: among the values of
+/// `FERRY_EXPECTS`, `FERRY_RUNTIME_TRY` or `FERRY_CUDA_TRY`,
+/// `ferry::named("element", sizeof(element_type))` shows as `element = 4` where the
+/// plain argument would show under its expression text (`sizeof(element_type) = 4`).
+/// So a member or an expression needs no local copy to get a readable name.
+///
+/// Like the other values of those macros it is evaluated only when the check fails.
+/// Keep the result inside the macro's arguments: for a temporary it holds a copy, for
+/// an lvalue a reference (valid while the referred-to object lives).
+/// @param name  the name to show (not copied: a string literal, or a string that outlives
+///              the check)
+/// @param value the value to show, written as the macros write any value
+template <class T>
+[[nodiscard]] constexpr named_arg<T> named(const char* name, T&& value) noexcept(
+    std::is_nothrow_constructible_v<T, T&&>) {
+  return named_arg<T>{name, std::forward<T>(value)};
+}
+
 namespace detail {
 
-/// A value captured by name for a message: `bytes = 4097`.
+/// A `ferry::named` value keeps the name given there, not its expression text.
 template <class T>
-struct named_value {
-  const char* name;
-  const T& value;
-};
-
-template <class T>
-named_value<T> make_named(const char* name, const T& value) noexcept {
-  return {name, value};
-}
-
-template <class T>
-concept ostreamable = requires(std::ostream& os, const T& v) {
-  os << v;
-};
-
-/// Writes a string quoted, with control characters, quotes and backslashes escaped,
-/// so a value cannot break a log line.
-inline void put_quoted(std::ostream& os, std::string_view text) {
-  static constexpr char hex[] = "0123456789abcdef";
-  os << '"';
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': os << "\\\""; break;
-      case '\\': os << "\\\\"; break;
-      case '\n': os << "\\n"; break;
-      case '\r': os << "\\r"; break;
-      case '\t': os << "\\t"; break;
-      default:
-        if (u < 0x20 || u == 0x7f) {
-          os << "\\x" << hex[u >> 4] << hex[u & 0xf];
-        } else {
-          os << c;
-        }
-    }
-  }
-  os << '"';
-}
-
-template <class T>
-inline constexpr bool is_char_like_v =
-    std::is_same_v<T, char> || std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char> ||
-    std::is_same_v<T, char8_t>;
-
-/// Writes one value: booleans as true/false, characters, enums and std::byte as
-/// numbers, strings quoted and escaped (a character array bounded by its extent, a null
-/// `const char*` as nullptr), other pointers as addresses, anything with `operator<<`
-/// through it (an exception from it is caught and noted), anything else by size.
-template <class T>
-void put_value(std::ostream& os, const T& v) {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, bool>) {
-    os << (v ? "true" : "false");
-  } else if constexpr (std::is_same_v<U, std::nullptr_t>) {
-    os << "nullptr";
-  } else if constexpr (is_char_like_v<U>) {
-    os << static_cast<int>(v);
-  } else if constexpr (std::is_enum_v<U>) {  // includes std::byte
-    os << +static_cast<std::underlying_type_t<U>>(v);
-  } else if constexpr (std::is_array_v<U> && std::is_same_v<std::remove_cv_t<std::remove_extent_t<U>>, char>) {
-    std::size_t n = 0;
-    while (n < std::extent_v<U> && v[n] != '\0') {
-      ++n;
-    }
-    put_quoted(os, std::string_view(v, n));
-  } else if constexpr (std::is_pointer_v<U> && std::is_same_v<std::remove_cv_t<std::remove_pointer_t<U>>, char>) {
-    if (v == nullptr) {
-      os << "nullptr";
-    } else {
-      put_quoted(os, std::string_view(v));
-    }
-  } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
-    put_quoted(os, std::string_view(v));
-  } else if constexpr (std::is_pointer_v<U>) {
-    if (v == nullptr) {
-      os << "nullptr";
-    } else if constexpr (std::is_object_v<std::remove_pointer_t<U>> || std::is_void_v<std::remove_pointer_t<U>>) {
-      // Through `const void*`: before C++23 `operator<<(const volatile void*)` does not
-      // exist, and such a pointer would print as the bool it converts to ("1").
-      os << const_cast<const void*>(static_cast<const volatile void*>(v));
-    } else {
-      os << "<function pointer>";
-    }
-  } else if constexpr (ostreamable<U>) {
-    try {
-      os << v;
-    } catch (...) {
-      os.clear();
-      os << "<operator<< threw>";
-    }
-  } else {
-    os << "<" << sizeof(U) << "-byte value>";
-  }
-}
-
-/// Writes the message of a check; a null C string becomes "(no message)".
-template <class Message>
-void put_message(std::ostream& os, const Message& message) {
-  if constexpr (std::is_convertible_v<const Message&, const char*>) {
-    const char* text = message;
-    os << (text != nullptr ? text : "(no message)");
-  } else {
-    try {
-      os << message;
-    } catch (...) {
-      os.clear();
-      os << "<the message's operator<< threw>";
-    }
-  }
-}
-
-template <class... T>
-void put_values(std::ostream& os, const named_value<T>&... values) {
-  if constexpr (sizeof...(T) > 0) {
-    os << " [";
-    const char* sep = "";
-    ((os << sep << values.name << " = ", put_value(os, values.value), sep = ", "), ...);
-    os << ']';
-  }
+named_value<std::remove_reference_t<T>> make_named(const char* /*expression*/, const named_arg<T>& arg) noexcept {
+  return {arg.name, arg.value};
 }
 
 inline void put_site(std::ostream& os, const source_site& site) {
@@ -542,7 +450,10 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// @param condition a boolean expression
 /// @param message   anything streamable to `std::ostream`, evaluated only on failure
 /// @param ...       values to show in the message by name (evaluated only on failure;
-///                  an argument containing an unparenthesised comma must be parenthesised)
+///                  an argument containing an unparenthesised comma must be parenthesised).
+///                  A plain argument is shown under its expression text (`bytes = 4097`,
+///                  `o.devices = 0`); wrap it in `ferry::named("devices", o.devices)` to
+///                  choose the name (`devices = 0`)
 /// @throws ferry::logic_error when `condition` is false
 #define FERRY_EXPECTS(condition, message, ...)                                           \
   do {                                                                                   \
@@ -562,23 +473,24 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
   throw ::ferry::io_error((errno_value), (operation), (path), (offset), (bytes), FERRY_DETAIL_SITE())
 
 /// @brief Throws `ferry::out_of_capacity` for a request a resource cannot hold.
-/// @param resource  a string naming the resource, e.g. "pinned_pool"
+/// @param resource  a string naming the resource (a pool, an arena, a tier)
 /// @param requested bytes asked for
 /// @param used      bytes in use
 /// @param capacity  bytes the resource may hold in all
 #define FERRY_THROW_OUT_OF_CAPACITY(resource, requested, used, capacity) \
   throw ::ferry::out_of_capacity((resource), (requested), (used), (capacity), FERRY_DETAIL_SITE())
 
-/// @brief Calls a member of device runtime `R` (a `ferry::device_runtime`); throws what
-/// `R::raise` throws (`ferry::cuda_error` for `cuda_runtime`, `ferry::device_error` or
-/// the exception a failed stream carries for `cpu_runtime`) unless `R::ok(status)`.
+/// @brief Calls a member of device runtime `R` (a type with `status_type`, `ok`,
+/// `describe`, `raise` and `ignorable_at_teardown`); throws what `R::raise` throws (a
+/// `ferry::device_error`, or an exception the status carries) unless `R::ok(status)`.
 ///
 /// `FERRY_RUNTIME_TRY(Runtime, api_.memcpy_async(dst, src, n, d, s), n);` throws with
 /// `file:line (function): api_.memcpy_async(dst, src, n, d, s) failed: <status> [n = 4096]`.
 ///
 /// @param R    the runtime type
 /// @param call a call returning `R::status_type`
-/// @param ...  values to show in the message by name (evaluated only on failure)
+/// @param ...  values to show in the message by name (evaluated only on failure;
+///             `ferry::named` chooses the name, as for `FERRY_EXPECTS`)
 #define FERRY_RUNTIME_TRY(R, call, ...)                                                                 \
   do {                                                                                                \
     if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {      \
@@ -607,7 +519,8 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// argument [n = 4096]`. A non-sticky error is cleared (`cudaGetLastError`) before the throw.
 ///
 /// @param call a call returning `cudaError_t`
-/// @param ...  values to show in the message by name (evaluated only on failure)
+/// @param ...  values to show in the message by name (evaluated only on failure;
+///             `ferry::named` chooses the name, as for `FERRY_EXPECTS`)
 /// @throws ferry::cuda_error when the call fails
 #define FERRY_CUDA_TRY(call, ...)                                                                            \
   do {                                                                                                       \

@@ -20,7 +20,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/cuda/device_runtime.hpp"
 
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

@@ -10,7 +10,7 @@
 
 #include "ferry/core/error.hpp"
 
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_runtime_api.h>
 
 namespace ferry {

@@ -19,7 +19,7 @@
 #include "ferry/cuda/device.hpp"
 #include "ferry/core/error.hpp"
 
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -52,9 +52,8 @@ class event {
   /// @throws ferry::logic_error for `interprocess` together with `timing`
   /// @throws ferry::cuda_error if creation fails
   explicit event(event_options options = {}) : device_(options.device), timing_(options.timing) {
-    const bool timing = options.timing;
-    const bool interprocess = options.interprocess;
-    FERRY_EXPECTS(!(interprocess && timing), "an interprocess event cannot record timing", interprocess, timing);
+    FERRY_EXPECTS(!(options.interprocess && options.timing), "an interprocess event cannot record timing",
+                  ferry::named("interprocess", options.interprocess), ferry::named("timing", options.timing));
     if (device_ < 0) {
       device_ = current_device();
     }
@@ -122,10 +121,11 @@ class event {
   /// @throws ferry::cuda_error if recording fails (e.g. a stream of another device)
   void record(::cuda::stream_ref s) {
     FERRY_EXPECTS(handle_ != nullptr, "record of an empty event");
-    const void* stream = s.get();
     FERRY_EXPECTS(!is_legacy_default_stream(s),
-                  "ferry never records on the legacy default stream (nor on an empty, moved-from stream); pass the stream that produced the bytes", stream);
-    FERRY_CUDA_TRY(cudaEventRecord(handle_, s.get()), stream);
+                  "ferry never records on the legacy default stream (nor on an empty, moved-from stream); pass the "
+                  "stream that produced the bytes",
+                  ferry::named("stream", s.get()));
+    FERRY_CUDA_TRY(cudaEventRecord(handle_, s.get()), ferry::named("stream", s.get()));
   }
 
   /// @brief Makes work enqueued on `s` after this call wait for this event; does not
@@ -133,9 +133,10 @@ class event {
   /// @throws ferry::logic_error for an empty event or the legacy default stream
   void enqueue_wait(::cuda::stream_ref s) const {
     FERRY_EXPECTS(handle_ != nullptr, "wait on an empty event");
-    const void* stream = s.get();
-    FERRY_EXPECTS(!is_legacy_default_stream(s), "ferry never issues work on the legacy default stream (nor on an empty, moved-from stream)", stream);
-    FERRY_CUDA_TRY(cudaStreamWaitEvent(s.get(), handle_, 0), stream);
+    FERRY_EXPECTS(!is_legacy_default_stream(s),
+                  "ferry never issues work on the legacy default stream (nor on an empty, moved-from stream)",
+                  ferry::named("stream", s.get()));
+    FERRY_CUDA_TRY(cudaStreamWaitEvent(s.get(), handle_, 0), ferry::named("stream", s.get()));
   }
 
   /// @brief Whether the captured work has completed (`cudaEventQuery`); `true` for a
@@ -163,10 +164,8 @@ class event {
   /// @throws ferry::logic_error if either event was created without `timing`
   /// @throws ferry::cuda_error if either has not completed or was never recorded
   [[nodiscard]] static std::chrono::duration<double, std::milli> elapsed(const event& start, const event& stop) {
-    const bool start_timing = start.timing_;
-    const bool stop_timing = stop.timing_;
-    FERRY_EXPECTS(start_timing && stop_timing, "elapsed() needs events created with timing = true", start_timing,
-                  stop_timing);
+    FERRY_EXPECTS(start.timing_ && stop.timing_, "elapsed() needs events created with timing = true",
+                  ferry::named("start_timing", start.timing_), ferry::named("stop_timing", stop.timing_));
     float ms = 0.0F;
     FERRY_CUDA_TRY(cudaEventElapsedTime(&ms, start.handle_, stop.handle_));
     return std::chrono::duration<double, std::milli>(static_cast<double>(ms));

@@ -19,7 +19,7 @@
 #include "ferry/cuda/event.hpp"
 #include "ferry/core/error.hpp"
 
-#include <cuda/stream_ref>
+#include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_runtime_api.h>
 
 #include <utility>
@@ -63,11 +63,9 @@ class stream {
     const device_guard guard(device_);
     const stream_priority_range range = priority_range(device_);
     const int priority = options.priority;
-    const int greatest = range.greatest;
-    const int least = range.least;
-    FERRY_EXPECTS(priority >= greatest && priority <= least,
-                  "stream priority outside the device's range (lower numbers are higher priority)", priority, greatest,
-                  least);
+    FERRY_EXPECTS(priority >= range.greatest && priority <= range.least,
+                  "stream priority outside the device's range (lower numbers are higher priority)", priority,
+                  ferry::named("greatest", range.greatest), ferry::named("least", range.least));
     const unsigned flags = options.non_blocking ? cudaStreamNonBlocking : cudaStreamDefault;
     FERRY_CUDA_TRY(cudaStreamCreateWithPriority(&handle_, flags, priority), flags, priority);
   }

@@ -82,7 +82,7 @@ class auto_engine {
   /// @throws ferry::io::uring_setup_error (a ferry::io_error: "io_uring_queue_init",
   ///         "io_uring_queue_init (SQPOLL)" or "eventfd", path "io_uring", errno) when the
   ///         ring fails for another reason than a refusal (ENOMEM, EINVAL, EMFILE, ...)
-  /// @throws ferry::config_error from `defaults::current()`; ferry::logic_error for a
+  /// @throws ferry::config_error from `io::defaults::current()`; ferry::logic_error for a
   ///         queue depth outside 1 .. 4096 or a thread count outside 1 .. 1024;
   ///         std::system_error when a thread cannot start; std::bad_alloc
   auto_engine(S& sys, std::span<const int> fds, const engine_options& options = {}) {

@@ -58,9 +58,9 @@ struct engine_stats {
 /// @brief Settings of an I/O engine; each engine reads the fields that apply to it.
 struct engine_options {
   /// Requests in the kernel at once, at most (io_uring: the ring's size; the thread pool's
-  /// depth is its thread count). 0: `ferry::defaults::current().io_queue_depth`.
+  /// depth is its thread count). 0: `ferry::io::defaults::current().io_queue_depth`.
   std::size_t queue_depth = 0;
-  /// Thread pool: worker threads. 0: `ferry::defaults::current().io_threads`.
+  /// Thread pool: worker threads. 0: `ferry::io::defaults::current().io_threads`.
   std::size_t threads = 0;
   /// io_uring: a kernel thread polls the submission queue (IORING_SETUP_SQPOLL), so
   /// submitting needs no system call while it is awake; it costs a CPU while busy.

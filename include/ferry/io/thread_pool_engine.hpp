@@ -5,13 +5,13 @@
 /// The engine of `ferry::nvme_tier` when ferry is built without liburing
 /// (`FERRY_ENABLE_URING=OFF`, `FERRY_HAS_URING == 0`), and available in every build
 /// (tests run the tier on both engines). Requests wait in one FIFO queue; `threads`
-/// workers (default: the `io_threads` knob of defaults.hpp) take them in order, call the
+/// workers (default: the `io_threads` knob of io/defaults.hpp) take them in order, call the
 /// syscalls policy once and hand the result to the request's callback on the worker
 /// thread. So at most `threads` requests are in the kernel at once: a pool of N threads
 /// is a queue depth of N.
 #pragma once
 
-#include "ferry/core/defaults.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
@@ -50,7 +50,7 @@ class thread_pool_engine {
   /// @param sys     the syscalls policy object (outlives the engine)
   /// @param fds     file descriptors; `io_request::file` indexes this table (copied)
   /// @param options `threads` is read (0: the `io_threads` knob); the rest is io_uring's
-  /// @throws ferry::config_error from `defaults::current()`; ferry::logic_error for a
+  /// @throws ferry::config_error from `io::defaults::current()`; ferry::logic_error for a
   ///         thread count outside 1 .. 1024; std::system_error when a thread cannot start
   thread_pool_engine(S& sys, std::span<const int> fds, const engine_options& options = {})
       : sys_(&sys), fds_(fds.begin(), fds.end()) {

@@ -44,9 +44,11 @@
 
 #if FERRY_HAS_URING
 
-#include "ferry/core/defaults.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/detail/io/request_fifo.hpp"
 #include "ferry/io/request.hpp"
+#include "ferry/io/uring_error.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/core/units.hpp"
 
@@ -76,61 +78,6 @@
 #include <unistd.h>
 
 namespace ferry::io {
-
-/// @brief Whether `errno_value`, from setting up an io_uring ring, means that io_uring is
-/// refused here rather than that this ring's settings are wrong: EPERM
-/// (`kernel.io_uring_disabled = 2`, or a seccomp filter), EACCES
-/// (`kernel.io_uring_disabled = 1` for a process outside `kernel.io_uring_group`) and
-/// ENOSYS (a kernel without io_uring, or a seccomp filter). ENOMEM, EINVAL and the
-/// others are not refusals. `io::auto_engine` falls back to the thread pool on these.
-[[nodiscard]] constexpr bool is_uring_refusal(int errno_value) noexcept {
-  return errno_value == EPERM || errno_value == EACCES || errno_value == ENOSYS;
-}
-
-namespace detail {
-
-/// The symbolic name of the errno values ring setup answers ("EPERM"), else "errno N".
-[[nodiscard]] inline std::string errno_name(int e) {
-  switch (e) {
-    case EPERM: return "EPERM";
-    case EACCES: return "EACCES";
-    case ENOSYS: return "ENOSYS";
-    case ENOMEM: return "ENOMEM";
-    case EINVAL: return "EINVAL";
-    case EFAULT: return "EFAULT";
-    case EMFILE: return "EMFILE";
-    case ENFILE: return "ENFILE";
-    case EBUSY: return "EBUSY";
-    case ENODEV: return "ENODEV";
-    default: return "errno " + std::to_string(e);
-  }
-}
-
-}  // namespace detail
-
-/// @brief No io_uring ring could be made: the `ferry::io_error` that `uring_engine`'s
-/// constructor throws, with the call that failed.
-///
-/// `path()` is "io_uring", `offset()` is `io_error::no_offset`, `bytes()` is 0, `code()`
-/// the errno. `operation()` is "io_uring_queue_init", "io_uring_queue_init (SQPOLL)",
-/// "io_uring_enter" (the NOP probe at setup) or "eventfd"; `refused()` tells a refusal of io_uring itself (`is_uring_refusal`) from
-/// other failures (ENOMEM, EINVAL for unknown setup flags, ...).
-class uring_setup_error : public ferry::io_error {
- public:
-  /// @param errno_value the errno (positive)
-  /// @param operation   the failed call
-  /// @param site        where it was detected
-  uring_setup_error(int errno_value, std::string_view operation, source_site site)
-      : io_error(errno_value, operation, std::string("io_uring"), io_error::no_offset, 0, site),
-        operation_(operation) {}
-  /// @brief The call that failed, e.g. "io_uring_queue_init".
-  [[nodiscard]] const std::string& operation() const noexcept { return operation_; }
-  /// @brief Whether the errno says io_uring is refused here (EPERM, EACCES, ENOSYS).
-  [[nodiscard]] bool refused() const noexcept { return is_uring_refusal(code().value()); }
-
- private:
-  std::string operation_;
-};
 
 /// @brief Runs `io_request`s on an io_uring ring owned by one thread; models
 /// `ferry::io::io_engine`.
@@ -166,7 +113,7 @@ class uring_engine {
   ///         io_uring refused (EPERM from `kernel.io_uring_disabled = 2` or seccomp,
   ///         EACCES from `kernel.io_uring_disabled = 1`, ENOSYS), ENOMEM, EPERM for SQPOLL.
   ///         There is no fallback here (`io::auto_engine` has one);
-  ///         ferry::config_error from `defaults::current()`; ferry::logic_error for a
+  ///         ferry::config_error from `io::defaults::current()`; ferry::logic_error for a
   ///         depth outside 1 .. 4096
   uring_engine(S& sys, std::span<const int> fds, const engine_options& options = {})
       : sys_(&sys), fds_(fds.begin(), fds.end()) {
@@ -269,39 +216,7 @@ class uring_engine {
   }
 
  private:
-  // An intrusive FIFO of requests (through io_request::next_pending).
-  struct fifo {
-    io_request* head = nullptr;
-    io_request* tail = nullptr;
-    void push(io_request* r) noexcept {
-      r->next_pending = nullptr;
-      if (tail != nullptr) {
-        tail->next_pending = r;
-      } else {
-        head = r;
-      }
-      tail = r;
-    }
-    io_request* pop() noexcept {
-      io_request* r = head;
-      if (r != nullptr) {
-        head = r->next_pending;
-        if (head == nullptr) tail = nullptr;
-      }
-      return r;
-    }
-    void append(fifo& o) noexcept {
-      if (o.head == nullptr) return;
-      if (tail != nullptr) {
-        tail->next_pending = o.head;
-      } else {
-        head = o.head;
-      }
-      tail = o.tail;
-      o.head = o.tail = nullptr;
-    }
-    [[nodiscard]] bool empty() const noexcept { return head == nullptr; }
-  };
+  using fifo = detail::request_fifo;
 
   enum class command : std::uint8_t { register_buffer, unregister_buffer };
   struct control_request {

@@ -73,7 +73,7 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/core/defaults.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/io/auto_engine.hpp"
 #include "ferry/io/direct_file.hpp"
@@ -143,7 +143,7 @@ enum class file_sizing : std::uint8_t {
   grow,         ///< leave the files as they are; they grow as regions are written
 };
 
-/// @brief Construction settings of an `nvme_tier`. Zero means "from ferry::defaults".
+/// @brief Construction settings of an `nvme_tier`. Zero means "from ferry::io::defaults".
 struct nvme_options {
   /// Backing files, one per drive; several are striped like RAID-0. At least one.
   std::vector<std::filesystem::path> paths;
@@ -342,10 +342,10 @@ class basic_nvme_tier {
   /// @throws ferry::logic_error for inconsistent options; ferry::config_error for a
   ///         malformed FERRY_* variable
   explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
-    const defaults::settings* knobs = nullptr;
-    const auto knob = [&](std::size_t given, std::size_t defaults::settings::*field) {
+    const io::defaults::settings* knobs = nullptr;
+    const auto knob = [&](std::size_t given, std::size_t io::defaults::settings::*field) {
       if (given != 0) return given;
-      if (knobs == nullptr) knobs = &defaults::current();
+      if (knobs == nullptr) knobs = &io::defaults::current();
       return knobs->*field;
     };
     const std::size_t a = options_.alignment;
@@ -353,8 +353,8 @@ class basic_nvme_tier {
     FERRY_EXPECTS(a >= 512 && (a & (a - 1)) == 0, "the alignment must be a power of two >= 512", a);
     FERRY_EXPECTS(options_.capacity >= a, "the capacity must hold at least one aligned block", options_.capacity, a);
     FERRY_EXPECTS(options_.staging_blocks >= 1, "at least one staging block", options_.staging_blocks);
-    depth_ = knob(options_.queue_depth, &defaults::settings::io_queue_depth);
-    block_ = knob(options_.block_bytes, &defaults::settings::io_block_bytes);
+    depth_ = knob(options_.queue_depth, &io::defaults::settings::io_queue_depth);
+    block_ = knob(options_.block_bytes, &io::defaults::settings::io_block_bytes);
     FERRY_EXPECTS(block_ % a == 0 && block_ <= (std::size_t{1} << 30),
                   "block_bytes must be a multiple of the alignment, at most 1 GiB", block_, a);
     FERRY_EXPECTS(depth_ >= 1 && depth_ <= 4096, "queue_depth must be 1 to 4096", depth_);

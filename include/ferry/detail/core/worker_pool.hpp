@@ -1,7 +1,6 @@
 /// @file
 /// @brief `ferry::detail::worker_pool`: a small persistent pool of `std::thread`s that
-/// runs the indices of one parallel loop at a time (private to ferry; used by
-/// `ferry::adamw`).
+/// runs the indices of one parallel loop at a time (private to ferry).
 #pragma once
 
 #include "ferry/core/error.hpp"

@@ -1,0 +1,334 @@
+/// @file
+/// @brief `ferry::cpu_device`: the CPU model of a GPU and its runtime — streams, events,
+/// host functions, mapped memory, devices, capture, stream-ordered memory pools — with
+/// the controls tests use; its status codes (`cpu_errc`, `cpu_status`) and settings
+/// (`cpu_options`).
+///
+/// cuda/cpu_runtime.hpp describes which of CUDA's semantics the model keeps, and holds
+/// `ferry::cpu_runtime`, the `device_runtime` over a `cpu_device`, and `host_stream`.
+/// The members' bodies are in detail/cuda/cpu_device.hpp.
+#pragma once
+
+#include "ferry/core/error.hpp"
+#include "ferry/cuda/device_runtime.hpp"
+#include "ferry/detail/cuda/cpu_state.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief Status codes of `cpu_runtime` (the CUDA error each stands for in brackets).
+enum class cpu_errc : int {
+  success = 0,                    ///< (cudaSuccess)
+  invalid_value = 1,              ///< a bad argument, a double free, a copy made to fail (cudaErrorInvalidValue)
+  memory_allocation = 2,          ///< device or mapped memory exhausted (cudaErrorMemoryAllocation)
+  invalid_pitch = 12,             ///< a 2D copy whose pitch is below its row (cudaErrorInvalidPitchValue)
+  invalid_device = 101,           ///< no such device (cudaErrorInvalidDevice)
+  invalid_resource_handle = 400,  ///< an event recorded on another device's stream (cudaErrorInvalidResourceHandle)
+  not_ready = 600,                ///< an event's work is pending (cudaErrorNotReady)
+  stream_failed = 719,            ///< a kernel of the stream threw; the status carries it (cudaErrorLaunchFailure)
+  not_permitted = 800,            ///< a runtime call from inside a host function (cudaErrorNotPermitted)
+  not_supported = 801,            ///< a feature turned off (cudaErrorNotSupported)
+};
+
+/// @brief What every `cpu_runtime` call returns: a code, and for `stream_failed` the
+/// exception the stream's kernel threw.
+struct cpu_status {
+  /// @brief Success.
+  cpu_status() = default;
+  /// @brief Code `c`, carrying `e` (for `stream_failed`).
+  cpu_status(cpu_errc c, std::exception_ptr e = nullptr) noexcept  // NOLINT(google-explicit-constructor)
+      : code(c), error(std::move(e)) {}
+  cpu_errc code = cpu_errc::success;  ///< the code
+  std::exception_ptr error;           ///< the stream's first error (`stream_failed` only)
+  /// @brief Compares the codes.
+  friend bool operator==(const cpu_status& a, cpu_errc b) noexcept { return a.code == b; }
+};
+
+/// @brief Settings of a `cpu_device`.
+struct cpu_options {
+  std::uint64_t seed = 0;            ///< 0: no delays; else the seed of the adversarial delays
+  std::uint32_t max_delay_us = 300;  ///< the longest delay before an operation runs, microseconds
+  int devices = 1;                   ///< devices 0 .. devices-1
+};
+
+/// @brief The CPU model of a GPU and its runtime (see cuda/cpu_runtime.hpp's file comment): streams, events,
+/// host functions, mapped memory, devices, capture, stream-ordered memory pools, and the
+/// controls tests use (delays, held streams, failures on demand, counters). Not copyable;
+/// shared by `cpu_runtime` handles.
+class cpu_device : public std::enable_shared_from_this<cpu_device> {
+ public:
+  using status = cpu_status;          ///< what the calls return
+  using stream_t = detail::cpu_stream*;  ///< a stream handle
+  using event_t = detail::cpu_event*;    ///< an event handle
+  using pool_t = detail::cpu_pool*;      ///< a memory-pool handle
+
+  /// @brief Starts the callback thread.
+  /// @throws std::system_error when it cannot be started
+  /// @throws ferry::logic_error for `devices` outside [1, 64] or `max_delay_us` above 1 s
+  explicit cpu_device(cpu_options o = {}) : options_(checked(o)), callbacks_([this] { run_callbacks(); }) {}
+  cpu_device(const cpu_device&) = delete;
+  cpu_device& operator=(const cpu_device&) = delete;
+  /// @brief Runs what every stream has queued, stops their workers and the callback
+  /// thread, and frees what is left (as a CUDA context does when it goes).
+  ~cpu_device();
+
+  // --- the runtime calls (see cpu_runtime for each) --------------------------------
+
+  /// @brief A copy of `n` bytes, run when `s` reaches it (`cudaMemcpyAsync`); fails when made to (`fail_copies_after`).
+  status memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/, stream_t s);
+  /// @brief A copy of `height` rows of `width` bytes, rows `dpitch` and `spitch` apart (`cudaMemcpy2DAsync`); `invalid_pitch` for a pitch below `width`.
+  status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                        std::size_t height, copy_direction /*d*/, stream_t s);
+  /// @brief A new event on the calling thread's current device.
+  status event_create(event_t* e);
+  /// @brief Destroys an event; records and waits still queued keep it until they have run.
+  status event_destroy(event_t e) {
+    if (refused()) return {cpu_errc::not_permitted};
+    std::lock_guard lock(mutex_);  // records and waits still queued keep it alive
+    return events_.erase(e) == 1 ? status{} : status{cpu_errc::invalid_value};
+  }
+  /// @brief Records `e` after what is enqueued on `s` (numbered; carries the stream's error if it failed by then); `invalid_resource_handle` across devices.
+  status event_record(event_t e, stream_t s);
+  /// @brief Whether `e`'s latest record has passed (`not_ready` if not; `stream_failed` with its error).
+  status event_query(event_t e);
+  /// @brief Blocks until `e`'s latest record has passed (`stream_failed` with its error).
+  status event_synchronize(event_t e);
+  /// @brief Makes `s` wait for `e`'s latest record (none: nothing to wait for); a failed record fails `s`, a captured one makes `s` join the capture.
+  status stream_wait_event(stream_t s, event_t e);
+  /// @brief A new stream (its own worker thread) on the calling thread's current device.
+  status stream_create(stream_t* out, int priority);
+  /// @brief Runs what `s` has queued, then destroys it (ending a capture begun on it).
+  status stream_destroy(stream_t s);
+  /// @brief Blocks until `s` is idle; `stream_failed` with its first error if it failed.
+  status stream_synchronize(stream_t s);
+  /// @brief Runs `fn(data)` on the callback thread when `s` reaches it; `s` waits for it to return.
+  status launch_host_func(stream_t s, void (*fn)(void*), void* data);
+  /// @brief `n` bytes of "mapped pinned" memory (4096-aligned host memory).
+  status host_alloc_mapped(void** p, std::size_t n);
+  /// @brief Frees what `host_alloc_mapped` gave (`invalid_value` for anything else).
+  status free_host(void* p);
+  /// @brief The device address of mapped memory: the same address.
+  status device_pointer(void** d, void* h) {
+    *d = h;
+    return {};
+  }
+  /// @brief The calling thread's current device.
+  status get_device(int* d) {
+    *d = current_device();
+    return {};
+  }
+  /// @brief Makes `d` the calling thread's current device (`invalid_device` outside 0 .. devices-1).
+  status set_device(int d) {
+    if (d < 0 || d >= options_.devices) return {cpu_errc::invalid_device};
+    current_device_ref() = d;
+    return {};
+  }
+  /// @brief Makes `s` wait until the 32-bit word at `address` is >= `value` (`not_supported` when turned off).
+  status wait_value32(stream_t s, void* address, std::uint32_t value);
+  /// @brief Whether `s` is being captured.
+  status stream_is_capturing(stream_t s, bool* capturing);
+
+  /// @brief Whether device `device` has stream-ordered memory pools (`set_memory_pools_supported`).
+  status memory_pools_supported(int device, bool* supported) {
+    if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};
+    *supported = pools_supported_.load();
+    return {};
+  }
+  /// @brief A stream-ordered memory pool on `device`.
+  status mem_pool_create(pool_t* pool, int device);
+  /// @brief Destroys a pool (blocks still allocated are counted in `leaked_blocks`).
+  status mem_pool_destroy(pool_t pool);
+  /// @brief `n` bytes from `pool`, usable by work ordered after the call on `s` (a freed block of the same size first; see the file comment).
+  status malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s);
+  /// @brief Frees `p` when `s` reaches the free (the block may be handed out again before that, as CUDA does).
+  status free_async(void* p, stream_t s);
+
+  /// @brief Runs `f` on stream `s` when the stream reaches it (a kernel); an exception
+  /// from `f` fails the stream (see the file comment).
+  /// @throws std::bad_alloc
+  template <class F>
+  requires std::is_invocable_v<std::decay_t<F>&>
+  void launch(stream_t s, F&& f);
+
+  // --- the model's controls (tests) -------------------------------------------------
+
+  /// @brief Device memory past `bytes` (all pools together) fails with `memory_allocation`.
+  void set_device_memory_limit(std::size_t bytes) {
+    std::lock_guard lock(pool_mutex_);
+    device_limit_ = bytes;
+  }
+  /// @brief Whether `memory_pools_supported` says yes.
+  void set_memory_pools_supported(bool on) { pools_supported_.store(on); }
+  /// @brief Allocations served by a freed block (before or after its free ran).
+  [[nodiscard]] std::size_t pool_reused() {
+    std::lock_guard lock(pool_mutex_);
+    return pool_reused_;
+  }
+  /// @brief Blocks still allocated when their pool was destroyed.
+  [[nodiscard]] std::size_t leaked_blocks() {
+    std::lock_guard lock(pool_mutex_);
+    return leaked_blocks_;
+  }
+  /// @brief Host bytes the device's pools hold now: blocks in use, freed ones still to be
+  /// reused, and ones whose free has not run (the footprint, against `device_bytes`).
+  [[nodiscard]] std::size_t pooled_bytes();
+  /// @brief Device bytes allocated now (frees count when made).
+  [[nodiscard]] std::size_t device_bytes() {
+    std::lock_guard lock(pool_mutex_);
+    return device_bytes_;
+  }
+  /// @brief Marks `s` as capturing into a graph (until `end_capture`).
+  void begin_capture(stream_t s) {
+    std::lock_guard lock(s->mutex);
+    s->capturing = true;
+    s->capture_origin = s;
+  }
+  /// @brief Ends the capture begun on `s`, for `s` and every stream that joined it.
+  void end_capture(stream_t s);
+  /// @brief Stops every stream but `keep` (null: all) before its next operation, until
+  /// `release_streams`. Streams made while held are held too.
+  void hold_streams_except(stream_t keep);
+  /// @brief Lets held streams run again.
+  void release_streams();
+  /// @brief The next `n` copies succeed, the one after fails (`invalid_value`); -1: none fails.
+  void fail_copies_after(int n) { fail_copies_after_.store(n); }
+  /// @brief Whether `wait_value32` is supported (else `not_supported`, as on drivers
+  /// without stream memory operations).
+  void set_wait_value_supported(bool on) { wait_value_supported_.store(on); }
+  /// @brief Runtime calls made from inside a host function (each refused).
+  [[nodiscard]] int violations() const { return violations_.load(); }
+  /// @brief Events recorded on a stream of another device (refused).
+  [[nodiscard]] int wrong_device() const { return wrong_device_.load(); }
+  /// @brief Calls refused for a null stream or one of another `cpu_device` object.
+  [[nodiscard]] int foreign_streams() const { return foreign_.load(); }
+  /// @brief Operations enqueued on a capturing stream.
+  [[nodiscard]] int captured_calls() const { return captured_.load(); }
+  /// @brief Stream waits that found their flag's memory freed when they ran.
+  [[nodiscard]] int use_after_free() const { return use_after_free_.load(); }
+  /// @brief Host functions launched.
+  [[nodiscard]] int host_funcs() const { return host_funcs_.load(); }
+  /// @brief Streams alive now.
+  [[nodiscard]] std::size_t live_streams() {
+    std::lock_guard lock(mutex_);
+    return streams_.size();
+  }
+  /// @brief The settings.
+  [[nodiscard]] const cpu_options& options() const noexcept { return options_; }
+
+ private:
+  static int& current_device_ref() {
+    thread_local int device = 0;
+    return device;
+  }
+  static int current_device() { return current_device_ref(); }
+  // The stream whose worker the calling thread is (null: none).
+  static const detail::cpu_stream*& worker_of() {
+    thread_local const detail::cpu_stream* stream = nullptr;
+    return stream;
+  }
+  static bool& in_callback() {
+    thread_local bool inside = false;
+    return inside;
+  }
+  // A stream of another device object, or none: refused (as CUDA refuses a handle of
+  // another context).
+  bool foreign(stream_t s) {
+    if (s != nullptr && s->owner == this) return false;
+    foreign_.fetch_add(1);
+    return true;
+  }
+  static cpu_options checked(cpu_options o);
+  static status of(std::exception_ptr e) {
+    if (!e) return {};
+    return {cpu_errc::stream_failed, std::move(e)};
+  }
+  bool refused() {
+    if (!in_callback()) return false;
+    violations_.fetch_add(1);
+    return true;
+  }
+  std::shared_ptr<detail::cpu_event> shared(event_t e) {
+    std::lock_guard lock(mutex_);
+    return events_.at(e);
+  }
+  static const detail::cpu_stream* capture_origin(stream_t s) {
+    std::lock_guard lock(s->mutex);
+    return s->capturing ? s->capture_origin : nullptr;
+  }
+  static void fail(stream_t s, std::exception_ptr e) {
+    std::lock_guard lock(s->mutex);
+    if (!s->error) s->error = std::move(e);
+  }
+  // 0xDB over a freed block: all of it up to 64 MiB, else its first and last 16 MiB (a
+  // read after the free sees poison at both ends, without touching every page of a
+  // block of GiBs).
+  static void poison(void* p, std::size_t bytes) noexcept;
+  // `s` waits for what `on` has enqueued so far (under pool_mutex_: no pool call inside).
+  status insert_wait(stream_t s, stream_t on);
+  bool live_host(const void* p);
+
+  template <class F>
+  void enqueue(stream_t r, F&& f);
+
+  void delay(std::mt19937_64& rng) const;
+
+  void run_stream(stream_t r);
+
+  static void stop(stream_t r);
+
+  void run_callbacks();
+
+  cpu_options options_;
+  std::mutex pool_mutex_;  // pools_, owner_of_, every pool's blocks, the byte counts
+  std::vector<std::shared_ptr<detail::cpu_pool>> pools_;
+  std::map<void*, detail::cpu_pool*> owner_of_;
+  std::size_t device_bytes_ = 0;
+  std::size_t device_limit_ = ~std::size_t{0};
+  std::size_t pool_reused_ = 0;
+  std::size_t leaked_blocks_ = 0;
+  std::atomic<bool> pools_supported_{true};
+  std::mutex gate_mutex_;  // held_, keep_
+  std::condition_variable gate_cv_;
+  bool held_ = false;
+  const detail::cpu_stream* keep_ = nullptr;
+  std::mutex mutex_;  // streams_, events_, live_host_
+  std::set<detail::cpu_stream*> streams_;
+  std::uint64_t streams_made_ = 0;
+  std::map<const detail::cpu_event*, std::shared_ptr<detail::cpu_event>> events_;
+  std::map<const void*, std::size_t> live_host_;  // host_alloc_mapped allocations
+  std::mutex events_mutex_;  // every event's records
+  std::condition_variable events_cv_;
+  std::atomic<int> fail_copies_after_{-1};
+  std::atomic<bool> wait_value_supported_{true};
+  std::atomic<int> violations_{0};
+  std::atomic<int> wrong_device_{0};
+  std::atomic<int> foreign_{0};
+  std::atomic<int> captured_{0};
+  std::atomic<int> use_after_free_{0};
+  std::atomic<int> host_funcs_{0};
+  std::mutex cb_mutex_;
+  std::condition_variable cb_cv_;
+  std::deque<std::function<void()>> cb_queue_;
+  bool cb_stopping_ = false;
+  std::thread callbacks_;  // last: started after every other member exists
+};
+
+}  // namespace ferry
+
+#include "ferry/detail/cuda/cpu_device.hpp"

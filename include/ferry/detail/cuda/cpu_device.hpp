@@ -1,0 +1,541 @@
+/// @file
+/// @brief The bodies of `ferry::cpu_device`'s members (private to ferry; included by
+/// cuda/cpu_device.hpp, which declares and documents them).
+#pragma once
+
+#include "ferry/cuda/cpu_device.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+inline cpu_device::~cpu_device() {
+  release_streams();
+  std::vector<detail::cpu_stream*> streams;
+  {
+    std::lock_guard lock(mutex_);
+    streams.assign(streams_.begin(), streams_.end());
+  }
+  for (auto* s : streams) stop(s);
+  {
+    std::lock_guard lock(cb_mutex_);
+    cb_stopping_ = true;
+  }
+  cb_cv_.notify_all();
+  callbacks_.join();
+  for (auto* s : streams) delete s;
+  for (auto& [p, n] : live_host_) std::free(const_cast<void*>(p));  // NOLINT(cppcoreguidelines-no-malloc)
+}
+
+inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/,
+                                                  stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
+  if (fail_copies_after_.load() > 0) --fail_copies_after_;
+  enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); });
+  return {};
+}
+
+inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpitch, const void* src,
+                                                    std::size_t spitch, std::size_t width, std::size_t height,
+                                                    copy_direction /*d*/, stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
+  enqueue(s, [=] {
+    for (std::size_t i = 0; i < height; ++i) {
+      std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
+    }
+  });
+  return {};
+}
+
+inline cpu_device::status cpu_device::event_create(event_t* e) {
+  if (refused()) return {cpu_errc::not_permitted};
+  auto r = std::make_shared<detail::cpu_event>();
+  r->device = current_device();
+  std::lock_guard lock(mutex_);
+  events_.emplace(r.get(), r);
+  *e = r.get();
+  return {};
+}
+
+inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (e->device != s->device) {
+    wrong_device_.fetch_add(1);
+    return {cpu_errc::invalid_resource_handle};
+  }
+  std::shared_ptr<detail::cpu_event> ev = shared(e);
+  const detail::cpu_stream* origin = capture_origin(s);
+  std::uint64_t gen = 0;
+  {
+    std::lock_guard lock(events_mutex_);
+    gen = ++ev->recorded;
+    ev->pending.emplace_back(gen, s);
+    ev->captured.clear();  // only the latest record is ever waited for from now on
+    if (origin != nullptr) ev->captured[gen] = origin;
+  }
+  enqueue(s, [this, ev, gen, s] {
+    std::exception_ptr error;
+    {
+      std::lock_guard lock(s->mutex);
+      error = s->error;
+    }
+    {
+      std::lock_guard lock(events_mutex_);
+      std::erase_if(ev->pending, [gen](const auto& entry) { return entry.first == gen; });
+      if (error) ev->failed[gen] = error;
+    }
+    events_cv_.notify_all();
+  });
+  return {};
+}
+
+inline cpu_device::status cpu_device::event_query(event_t e) {
+  if (refused()) return {cpu_errc::not_permitted};
+  std::lock_guard lock(events_mutex_);
+  if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
+  return of(e->error_of(e->recorded));
+}
+
+inline cpu_device::status cpu_device::event_synchronize(event_t e) {
+  if (refused()) return {cpu_errc::not_permitted};
+  std::unique_lock lock(events_mutex_);
+  const std::uint64_t target = e->recorded;
+  const detail::cpu_stream* on = e->pending_on(target);
+  if (on != nullptr && on == worker_of()) {
+    return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
+  }
+  events_cv_.wait(lock, [&] { return e->passed(target); });
+  return of(e->error_of(target));
+}
+
+inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  std::shared_ptr<detail::cpu_event> ev = shared(e);
+  std::uint64_t target = 0;
+  const detail::cpu_stream* joins = nullptr;
+  {
+    std::lock_guard lock(events_mutex_);
+    target = ev->recorded;  // the record before this call; none: complete at once
+    auto c = ev->captured.find(target);
+    if (c != ev->captured.end()) joins = c->second;
+  }
+  if (joins != nullptr) {  // waiting on a captured record joins the capture (as CUDA does)
+    std::lock_guard lock(s->mutex);
+    s->capturing = true;
+    s->capture_origin = joins;
+  }
+  enqueue(s, [this, ev, target, s] {
+    std::exception_ptr error;
+    {
+      std::unique_lock lock(events_mutex_);
+      events_cv_.wait(lock, [&] { return ev->passed(target); });
+      error = ev->error_of(target);
+    }
+    if (error) fail(s, error);  // the error spreads along the wait
+  });
+  return {};
+}
+
+inline cpu_device::status cpu_device::stream_create(stream_t* out, int priority) {
+  if (refused()) return {cpu_errc::not_permitted};
+  auto* r = new (std::nothrow) detail::cpu_stream;
+  if (r == nullptr) return {cpu_errc::memory_allocation};
+  r->owner = this;
+  r->device = current_device();
+  r->priority = priority;
+  {
+    std::lock_guard lock(mutex_);
+    r->rng.seed(options_.seed * 0x9E3779B97F4A7C15ull + ++streams_made_);
+    try {
+      streams_.insert(r);
+    } catch (...) {
+      delete r;
+      return {cpu_errc::memory_allocation};
+    }
+  }
+  try {
+    r->worker = std::thread([this, r] { run_stream(r); });
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    streams_.erase(r);
+    delete r;
+    return {cpu_errc::memory_allocation};
+  }
+  *out = r;
+  return {};
+}
+
+inline cpu_device::status cpu_device::stream_destroy(stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (worker_of() == s) return {cpu_errc::not_permitted};  // from its own kernel: it would join itself
+  {
+    std::lock_guard lock(mutex_);
+    if (streams_.erase(s) == 0) return {cpu_errc::invalid_value};
+  }
+  end_capture(s);  // a capture begun on it ends with it (no one keeps its address)
+  stop(s);  // CUDA lets queued work finish first
+  delete s;
+  return {};
+}
+
+inline cpu_device::status cpu_device::stream_synchronize(stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (worker_of() == s) return {cpu_errc::not_permitted};  // from its own kernel: it would wait for itself
+  std::unique_lock lock(s->mutex);
+  s->idle_cv.wait(lock, [&] { return s->queue.empty() && !s->busy; });
+  return of(s->error);
+}
+
+inline cpu_device::status cpu_device::launch_host_func(stream_t s, void (*fn)(void*), void* data) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  host_funcs_.fetch_add(1);
+  enqueue(s, [this, fn, data] {
+    // The stream waits for its host function, which runs on the callback thread.
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    {
+      std::lock_guard lock(cb_mutex_);
+      cb_queue_.push_back([fn, data, done] {
+        fn(data);
+        done->store(true);
+        done->notify_all();
+      });
+    }
+    cb_cv_.notify_one();
+    while (!done->load()) done->wait(false);
+  });
+  return {};
+}
+
+inline cpu_device::status cpu_device::host_alloc_mapped(void** p, std::size_t n) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (n > ~std::size_t{0} - 4095) return {cpu_errc::memory_allocation};
+  *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);  // NOLINT(cppcoreguidelines-no-malloc)
+  if (*p == nullptr) return {cpu_errc::memory_allocation};
+  std::lock_guard lock(mutex_);
+  live_host_[*p] = n;
+  return {};
+}
+
+inline cpu_device::status cpu_device::free_host(void* p) {
+  {
+    std::lock_guard lock(mutex_);
+    if (live_host_.erase(p) == 0) return {cpu_errc::invalid_value};
+  }
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+  return {};
+}
+
+inline cpu_device::status cpu_device::wait_value32(stream_t s, void* address, std::uint32_t value) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (!wait_value_supported_.load()) return {cpu_errc::not_supported};
+  auto* word = static_cast<std::uint32_t*>(address);
+  enqueue(s, [this, word, value] {
+    for (;;) {
+      if (!live_host(word)) {  // the flag's memory was freed before the stream got here
+        use_after_free_.fetch_add(1);
+        return;
+      }
+      if (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) >= value) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  return {};
+}
+
+inline cpu_device::status cpu_device::stream_is_capturing(stream_t s, bool* capturing) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  std::lock_guard lock(s->mutex);
+  *capturing = s->capturing;
+  return {};
+}
+
+inline cpu_device::status cpu_device::mem_pool_create(pool_t* pool, int device) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};
+  auto r = std::make_shared<detail::cpu_pool>();
+  r->device = device;
+  std::lock_guard lock(pool_mutex_);
+  pools_.push_back(r);
+  *pool = r.get();
+  return {};
+}
+
+inline cpu_device::status cpu_device::mem_pool_destroy(pool_t pool) {
+  std::lock_guard lock(pool_mutex_);
+  for (auto it = pools_.begin(); it != pools_.end(); ++it) {
+    if (it->get() != pool) continue;
+    for (auto& [p, b] : (*it)->blocks) {
+      if (b.state == detail::cpu_block::live) ++leaked_blocks_;
+      owner_of_.erase(p);
+    }
+    pools_.erase(it);  // what pending frees hold keeps it until they have run
+    return {};
+  }
+  return {cpu_errc::invalid_value};
+}
+
+inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  std::unique_lock lock(pool_mutex_);
+  for (auto& [p, b] : pool->blocks) {
+    if (b.state == detail::cpu_block::live || b.bytes != n) continue;
+    if (b.state == detail::cpu_block::free_pending && b.freed_on != s) {  // the driver's inserted wait
+      const status st = insert_wait(s, const_cast<detail::cpu_stream*>(b.freed_on));
+      if (!(st == cpu_errc::success)) return st;
+    }
+    b.state = detail::cpu_block::live;
+    ++b.generation;
+    device_bytes_ += n;
+    ++pool_reused_;
+    *out = p;
+    return {};
+  }
+  if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return {cpu_errc::memory_allocation};
+  // Blocks whose free has run, of other sizes, go back to the host before a new one is
+  // made (a CUDA pool reuses freed memory of any size): the footprint stays near the peak
+  // in use, whatever the sizes.
+  for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
+    if (it->second.state != detail::cpu_block::free_done) {
+      ++it;
+      continue;
+    }
+    owner_of_.erase(it->first);
+    ::operator delete (it->first, std::align_val_t{256});
+    it = pool->blocks.erase(it);
+  }
+  void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
+  if (p == nullptr) return {cpu_errc::memory_allocation};
+  pool->blocks.emplace(p, detail::cpu_block{n});
+  owner_of_[p] = pool;
+  device_bytes_ += n;
+  *out = p;
+  return {};
+}
+
+inline cpu_device::status cpu_device::free_async(void* p, stream_t s) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  std::shared_ptr<detail::cpu_pool> pool;
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard lock(pool_mutex_);
+    auto o = owner_of_.find(p);
+    if (o == owner_of_.end()) return {cpu_errc::invalid_value};
+    pool = o->second->shared_from_this();
+    detail::cpu_block& b = pool->blocks.at(p);
+    if (b.state != detail::cpu_block::live) return {cpu_errc::invalid_value};  // a double free
+    b.state = detail::cpu_block::free_pending;
+    b.freed_on = s;
+    generation = b.generation;
+    device_bytes_ -= b.bytes;
+  }
+  enqueue(s, [this, pool, p, generation] {
+    std::lock_guard lock(pool_mutex_);
+    detail::cpu_block& b = pool->blocks.at(p);
+    if (b.generation != generation || b.state != detail::cpu_block::free_pending) return;  // reused first
+    poison(p, b.bytes);
+    b.state = detail::cpu_block::free_done;
+  });
+  return {};
+}
+
+template <class F>
+requires std::is_invocable_v<std::decay_t<F>&>
+void cpu_device::launch(stream_t s, F&& f) {
+  FERRY_EXPECTS(s != nullptr && s->owner == this, "a kernel launched on a null stream or one of another cpu_device",
+                ferry::named("stream", static_cast<const void*>(s)));
+  enqueue(s, [this, s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
+    try {
+      f();
+    } catch (...) {
+      fail(s, std::current_exception());
+    }
+  });
+}
+
+inline std::size_t cpu_device::pooled_bytes() {
+  std::lock_guard lock(pool_mutex_);
+  std::size_t total = 0;
+  for (const auto& pool : pools_) {
+    for (const auto& [p, b] : pool->blocks) total += b.bytes;
+  }
+  return total;
+}
+
+inline void cpu_device::end_capture(stream_t s) {
+  std::lock_guard lock(mutex_);
+  for (auto* r : streams_) {
+    std::lock_guard stream_lock(r->mutex);
+    if (r->capture_origin == s) {
+      r->capturing = false;
+      r->capture_origin = nullptr;
+    }
+  }
+  {
+    std::lock_guard stream_lock(s->mutex);  // s itself, also when it is being destroyed
+    if (s->capture_origin == s) {
+      s->capturing = false;
+      s->capture_origin = nullptr;
+    }
+  }
+  std::lock_guard events_lock(events_mutex_);  // its records no longer join anyone to it
+  for (auto& [p, ev] : events_) {
+    for (auto it = ev->captured.begin(); it != ev->captured.end();) {
+      it = it->second == s ? ev->captured.erase(it) : std::next(it);
+    }
+  }
+}
+
+inline void cpu_device::hold_streams_except(stream_t keep) {
+  {
+    std::lock_guard lock(gate_mutex_);
+    held_ = true;
+    keep_ = keep;
+  }
+  gate_cv_.notify_all();
+}
+
+inline void cpu_device::release_streams() {
+  {
+    std::lock_guard lock(gate_mutex_);
+    held_ = false;
+    keep_ = nullptr;
+  }
+  gate_cv_.notify_all();
+}
+
+inline cpu_options cpu_device::checked(cpu_options o) {
+  FERRY_EXPECTS(o.devices >= 1 && o.devices <= 64, "a cpu_device has 1 to 64 devices",
+                ferry::named("devices", o.devices));
+  FERRY_EXPECTS(o.max_delay_us <= 1000000, "the adversarial delay is at most 1 s (1000000 us)",
+                ferry::named("max_delay_us", o.max_delay_us));
+  return o;
+}
+
+inline void cpu_device::poison(void* p, std::size_t bytes) noexcept {
+  constexpr std::size_t whole = std::size_t{64} << 20;
+  constexpr std::size_t ends = std::size_t{16} << 20;
+  if (bytes <= whole) {
+    std::memset(p, 0xDB, bytes);
+    return;
+  }
+  std::memset(p, 0xDB, ends);
+  std::memset(static_cast<std::byte*>(p) + bytes - ends, 0xDB, ends);
+}
+
+inline cpu_device::status cpu_device::insert_wait(stream_t s, stream_t on) {
+  event_t e = nullptr;
+  status st = event_create(&e);
+  if (st == cpu_errc::success) st = event_record(e, on);
+  if (st == cpu_errc::success) st = stream_wait_event(s, e);
+  if (e != nullptr) (void)event_destroy(e);
+  return st;
+}
+
+inline bool cpu_device::live_host(const void* p) {
+  std::lock_guard lock(mutex_);
+  auto it = live_host_.upper_bound(p);
+  if (it == live_host_.begin()) return false;
+  --it;
+  return static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + it->second;
+}
+
+template <class F>
+void cpu_device::enqueue(stream_t r, F&& f) {
+  detail::cpu_op op(std::forward<F>(f));  // made outside the lock (it may allocate)
+  {
+    std::lock_guard lock(r->mutex);
+    if (r->capturing) captured_.fetch_add(1);
+    r->queue.push_back(std::move(op));
+  }
+  r->cv.notify_one();
+}
+
+inline void cpu_device::delay(std::mt19937_64& rng) const {
+  if (options_.seed == 0 || options_.max_delay_us == 0) return;
+  std::uniform_int_distribution<std::uint32_t> d(0, options_.max_delay_us);
+  const std::uint32_t us = d(rng);
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+inline void cpu_device::run_stream(stream_t r) {
+  current_device_ref() = r->device;
+  worker_of() = r;
+  std::unique_lock lock(r->mutex);
+  for (;;) {
+    r->cv.wait(lock, [&] { return r->stopping || !r->queue.empty(); });
+    if (r->queue.empty()) break;
+    detail::cpu_op op = r->queue.pop_front();
+    r->busy = true;
+    lock.unlock();
+    {
+      std::unique_lock gate(gate_mutex_);
+      gate_cv_.wait(gate, [&] { return !held_ || keep_ == r; });
+    }
+    delay(r->rng);
+    op();
+    op.reset();  // destroy captures outside the lock
+    lock.lock();
+    r->busy = false;
+    if (r->queue.empty()) r->idle_cv.notify_all();
+  }
+  r->idle_cv.notify_all();
+}
+
+inline void cpu_device::stop(stream_t r) {
+  {
+    std::lock_guard lock(r->mutex);
+    if (r->stopping) return;
+    r->stopping = true;
+  }
+  r->cv.notify_all();
+  if (r->worker.joinable()) r->worker.join();
+}
+
+inline void cpu_device::run_callbacks() {
+  std::mt19937_64 rng(options_.seed + 7);
+  std::unique_lock lock(cb_mutex_);
+  for (;;) {
+    cb_cv_.wait(lock, [&] { return cb_stopping_ || !cb_queue_.empty(); });
+    if (cb_queue_.empty()) return;
+    std::function<void()> f = std::move(cb_queue_.front());
+    cb_queue_.pop_front();
+    lock.unlock();
+    delay(rng);
+    in_callback() = true;
+    f();
+    in_callback() = false;
+    f = nullptr;
+    lock.lock();
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,146 @@
+/// @file
+/// @brief The runtime knobs of the I/O engines (`ferry::io::defaults`): one table, each
+/// knob with its unit, default, limits and the environment variable that overrides it.
+///
+// clang-format off
+/// | knob             | variable               | unit     | default                           | accepted                            |
+/// |------------------|------------------------|----------|-----------------------------------|-------------------------------------|
+/// | `io_queue_depth` | `FERRY_IO_QUEUE_DEPTH` | requests | 16                                | 1 .. 4096                           |
+/// | `io_block_bytes` | `FERRY_IO_BLOCK_BYTES` | bytes    | 1 MiB                             | 4 KiB .. 256 MiB, multiple of 4 KiB |
+/// | `io_threads`     | `FERRY_IO_THREADS`     | threads  | half the hardware threads, 1 .. 8 | 1 .. 1024                           |
+// clang-format on
+///
+/// `io_queue_depth` is the depth of an `io::uring_engine` (`engine_options::queue_depth`
+/// left at 0) and the requests a user of the engines keeps in flight per file;
+/// `io_block_bytes` the largest request such a user makes; `io_threads` the workers of
+/// `io::thread_pool_engine`, the pread/pwrite engine (`engine_options::threads` left at
+/// 0). Values are written as core/knobs.hpp says (`4MiB`, `16`), and a malformed one is a
+/// `ferry::config_error` naming the variable.
+///
+/// Use `ferry::io::defaults::current()` for the process-wide values (read from the
+/// environment once, on first use) or `ferry::io::defaults::load(lookup)` to read them
+/// from any source.
+#pragma once
+
+#include "ferry/core/knobs.hpp"
+#include "ferry/core/units.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <thread>
+
+namespace ferry::io::defaults {
+
+using ferry::defaults::knob_lookup;
+using ferry::defaults::unit;
+
+/// @brief The knobs of the I/O table, in table order.
+enum class knob : std::uint8_t {
+  io_queue_depth,  ///< NVMe requests in flight per file
+  io_block_bytes,  ///< bytes per NVMe request
+  io_threads,      ///< threads of the pread/pwrite I/O engine
+};
+
+/// @brief Number of knobs in the I/O table.
+inline constexpr std::size_t knob_count = 3;
+
+/// @brief A row of the I/O table.
+using knob_spec = ferry::defaults::knob_spec<knob>;
+
+namespace detail {
+inline std::uint64_t default_io_queue_depth() { return 16; }
+inline std::uint64_t default_io_block_bytes() { return 1 * MiB; }
+inline std::uint64_t default_io_threads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return std::clamp<std::uint64_t>(hw / 2, 1, 8);
+}
+}  // namespace detail
+
+/// @brief The I/O table. Row `i` describes `static_cast<knob>(i)`.
+inline constexpr std::array<knob_spec, knob_count> table{{
+    {knob::io_queue_depth, "io_queue_depth", "FERRY_IO_QUEUE_DEPTH", unit::count, &detail::default_io_queue_depth, 1,
+     4096, 1,
+     "NVMe requests kept in flight per file. NVMe SSDs reach their sequential bandwidth with "
+     "1 MiB requests at queue depths of 8 to 32; measure a drive with `ferry-bench nvme`."},
+    {knob::io_block_bytes, "io_block_bytes", "FERRY_IO_BLOCK_BYTES", unit::bytes, &detail::default_io_block_bytes,
+     4 * KiB, 256 * MiB, 4 * KiB,
+     "Bytes per NVMe request. A multiple of 4 KiB so O_DIRECT requests stay aligned to the "
+     "logical block and page size; 1 MiB is the block size of DeepSpeed's NVMe offload and of "
+     "ferry-bench's sequential runs."},
+    {knob::io_threads, "io_threads", "FERRY_IO_THREADS", unit::count, &detail::default_io_threads, 1, 1024, 1,
+     "Worker threads of the pread/pwrite engine (io::thread_pool_engine, the engine of builds "
+     "without io_uring) when engine_options::threads is 0 (half the hardware threads, at "
+     "least 1 and at most 8: each waits in a system call, so they need few cores)."},
+}};
+
+static_assert(ferry::defaults::rows_in_knob_order(table),
+              "ferry::io::defaults::table rows must be in ferry::io::defaults::knob order");
+
+/// @brief The row of a knob.
+[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return table[static_cast<std::size_t>(k)]; }
+
+/// @brief The resolved values of every knob of the I/O table.
+struct settings {
+  std::size_t io_queue_depth = 0;  ///< NVMe requests in flight per file
+  std::size_t io_block_bytes = 0;  ///< bytes per NVMe request
+  std::size_t io_threads = 0;      ///< threads of the pread/pwrite engine
+
+  /// @brief The value of one knob.
+  [[nodiscard]] std::size_t get(knob k) const noexcept {
+    switch (k) {
+      case knob::io_queue_depth: return io_queue_depth;
+      case knob::io_block_bytes: return io_block_bytes;
+      case knob::io_threads: return io_threads;
+    }
+    return 0;
+  }
+
+  /// @brief Sets one knob (no validation; `load` validates what it reads).
+  void set(knob k, std::size_t value) noexcept {
+    switch (k) {
+      case knob::io_queue_depth: io_queue_depth = value; break;
+      case knob::io_block_bytes: io_block_bytes = value; break;
+      case knob::io_threads: io_threads = value; break;
+    }
+  }
+
+  friend bool operator==(const settings&, const settings&) = default;
+};
+
+/// @brief Parses and validates a value for a knob of the I/O table.
+/// @param k     the knob (its unit, limits and variable name come from the table)
+/// @param text  the value as written, e.g. "16" or "1MiB"
+/// @return the value in the knob's unit (requests, bytes, threads)
+/// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
+[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
+  return ferry::defaults::parse(spec(k), text);
+}
+
+/// @brief The built-in defaults, ignoring the environment.
+[[nodiscard]] inline settings builtin() { return ferry::defaults::builtin_settings<settings>(table); }
+
+/// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
+/// @param lookup a `ferry::defaults::knob_lookup`
+/// @throws ferry::config_error for the first malformed value, naming variable and value
+template <knob_lookup Lookup>
+[[nodiscard]] settings load(Lookup&& lookup) {
+  return ferry::defaults::load_settings<settings>(table, lookup);
+}
+
+/// @brief Resolves every knob from the process environment, now.
+/// @throws ferry::config_error for the first malformed value
+[[nodiscard]] inline settings from_environment() { return load(&ferry::defaults::environment_variable); }
+
+/// @brief The process-wide settings: read from the environment on the first call and
+/// kept for the life of the process. Thread-safe.
+/// @throws ferry::config_error if a variable of the table is malformed (each later call
+///         tries again, so a fixed environment is picked up)
+[[nodiscard]] inline const settings& current() {
+  static const settings values = from_environment();
+  return values;
+}
+
+}  // namespace ferry::io::defaults
