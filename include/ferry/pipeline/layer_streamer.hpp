@@ -29,12 +29,14 @@
 /// ```
 ///
 /// ## The ring
-/// Pass position p (0 .. L-1; layer p forward, layer L-1-p backward) is loaded into
-/// the slot a `stage_ring` names: the producer ring advances with each load issued, the
-/// consumer ring with each `acquire`, and a slot remembers the producer's phase when it
-/// was filled, so `acquire` knows it holds this lap's layer (CuTe's pipeline state, see
-/// memory/stage_ring.hpp). The rings keep turning across passes: the first load of a
-/// pass goes into the slot released earliest in the pass before. A load is issued as
+/// The K slots are a `buffer_ring` (memory/buffer_ring.hpp) cut from the slot memory,
+/// `slot_stride()` bytes apart. Pass position p (0 .. L-1; layer p forward, layer
+/// L-1-p backward) is loaded into the slot the ring's producer position names: the
+/// producer position advances with each load issued, the consumer position with each
+/// `acquire`, and a slot remembers the producer's phase when it was filled, so
+/// `acquire` knows it holds this lap's layer (CuTe's pipeline state, see
+/// memory/stage_ring.hpp). The positions keep turning across passes: the first load of
+/// a pass goes into the slot released earliest in the pass before. A load is issued as
 /// soon as the slot it needs is free — K loads at `begin_pass`, then one per
 /// `release` — so while layer p is acquired, layers p+1 .. p+K-1 are loading (or
 /// loaded) in the other slots. At most K layers are held at once; with K = 1 nothing
@@ -106,6 +108,7 @@
 #include "ferry/core/config.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/memory/slot_memory.hpp"
@@ -320,9 +323,10 @@ class basic_layer_streamer {
   [[nodiscard]] std::size_t next_layer() const;
   /// @brief Loads issued in the current (or last) pass.
   [[nodiscard]] std::size_t loads_issued() const;
-  /// @brief The producer ring: slot of the next load and its phase (count = loads ever issued).
+  /// @brief The ring's producer position: slot of the next load and its phase (count =
+  /// loads ever issued).
   [[nodiscard]] stage_ring<> load_ring() const;
-  /// @brief The consumer ring: slot of the next acquire and its phase.
+  /// @brief The ring's consumer position: slot of the next acquire and its phase.
   [[nodiscard]] stage_ring<> acquire_ring() const;
   /// @brief Counters since construction (the gradient counters are the sink's).
   [[nodiscard]] layer_streamer_stats stats() const;
@@ -346,8 +350,8 @@ class basic_layer_streamer {
     std::byte* memory = nullptr;
     slot_state state = slot_state::free;
     std::size_t layer = npos;
-    std::uint32_t phase = 0;      // the producer ring's phase when filled
-    std::uint64_t count = 0;      // the producer ring's count when filled (age)
+    std::uint32_t phase = 0;      // the producer position's phase when filled
+    std::uint64_t count = 0;      // the producer position's count when filled (age)
     bool started = false;         // the load was issued (`ticket` or `error` set)
     std::exception_ptr error;     // issuing the load failed
     ticket_type ticket;           // the load
@@ -378,9 +382,10 @@ class basic_layer_streamer {
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;  // a load started, the disk chain moved
-  std::vector<slot> slots_;
-  stage_ring<> loads_{1};      // producer: the slot of the next load
-  stage_ring<> acquires_{1};   // consumer: the slot of the next acquire
+  // The slots' memory, cut from `slots_mem_` (destroyed before it); producer: the slot of
+  // the next load; consumer: the slot of the next acquire. Made by `setup`.
+  std::optional<buffer_ring<lent_buffers>> ring_;
+  std::vector<slot> slots_;    // slot i is buffer i of the ring
   pass_direction direction_ = pass_direction::forward;
   bool in_pass_ = false;
   std::size_t pass_loaded_ = 0;

@@ -123,7 +123,7 @@ std::byte* basic_layer_streamer<Backend>::acquire(std::size_t layer, stream_type
   FERRY_EXPECTS(position < layers, "acquire after every layer of the pass was acquired", layer, layers);
   const std::size_t expected = layer_at(position);
   FERRY_EXPECTS(layer == expected, "layers are acquired once each, in the pass's order", layer, expected);
-  slot& s = slots_[acquires_.index()];
+  slot& s = slots_[ring_->consumer().index()];
   const std::size_t held_by = s.layer;
   const std::size_t slots = slots_.size();
   FERRY_EXPECTS(s.state != slot_state::held,
@@ -132,7 +132,7 @@ std::byte* basic_layer_streamer<Backend>::acquire(std::size_t layer, stream_type
                 layer, held_by, slots);
   // The consumer's phase must match the phase the slot was filled in (same lap).
   const std::uint32_t slot_phase = s.phase;
-  const std::uint32_t ring_phase = acquires_.phase();
+  const std::uint32_t ring_phase = ring_->consumer().phase();
   FERRY_EXPECTS(s.state == slot_state::loading && s.layer == layer && slot_phase == ring_phase,
                 "layer streamer ring out of step (internal)", layer, held_by, slot_phase, ring_phase);
   if (!s.started) {
@@ -145,7 +145,7 @@ std::byte* basic_layer_streamer<Backend>::acquire(std::size_t layer, stream_type
   }
   s.ticket.enqueue_wait(compute);
   s.state = slot_state::held;
-  ++acquires_;
+  ++ring_->consumer();
   ++pass_acquired_;
   ++stats_.acquires;
   return s.memory;
@@ -226,7 +226,7 @@ void basic_layer_streamer<Backend>::reset(stream_type compute) {
     s.error = nullptr;
     s.ticket = ticket_type{};
   }
-  acquires_ = loads_;  // the consumer skips what was loaded and not acquired
+  ring_->consumer() = ring_->producer();  // the consumer skips what was loaded and not acquired
   in_pass_ = false;
   load_error_ = nullptr;
 }
@@ -286,13 +286,13 @@ std::size_t basic_layer_streamer<Backend>::loads_issued() const {
 template <class Backend>
 stage_ring<> basic_layer_streamer<Backend>::load_ring() const {
   std::lock_guard lock(mutex_);
-  return loads_;
+  return ring_->producer();
 }
 
 template <class Backend>
 stage_ring<> basic_layer_streamer<Backend>::acquire_ring() const {
   std::lock_guard lock(mutex_);
-  return acquires_;
+  return ring_->consumer();
 }
 
 template <class Backend>
@@ -323,11 +323,11 @@ void basic_layer_streamer<Backend>::setup(const layer_streamer_options& options)
   const std::size_t k = slots_mem_.slots();
   FERRY_EXPECTS(largest <= (std::numeric_limits<std::size_t>::max() - 4096) / (k + 1),
                 "slots x the largest layer overflow the address space", largest, k);
-  std::byte* base = slots_mem_.obtain(slot_memory::bytes_for(k, largest));
+  const std::size_t bytes = slot_memory::bytes_for(k, largest);
+  std::byte* base = slots_mem_.obtain(bytes);
+  ring_.emplace(lent_buffers(std::span<std::byte>(base, bytes), stride_), k, largest);
   slots_.resize(k);
-  for (std::size_t i = 0; i < k; ++i) slots_[i].memory = base + i * stride_;
-  loads_ = stage_ring<>(k);
-  acquires_ = stage_ring<>(k);
+  for (std::size_t i = 0; i < k; ++i) slots_[i].memory = (*ring_)[i];
   sink_.emplace(*sched_, layers, largest, options);
 }
 
@@ -351,16 +351,17 @@ std::size_t basic_layer_streamer<Backend>::layer_at(std::size_t position) const 
 template <class Backend>
 void basic_layer_streamer<Backend>::issue_loads_locked() {
   while (in_pass_ && pass_loaded_ < bytes_.size()) {
-    slot& s = slots_[loads_.index()];
+    auto& producer = ring_->producer();
+    slot& s = slots_[producer.index()];
     if (s.state != slot_state::free) return;
     const std::size_t layer = layer_at(pass_loaded_);
     s.state = slot_state::loading;
     s.layer = layer;
-    s.phase = loads_.phase();
-    s.count = loads_.count();
+    s.phase = producer.phase();
+    s.count = producer.count();
     s.started = false;
     s.error = nullptr;
-    ++loads_;
+    ++producer;
     ++pass_loaded_;
     ++stats_.loads;
     stats_.bytes_loaded += bytes_[layer];
