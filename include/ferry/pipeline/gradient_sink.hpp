@@ -33,6 +33,7 @@
 #include "ferry/core/config.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/transfer/scheduler.hpp"
 #include "ferry/transfer/ticket.hpp"
@@ -44,7 +45,6 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -198,8 +198,7 @@ class basic_gradient_sink {
 
   scheduler_type* sched_;
   gradient_sink_options options_;
-  std::optional<pinned_pool> own_gradient_pool_;
-  pinned_pool* gradient_pool_ = nullptr;
+  detail::owned_or_lent<pinned_pool> gradient_pool_;  // `options.gradient_pool`, or the sink's own
   mutable std::mutex mutex_;
   std::condition_variable idle_;  // a push finished, a slab came back
   std::vector<grad_state> grads_;

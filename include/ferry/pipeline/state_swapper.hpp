@@ -80,6 +80,7 @@
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/core/units.hpp"
 
@@ -376,8 +377,7 @@ class state_swapper {
   std::size_t alignment_ = 64;
   std::vector<group> groups_;
   std::vector<bool> updated_;
-  std::optional<pinned_pool> own_pool_;
-  pinned_pool* pool_ = nullptr;
+  detail::owned_or_lent<pinned_pool> pool_;  // `options.pool`, or the swapper's own
   std::byte* block_ = nullptr;  // the pool allocation (unaligned start)
   std::size_t block_bytes_ = 0;
   std::byte* host_ = nullptr;   // aligned: the ring's buffers, then resident groups

@@ -29,19 +29,18 @@ basic_gradient_sink<Backend>::basic_gradient_sink(scheduler_type& sched, std::si
   FERRY_EXPECTS(layers >= 1, "a gradient sink needs at least one layer", layers);
   check_options(options_);
   grads_.resize(layers);
-  gradient_pool_ = options_.gradient_pool;
-  if (gradient_pool_ == nullptr) {
+  pinned_pool& pool = gradient_pool_.lent_or(options_.gradient_pool, [&] {
     const long sys_page = ::sysconf(_SC_PAGESIZE);  // 4 KiB on x86-64, 64 KiB on some aarch64 hosts
     const std::size_t page = sys_page > 0 ? static_cast<std::size_t>(sys_page) : 4096;
     const std::size_t per = round_up(largest_bytes, page);
     pinned_pool_options po;
     po.budget_bytes = per * options_.gradient_slabs;
     po.slab_bytes = po.budget_bytes;
-    own_gradient_pool_.emplace(std::move(po));
-    gradient_pool_ = &*own_gradient_pool_;
-    // Pinned here, not on the first push_gradient: cudaHostRegister takes tens of ms per GiB.
-    own_gradient_pool_->reserve(own_gradient_pool_->budget());
-  }
+    return po;
+  });
+  // The own pool is pinned here, not on the first push_gradient: cudaHostRegister takes
+  // tens of ms per GiB.
+  if (gradient_pool_.owned()) pool.reserve(pool.budget());
 }
 
 template <class Backend>
