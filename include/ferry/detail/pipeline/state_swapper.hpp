@@ -272,9 +272,28 @@ void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error) {
     std::size_t write_group = 0;
     std::uint64_t write_order = std::numeric_limits<std::uint64_t>::max();
   };
-  // Tickets wait in their destructors, so even an unexpected exception leaves no
-  // transfer running on the ring.
   std::array<slot, ring_slots> slots;
+  // However this function leaves (an unexpected exception included), it waits for every
+  // transfer still in flight first: they read and write the ring's buffers. On the paths
+  // below every ticket is waited for explicitly, and this finds nothing left.
+  struct in_flight_guard {
+    std::array<slot, ring_slots>& slots;
+    explicit in_flight_guard(std::array<slot, ring_slots>& s) noexcept : slots(s) {}
+    ~in_flight_guard() {
+      for (slot& s : slots) {
+        try {
+          if (s.read) s.read->wait();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the step already stopped
+        }
+        try {
+          if (s.write) s.write->wait();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the step already stopped
+        }
+      }
+    }
+    in_flight_guard(const in_flight_guard&) = delete;
+    in_flight_guard& operator=(const in_flight_guard&) = delete;
+  } in_flight(slots);
   if (ring_) {
     for (std::size_t i = 0; i < ring_slots; ++i) slots[i].memory = (*ring_)[i];
     ring_->producer() = typename ring_type::position_type{};  // the spilled group j is in buffer j % 3
