@@ -21,6 +21,7 @@
 #include <set>
 #include <span>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "backend_harness.hpp"
@@ -723,4 +724,60 @@ TEMPLATE_TEST_CASE("layer_streamer: lent slot memory is used in place", "[layer_
   std::set<const std::byte*> used;
   CHECK(run_pass(ls, compute, pass_direction::forward, &used) == w.sums());
   CHECK(used == std::set<const std::byte*>{base, base + ls.slot_stride()});
+}
+
+TEMPLATE_TEST_CASE("gradient_sink: on its own, with a lent pool, pushes land once each and accumulate in order",
+                   "[layer_streamer][gradient_sink]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  using sink_type = ferry::basic_gradient_sink<typename TestType::backend_type>;
+  static_assert(std::is_same_v<ferry::layer_streamer_options, ferry::gradient_sink_options>);
+  auto& compute = dev.stream();
+  auto& ex = dev.scheduler(compute, sched_options());
+  using Catch::Contains;
+  CHECK_THROWS_WITH(sink_type(ex, 0, 64), Contains("at least one layer"));
+  ferry::gradient_sink_options bad;
+  bad.gradient_slabs = 0;
+  CHECK_THROWS_WITH(sink_type::check_options(bad), Contains("gradient_slabs"));
+
+  ferry::pinned_pool_options po;
+  po.budget_bytes = 1 * MiB;
+  po.pin = false;
+  ferry::pinned_pool pool(po);
+  ferry::gradient_sink_options o;
+  o.accumulate = true;
+  o.micro_batches = 2;
+  o.gradient_pool = &pool;
+  sink_type sink(ex, 3, 4 * 1000, o);
+  CHECK(sink.layers() == 3);
+  CHECK(&sink.gradient_pool() == &pool);
+  std::mt19937_64 rng(21);
+  std::vector<std::vector<float>> g(2, std::vector<float>(1000));
+  for (auto& v : g) {
+    for (auto& x : v) x = random_float(rng);
+  }
+  std::vector<float> got;
+  int calls = 0;
+  for (std::size_t mb = 0; mb < 2; ++mb) {
+    auto t = sink.push_gradient(2, reinterpret_cast<const std::byte*>(g[mb].data()), 4000, compute,
+                                [&](std::size_t layer, std::span<const std::byte> sum) {
+                                  CHECK(layer == 2);
+                                  got.resize(sum.size() / 4);
+                                  std::memcpy(got.data(), sum.data(), sum.size());
+                                  ++calls;
+                                });
+    t.wait();
+  }
+  sink.wait_gradients();
+  CHECK(calls == 1);
+  std::vector<float> want(g[0]);
+  for (std::size_t j = 0; j < want.size(); ++j) want[j] += g[1][j];
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+  const auto s = sink.stats();
+  CHECK(s.pushes == 2);
+  CHECK(s.landed == 2);
+  CHECK(s.callbacks == 1);
+  CHECK(s.bytes_pushed == 8000);
+  CHECK(pool.used() == 0);
 }

@@ -36,7 +36,11 @@
 /// are in host memory, and the disk sees one read and one write stream at once. Every
 /// transfer is the tier's asynchronous I/O (`submit_read`/`submit_write`, one ticket per
 /// copy; the tier splits it into `block_bytes` requests, `queue_depth` in flight). The
-/// ring is registered with the tier's engine (io_uring fixed buffers) when it can be.
+/// ring is a `buffer_ring` of three buffers (memory/buffer_ring.hpp) cut from the start
+/// of the host allocation: reads are issued into the buffer at its producer position and
+/// groups computed in the buffer at its consumer position, both at stage 0 when a step
+/// starts, which is how slot `j % 3` holds s_j. The ring is registered with the tier's
+/// engine (io_uring fixed buffers) when it can be.
 ///
 /// ## Budget and spilling
 /// Host memory for states comes from one allocation of a `pinned_pool` (the caller's,
@@ -75,6 +79,8 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/core/units.hpp"
 
@@ -215,52 +221,7 @@ class state_swapper {
   ///         ring", its bytes, the budget), or from the tier (its regions) or the pool
   /// @throws ferry::logic_error for no groups or a group of 0 elements;
   ///         ferry::config_error for a malformed FERRY_PINNED_BUDGET_BYTES
-  state_swapper(Tier& tier, std::span<const std::size_t> group_elements, state_swapper_options options = {})
-      : tier_(tier), options_(options) {
-    const std::size_t groups = group_elements.size();
-    FERRY_EXPECTS(groups >= 1, "a state_swapper needs at least one group", groups);
-    std::size_t a = 64;  // cache line: sections of in-place groups
-    if constexpr (!in_place) a = static_cast<std::size_t>(tier.alignment());
-    FERRY_EXPECTS(a > 0 && (a & (a - 1)) == 0, "the tier's alignment must be a power of two", a);
-    alignment_ = a;
-    groups_.resize(groups);
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t elements = group_elements[g];
-      FERRY_EXPECTS(elements >= 1 && elements <= (std::size_t{1} << 40), "a group has 1 to 2^40 elements", g,
-                    elements);
-      group& gr = groups_[g];
-      gr.layout.elements = elements;
-      gr.layout.section_bytes = round_up(elements * sizeof(float), a);
-      gr.layout.copy_bytes = 3 * gr.layout.section_bytes;
-    }
-    try {
-      if constexpr (in_place) {
-        for (group& gr : groups_) {
-          gr.region = tier_.allocate(gr.layout.copy_bytes);
-          gr.has_region = true;
-          gr.layout.resident = true;
-          gr.host = gr.region.data();
-          std::memset(gr.host, 0, gr.layout.copy_bytes);
-        }
-      } else {
-        plan_host_memory();
-        for (group& gr : groups_) {
-          if (gr.layout.resident) continue;
-          gr.region = tier_.allocate(2 * gr.layout.copy_bytes);
-          gr.has_region = true;
-        }
-        if (ring_bytes_ != 0 && options_.register_ring) {
-          if constexpr (requires { tier_.register_buffer(std::span<std::byte>()); }) {
-            ring_registered_ = tier_.register_buffer(std::span<std::byte>(ring_, ring_bytes_));
-          }
-        }
-      }
-    } catch (...) {
-      release();
-      throw;
-    }
-    updated_.assign(groups, false);
-  }
+  state_swapper(Tier& tier, std::span<const std::size_t> group_elements, state_swapper_options options = {});
 
   state_swapper(const state_swapper&) = delete;
   state_swapper& operator=(const state_swapper&) = delete;
@@ -282,49 +243,14 @@ class state_swapper {
   /// @brief Sets all three arrays of group g (e.g. from a checkpoint); an empty `m` or
   /// `v` means zeros. Same rules as the overload above.
   /// @throws ferry::logic_error for g out of range or sizes != the group's elements
-  void initialize(std::size_t g, std::span<const float> master, std::span<const float> m, std::span<const float> v) {
-    check_idle();
-    check_group(g);
-    group& gr = groups_[g];
-    const std::size_t n = gr.layout.elements;
-    FERRY_EXPECTS(master.size() == n, "initialize needs the group's elements of master weights", g, master.size(), n);
-    FERRY_EXPECTS(m.empty() || m.size() == n, "m must be empty (zeros) or have the group's elements", g, m.size(), n);
-    FERRY_EXPECTS(v.empty() || v.size() == n, "v must be empty (zeros) or have the group's elements", g, v.size(), n);
-    std::byte* base = gr.layout.resident ? gr.host : ring_;
-    fill_copy(base, gr.layout, master, m, v);
-    if constexpr (!in_place) {
-      if (!gr.layout.resident) {
-        const std::size_t next = 1 - gr.layout.current_copy;
-        tier_.submit_write(gr.region, gr.layout.copy_offset(next), std::span<const std::byte>(ring_, gr.layout.copy_bytes))
-            .wait();
-        gr.layout.current_copy = next;
-      }
-    }
-    gr.initialized = true;
-  }
+  void initialize(std::size_t g, std::span<const float> master, std::span<const float> m, std::span<const float> v);
 
   /// @brief Copies array `part` of group g into `out` (`out.size()` = the group's
   /// elements): from host memory, or read from the group's current copy on the tier
   /// (synchronously; `out` needs no alignment).
   /// @throws ferry::logic_error for g out of range, a wrong size, or a group never
   ///         initialized; ferry::io_error from the read
-  void read(std::size_t g, state_part part, std::span<float> out) {
-    check_idle();
-    check_group(g);
-    const group& gr = groups_[g];
-    const std::size_t n = gr.layout.elements;
-    FERRY_EXPECTS(out.size() == n, "read needs room for the group's elements", g, out.size(), n);
-    FERRY_EXPECTS(gr.initialized, "read of a group never initialized", g);
-    if (gr.layout.resident) {
-      std::memcpy(out.data(), gr.host + gr.layout.part_offset(part), n * sizeof(float));
-      return;
-    }
-    if constexpr (!in_place) {
-      tier_.submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy) + gr.layout.part_offset(part),
-                        std::as_writable_bytes(out))
-          .wait();
-    }
-  }
+  void read(std::size_t g, state_part part, std::span<float> out);
 
   /// @brief `read(g, state_part::master, out)`: the master weights of group g.
   void read_master(std::size_t g, std::span<float> out) { read(g, state_part::master, out); }
@@ -402,6 +328,11 @@ class state_swapper {
   [[nodiscard]] Tier& tier() noexcept { return tier_; }
 
  private:
+  // The ring's three buffers, cut from the start of the host block; its producer
+  // position names the buffer of the next read, its consumer position the buffer of the
+  // next compute (both back at stage 0 at the start of each step).
+  using ring_type = buffer_ring<lent_buffers, ring_slots>;
+
   struct group {
     group_layout layout;
     region_type region{};
@@ -410,6 +341,13 @@ class state_swapper {
     bool initialized = false;
   };
 
+  struct busy_guard {
+    bool& flag;
+    explicit busy_guard(bool& f) noexcept : flag(f) { flag = true; }
+    ~busy_guard() { flag = false; }
+    busy_guard(const busy_guard&) = delete;
+    busy_guard& operator=(const busy_guard&) = delete;
+  };
 
   void check_group(std::size_t g) const {
     const std::size_t groups = groups_.size();
@@ -420,272 +358,30 @@ class state_swapper {
     FERRY_EXPECTS(!busy, "a state_swapper member was called from inside a step's compute", busy);
   }
 
-  // Budget, residency, and the one host allocation (ring first, then resident groups).
-  void plan_host_memory() {
-    pinned_pool* pool = options_.pool;
-    budget_ = options_.ram_budget_bytes != 0 ? options_.ram_budget_bytes
-              : pool != nullptr              ? pool->budget()
-                                             : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
-    const std::size_t page = 4096;
-    const std::size_t pool_alignment = pool != nullptr ? pool->alignment() : page;
-    const std::size_t slack = alignment_ > pool_alignment ? alignment_ : 0;  // to align the block's start
-    const auto charge = [&](std::size_t bytes) { return round_up(bytes + slack, page); };
-    std::size_t all = 0;
-    std::size_t largest = 0;
-    for (const group& gr : groups_) {
-      all += gr.layout.copy_bytes;
-      largest = std::max(largest, gr.layout.copy_bytes);
-    }
-    std::size_t total = 0;
-    if (!options_.spill_all && charge(all) <= budget_) {
-      for (group& gr : groups_) gr.layout.resident = true;
-      total = all;
-    } else {
-      ring_bytes_ = ring_slots * largest;
-      if (charge(ring_bytes_) > budget_) {
-        FERRY_THROW_OUT_OF_CAPACITY("state_swapper ring (3 buffers of the largest group's states)",
-                                    charge(ring_bytes_), 0, budget_);
-      }
-      total = ring_bytes_;
-      if (!options_.spill_all) {
-        for (group& gr : groups_) {
-          if (charge(total + gr.layout.copy_bytes) <= budget_) {
-            gr.layout.resident = true;
-            total += gr.layout.copy_bytes;
-          }
-        }
-      }
-    }
-    charged_ = charge(total);
-    if (pool == nullptr) {
-      pinned_pool_options po;
-      po.budget_bytes = charged_;
-      po.slab_bytes = charged_;
-      po.alignment = page;
-      po.pin = options_.pin;
-      po.huge_pages = options_.huge_pages;
-      own_pool_.emplace(std::move(po));
-      pool = &*own_pool_;
-    }
-    pool_ = pool;
-    block_bytes_ = total + slack;
-    block_ = static_cast<std::byte*>(pool_->allocate(block_bytes_));
-    const auto base = reinterpret_cast<std::uintptr_t>(block_);
-    std::byte* aligned = block_ + (alignment_ - base % alignment_) % alignment_;
-    std::memset(aligned, 0, total);
-    ring_ = aligned;
-    std::byte* next = aligned + ring_bytes_;
-    for (group& gr : groups_) {
-      if (!gr.layout.resident) continue;
-      gr.host = next;
-      next += gr.layout.copy_bytes;
-    }
-  }
-
-  void release() noexcept {
-    if constexpr (!in_place) {
-      if (ring_registered_) {
-        if constexpr (requires { tier_.unregister_buffer(std::span<std::byte>()); }) {
-          tier_.unregister_buffer(std::span<std::byte>(ring_, ring_bytes_));
-        }
-        ring_registered_ = false;
-      }
-    }
-    for (group& gr : groups_) {
-      if (gr.has_region) tier_.deallocate(gr.region);
-      gr.has_region = false;
-    }
-    if (block_ != nullptr) pool_->deallocate(block_, block_bytes_);
-    block_ = nullptr;
-  }
-
-  // Writes one copy of a group's states at `base` (padding stays zero).
+  void plan_host_memory();
+  void release() noexcept;
   static void fill_copy(std::byte* base, const group_layout& l, std::span<const float> master,
-                        std::span<const float> m, std::span<const float> v) noexcept {
-    const std::size_t bytes = l.elements * sizeof(float);
-    std::memset(base, 0, l.copy_bytes);
-    std::memcpy(base + l.part_offset(state_part::master), master.data(), bytes);
-    if (!m.empty()) std::memcpy(base + l.part_offset(state_part::m), m.data(), bytes);
-    if (!v.empty()) std::memcpy(base + l.part_offset(state_part::v), v.data(), bytes);
-  }
-
-  static group_view view(std::size_t g, std::byte* base, const group_layout& l) noexcept {
-    const auto part = [&](state_part p) {
-      return std::span<float>(reinterpret_cast<float*>(base + l.part_offset(p)), l.elements);  // NOLINT
-    };
-    return group_view{g, part(state_part::master), part(state_part::m), part(state_part::v)};
-  }
-
-  struct busy_guard {
-    bool& flag;
-    explicit busy_guard(bool& f) noexcept : flag(f) { flag = true; }
-    ~busy_guard() { flag = false; }
-    busy_guard(const busy_guard&) = delete;
-    busy_guard& operator=(const busy_guard&) = delete;
-  };
-
+                        std::span<const float> m, std::span<const float> v) noexcept;
+  static group_view view(std::size_t g, std::byte* base, const group_layout& l) noexcept;
   template <class F>
-  void run(F& compute, bool all) {
-    check_idle();
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const bool initialized = groups_[g].initialized;
-      FERRY_EXPECTS(initialized, "every group must be initialized before a step", g);
-    }
-    if (all) std::fill(updated_.begin(), updated_.end(), false);
-    busy_guard busy(busy_);
-    std::exception_ptr error;
-    if constexpr (in_place) {
-      run_resident(compute, error);
-    } else {
-      run_streamed(compute, error);
-    }
-    if (error) {
-      ++stats_.failed_steps;
-      std::rethrow_exception(error);
-    }
-    ++stats_.steps;
-  }
-
-  // Calls compute on group g in host memory at `base`; records an exception in `error`.
+  void run(F& compute, bool all);
   template <class F>
-  bool compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept {
-    try {
-      compute(g, view(g, base, groups_[g].layout));
-    } catch (...) {
-      error = std::current_exception();
-      return false;
-    }
-    ++stats_.groups_computed;
-    return true;
-  }
-
+  bool compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept;
   template <class F>
-  void run_resident(F& compute, std::exception_ptr& error) {
-    for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
-      if (updated_[g]) continue;
-      if (compute_one(compute, g, groups_[g].host, error)) updated_[g] = true;
-    }
-  }
-
+  void run_resident(F& compute, std::exception_ptr& error);
   template <class F>
-  void run_streamed(F& compute, std::exception_ptr& error) {
-    using read_ticket = decltype(tier_.submit_read(std::declval<const region_type&>(), std::uint64_t{},
-                                                   std::span<std::byte>()));
-    using write_ticket = decltype(tier_.submit_write(std::declval<const region_type&>(), std::uint64_t{},
-                                                     std::span<const std::byte>()));
-    struct slot {
-      std::byte* memory = nullptr;
-      std::size_t group = 0;
-      std::optional<read_ticket> read;
-      std::optional<write_ticket> write;
-      std::size_t write_group = 0;
-      std::uint64_t write_order = std::numeric_limits<std::uint64_t>::max();
-    };
-    // Tickets wait in their destructors, so even an unexpected exception leaves no
-    // transfer running on the ring.
-    std::array<slot, ring_slots> slots;
-    for (std::size_t i = 0; i < ring_slots; ++i) slots[i].memory = ring_ + i * (ring_bytes_ / ring_slots);
-
-    std::vector<std::size_t> spilled;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      if (!updated_[g] && !groups_[g].layout.resident) spilled.push_back(g);
-    }
-    std::uint64_t writes_issued = 0;
-    const auto record = [&error]() noexcept {
-      if (!error) error = std::current_exception();
-    };
-    // Waits for the write of slot s (if any): flips its group on success.
-    const auto finish_write = [&](slot& s) noexcept {
-      if (!s.write) return;
-      group& gr = groups_[s.write_group];
-      try {
-        s.write->wait();
-        gr.layout.current_copy = 1 - gr.layout.current_copy;
-        updated_[s.write_group] = true;
-        ++stats_.writes;
-        stats_.bytes_written += gr.layout.copy_bytes;
-      } catch (...) {
-        record();
-      }
-      s.write.reset();
-    };
-    // Issues the read of spilled[j] into its slot, after that slot's write is done.
-    const auto issue_read = [&](std::size_t j) noexcept {
-      slot& s = slots[j % ring_slots];
-      finish_write(s);
-      if (error) return;
-      const group& gr = groups_[spilled[j]];
-      s.group = spilled[j];
-      try {
-        s.read.emplace(tier_.submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy),
-                                         std::span<std::byte>(s.memory, gr.layout.copy_bytes)));
-      } catch (...) {
-        record();
-      }
-    };
-
-    if (!spilled.empty()) issue_read(0);
-    std::size_t j = 0;  // position in `spilled` of the next spilled group
-    for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
-      if (updated_[g]) continue;
-      group& gr = groups_[g];
-      if (gr.layout.resident) {
-        if (compute_one(compute, g, gr.host, error)) updated_[g] = true;
-        continue;
-      }
-      slot& s = slots[j % ring_slots];
-      try {
-        s.read->wait();
-        ++stats_.reads;
-        stats_.bytes_read += gr.layout.copy_bytes;
-      } catch (...) {
-        record();
-      }
-      s.read.reset();
-      if (error) break;
-      if (j + 1 < spilled.size()) {
-        issue_read(j + 1);
-        if (error) break;
-      }
-      if (!compute_one(compute, g, s.memory, error)) break;
-      try {
-        s.write.emplace(tier_.submit_write(gr.region, gr.layout.copy_offset(1 - gr.layout.current_copy),
-                                           std::span<const std::byte>(s.memory, gr.layout.copy_bytes)));
-        s.write_group = g;
-        s.write_order = writes_issued++;
-      } catch (...) {
-        record();
-      }
-      ++j;
-    }
-    // Drain: reads never consumed (their result no longer matters), then the writes in
-    // the order they were issued.
-    for (slot& s : slots) {
-      if (s.read) {
-        try {
-          s.read->wait();
-        } catch (...) {  // NOLINT(bugprone-empty-catch): the step already stopped
-        }
-        s.read.reset();
-      }
-    }
-    std::array<slot*, ring_slots> by_order{};
-    for (std::size_t i = 0; i < ring_slots; ++i) by_order[i] = &slots[i];
-    std::sort(by_order.begin(), by_order.end(),
-              [](const slot* a, const slot* b) { return a->write_order < b->write_order; });
-    for (slot* s : by_order) finish_write(*s);
-  }
+  void run_streamed(F& compute, std::exception_ptr& error);
 
   Tier& tier_;
   state_swapper_options options_;
   std::size_t alignment_ = 64;
   std::vector<group> groups_;
   std::vector<bool> updated_;
-  std::optional<pinned_pool> own_pool_;
-  pinned_pool* pool_ = nullptr;
+  detail::owned_or_lent<pinned_pool> pool_;  // `options.pool`, or the swapper's own
   std::byte* block_ = nullptr;  // the pool allocation (unaligned start)
   std::size_t block_bytes_ = 0;
-  std::byte* ring_ = nullptr;  // aligned: ring slots, then resident groups
+  std::byte* host_ = nullptr;   // aligned: the ring's buffers, then resident groups
+  std::optional<ring_type> ring_;  // when a group is spilled
   std::size_t ring_bytes_ = 0;
   std::size_t charged_ = 0;
   std::size_t budget_ = 0;
@@ -695,3 +391,5 @@ class state_swapper {
 };
 
 }  // namespace ferry
+
+#include "ferry/detail/pipeline/state_swapper.hpp"
