@@ -75,6 +75,7 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 #include "ferry/io/auto_engine.hpp"
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
@@ -82,6 +83,7 @@
 #include "ferry/io/syscalls.hpp"
 #include "ferry/io/thread_pool_engine.hpp"
 #include "ferry/io/uring.hpp"
+#include "ferry/memory/buffer_ring.hpp"
 
 #include <algorithm>
 #include <array>
@@ -365,8 +367,8 @@ class basic_nvme_tier {
     const std::uint64_t n = options_.paths.size();
     // Each file holds ceil(units / n) stripe units; computed without overflow.
     const std::uint64_t stripe = stripe_;
-    const std::uint64_t units = capacity / stripe + (capacity % stripe != 0 ? 1 : 0);
-    const std::uint64_t rows = units / n + (units % n != 0 ? 1 : 0);
+    const std::uint64_t units = div_round_up(capacity, stripe);
+    const std::uint64_t rows = div_round_up(units, n);
     const std::uint64_t max_file_bytes = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     FERRY_EXPECTS(n == 1 || rows <= max_file_bytes / stripe,
                   "the capacity is too large for the files (each file must stay below 2^63 bytes)", capacity, n,
@@ -426,10 +428,7 @@ class basic_nvme_tier {
         }
       }
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
-      staging_free_.reserve(options_.staging_blocks);
-      for (std::size_t i = 0; i < options_.staging_blocks; ++i) {
-        staging_free_.push_back(staging_memory_.data() + i * block_);
-      }
+      staging_.emplace(lent_buffers(staging_memory_.span(), block_), options_.staging_blocks, block_);
       staging_registered_ = engine_->register_buffer(staging_memory_.span());
       read_operation_ = operation_of(io::op_kind::read);
       write_operation_ = operation_of(io::op_kind::write);
@@ -962,11 +961,8 @@ class basic_nvme_tier {
   // A free staging block, or nullptr after queueing `t` to be resumed.
   std::byte* acquire_staging(transfer& t) noexcept {
     std::lock_guard lock(staging_mutex_);
-    if (!staging_free_.empty()) {
-      std::byte* b = staging_free_.back();
-      staging_free_.pop_back();
-      return b;
-    }
+    const std::size_t i = staging_->take();
+    if (i != staging_ring::npos) return (*staging_)[i];
     try {
       staging_waiters_.push_back(t.shared_from_this());
     } catch (...) {
@@ -981,13 +977,13 @@ class basic_nvme_tier {
   void release_staging(std::byte* block) noexcept {
     {
       std::lock_guard lock(staging_mutex_);
-      staging_free_.push_back(block);  // capacity reserved: never allocates
+      staging_->give_back(static_cast<std::size_t>(block - staging_memory_.data()) / block_);  // never allocates
     }
     for (;;) {
       std::shared_ptr<transfer> waiter;
       {
         std::lock_guard lock(staging_mutex_);
-        if (staging_free_.empty() || staging_waiters_.empty()) return;
+        if (staging_->free_count() == 0 || staging_waiters_.empty()) return;
         waiter = std::move(staging_waiters_.front());
         staging_waiters_.pop_front();
       }
@@ -1064,6 +1060,8 @@ class basic_nvme_tier {
     }
   }
 
+  using staging_ring = buffer_ring<lent_buffers>;
+
   struct counters {
     std::atomic<std::uint64_t> transfers{0}, requests{0}, staged{0}, retried{0}, continued{0}, failed{0},
         staging_waits{0};
@@ -1084,8 +1082,8 @@ class basic_nvme_tier {
   std::string_view read_operation_ = engine_type::read_operation;    // the running engine's names
   std::string_view write_operation_ = engine_type::write_operation;  // (set once it has started)
   io::aligned_buffer staging_memory_;
-  std::mutex staging_mutex_;
-  std::vector<std::byte*> staging_free_;
+  std::optional<staging_ring> staging_;  // the blocks of `staging_memory_`
+  std::mutex staging_mutex_;             // the ring's free list and the waiters
   std::deque<std::shared_ptr<transfer>> staging_waiters_;
   bool staging_registered_ = false;
   std::mutex active_mutex_;

@@ -59,6 +59,9 @@
 
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
+#include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/transfer/ticket.hpp"
 
@@ -152,26 +155,19 @@ class basic_scheduler {
     } else {
       core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
     }
-    pinned_pool* pool = options_.bounce_pool;
     const std::size_t ring_bytes = chunk_bytes * bounce_slots + disk_alignment;  // + alignment slack
-    if (pool == nullptr) {
+    pinned_pool& pool = pool_.lent_or(options_.bounce_pool, [&] {
       pinned_pool_options po;
       po.budget_bytes = ring_bytes;
       po.slab_bytes = ring_bytes;
-      own_pool_.emplace(std::move(po));
-      pool = &*own_pool_;
-    }
-    ring_pool_ = pool;
-    ring_memory_ = static_cast<std::byte*>(pool->allocate(ring_bytes));
-    ring_bytes_ = ring_bytes;
-    const auto base = reinterpret_cast<std::uintptr_t>(ring_memory_);
-    std::byte* aligned = ring_memory_ + ((disk_alignment - base % disk_alignment) % disk_alignment);
+      return po;
+    });
+    ring_.emplace(block_buffers(pool, bounce_slots, chunk_bytes, disk_alignment), bounce_slots, chunk_bytes);
     slots_.resize(bounce_slots);
-    free_.reserve(bounce_slots);
     for (std::size_t i = 0; i < bounce_slots; ++i) {
-      slots_[i].memory = aligned + i * chunk_bytes;
+      slots_[i].memory = (*ring_)[i];
+      slots_[i].index = i;
       slots_[i].owner = this;
-      free_.push_back(&slots_[i]);
     }
   }
 
@@ -179,13 +175,12 @@ class basic_scheduler {
   basic_scheduler& operator=(const basic_scheduler&) = delete;
 
   /// @brief Waits for every move (their errors stay in their tickets), stops the
-  /// backend's threads and frees the bounce ring. Never throws.
+  /// backend's threads, then frees the bounce ring. Never throws.
   ~basic_scheduler() {
     wait_moves();
     core_->backend().drain();
     core_->backend().shutdown();
-    ring_pool_->deallocate(ring_memory_, ring_bytes_);
-  }
+  }  // then the bounce ring goes (no move uses it now), then the pool if it is the scheduler's own
 
   // --- streams and settings ---------------------------------------------------------
 
@@ -198,7 +193,7 @@ class basic_scheduler {
   /// @brief Bytes per chunk.
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return options_.chunk_bytes; }
   /// @brief Bounce buffers in the ring (K).
-  [[nodiscard]] std::size_t bounce_slots() const noexcept { return slots_.size(); }
+  [[nodiscard]] std::size_t bounce_slots() const noexcept { return ring_->size(); }
   /// @brief The backend (for its own queries, e.g. how stream waits on disk moves are done).
   [[nodiscard]] Backend& backend() noexcept { return core_->backend(); }
 
@@ -432,9 +427,11 @@ class basic_scheduler {
  private:
   using state = detail::move_state<Backend>;
   using marker_type = typename Backend::marker_type;
+  using bounce_ring = buffer_ring<block_buffers>;
 
   struct slot {
     std::byte* memory = nullptr;
+    std::size_t index = 0;  // in the ring
     basic_scheduler* owner = nullptr;
     state* move = nullptr;
     std::size_t offset = 0;  // of the chunk in the move
@@ -716,7 +713,7 @@ class basic_scheduler {
     s->stream.emplace(own);
     ticket_type t(s);
     s->owner_context = this;
-    s->chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+    s->chunks = div_round_up(bytes, options_.chunk_bytes);
     detail::add_ref(s);
     begin_move();
     if (s->chunks == 0) {
@@ -800,11 +797,8 @@ class basic_scheduler {
   // A free slot, or null after queueing `s` (once) for the next slot released.
   slot* take_slot(state* s) noexcept {
     std::lock_guard lock(ring_mutex_);
-    if (!free_.empty()) {
-      slot* sl = free_.back();
-      free_.pop_back();
-      return sl;
-    }
+    const std::size_t free_index = ring_->take();
+    if (free_index != bounce_ring::npos) return &slots_[free_index];
     if (!s->waiting) {
       s->waiting = true;
       s->next_waiter = nullptr;
@@ -839,7 +833,7 @@ class basic_scheduler {
         w = pop_waiter_locked();
         if (w == nullptr) {
           sl->move = nullptr;
-          free_.push_back(sl);  // capacity reserved: never allocates
+          ring_->give_back(sl->index);  // never allocates
           return;
         }
         detail::add_ref(w);  // it may finish on another thread meanwhile
@@ -1027,14 +1021,11 @@ class basic_scheduler {
   scheduler_options options_;
   stream_type compute_;
   std::shared_ptr<detail::state_pool<Backend>> core_;
-  std::optional<pinned_pool> own_pool_;
-  pinned_pool* ring_pool_ = nullptr;
-  std::byte* ring_memory_ = nullptr;
-  std::size_t ring_bytes_ = 0;
-  std::vector<slot> slots_;
+  detail::owned_or_lent<pinned_pool> pool_;  // of the bounce ring; declared first, so it goes last
+  std::optional<bounce_ring> ring_;
+  std::vector<slot> slots_;  // what each bounce buffer is doing (index = the ring's buffer index)
 
-  std::mutex ring_mutex_;  // free_ and the waiters queue
-  std::vector<slot*> free_;
+  std::mutex ring_mutex_;  // the ring's free list and the waiters queue
   state* waiters_head_ = nullptr;
   state* waiters_tail_ = nullptr;
 
