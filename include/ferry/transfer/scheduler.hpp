@@ -60,6 +60,7 @@
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/cuda/device_runtime.hpp"
 #include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
@@ -354,8 +355,8 @@ class basic_scheduler {
   template <class F>
   requires std::is_invocable_v<F&, std::exception_ptr>
   void then(const ticket_type& t, F&& f) {
-    auto* s = t.state();
-    FERRY_EXPECTS(s != nullptr, "then() on an empty ticket");
+    FERRY_EXPECTS(t.state() != nullptr, "then() on an empty ticket");
+    auto* s = static_cast<state*>(t.state());  // every ticket of this backend is a scheduler's move
     // Another scheduler's lanes would say nothing about this move's completion.
     const void* ticket_core = s->pool.get();
     const void* own_core = core_.get();
@@ -588,7 +589,7 @@ class basic_scheduler {
     }
     state* s = core_->acquire();
     ticket_type t(s);
-    s->kind = detail::completion_kind::copy;
+    s->set_kind(detail::completion_kind::copy);
     s->which = l;
     counters_.moves.fetch_add(1, std::memory_order_relaxed);
     std::size_t issued = 0;
@@ -635,7 +636,7 @@ class basic_scheduler {
   state* prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                             std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind) {
     state* s = core_->acquire();
-    s->kind = kind;
+    s->set_kind(kind);
     s->tier = &tier;
     s->region_offset = r.offset;
     s->region_bytes = r.bytes;
