@@ -23,6 +23,7 @@
 #include "ferry/optim/adamw.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
 #include "ferry/pipeline/offload_pipeline.hpp"
+#include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/stage_ring.hpp"
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"

@@ -54,7 +54,11 @@
 /// the I/O engine's threads and the backend's completion threads; they never block. The
 /// destructor waits for every move (errors are left in their tickets) and must not run
 /// on one of those threads. Memory passed to a move must stay valid until its ticket is
-/// ready. Tickets may outlive the scheduler.
+/// ready. Tickets may outlive the scheduler; dropping one neither waits for nor cancels
+/// its move (the drop rule of tier/ticket.hpp): a bounce buffer stays with its chunk until
+/// the chunk's copy and disk request have completed. The bounce ring is a
+/// `buffer_ring<block_buffers>` (memory/buffer_ring.hpp) in the scheduler's own pinned
+/// pool or `scheduler_options::bounce_pool`.
 #pragma once
 
 #include "ferry/core/defaults.hpp"
