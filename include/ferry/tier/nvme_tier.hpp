@@ -47,7 +47,6 @@
 
 namespace ferry {
 
-
 /// @brief A tier in files on NVMe drives (see the file comment of tier/nvme.hpp); models
 /// `ferry::tier`.
 ///
@@ -426,6 +425,8 @@ class basic_nvme_tier {
 
  private:
   // One transfer: a read or write of a byte range of one region, cut into requests.
+  // One transfer (detail/tier/nvme_transfer.hpp): reads the tier's files, engine,
+  // geometry and counters, and takes staging blocks.
   template <class>
   friend class detail::nvme_transfer;
   using transfer = detail::nvme_transfer<basic_nvme_tier>;
