@@ -6,47 +6,66 @@
 /// nvcc, include `ferry/ferry.cuh` for the kernels as well.
 #pragma once
 
-#include "ferry/codec.hpp"
-#include "ferry/concepts.hpp"
+// core: errors, configuration, units, the knob machinery and core's knobs, version
 #include "ferry/core/config.hpp"
 #include "ferry/core/defaults.hpp"
-#include "ferry/core/knobs.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/core/knobs.hpp"
+#include "ferry/core/units.hpp"
+#include "ferry/core/version.hpp"
+#include "ferry/concepts.hpp"
+// cuda: the device runtime (its concept, the CPU model; the CUDA map below)
+#include "ferry/cuda/cpu_device.hpp"
+#include "ferry/cuda/cpu_runtime.hpp"
+#include "ferry/cuda/device_runtime.hpp"
+// memory: pinned pool, device arena, the buffer ring
+#include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/device_arena.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
+#include "ferry/memory/pinned_pool.hpp"
+#include "ferry/memory/slot_memory.hpp"
+#include "ferry/memory/stage_ring.hpp"
+// io: O_DIRECT files, extents, the engines
+#include "ferry/io/auto_engine.hpp"
 #include "ferry/io/defaults.hpp"
-#include "ferry/io/auto_engine.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/io/direct_file.hpp"
 #include "ferry/io/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/io/thread_pool_engine.hpp"
 #include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
-#include "ferry/memory/device_arena.hpp"
-#include "ferry/memory/pinned_pool.hpp"
-#include "ferry/optim/adamw.hpp"
-#include "ferry/optim/defaults.hpp"
-#include "ferry/pipeline/layer_streamer.hpp"
-#include "ferry/pipeline/composition.hpp"
-#include "ferry/memory/stage_ring.hpp"
-#include "ferry/pipeline/state_swapper.hpp"
-#include "ferry/pipeline/tensor_cache.hpp"
-#include "ferry/policy.hpp"
-#include "ferry/cuda/cpu_runtime.hpp"
-#include "ferry/cuda/device_runtime.hpp"
-#include "ferry/transfer/device_backend.hpp"
-#include "ferry/transfer/host_executor.hpp"
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/io/uring_error.hpp"
+// tier: where bytes live
+#include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/host_tier.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"
+#include "ferry/tier/ticket.hpp"
+// policy: schedules, eviction, prefetch, the placement engine, the offload plan, simulators
+#include "ferry/policy.hpp"
+// codec: identity, bf16, FP8
+#include "ferry/codec.hpp"
+// transfer: the scheduler and its tickets
+#include "ferry/transfer/device_backend.hpp"
+#include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
-#include "ferry/core/units.hpp"
-#include "ferry/core/version.hpp"
+// pipeline: what users instantiate
+#include "ferry/pipeline/composition.hpp"
+#include "ferry/pipeline/gradient_sink.hpp"
+#include "ferry/pipeline/layer_streamer.hpp"
+#include "ferry/pipeline/state_swapper.hpp"
+#include "ferry/pipeline/tensor_cache.hpp"
+#include "ferry/pipeline/tensor_cache_options.hpp"
+// optim: the CPU AdamW
+#include "ferry/optim/adamw.hpp"
+#include "ferry/optim/defaults.hpp"
 
 #if FERRY_HAS_CUDA
+#include "ferry/cuda/cuda_runtime.hpp"
 #include "ferry/cuda/device.hpp"
 #include "ferry/cuda/event.hpp"
 #include "ferry/cuda/stream.hpp"
-#include "ferry/cuda/cuda_runtime.hpp"
 #include "ferry/transfer/stream_scheduler.hpp"
-#include "ferry/tier/device_tier.hpp"
 #endif

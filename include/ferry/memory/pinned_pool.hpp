@@ -345,7 +345,7 @@ class pinned_pool {
     return page > 0 ? static_cast<std::size_t>(page) : 4096;
   }
   [[nodiscard]] std::size_t cost_of_noexcept(std::size_t bytes) const noexcept {
-    return (bytes + options_.alignment - 1) & ~(options_.alignment - 1);
+    return round_up(bytes, options_.alignment);  // callers refuse a size that would wrap
   }
 
   void* allocate_locked(std::size_t cost, std::optional<pinning_failure>& report) {

@@ -1,12 +1,12 @@
 /// @file
 /// @brief `ferry::device_backend<Runtime>`: the backend of `basic_scheduler`
-/// (schedule/scheduler.hpp) over a device runtime (runtime/device_runtime.hpp) — an H2D
+/// (transfer/scheduler.hpp) over a device runtime (cuda/device_runtime.hpp) — an H2D
 /// and a D2H stream of its own, events recorded on the stream that produced the bytes,
 /// completion threads that carry disk moves from the copy engines to the I/O engine and
 /// back, and host-signalled stream waits for disk moves. Written once: on a GPU it runs
-/// on `cuda_runtime` (`ferry::stream_scheduler`, schedule/stream_scheduler.hpp), in CI and
+/// on `cuda_runtime` (`ferry::stream_scheduler`, transfer/stream_scheduler.hpp), in CI and
 /// in programs without a GPU on `cpu_runtime` (`ferry::host_executor`,
-/// schedule/host_executor.hpp). Plain C++20; needs no CUDA header.
+/// transfer/host_executor.hpp). Plain C++20; needs no CUDA header.
 ///
 /// ## How a stream waits for a disk move
 /// A disk move completes on a host thread, after the stream that will consume it may
@@ -453,99 +453,11 @@ class device_backend {
     q.cv.notify_one();
   }
 
-  event_handle acquire_event() {
-    {
-      std::lock_guard lock(events_mutex_);
-      if (!free_events_.empty()) {
-        event_handle e = free_events_.back();
-        free_events_.pop_back();
-        return e;
-      }
-    }
-    event_handle e{};
-    FERRY_RUNTIME_TRY(Api, api_.event_create(&e));
-    std::lock_guard lock(events_mutex_);
-    all_events_.push_back(e);
-    free_events_.reserve(all_events_.size());  // so that release never allocates
-    return e;
-  }
+  event_handle acquire_event();
 
-  void complete(queue& q) noexcept {
-    (void)api_.set_device(device_);
-    std::unique_lock lock(q.mutex);
-    auto backoff = std::chrono::microseconds(10);
-    for (;;) {
-      q.cv.wait(lock, [&] { return q.stopping || !q.items.empty(); });
-      if (q.items.empty()) return;
-      const item it = q.items.front();
-      status_type status{};
-      if (q.lane) {
-        // A lane's queue may gain an earlier record at its front (`then` on an older
-        // copy) while the front waits: poll the front, woken at once by every push,
-        // instead of blocking on it (10 us, doubling to 500 us, between queries).
-        lock.unlock();
-        status = api_.event_query(it.marker.event);
-        lock.lock();
-        const item& now = q.items.front();
-        const bool same = now.marker.seq == it.marker.seq && now.marker.event == it.marker.event &&
-                          now.context == it.context && now.fn == it.fn;
-        if (Api::not_ready(status) || !same) {
-          if (same) {
-            q.cv.wait_for(lock, backoff);
-            backoff = std::min(backoff * 2, std::chrono::microseconds(500));
-          }
-          continue;
-        }
-        backoff = std::chrono::microseconds(10);
-      }
-      q.items.pop_front();
-      q.busy = true;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        if (!q.lane) status = api_.event_synchronize(it.marker.event);
-        FERRY_RUNTIME_TRY(Api, status);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      if (it.owned) {
-        marker_type m = it.marker;
-        release(m);
-      }
-      {
-        const detail::continuation_mark mark;
-        it.fn(it.context, std::move(error));
-      }
-      lock.lock();
-      q.busy = false;
-      if (q.items.empty()) q.idle_cv.notify_all();
-    }
-  }
+  void complete(queue& q) noexcept;
 
-  void grow_flags() {
-    FERRY_EXPECTS(page_count_ < max_flag_pages,
-                  "more disk moves with live tickets at once than the scheduler has flags for; drop tickets of "
-                  "finished moves",
-                  page_count_ * flags_per_page);
-    void* page = nullptr;
-    FERRY_RUNTIME_TRY(Api, api_.host_alloc_mapped(&page, flags_per_page * sizeof(std::uint32_t)));
-    void* device = nullptr;
-    const status_type status = api_.device_pointer(&device, page);
-    if (!Api::ok(status)) {
-      (void)api_.free_host(page);
-      FERRY_RUNTIME_TRY(Api, status);
-    }
-    std::memset(page, 0, flags_per_page * sizeof(std::uint32_t));
-    // A fixed array: `raise` and `wait_signal` read it without the lock, for slots handed
-    // out after their page was stored here (a growing vector would move under them).
-    pages_[page_count_] = {static_cast<std::uint32_t*>(page), static_cast<std::byte*>(device)};
-    ++page_count_;
-    targets_.resize(page_count_ * flags_per_page, 0);
-    free_flags_.reserve(targets_.size());
-    for (std::size_t i = 0; i < flags_per_page; ++i) {
-      free_flags_.push_back(static_cast<std::uint32_t>(targets_.size() - 1 - i));
-    }
-  }
+  void grow_flags();
   std::uint32_t* flag_host(std::uint32_t slot) noexcept {
     return pages_[slot / flags_per_page].host + slot % flags_per_page;
   }
@@ -553,28 +465,7 @@ class device_backend {
     return pages_[slot / flags_per_page].device + (slot % flags_per_page) * sizeof(std::uint32_t);
   }
 
-  void release_all() noexcept {
-    shutdown();
-    for (stream_handle& s : streams_) {
-      if (s != stream_handle{}) FERRY_RUNTIME_ASSERT(Api, api_.stream_destroy(s));
-      s = stream_handle{};
-    }
-    for (stream_handle s : extra_streams_) FERRY_RUNTIME_ASSERT(Api, api_.stream_destroy(s));
-    extra_streams_.clear();
-    extra_queues_.clear();
-    for (auto& q : lane_queues_) q.reset();
-    for (auto& f : free_streams_) f.clear();
-    for (event_handle e : all_events_) FERRY_RUNTIME_ASSERT(Api, api_.event_destroy(e));
-    all_events_.clear();
-    free_events_.clear();
-    // A stream told to wait on a flag (`cuStreamWaitValue32`) may not have got to that
-    // wait yet, and the backend cannot know when it will: once such waits were issued,
-    // the flag pages (4 KiB each) are left allocated rather than freed under them.
-    if (!waits_issued_.load(std::memory_order_relaxed)) {
-      for (std::size_t i = 0; i < page_count_; ++i) FERRY_RUNTIME_ASSERT(Api, api_.free_host(pages_[i].host));
-    }
-    page_count_ = 0;
-  }
+  void release_all() noexcept;
 
   struct flag_page {
     std::uint32_t* host;
@@ -606,3 +497,6 @@ class device_backend {
 };
 
 }  // namespace ferry
+
+// The completion threads, the event pool and the flag pages.
+#include "ferry/detail/transfer/device_backend_impl.hpp"

@@ -1,8 +1,8 @@
 /// @file
-/// @brief `ferry::host_executor`: the scheduler of schedule/scheduler.hpp on host
+/// @brief `ferry::host_executor`: the scheduler of transfer/scheduler.hpp on host
 /// threads — `basic_scheduler<device_backend<cpu_runtime>>`: the same backend the GPU
-/// runs (schedule/device_backend.hpp) over the CPU model of the device runtime
-/// (runtime/cpu_runtime.hpp), for pipelines with no GPU and so that everything a GPU
+/// runs (transfer/device_backend.hpp) over the CPU model of the device runtime
+/// (cuda/cpu_runtime.hpp), for pipelines with no GPU and so that everything a GPU
 /// runs above the runtime is tested on machines without one.
 ///
 /// "Device memory" is host memory here (`basic_device_arena<cpu_runtime>`, or any memory

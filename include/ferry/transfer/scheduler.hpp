@@ -2,9 +2,9 @@
 /// @brief `ferry::basic_scheduler`: chunked, asynchronous moves between device memory,
 /// host memory and NVMe, ordered on an H2D and a D2H lane — one implementation of the
 /// ordering logic over one backend (`ferry::device_backend<Runtime>`,
-/// schedule/device_backend.hpp) on two device runtimes: CUDA (`ferry::stream_scheduler`,
-/// schedule/stream_scheduler.hpp) and the CPU model of it (`ferry::host_executor`,
-/// schedule/host_executor.hpp), so that what runs on the GPU is tested without one.
+/// transfer/device_backend.hpp) on two device runtimes: CUDA (`ferry::stream_scheduler`,
+/// transfer/stream_scheduler.hpp) and the CPU model of it (`ferry::host_executor`,
+/// transfer/host_executor.hpp), so that what runs on the GPU is tested without one.
 ///
 /// ## The moves
 /// | call | from -> to | how |
@@ -54,12 +54,21 @@
 /// the I/O engine's threads and the backend's completion threads; they never block. The
 /// destructor waits for every move (errors are left in their tickets) and must not run
 /// on one of those threads. Memory passed to a move must stay valid until its ticket is
-/// ready. Tickets may outlive the scheduler.
+/// ready. Tickets may outlive the scheduler; dropping one neither waits for nor cancels
+/// its move (the drop rule of tier/ticket.hpp): a bounce buffer stays with its chunk until
+/// the chunk's copy and disk request have completed. The bounce ring is a
+/// `buffer_ring<block_buffers>` (memory/buffer_ring.hpp) in the scheduler's own pinned
+/// pool or `scheduler_options::bounce_pool`.
 #pragma once
 
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
+#include "ferry/cuda/device_runtime.hpp"
+#include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 
 #include <algorithm>
@@ -78,36 +87,6 @@
 #include <vector>
 
 namespace ferry {
-
-/// @brief Settings of a scheduler. Zero means "from ferry::defaults".
-struct scheduler_options {
-  /// Bytes per chunk of a move, and of each bounce buffer: a positive multiple of 4096
-  /// (the disk's alignment). 0: `defaults::current().chunk_bytes` (`FERRY_CHUNK_BYTES`, 4 MiB).
-  std::size_t chunk_bytes = 0;
-  /// Bounce buffers (K) for moves between device and NVMe: K chunks are in flight at
-  /// once, split between the disk and the link. At least 2 for any overlap.
-  std::size_t bounce_slots = 4;
-  /// Where the bounce buffers come from (they must stay allocated for the scheduler's
-  /// life); null: a pinned pool of the scheduler's own, sized to the ring. Pinned memory
-  /// is what lets the copy engines read and write them asynchronously.
-  pinned_pool* bounce_pool = nullptr;
-  /// Priorities of the H2D and D2H streams (CUDA backend; lower is higher priority).
-  int h2d_priority = 0;
-  /// Priority of the D2H stream (as `h2d_priority`).
-  int d2h_priority = 0;
-};
-
-/// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).
-struct scheduler_stats {
-  std::uint64_t moves = 0;           ///< moves started
-  std::uint64_t chunks = 0;          ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
-  std::uint64_t bytes_h2d = 0;       ///< bytes issued on the H2D lane
-  std::uint64_t bytes_d2h = 0;       ///< bytes issued on the D2H lane
-  std::uint64_t disk_chunks = 0;     ///< disk transfers of staged chunks
-  std::uint64_t bounce_waits = 0;    ///< times a disk move waited for a free bounce buffer
-  std::uint64_t failed_moves = 0;    ///< moves that completed with an error
-  std::uint64_t cancelled_moves = 0; ///< moves stopped by `ticket::cancel`
-};
 
 /// @brief Chunked asynchronous moves on an H2D and a D2H lane (see the file comment).
 ///
@@ -152,26 +131,19 @@ class basic_scheduler {
     } else {
       core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
     }
-    pinned_pool* pool = options_.bounce_pool;
     const std::size_t ring_bytes = chunk_bytes * bounce_slots + disk_alignment;  // + alignment slack
-    if (pool == nullptr) {
+    pinned_pool& pool = pool_.lent_or(options_.bounce_pool, [&] {
       pinned_pool_options po;
       po.budget_bytes = ring_bytes;
       po.slab_bytes = ring_bytes;
-      own_pool_.emplace(std::move(po));
-      pool = &*own_pool_;
-    }
-    ring_pool_ = pool;
-    ring_memory_ = static_cast<std::byte*>(pool->allocate(ring_bytes));
-    ring_bytes_ = ring_bytes;
-    const auto base = reinterpret_cast<std::uintptr_t>(ring_memory_);
-    std::byte* aligned = ring_memory_ + ((disk_alignment - base % disk_alignment) % disk_alignment);
+      return po;
+    });
+    ring_.emplace(block_buffers(pool, bounce_slots, chunk_bytes, disk_alignment), bounce_slots, chunk_bytes);
     slots_.resize(bounce_slots);
-    free_.reserve(bounce_slots);
     for (std::size_t i = 0; i < bounce_slots; ++i) {
-      slots_[i].memory = aligned + i * chunk_bytes;
+      slots_[i].memory = (*ring_)[i];
+      slots_[i].index = i;
       slots_[i].owner = this;
-      free_.push_back(&slots_[i]);
     }
   }
 
@@ -179,13 +151,12 @@ class basic_scheduler {
   basic_scheduler& operator=(const basic_scheduler&) = delete;
 
   /// @brief Waits for every move (their errors stay in their tickets), stops the
-  /// backend's threads and frees the bounce ring. Never throws.
+  /// backend's threads, then frees the bounce ring. Never throws.
   ~basic_scheduler() {
     wait_moves();
     core_->backend().drain();
     core_->backend().shutdown();
-    ring_pool_->deallocate(ring_memory_, ring_bytes_);
-  }
+  }  // then the bounce ring goes (no move uses it now), then the pool if it is the scheduler's own
 
   // --- streams and settings ---------------------------------------------------------
 
@@ -198,7 +169,7 @@ class basic_scheduler {
   /// @brief Bytes per chunk.
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return options_.chunk_bytes; }
   /// @brief Bounce buffers in the ring (K).
-  [[nodiscard]] std::size_t bounce_slots() const noexcept { return slots_.size(); }
+  [[nodiscard]] std::size_t bounce_slots() const noexcept { return ring_->size(); }
   /// @brief The backend (for its own queries, e.g. how stream waits on disk moves are done).
   [[nodiscard]] Backend& backend() noexcept { return core_->backend(); }
 
@@ -359,8 +330,8 @@ class basic_scheduler {
   template <class F>
   requires std::is_invocable_v<F&, std::exception_ptr>
   void then(const ticket_type& t, F&& f) {
-    auto* s = t.state();
-    FERRY_EXPECTS(s != nullptr, "then() on an empty ticket");
+    FERRY_EXPECTS(t.state() != nullptr, "then() on an empty ticket");
+    auto* s = static_cast<state*>(t.state());  // every ticket of this backend is a scheduler's move
     // Another scheduler's lanes would say nothing about this move's completion.
     const void* ticket_core = s->pool.get();
     const void* own_core = core_.get();
@@ -432,9 +403,11 @@ class basic_scheduler {
  private:
   using state = detail::move_state<Backend>;
   using marker_type = typename Backend::marker_type;
+  using bounce_ring = buffer_ring<block_buffers>;
 
   struct slot {
     std::byte* memory = nullptr;
+    std::size_t index = 0;  // in the ring
     basic_scheduler* owner = nullptr;
     state* move = nullptr;
     std::size_t offset = 0;  // of the chunk in the move
@@ -466,49 +439,16 @@ class basic_scheduler {
   }
 
   static void check_pitched(const void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                            std::size_t row_bytes, std::size_t rows) {
-    if (rows == 0 || row_bytes == 0) return;  // nothing to move
-    FERRY_EXPECTS(dst != nullptr && src != nullptr, "a 2D copy with a null pointer", dst, src, row_bytes, rows);
-    FERRY_EXPECTS(dst_pitch >= row_bytes, "a 2D copy's destination pitch is smaller than its rows", dst_pitch,
-                  row_bytes);
-    FERRY_EXPECTS(src_pitch >= row_bytes, "a 2D copy's source pitch is smaller than its rows", src_pitch, row_bytes);
-    const std::size_t max = ~std::size_t{0};
-    const std::size_t pitch = std::max(dst_pitch, src_pitch);
-    FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / pitch, "a 2D region whose end overflows the address space", rows,
-                  pitch, row_bytes);
-    const auto end_of = [&](const void* p, std::size_t pt) {
-      return reinterpret_cast<std::uintptr_t>(p) + (rows - 1) * pt + row_bytes;
-    };
-    FERRY_EXPECTS(end_of(dst, dst_pitch) > reinterpret_cast<std::uintptr_t>(dst) &&
-                      end_of(src, src_pitch) > reinterpret_cast<std::uintptr_t>(src),
-                  "a 2D region that wraps around the address space", dst, src, rows, row_bytes);
-  }
+                            std::size_t row_bytes, std::size_t rows);
 
   template <class Tier>
   static void check_disk_range(const Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                               std::size_t bytes, bool write) {
-    const std::size_t region_bytes = r.size();
-    const std::size_t alignment = tier.alignment();
-    FERRY_EXPECTS(offset <= region_bytes && bytes <= region_bytes - offset, "a move outside its region", offset, bytes,
-                  region_bytes);
-    FERRY_EXPECTS(offset % alignment == 0, "a disk move must start at a multiple of the tier's alignment", offset,
-                  alignment);
-    if (write) {
-      FERRY_EXPECTS(bytes % alignment == 0 || offset + bytes == region_bytes,
-                    "a disk write of a partial block must end at the region's end", offset, bytes, region_bytes);
-    }
-  }
+                               std::size_t bytes, bool write);
 
   // Chunk i of a move through the bounce ring is a disk request at `offset + i *
   // chunk_bytes`: every one must be aligned, not only the first.
   template <class Tier>
-  void check_chunk_alignment(const Tier& tier) const {
-    const std::size_t chunk_bytes = options_.chunk_bytes;
-    const std::size_t alignment = tier.alignment();
-    FERRY_EXPECTS(chunk_bytes % alignment == 0,
-                  "a move through the bounce ring needs a chunk size that is a multiple of the tier's alignment",
-                  chunk_bytes, alignment);
-  }
+  void check_chunk_alignment(const Tier& tier) const;
 
   void begin_move() {
     std::lock_guard lock(moves_mutex_);
@@ -549,139 +489,34 @@ class basic_scheduler {
   // --- copy moves ---------------------------------------------------------------------
 
   ticket_type copy_move(lane l, void* dst, const void* src, std::size_t bytes, copy_direction direction,
-                        const stream_type* after) {
-    return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
-      for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
-        const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
-        b.copy(lane_stream, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
-        count_chunk(l, n);
-        ++issued;
-      }
-    });
-  }
+                        const stream_type* after);
 
   // A pitched move in chunks of whole rows, each one 2D copy.
   ticket_type pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                           std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after) {
-    if (row_bytes == 0) rows = 0;
-    const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.chunk_bytes / row_bytes);
-    return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
-      for (std::size_t row = 0; row < rows; row += rows_per_chunk) {
-        const std::size_t k = std::min(rows_per_chunk, rows - row);
-        b.copy_2d(lane_stream, static_cast<std::byte*>(dst) + row * dst_pitch, dst_pitch,
-                  static_cast<const std::byte*>(src) + row * src_pitch, src_pitch, row_bytes, k, direction);
-        count_chunk(l, k * row_bytes);
-        ++issued;
-      }
-    });
-  }
+                           std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after);
 
   // A move on lane `l`, after `after` (if given): `issue(backend, lane stream, issued)`
   // enqueues its chunks, counting them (an exception stops it: the chunks before stay
   // issued), then a marker.
   template <class Issue>
-  ticket_type chunked_move(lane l, const stream_type* after, Issue&& issue) {
-    auto& b = core_->backend();
-    const stream_type lane_stream = b.lane(l);
-    if (after != nullptr) {
-      b.refuse_capture(*after, "a copy move ordered after this stream");
-      const auto m = b.record(*after);  // the event is on the producer's stream: guarantee 1
-      marker_guard g{b, m};
-      b.wait(lane_stream, m);
-    }
-    state* s = core_->acquire();
-    ticket_type t(s);
-    s->kind = detail::completion_kind::copy;
-    s->which = l;
-    counters_.moves.fetch_add(1, std::memory_order_relaxed);
-    std::size_t issued = 0;
-    try {
-      issue(b, lane_stream, issued);
-    } catch (...) {
-      s->error = std::current_exception();  // the rest of the chunks are not issued
-      counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
-    }
-    try {
-      s->marker = b.record(lane_stream);
-      s->has_marker = true;
-    } catch (...) {
-      if (!s->error) {
-        s->error = std::current_exception();
-        counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (issued > 0) b.drain_lane(l);  // nothing to wait on: make the issued chunks complete here
-      s->finished.store(1, std::memory_order_release);
-    }
-    return t;
-  }
+  ticket_type chunked_move(lane l, const stream_type* after, Issue&& issue);
 
   // --- io moves -----------------------------------------------------------------------
 
   template <class Tier>
   static void submit_thunk(void* tier, bool write, std::uint64_t region_offset, std::size_t region_bytes,
                            std::uint64_t region_reserved, std::uint64_t offset, std::byte* memory, std::size_t bytes,
-                           void (*done)(void*, std::exception_ptr) noexcept, void* context) {
-    auto& t = *static_cast<Tier*>(tier);
-    typename Tier::region_type r;
-    r.offset = region_offset;
-    r.bytes = region_bytes;
-    r.reserved = region_reserved;
-    auto cb = [done, context](std::exception_ptr e) noexcept { done(context, std::move(e)); };
-    if (write) {
-      t.submit_write(r, offset, std::span<const std::byte>(memory, bytes), std::move(cb));
-    } else {
-      t.submit_read(r, offset, std::span<std::byte>(memory, bytes), std::move(cb));
-    }
-  }
+                           void (*done)(void*, std::exception_ptr) noexcept, void* context);
 
   template <class Tier>
   state* prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                            std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind) {
-    state* s = core_->acquire();
-    s->kind = kind;
-    s->tier = &tier;
-    s->region_offset = r.offset;
-    s->region_bytes = r.bytes;
-    s->region_reserved = r.reserved;
-    s->offset = offset;
-    s->memory = memory;
-    s->bytes = bytes;
-    s->to_nvme = to_nvme;
-    s->submit = &submit_thunk<Tier>;
-    try {
-      core_->backend().arm(s->signal);
-      s->armed = true;
-    } catch (...) {
-      detail::drop_ref(s);
-      throw;
-    }
-    counters_.moves.fetch_add(1, std::memory_order_relaxed);
-    return s;
-  }
+                            std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind);
 
   template <class Tier>
   ticket_type io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
-                      std::size_t bytes, bool to_nvme) {
-    state* s = prepare_disk_state(tier, r, offset, memory, bytes, to_nvme, detail::completion_kind::io);
-    ticket_type t(s);
-    detail::add_ref(s);  // the scheduler's reference, dropped in `finish`
-    begin_move();
-    s->owner_context = this;
-    try {
-      s->submit(s->tier, to_nvme, s->region_offset, s->region_bytes, s->region_reserved, offset, memory, bytes,
-                &io_done, s);
-    } catch (...) {
-      finish(s, std::current_exception());
-    }
-    return t;
-  }
+                      std::size_t bytes, bool to_nvme);
 
-  static void io_done(void* context, std::exception_ptr e) noexcept {
-    auto* s = static_cast<state*>(context);
-    auto& self = *static_cast<basic_scheduler*>(s->owner_context);
-    const callback_scope scope(self);
-    self.finish(s, std::move(e));
-  }
+  static void io_done(void* context, std::exception_ptr e) noexcept;
 
   // --- staged moves -------------------------------------------------------------------
 
@@ -691,350 +526,62 @@ class basic_scheduler {
   // that waits for its ticket) can never sit in front of this move's later chunks.
   template <class Tier>
   ticket_type staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* device,
-                          std::size_t bytes, bool to_nvme, const stream_type* after) {
-    auto& b = core_->backend();
-    const lane l = to_nvme ? lane::d2h : lane::h2d;
-    if (after != nullptr) b.refuse_capture(*after, "a disk move ordered after this stream");
-    const stream_type own = b.acquire_stream(l);
-    try {
-      if (after != nullptr) {
-        const auto m = b.record(*after);
-        marker_guard g{b, m};
-        b.wait(own, m);
-      }
-    } catch (...) {
-      b.release_stream(l, own);
-      throw;
-    }
-    state* s = nullptr;
-    try {
-      s = prepare_disk_state(tier, r, offset, device, bytes, to_nvme, detail::completion_kind::staged);
-    } catch (...) {
-      b.release_stream(l, own);
-      throw;
-    }
-    s->stream.emplace(own);
-    ticket_type t(s);
-    s->owner_context = this;
-    s->chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
-    detail::add_ref(s);
-    begin_move();
-    if (s->chunks == 0) {
-      finish(s, nullptr);
-      return t;
-    }
-    if (after == nullptr) {
-      pump(s);
-      return t;
-    }
-    // A move ordered after a stream takes no bounce buffer before that stream has got
-    // there: a slot held by a chunk stuck behind the wait could starve the very move the
-    // stream is waiting for (all slots held, no progress).
-    try {
-      b.notify(own, l, &start_when_ordered, s);
-    } catch (...) {
-      pump(s);  // could not be told: start now
-    }
-    return t;
-  }
+                          std::size_t bytes, bool to_nvme, const stream_type* after);
 
   // The staged move's stream has passed its wait: start taking bounce buffers.
-  static void start_when_ordered(void* context, std::exception_ptr e) noexcept {
-    auto* s = static_cast<state*>(context);
-    auto& self = *static_cast<basic_scheduler*>(s->owner_context);
-    const callback_scope scope(self);
-    if (!e) {
-      detail::add_ref(s);  // a chunk that fails in `pump` can finish the move, and its ticket go, meanwhile
-      self.pump(s);
-      detail::drop_ref(s);
-      return;
-    }
-    bool done = false;
-    {
-      std::lock_guard lock(s->mutex);
-      self.stop_locked(s, std::move(e));
-      done = s->in_flight == 0;
-    }
-    if (done) self.finish(s, nullptr);
-  }
+  static void start_when_ordered(void* context, std::exception_ptr e) noexcept;
 
   // Starts chunks of `s` while bounce slots are free; queues `s` for a slot otherwise.
-  void pump(state* s) noexcept {
-    for (;;) {
-      {
-        std::lock_guard lock(s->mutex);
-        if (s->stopped || s->next == s->chunks) return;
-      }
-      slot* sl = take_slot(s);
-      if (sl == nullptr) return;  // queued: `release_slot` hands it a slot later
-      if (!start_chunk(s, sl)) {
-        release_slot(sl);
-        return;
-      }
-    }
-  }
+  void pump(state* s) noexcept;
 
   // Gives `sl` the next chunk of `s` and issues it; false (the slot unused) when `s` has
   // nothing to start. Notices a cancel here, between chunks.
-  bool start_chunk(state* s, slot* sl) noexcept {
-    std::unique_lock lock(s->mutex);
-    if (s->stopped || s->next == s->chunks) return false;
-    if (s->cancel_requested.load(std::memory_order_relaxed)) {
-      stop_locked(s, cancelled_error(*s));
-      counters_.cancelled_moves.fetch_add(1, std::memory_order_relaxed);
-      const bool done = s->in_flight == 0;
-      lock.unlock();
-      if (done) finish(s, nullptr);
-      return false;
-    }
-    const std::size_t chunk = s->next++;
-    ++s->in_flight;
-    lock.unlock();
-    sl->move = s;
-    sl->offset = chunk * options_.chunk_bytes;
-    sl->bytes = std::min(options_.chunk_bytes, s->bytes - sl->offset);
-    issue(sl);
-    return true;
-  }
+  bool start_chunk(state* s, slot* sl) noexcept;
 
   // A free slot, or null after queueing `s` (once) for the next slot released.
-  slot* take_slot(state* s) noexcept {
-    std::lock_guard lock(ring_mutex_);
-    if (!free_.empty()) {
-      slot* sl = free_.back();
-      free_.pop_back();
-      return sl;
-    }
-    if (!s->waiting) {
-      s->waiting = true;
-      s->next_waiter = nullptr;
-      if (waiters_tail_ != nullptr) {
-        waiters_tail_->next_waiter = s;
-      } else {
-        waiters_head_ = s;
-      }
-      waiters_tail_ = s;
-      counters_.bounce_waits.fetch_add(1, std::memory_order_relaxed);
-    }
-    return nullptr;
-  }
+  slot* take_slot(state* s) noexcept;
 
-  state* pop_waiter_locked() noexcept {
-    state* w = waiters_head_;
-    if (w == nullptr) return nullptr;
-    waiters_head_ = w->next_waiter;
-    if (waiters_head_ == nullptr) waiters_tail_ = nullptr;
-    w->next_waiter = nullptr;
-    w->waiting = false;
-    return w;
-  }
+  state* pop_waiter_locked() noexcept;
 
   // Hands a released slot to the first waiting move that can use it (first come, first
   // served), or puts it back on the free list.
-  void release_slot(slot* sl) noexcept {
-    for (;;) {
-      state* w = nullptr;
-      {
-        std::lock_guard lock(ring_mutex_);
-        w = pop_waiter_locked();
-        if (w == nullptr) {
-          sl->move = nullptr;
-          free_.push_back(sl);  // capacity reserved: never allocates
-          return;
-        }
-        detail::add_ref(w);  // it may finish on another thread meanwhile
-      }
-      const bool used = start_chunk(w, sl);
-      if (used) pump(w);  // more free slots, or back in the queue for the next one
-      detail::drop_ref(w);
-      if (used) return;
-    }
-  }
+  void release_slot(slot* sl) noexcept;
 
-  void issue(slot* sl) noexcept {
-    state* s = sl->move;
-    auto& b = core_->backend();
-    if (s->to_nvme) {
-      const stream_type own = *s->stream;
-      bool enqueued = false;
-      try {
-        b.copy(own, sl->memory, s->memory + sl->offset, sl->bytes, copy_direction::device_to_host);
-        enqueued = true;
-        count_chunk(lane::d2h, sl->bytes);
-        b.notify(own, lane::d2h, &after_d2h, sl);
-      } catch (...) {
-        if (enqueued) b.drain_stream(own);  // the copy must not land in a reused slot
-        chunk_done(sl, std::current_exception());
-      }
-      return;
-    }
-    try {
-      counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-      s->submit(s->tier, false, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-                sl->memory, sl->bytes, &after_read, sl);
-    } catch (...) {
-      chunk_done(sl, std::current_exception());
-    }
-  }
+  void issue(slot* sl) noexcept;
 
   // D2H of a chunk landed in its bounce buffer: write it to the disk.
-  static void after_d2h(void* context, std::exception_ptr e) noexcept {
-    auto* sl = static_cast<slot*>(context);
-    const callback_scope scope(*sl->owner);
-    state* s = sl->move;
-    if (e || stopped(s)) {
-      sl->owner->chunk_done(sl, std::move(e));
-      return;
-    }
-    try {
-      sl->owner->counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-      s->submit(s->tier, true, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-                sl->memory, sl->bytes, &after_write, sl);
-    } catch (...) {
-      sl->owner->chunk_done(sl, std::current_exception());
-    }
-  }
+  static void after_d2h(void* context, std::exception_ptr e) noexcept;
 
-  static void after_write(void* context, std::exception_ptr e) noexcept {
-    auto* sl = static_cast<slot*>(context);
-    const callback_scope scope(*sl->owner);
-    sl->owner->chunk_done(sl, std::move(e));
-  }
+  static void after_write(void* context, std::exception_ptr e) noexcept;
 
   // A chunk's disk read landed in its bounce buffer: copy it to the device.
-  static void after_read(void* context, std::exception_ptr e) noexcept {
-    auto* sl = static_cast<slot*>(context);
-    state* s = sl->move;
-    basic_scheduler& self = *sl->owner;
-    const callback_scope scope(self);
-    if (e || stopped(s)) {
-      self.chunk_done(sl, std::move(e));
-      return;
-    }
-    auto& b = self.core_->backend();
-    const stream_type own = *s->stream;
-    bool enqueued = false;
-    try {
-      b.copy(own, s->memory + sl->offset, sl->memory, sl->bytes, copy_direction::host_to_device);
-      enqueued = true;
-      self.count_chunk(lane::h2d, sl->bytes);
-      b.notify(own, lane::h2d, &after_h2d, sl);
-    } catch (...) {
-      if (enqueued) b.drain_stream(own);
-      self.chunk_done(sl, std::current_exception());
-    }
-  }
+  static void after_read(void* context, std::exception_ptr e) noexcept;
 
-  static void after_h2d(void* context, std::exception_ptr e) noexcept {
-    auto* sl = static_cast<slot*>(context);
-    const callback_scope scope(*sl->owner);
-    sl->owner->chunk_done(sl, std::move(e));
-  }
+  static void after_h2d(void* context, std::exception_ptr e) noexcept;
 
-  static bool stopped(state* s) noexcept {
-    std::lock_guard lock(s->mutex);
-    return s->stopped;
-  }
+  static bool stopped(state* s) noexcept;
 
-  void stop_locked(state* s, std::exception_ptr e) noexcept {
-    s->stopped = true;
-    if (e && !s->error) s->error = std::move(e);
-  }
+  void stop_locked(state* s, std::exception_ptr e) noexcept;
 
-  static std::exception_ptr cancelled_error(const state& s) noexcept {
-    try {
-      FERRY_THROW_IO_ERROR(ECANCELED, "cancelled disk move", "", s.offset, s.bytes);
-    } catch (...) {
-      return std::current_exception();
-    }
-  }
+  static std::exception_ptr cancelled_error(const state& s) noexcept;
 
-  void chunk_done(slot* sl, std::exception_ptr e) noexcept {
-    state* s = sl->move;
-    bool done = false;
-    {
-      std::lock_guard lock(s->mutex);
-      if (e) stop_locked(s, std::move(e));
-      --s->in_flight;
-      done = s->in_flight == 0 && (s->stopped || s->next == s->chunks);
-      // Held before the lock is let go: once it is, another chunk's completion may finish
-      // the move and its last ticket recycle the state under this thread.
-      if (!done) detail::add_ref(s);
-    }
-    if (done) {
-      release_slot(sl);  // may start chunks of a waiting move
-      finish(s, nullptr);
-      return;
-    }
-    release_slot(sl);
-    pump(s);
-    detail::drop_ref(s);
-  }
+  void chunk_done(slot* sl, std::exception_ptr e) noexcept;
 
   // Completes a staged or io move: error, `finished`, waiters, signal, continuation.
-  void finish(state* s, std::exception_ptr e) noexcept {
-    std::function<void(std::exception_ptr)> then;
-    {
-      std::lock_guard lock(s->mutex);
-      if (s->kind == detail::completion_kind::staged) {
-        {
-          std::lock_guard ring(ring_mutex_);
-          if (s->waiting) remove_waiter_locked(s);  // stopped while queued for a slot
-        }
-        if (s->finished.load(std::memory_order_relaxed) != 0) return;  // finished already (a cancel raced)
-      }
-      if (e && !s->error) s->error = std::move(e);
-      then = std::move(s->then);
-      s->then = nullptr;
-      s->finished.store(1, std::memory_order_release);
-    }
-    if (s->stream) {  // idle: its last chunk's completion is what got us here
-      core_->backend().release_stream(s->to_nvme ? lane::d2h : lane::h2d, *s->stream);
-      s->stream.reset();
-    }
-    if (s->error) counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
-    s->finished.notify_all();
-    core_->backend().raise(s->signal);
-    if (then) then(s->error);
-    detail::drop_ref(s);  // before end_move: the scheduler (and its core) is still alive here
-    end_move();
-  }
+  void finish(state* s, std::exception_ptr e) noexcept;
 
-  void remove_waiter_locked(state* s) noexcept {
-    state* prev = nullptr;
-    for (state* w = waiters_head_; w != nullptr; prev = w, w = w->next_waiter) {
-      if (w != s) continue;
-      (prev == nullptr ? waiters_head_ : prev->next_waiter) = w->next_waiter;
-      if (waiters_tail_ == w) waiters_tail_ = prev;
-      w->next_waiter = nullptr;
-      w->waiting = false;
-      return;
-    }
-  }
+  void remove_waiter_locked(state* s) noexcept;
 
-  static void run_continuation(void* context, std::exception_ptr e) noexcept {
-    auto* box = static_cast<continuation*>(context);
-    state* s = box->s;
-    basic_scheduler* owner = box->owner;
-    if (!e) e = s->error;
-    if (e == nullptr) s->finished.store(1, std::memory_order_release);
-    box->f(std::move(e));
-    delete box;
-    detail::drop_ref(s);
-    owner->end_move();
-  }
+  static void run_continuation(void* context, std::exception_ptr e) noexcept;
 
   scheduler_options options_;
   stream_type compute_;
   std::shared_ptr<detail::state_pool<Backend>> core_;
-  std::optional<pinned_pool> own_pool_;
-  pinned_pool* ring_pool_ = nullptr;
-  std::byte* ring_memory_ = nullptr;
-  std::size_t ring_bytes_ = 0;
-  std::vector<slot> slots_;
+  detail::owned_or_lent<pinned_pool> pool_;  // of the bounce ring; declared first, so it goes last
+  std::optional<bounce_ring> ring_;
+  std::vector<slot> slots_;  // what each bounce buffer is doing (index = the ring's buffer index)
 
-  std::mutex ring_mutex_;  // free_ and the waiters queue
-  std::vector<slot*> free_;
+  std::mutex ring_mutex_;  // the ring's free list and the waiters queue
   state* waiters_head_ = nullptr;
   state* waiters_tail_ = nullptr;
 
@@ -1046,3 +593,7 @@ class basic_scheduler {
 };
 
 }  // namespace ferry
+
+// The bodies of the copy moves and of the disk moves.
+#include "ferry/detail/transfer/scheduler_copy.hpp"
+#include "ferry/detail/transfer/scheduler_disk.hpp"

@@ -1,7 +1,7 @@
 /// @file
-/// @brief `ferry::stream_scheduler`: the scheduler of schedule/scheduler.hpp on CUDA
+/// @brief `ferry::stream_scheduler`: the scheduler of transfer/scheduler.hpp on CUDA
 /// streams — `basic_scheduler<device_backend<cuda_runtime>>` (the backend:
-/// schedule/device_backend.hpp; the runtime map: runtime/cuda_runtime.hpp).
+/// transfer/device_backend.hpp; the runtime map: cuda/cuda_runtime.hpp).
 ///
 /// Present when `FERRY_HAS_CUDA` is 1 (this header is empty otherwise).
 ///
@@ -32,7 +32,7 @@ namespace ferry {
 template <device_runtime Api = cuda_runtime>
 using cuda_backend = device_backend<Api>;
 
-/// @brief A scheduler on CUDA streams (see schedule/device_backend.hpp and `basic_scheduler`).
+/// @brief A scheduler on CUDA streams (see transfer/device_backend.hpp and `basic_scheduler`).
 using stream_scheduler = basic_scheduler<device_backend<cuda_runtime>>;
 
 }  // namespace ferry

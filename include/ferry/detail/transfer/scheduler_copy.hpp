@@ -1,0 +1,133 @@
+/// @file
+/// @brief The argument checks and the copy moves of `ferry::basic_scheduler`: chunks on a lane
+/// (1D or pitched 2D) ordered after a stream, and the marker behind them.
+/// Internal to `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
+#pragma once
+
+#include "ferry/transfer/scheduler.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <utility>
+
+namespace ferry {
+
+template <class Backend>
+auto basic_scheduler<Backend>::check_pitched(const void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                             std::size_t row_bytes, std::size_t rows) -> void {
+  if (rows == 0 || row_bytes == 0) return;  // nothing to move
+  FERRY_EXPECTS(dst != nullptr && src != nullptr, "a 2D copy with a null pointer", dst, src, row_bytes, rows);
+  FERRY_EXPECTS(dst_pitch >= row_bytes, "a 2D copy's destination pitch is smaller than its rows", dst_pitch,
+                row_bytes);
+  FERRY_EXPECTS(src_pitch >= row_bytes, "a 2D copy's source pitch is smaller than its rows", src_pitch, row_bytes);
+  const std::size_t max = ~std::size_t{0};
+  const std::size_t pitch = std::max(dst_pitch, src_pitch);
+  FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / pitch, "a 2D region whose end overflows the address space", rows,
+                pitch, row_bytes);
+  const auto end_of = [&](const void* p, std::size_t pt) {
+    return reinterpret_cast<std::uintptr_t>(p) + (rows - 1) * pt + row_bytes;
+  };
+  FERRY_EXPECTS(end_of(dst, dst_pitch) > reinterpret_cast<std::uintptr_t>(dst) &&
+                    end_of(src, src_pitch) > reinterpret_cast<std::uintptr_t>(src),
+                "a 2D region that wraps around the address space", dst, src, rows, row_bytes);
+}
+
+template <class Backend>
+template <class Tier>
+auto basic_scheduler<Backend>::check_disk_range(const Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
+                                                std::size_t bytes, bool write) -> void {
+  const std::size_t region_bytes = r.size();
+  const std::size_t alignment = tier.alignment();
+  FERRY_EXPECTS(offset <= region_bytes && bytes <= region_bytes - offset, "a move outside its region", offset, bytes,
+                region_bytes);
+  FERRY_EXPECTS(offset % alignment == 0, "a disk move must start at a multiple of the tier's alignment", offset,
+                alignment);
+  if (write) {
+    FERRY_EXPECTS(bytes % alignment == 0 || offset + bytes == region_bytes,
+                  "a disk write of a partial block must end at the region's end", offset, bytes, region_bytes);
+  }
+}
+
+template <class Backend>
+template <class Tier>
+auto basic_scheduler<Backend>::check_chunk_alignment(const Tier& tier) const -> void {
+  const std::size_t chunk_bytes = options_.chunk_bytes;
+  const std::size_t alignment = tier.alignment();
+  FERRY_EXPECTS(chunk_bytes % alignment == 0,
+                "a move through the bounce ring needs a chunk size that is a multiple of the tier's alignment",
+                chunk_bytes, alignment);
+}
+
+template <class Backend>
+auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std::size_t bytes, copy_direction direction,
+                                         const stream_type* after) -> ticket_type {
+  return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
+    for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
+      const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
+      b.copy(lane_stream, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
+      count_chunk(l, n);
+      ++issued;
+    }
+  });
+}
+
+template <class Backend>
+auto basic_scheduler<Backend>::pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                            std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after) -> ticket_type {
+  if (row_bytes == 0) rows = 0;
+  const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.chunk_bytes / row_bytes);
+  return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
+    for (std::size_t row = 0; row < rows; row += rows_per_chunk) {
+      const std::size_t k = std::min(rows_per_chunk, rows - row);
+      b.copy_2d(lane_stream, static_cast<std::byte*>(dst) + row * dst_pitch, dst_pitch,
+                static_cast<const std::byte*>(src) + row * src_pitch, src_pitch, row_bytes, k, direction);
+      count_chunk(l, k * row_bytes);
+      ++issued;
+    }
+  });
+}
+
+template <class Backend>
+template <class Issue>
+auto basic_scheduler<Backend>::chunked_move(lane l, const stream_type* after, Issue&& issue) -> ticket_type {
+  auto& b = core_->backend();
+  const stream_type lane_stream = b.lane(l);
+  if (after != nullptr) {
+    b.refuse_capture(*after, "a copy move ordered after this stream");
+    const auto m = b.record(*after);  // the event is on the producer's stream: guarantee 1
+    marker_guard g{b, m};
+    b.wait(lane_stream, m);
+  }
+  state* s = core_->acquire();
+  ticket_type t(s);
+  s->set_kind(detail::completion_kind::copy);
+  s->which = l;
+  counters_.moves.fetch_add(1, std::memory_order_relaxed);
+  std::size_t issued = 0;
+  try {
+    issue(b, lane_stream, issued);
+  } catch (...) {
+    s->error = std::current_exception();  // the rest of the chunks are not issued
+    counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
+  }
+  try {
+    s->marker = b.record(lane_stream);
+    s->has_marker = true;
+  } catch (...) {
+    if (!s->error) {
+      s->error = std::current_exception();
+      counters_.failed_moves.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (issued > 0) b.drain_lane(l);  // nothing to wait on: make the issued chunks complete here
+    s->finished.store(1, std::memory_order_release);
+  }
+  return t;
+}
+
+}  // namespace ferry

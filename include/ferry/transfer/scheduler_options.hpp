@@ -1,0 +1,43 @@
+/// @file
+/// @brief The settings of a scheduler (`ferry::scheduler_options`) and its counters
+/// (`ferry::scheduler_stats`).
+#pragma once
+
+#include "ferry/memory/pinned_pool.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+/// @brief Settings of a scheduler. Zero means "from ferry::defaults".
+struct scheduler_options {
+  /// Bytes per chunk of a move, and of each bounce buffer: a positive multiple of 4096
+  /// (the disk's alignment). 0: `defaults::current().chunk_bytes` (`FERRY_CHUNK_BYTES`, 4 MiB).
+  std::size_t chunk_bytes = 0;
+  /// Bounce buffers (K) for moves between device and NVMe: K chunks are in flight at
+  /// once, split between the disk and the link. At least 2 for any overlap.
+  std::size_t bounce_slots = 4;
+  /// Where the bounce buffers come from (they must stay allocated for the scheduler's
+  /// life); null: a pinned pool of the scheduler's own, sized to the ring. Pinned memory
+  /// is what lets the copy engines read and write them asynchronously.
+  pinned_pool* bounce_pool = nullptr;
+  /// Priorities of the H2D and D2H streams (CUDA backend; lower is higher priority).
+  int h2d_priority = 0;
+  /// Priority of the D2H stream (as `h2d_priority`).
+  int d2h_priority = 0;
+};
+
+/// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).
+struct scheduler_stats {
+  std::uint64_t moves = 0;           ///< moves started
+  std::uint64_t chunks = 0;          ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
+  std::uint64_t bytes_h2d = 0;       ///< bytes issued on the H2D lane
+  std::uint64_t bytes_d2h = 0;       ///< bytes issued on the D2H lane
+  std::uint64_t disk_chunks = 0;     ///< disk transfers of staged chunks
+  std::uint64_t bounce_waits = 0;    ///< times a disk move waited for a free bounce buffer
+  std::uint64_t failed_moves = 0;    ///< moves that completed with an error
+  std::uint64_t cancelled_moves = 0; ///< moves stopped by `ticket::cancel`
+};
+
+}  // namespace ferry
