@@ -7,8 +7,12 @@
 /// that exists. For CUDA translation units and host code compiled against the toolkit.
 #pragma once
 
+#include "ferry/core/config.hpp"
+
+#if FERRY_HAS_CUDA
 #if __has_include(<cuda/stream>)
 #include <cuda/stream>
 #else
 #include <cuda/stream_ref>
+#endif
 #endif

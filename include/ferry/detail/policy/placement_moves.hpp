@@ -3,6 +3,8 @@
 /// fetches, prefetches, demotions). Included at the end of that header; not part of the public interface.
 #pragma once
 
+#include "ferry/policy/placement.hpp"  // the class whose members these are
+
 namespace ferry {
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
