@@ -1,9 +1,9 @@
-// Google Benchmark: the cost of ferry::io::extent_allocator's operations, next to a
+// Google Benchmark: the cost of ferry::extent_allocator's operations, next to a
 // hand-written reference: first fit by a linear walk over the same ordered free map
 // (what an allocator without the size index does; O(n) in the free extents).
 //   allocate + deallocate of one extent on a fragmented space (n free extents)
 //   a churn of random allocate/deallocate at steady state
-#include <ferry/io/extent_allocator.hpp>
+#include <ferry/memory/extent_allocator.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -16,8 +16,8 @@
 
 namespace {
 
-using ferry::io::extent;
-using ferry::io::extent_allocator;
+using ferry::extent;
+using ferry::extent_allocator;
 
 constexpr std::uint64_t block = 4096;
 

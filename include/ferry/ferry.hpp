@@ -29,7 +29,7 @@
 #include "ferry/io/auto_engine.hpp"
 #include "ferry/io/defaults.hpp"
 #include "ferry/io/direct_file.hpp"
-#include "ferry/io/extent_allocator.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/io/thread_pool_engine.hpp"

@@ -2,7 +2,7 @@
 // exception (or fallback) the matrix names, with its values, and what the matrix says
 // survives does survive (checked with checksums of the bytes stored before).
 #include <ferry/codec/identity.hpp>
-#include <ferry/io/extent_allocator.hpp>
+#include <ferry/memory/extent_allocator.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
 #include <ferry/transfer/host_executor.hpp>
@@ -417,13 +417,13 @@ TEST_CASE("fault matrix: pinned_pool::deallocate of a pointer it did not hand ou
 TEST_CASE("fault matrix: an extent_allocator double free aborts with one stderr line naming the extent",
           "[faults][nvme]") {
   const auto [text, aborted] = in_child([] {
-    ferry::io::extent_allocator a(MiB, 4096);
+    ferry::extent_allocator a(MiB, 4096);
     const auto e = a.allocate(8192);
     a.deallocate(e);
     a.deallocate(e);  // aborts
   });
   CHECK(aborted);
-  CHECK_THAT(text, Catch::Contains("ferry::io::extent_allocator: deallocate of an extent that overlaps free space") &&
+  CHECK_THAT(text, Catch::Contains("ferry::extent_allocator: deallocate of an extent that overlaps free space") &&
                        Catch::Contains("length = 8192"));
   CHECK(std::count(text.begin(), text.end(), '\n') == 1);
 }

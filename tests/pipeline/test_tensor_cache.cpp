@@ -28,8 +28,7 @@ using namespace ferry_test;  // the shared pipeline-test helpers (backend_harnes
 
 using pinned_only = ferry_test::recipe<int, false>;
 using with_nvme = ferry_test::recipe<int, true>;
-using with_lru = ferry_test::recipe<int, true, ferry::lru<int>,
-                                      ferry::no_prefetch>;
+using with_lru = ferry_test::recipe<int, true, ferry::lru<int>, ferry::no_prefetch>;
 
 template <class Syscalls>
 using pool_tier = ferry::basic_nvme_tier<Syscalls, ferry::io::thread_pool_engine>;
@@ -54,7 +53,8 @@ TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device m
   CHECK(cache.stats().offloaded == sizes.size() - 1);                 // all but the last one stored
   CHECK(cache.stats().pageable_offloads == cache.stats().offloaded);  // the pool does not pin (pin = false)
   CHECK(cache.tier_of(static_cast<int>(sizes.size() - 1)) == ferry::tier_kind::device);
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) CHECK(cache.tier_of(static_cast<int>(i)) == ferry::tier_kind::pinned);
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i)
+    CHECK(cache.tier_of(static_cast<int>(i)) == ferry::tier_kind::pinned);
   sched.synchronize();
   compute.synchronize();
   // Only the last tensor is on the device now.
@@ -185,8 +185,7 @@ TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and 
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
-  using P = ferry_test::recipe<int, true, ferry::lru<int>,
-                                 ferry::no_prefetch>;
+  using P = ferry_test::recipe<int, true, ferry::lru<int>, ferry::no_prefetch>;
   cache_on<TestType, P, decltype(tier)> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);
@@ -230,7 +229,8 @@ TEMPLATE_TEST_CASE("tensor_cache: later iterations prefetch from the recorded sc
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(16 * MiB));
-  cache_on<TestType, with_nvme> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
+  cache_on<TestType, with_nvme> cache(sched, ferry_test::tier_set(sched, device, pool, tier),
+                                      {.keep_last = 1, .prefetch_budget_bytes = 8 * MiB});
   producer prod{compute};
   constexpr int layers = 8;
   const auto bytes_of = [](int i) { return 2 * MiB + static_cast<std::size_t>(i) * 8191; };
@@ -289,8 +289,7 @@ TEMPLATE_TEST_CASE("tensor_cache: a bf16 codec halves the bytes moved and round-
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  using P = ferry_test::recipe<int, false, ferry::automatic, ferry::automatic,
-                                 ferry::bf16>;
+  using P = ferry_test::recipe<int, false, ferry::automatic, ferry::automatic, ferry::bf16>;
   cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   const std::size_t n = 1'000'003;
   std::vector<float> want(n);
@@ -327,7 +326,8 @@ TEMPLATE_TEST_CASE("tensor_cache: bad arguments are refused", "[pipeline][tensor
   // A cache with an NVMe tier cannot be made without one (no constructor takes no tiers),
   // while one of two tiers can own its device and pinned memory.
   using sched_type = std::remove_reference_t<decltype(sched)>;
-  STATIC_REQUIRE_FALSE(std::is_constructible_v<cache_on<TestType, with_nvme>, sched_type&, ferry::tensor_cache_options>);
+  STATIC_REQUIRE_FALSE(
+      std::is_constructible_v<cache_on<TestType, with_nvme>, sched_type&, ferry::tensor_cache_options>);
   STATIC_REQUIRE_FALSE(std::is_constructible_v<cache_on<TestType, with_nvme>, sched_type&>);
   STATIC_REQUIRE(std::is_constructible_v<cache_on<TestType, pinned_only>, sched_type&, ferry::tensor_cache_options>);
 }
@@ -347,16 +347,19 @@ using lru_one_byte = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, one_b
 }  // namespace
 
 TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]])", "[pipeline][tensor_cache]") {
-  using slot = ferry::detail::policy_slot<ferry::no_prefetch, false>;
-  STATIC_REQUIRE(std::is_empty_v<slot>);
+  // The prefetch policy sits in the placement the cache's plan runs, the eviction policy
+  // in each tier of it that evicts: an empty policy adds nothing at any level, a policy
+  // of one byte adds that byte and its padding.
+  STATIC_REQUIRE(std::is_empty_v<ferry::no_prefetch>);
+  STATIC_REQUIRE(sizeof(ferry::placement<int, ferry::lru<int>, ferry::no_prefetch>) <
+                 sizeof(ferry::placement<int, ferry::lru<int>, one_byte_prefetch>));
+  STATIC_REQUIRE(sizeof(ferry::offload_plan<int, ferry::lru<int>, ferry::no_prefetch>) <
+                 sizeof(ferry::offload_plan<int, ferry::lru<int>, one_byte_prefetch>));
+  STATIC_REQUIRE(sizeof(lru_no_prefetch) < sizeof(lru_one_byte));
+  // The codec: identity holds nothing and takes no bytes in the plan.
   struct probe {
-    [[no_unique_address]] slot s;
+    [[no_unique_address]] ferry::identity<float> codec;
     std::uint64_t next;
   };
   STATIC_REQUIRE(sizeof(probe) == sizeof(std::uint64_t));
-  // In the cache itself: were no_prefetch held in a std::optional (a byte and a flag,
-  // padded to 8 like the one-byte policy's optional), the two caches would be the same size.
-  STATIC_REQUIRE(sizeof(lru_no_prefetch) < sizeof(lru_one_byte));
-  // A policy built from the recorded schedule is rebuilt after the recording: an optional.
-  STATIC_REQUIRE(sizeof(ferry::detail::policy_slot<ferry::no_prefetch, true>) > sizeof(slot));
 }

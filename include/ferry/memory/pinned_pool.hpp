@@ -9,7 +9,7 @@
 /// `mmap` (anonymous, page-aligned, `MADV_HUGEPAGE` where available), pins them with
 /// `cudaHostRegister` in chunks of at most 1 GiB (so a region of any size pins, even
 /// one larger than 512 GiB), and hands out sub-ranges through one
-/// `ferry::io::extent_allocator` per slab. Nothing is pinned on the hot path once the
+/// `ferry::extent_allocator` per slab. Nothing is pinned on the hot path once the
 /// pool holds enough slabs (`reserve()` pins ahead of time).
 ///
 /// When pinning is refused (no GPU, the locked-memory limit, a failed register) the
@@ -23,7 +23,7 @@
 #include "ferry/core/config.hpp"
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
-#include "ferry/io/extent_allocator.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/core/units.hpp"
 
 #include <atomic>
@@ -222,7 +222,7 @@ class pinned_pool {
     }
     --it;
     slab& s = *it->second;
-    s.extents.deallocate(io::extent{addr - it->first, cost});  // aborts on a double free
+    s.extents.deallocate(extent{addr - it->first, cost});  // aborts on a double free
     used_.fetch_sub(cost, std::memory_order_relaxed);
     if (s.extents.used() == 0 && !options_.keep_empty_slabs) {
       release(s);
@@ -336,7 +336,7 @@ class pinned_pool {
     void* base = nullptr;
     std::size_t bytes = 0;
     bool pinned = false;
-    io::extent_allocator extents;
+    extent_allocator extents;
     slab(void* b, std::size_t n, std::size_t alignment) : base(b), bytes(n), extents(n, alignment) {}
   };
 
@@ -375,7 +375,7 @@ class pinned_pool {
     return hand_out(s, s.extents.allocate(cost));
   }
 
-  void* hand_out(slab& s, io::extent e) noexcept {
+  void* hand_out(slab& s, extent e) noexcept {
     used_.fetch_add(static_cast<std::size_t>(e.length), std::memory_order_relaxed);
     return static_cast<std::byte*>(s.base) + e.offset;
   }

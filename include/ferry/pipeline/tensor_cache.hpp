@@ -135,16 +135,21 @@ namespace ferry {
 
 namespace detail {
 /// @cond detail
+// The shape of a cache's tiers; a wrong one names stand-ins, so that the static_assert
+// on `ok` is the only error.
 template <class Tiers>
 struct cache_tiers {
   static constexpr bool ok = false;
+  static constexpr bool has_nvme = false;
+  using device = host_device_tier;
+  using nvme = nvme_tier;
 };
 template <class D, class H, class... N>
 struct cache_tiers<tiers<D, H, N...>> {
   static constexpr bool ok = is_device_tier<D> && std::is_same_v<H, pinned_tier> && sizeof...(N) <= 1;
-  static constexpr bool has_nvme = sizeof...(N) == 1;
-  using device = D;
-  using nvme = std::tuple_element_t<0, std::tuple<N..., nvme_tier>>;
+  static constexpr bool has_nvme = ok && sizeof...(N) == 1;
+  using device = std::conditional_t<ok, D, host_device_tier>;
+  using nvme = std::conditional_t<ok, std::tuple_element_t<0, std::tuple<N..., nvme_tier>>, nvme_tier>;
 };
 /// @endcond
 }  // namespace detail

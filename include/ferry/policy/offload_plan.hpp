@@ -29,7 +29,6 @@
 /// Not thread-safe: one owner drives it.
 #pragma once
 
-#include "ferry/codec/identity.hpp"
 #include "ferry/concepts.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
@@ -65,6 +64,15 @@ struct offload_rules {
   std::size_t prefetch_budget_bytes = std::size_t{1} << 30;
 };
 
+/// @brief The sizing of an `offload_plan` whose tensors are offloaded as they are: the
+/// default of its `Codec` slot (a pipeline passes its codec, whose `value_type` and
+/// `encoded_bytes(n)` the plan uses, and nothing else).
+struct same_size {
+  using value_type = std::byte;  ///< tensors are counted in bytes
+  /// @brief `n` bytes take `n` bytes offloaded.
+  [[nodiscard]] constexpr std::size_t encoded_bytes(std::size_t n) const noexcept { return n; }
+};
+
 /// @brief The tiers of an `offload_plan`, as indices of its placement.
 struct offload_tier {
   static constexpr std::size_t device = 0;  ///< device memory
@@ -77,8 +85,9 @@ struct offload_tier {
 /// @tparam Key      the tensors' key (hashable, equality-comparable, copyable)
 /// @tparam Eviction which tensor in pinned memory spills to NVMe (`eviction_policy<Eviction, Key>`)
 /// @tparam Prefetch which tensors come back early (`prefetch_policy<Prefetch, Key>`)
-/// @tparam Codec    the codec whose `encoded_bytes` gives a tensor's offloaded size
-template <class Key, class Eviction, class Prefetch, class Codec = identity<std::byte>>
+/// @tparam Codec    what gives a tensor's offloaded size: a codec (its `value_type` and
+///                  `encoded_bytes(elements)`), or `same_size`
+template <class Key, class Eviction, class Prefetch, class Codec = same_size>
 class offload_plan {
  public:
   using schedule_type = access_schedule<Key>;                 ///< the recorded iteration

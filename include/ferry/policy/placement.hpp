@@ -359,7 +359,7 @@ class placement {
 
  private:
   struct tier_state {
-    Eviction policy;
+    [[no_unique_address]] Eviction policy;  // an empty policy takes no bytes
     std::size_t capacity;
     std::size_t used = 0;
     std::size_t peak = 0;

@@ -19,7 +19,6 @@
 /// (tests/pipeline/test_tensor_cache_plan.cpp).
 #pragma once
 
-#include "ferry/codec/identity.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/offload_plan.hpp"
 #include "ferry/policy/simulate.hpp"
@@ -45,7 +44,7 @@ struct offload_simulation_options {
 /// @throws ferry::out_of_capacity when the pinned tier (without NVMe) cannot hold what the
 ///         rules offload; ferry::logic_error for a schedule that reads a key before
 ///         writing it
-template <class Eviction, class Prefetch, class Codec = identity<std::byte>, class Key, class Observe>
+template <class Eviction, class Prefetch, class Codec = same_size, class Key, class Observe>
 simulation_result simulate_offload(const access_schedule<Key>& schedule, const offload_simulation_options& options,
                                    Observe&& observe) {
   offload_plan<Key, Eviction, Prefetch, Codec> plan(schedule, options.pinned_bytes, options.nvme, options.rules);
@@ -90,7 +89,7 @@ simulation_result simulate_offload(const access_schedule<Key>& schedule, const o
 }
 
 /// @brief `simulate_offload` without an observer.
-template <class Eviction, class Prefetch, class Codec = identity<std::byte>, class Key>
+template <class Eviction, class Prefetch, class Codec = same_size, class Key>
 simulation_result simulate_offload(const access_schedule<Key>& schedule, const offload_simulation_options& options) {
   return simulate_offload<Eviction, Prefetch, Codec>(schedule, options, [](const move_event<Key>&) {});
 }

@@ -16,7 +16,7 @@
 ///
 /// ## Layout
 /// The tier has one logical address space of `capacity()` bytes, managed by a best-fit
-/// `io::extent_allocator` with the block alignment (4096 by default). With one file the
+/// `extent_allocator` with the block alignment (4096 by default). With one file the
 /// logical offset is the file offset. With `k` files, logical stripe unit `i` (of
 /// `stripe_bytes`) lives in file `i % k` at file offset `(i / k) * stripe_bytes`.
 ///

@@ -11,7 +11,7 @@
 #include "ferry/detail/tier/nvme_files.hpp"
 #include "ferry/detail/tier/nvme_transfer.hpp"
 #include "ferry/io/direct_file.hpp"
-#include "ferry/io/extent_allocator.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/memory/buffer_ring.hpp"
@@ -223,7 +223,7 @@ class basic_nvme_tier {
   void deallocate(region_type r) noexcept {
     if (r.reserved == 0) return;
     std::lock_guard lock(allocator_mutex_);
-    allocator_->deallocate(io::extent{r.offset, r.reserved});
+    allocator_->deallocate(extent{r.offset, r.reserved});
     used_.store(allocator_->used(), std::memory_order_relaxed);
   }
 
@@ -558,7 +558,7 @@ class basic_nvme_tier {
   std::size_t stripe_ = 0;
   std::uint64_t file_bytes_ = 0;
   mutable std::mutex allocator_mutex_;
-  std::optional<io::extent_allocator> allocator_;
+  std::optional<extent_allocator> allocator_;
   std::atomic<std::uint64_t> used_{0};
   std::vector<io::direct_file<S>> files_;
   std::vector<unsigned char> locked_;  // per file: whether the tier holds its flock

@@ -1,6 +1,6 @@
 /// @file
 /// @brief Pieces of `ferry::tensor_cache`'s body: the codec run on a backend's stream,
-/// where a pipeline keeps a policy, a guard of a backend marker, the pinned reservation
+/// a guard of a backend marker, the pinned reservation
 /// and the waits on a tensor's moves.
 #pragma once
 
@@ -56,34 +56,6 @@ template <class C>
 inline constexpr bool is_identity_codec = false;
 template <class T>
 inline constexpr bool is_identity_codec<identity<T>> = true;
-
-// Where a pipeline keeps a policy. One made from the recorded schedule is rebuilt when
-// the recording ends, so it sits in an optional; any other is made once, default-
-// constructed, and stored as itself, so that a stateless one (no_prefetch, a user's
-// empty policy) takes no bytes in a `[[no_unique_address]]` member.
-template <class P, bool Rebuilt>
-class policy_slot {
- public:
-  P* operator->() noexcept { return &policy_; }
-  const P* operator->() const noexcept { return &policy_; }
-
- private:
-  [[no_unique_address]] P policy_{};
-};
-
-template <class P>
-class policy_slot<P, true> {
- public:
-  P* operator->() noexcept { return &*policy_; }
-  const P* operator->() const noexcept { return &*policy_; }
-  template <class... Args>
-  void emplace(Args&&... args) {
-    policy_.emplace(std::forward<Args>(args)...);
-  }
-
- private:
-  std::optional<P> policy_;
-};
 
 // Releases a backend marker unless ownership is taken (`release()`).
 template <class Backend>

@@ -1,5 +1,5 @@
 /// @file
-/// @brief `ferry::io::extent_allocator`: best-fit allocation of aligned byte ranges
+/// @brief `ferry::extent_allocator`: best-fit allocation of aligned byte ranges
 /// (extents) in a fixed address space, such as the files behind `ferry::nvme_tier`.
 ///
 /// The free space is kept twice, as ordered maps: by offset (to find and merge the
@@ -26,7 +26,7 @@
 #include <set>
 #include <utility>
 
-namespace ferry::io {
+namespace ferry {
 
 /// @brief A range of bytes `[offset, offset + length)` in an allocator's address space.
 struct extent {
@@ -58,8 +58,7 @@ class extent_allocator {
   ///                  (4096 keeps O_DIRECT requests aligned to the page and logical block)
   /// @throws ferry::logic_error when `alignment` is not a power of two
   explicit extent_allocator(std::uint64_t capacity, std::uint64_t alignment = 4096) : alignment_(alignment) {
-    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two",
-                  alignment);
+    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two", alignment);
     capacity_ = capacity / alignment * alignment;
     if (capacity_ > 0) {
       insert_free(0, capacity_);
@@ -218,7 +217,7 @@ class extent_allocator {
 
  private:
   [[noreturn]] static void fatal(const char* what, extent e) noexcept {
-    std::fprintf(stderr, "ferry::io::extent_allocator: %s [offset = %llu, length = %llu]\n", what,
+    std::fprintf(stderr, "ferry::extent_allocator: %s [offset = %llu, length = %llu]\n", what,
                  static_cast<unsigned long long>(e.offset), static_cast<unsigned long long>(e.length));
     std::abort();
   }
@@ -253,4 +252,4 @@ class extent_allocator {
   std::set<std::pair<std::uint64_t, std::uint64_t>> by_length_;  // (length, offset)
 };
 
-}  // namespace ferry::io
+}  // namespace ferry

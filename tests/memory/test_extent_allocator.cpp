@@ -1,6 +1,6 @@
-// ferry::io::extent_allocator: alignment, best fit, coalescing, reuse, exact
+// ferry::extent_allocator: alignment, best fit, coalescing, reuse, exact
 // accounting, and a randomized comparison against a byte-map model.
-#include <ferry/io/extent_allocator.hpp>
+#include <ferry/memory/extent_allocator.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-using ferry::io::extent;
-using ferry::io::extent_allocator;
+using ferry::extent;
+using ferry::extent_allocator;
 
 TEST_CASE("extent_allocator rounds requests up to the alignment and accounts the rounded bytes") {
   extent_allocator a(1 << 20, 4096);
