@@ -4,7 +4,7 @@
 /// `ferry::host_stream`, an owning stream of it for the caller's own work.
 ///
 /// In every build (no CUDA header). It is what `ferry::host_executor` and the host
-/// pipelines (`host_tensor_cache`, `host_layer_streamer`) run on: the same scheduler
+/// pipelines (a `tensor_cache` over `host_device_tier`, `host_layer_streamer`) run on: the same scheduler
 /// backend, device arena and pipelines as on a GPU, with host memory as device memory.
 /// So CI, which has no GPU, runs the code a GPU runs — also with adversarial timing and
 /// under ThreadSanitizer.
