@@ -346,6 +346,33 @@ using lru_no_prefetch = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, fe
 using lru_one_byte = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, one_byte_prefetch>;
 }  // namespace
 
+TEMPLATE_TEST_CASE("tensor_cache: the two-statement form owns its device and pinned memory", "[pipeline][tensor_cache]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks());
+  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+  {
+    cache_type cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+    producer prod{compute};
+    for (int i = 0; i < 4; ++i)
+      cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
+    CHECK(cache.stats().offloaded == 4);
+    CHECK(cache.stats().reserved_pinned_bytes == 16 * MiB);  // the whole budget of its own pool, pinned up front
+    // Its arena has the budget given: past it, the device refuses.
+    CHECK_THROWS_AS(static_cast<void>(cache.allocate(33 * MiB, compute)), ferry::out_of_capacity);
+    // Its pool has the budget given: a fifth tensor does not fit beside four (no NVMe).
+    CHECK_THROWS_AS(cache.store(4, prod.make(cache, 6 * MiB, 4), 6 * MiB, compute), ferry::out_of_capacity);
+    for (int i = 4; i >= 0; --i) {
+      const std::size_t bytes = i == 4 ? 6 * MiB : 3 * MiB;
+      CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(i)));
+      cache.erase(i, compute);
+    }
+    settle(sched, compute);
+  }
+}
+
 TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]])", "[pipeline][tensor_cache]") {
   // The prefetch policy sits in the placement the cache's plan runs, the eviction policy
   // in each tier of it that evicts: an empty policy adds nothing at any level, a policy

@@ -368,7 +368,8 @@ class device_backend {
       if (q->thread.joinable()) q->thread.join();
     }
   }
-  /// @brief The API object (for tests).
+  /// @brief The runtime the backend calls: what memory on the same runtime (an arena a
+  /// pipeline makes for itself) is made with.
   [[nodiscard]] Api& api() noexcept { return api_; }
 
  private:
