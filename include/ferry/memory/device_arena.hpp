@@ -74,16 +74,15 @@ class basic_device_arena {
   /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the pool cannot be made (no device, ...)
   explicit basic_device_arena(std::size_t budget_bytes, device_arena_options options = {}, Runtime runtime = {})
       : runtime_(std::move(runtime)), budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
-    const std::size_t alignment = alignment_;
-    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two", alignment);
+    FERRY_EXPECTS(alignment_ != 0 && (alignment_ & (alignment_ - 1)) == 0, "alignment must be a power of two",
+                  ferry::named("alignment", alignment_));
     if (device_ < 0) {
       FERRY_RUNTIME_TRY(Runtime, runtime_.get_device(&device_));
     }
     bool supported = false;
     FERRY_RUNTIME_TRY(Runtime, runtime_.memory_pools_supported(device_, &supported), device_);
-    const int device = device_;
-    FERRY_EXPECTS(supported, "the device does not support CUDA memory pools", device);
-    FERRY_RUNTIME_TRY(Runtime, runtime_.mem_pool_create(&pool_, device), device);
+    FERRY_EXPECTS(supported, "the device does not support CUDA memory pools", ferry::named("device", device_));
+    FERRY_RUNTIME_TRY(Runtime, runtime_.mem_pool_create(&pool_, device_), ferry::named("device", device_));
   }
 
   basic_device_arena(const basic_device_arena&) = delete;
@@ -151,10 +150,9 @@ class basic_device_arena {
     if (p == nullptr) {
       return;
     }
-    const void* stream = Runtime::handle(s);
     FERRY_EXPECTS(!Runtime::is_legacy_default(s),
                   "ferry never frees on the legacy default stream; pass the stream ordered after the memory's last use",
-                  p, bytes, stream);
+                  p, bytes, ferry::named("stream", Runtime::handle(s)));
     const auto rc = runtime_.free_async(p, Runtime::handle(s));
     FERRY_RUNTIME_ASSERT(Runtime, rc);
     if (Runtime::ok(rc)) used_.fetch_sub(cost_of(bytes), std::memory_order_relaxed);  // a refused free keeps its bytes

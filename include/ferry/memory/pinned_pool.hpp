@@ -150,17 +150,17 @@ class pinned_pool {
   /// @throws ferry::config_error when `budget_bytes` is 0 and `FERRY_PINNED_BUDGET_BYTES` is malformed
   explicit pinned_pool(pinned_pool_options options = {}) : options_(std::move(options)) {
     page_ = page_size();
-    const std::size_t alignment = options_.alignment;
-    const std::size_t page = page_;
-    FERRY_EXPECTS(alignment != 0 && (alignment & (alignment - 1)) == 0 && alignment <= page,
-                  "alignment must be a power of two no larger than the page size", alignment, page);
-    const std::size_t chunk = options_.registration_chunk_bytes;
-    FERRY_EXPECTS(chunk != 0 && chunk % page == 0, "registration chunk must be a positive multiple of the page size",
-                  chunk, page);
+    FERRY_EXPECTS(options_.alignment != 0 && (options_.alignment & (options_.alignment - 1)) == 0 &&
+                      options_.alignment <= page_,
+                  "alignment must be a power of two no larger than the page size",
+                  ferry::named("alignment", options_.alignment), ferry::named("page", page_));
+    FERRY_EXPECTS(options_.registration_chunk_bytes != 0 && options_.registration_chunk_bytes % page_ == 0,
+                  "registration chunk must be a positive multiple of the page size",
+                  ferry::named("chunk", options_.registration_chunk_bytes), ferry::named("page", page_));
     constexpr std::size_t most = std::size_t{1} << 30;
-    FERRY_EXPECTS(chunk <= most,
-                  "registration chunk above 1 GiB: one cudaHostRegister call that large fails on some drivers", chunk,
-                  most);
+    FERRY_EXPECTS(options_.registration_chunk_bytes <= most,
+                  "registration chunk above 1 GiB: one cudaHostRegister call that large fails on some drivers",
+                  ferry::named("chunk", options_.registration_chunk_bytes), most);
     budget_ = options_.budget_bytes != 0 ? options_.budget_bytes
                                          : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
     slab_bytes_ = round_up(std::max<std::size_t>(options_.slab_bytes, 1), page_);
@@ -308,8 +308,7 @@ class pinned_pool {
   }
   /// @brief The bytes a request of `bytes` costs: `bytes` rounded up to `alignment()`.
   [[nodiscard]] std::size_t cost_of(std::size_t bytes) const {
-    const std::size_t a = options_.alignment;
-    FERRY_EXPECTS(bytes <= ~std::size_t{0} - (a - 1), "request too large to align", bytes);
+    FERRY_EXPECTS(bytes <= ~std::size_t{0} - (options_.alignment - 1), "request too large to align", bytes);
     return cost_of_noexcept(bytes);
   }
   /// @brief Whether slabs made from now on are pinned.

@@ -350,12 +350,11 @@ class state_swapper {
   };
 
   void check_group(std::size_t g) const {
-    const std::size_t groups = groups_.size();
-    FERRY_EXPECTS(g < groups, "group index out of range", g, groups);
+    FERRY_EXPECTS(g < groups_.size(), "group index out of range", g, ferry::named("groups", groups_.size()));
   }
   void check_idle() const {
-    const bool busy = busy_;
-    FERRY_EXPECTS(!busy, "a state_swapper member was called from inside a step's compute", busy);
+    FERRY_EXPECTS(!busy_, "a state_swapper member was called from inside a step's compute",
+                  ferry::named("busy", busy_));
   }
 
   void plan_host_memory();

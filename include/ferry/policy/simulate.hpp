@@ -239,8 +239,8 @@ constexpr bool checked_unless() {
 template <class P>
 void check_start(const P& p, const char* which) {
   if constexpr (schedule_aware_policy<P>) {
-    const std::size_t position = p.position();
-    FERRY_EXPECTS(position == 0, "simulate: a schedule-aware policy must start at position 0", which, position);
+    FERRY_EXPECTS(p.position() == 0, "simulate: a schedule-aware policy must start at position 0", which,
+                  ferry::named("position", p.position()));
   } else {
     (void)p;
     (void)which;

@@ -47,8 +47,8 @@ class basic_device_tier {
   /// @param stream the stream allocations and frees are ordered on; not the legacy default stream
   /// @throws ferry::logic_error for the legacy default stream
   basic_device_tier(arena_type& arena, stream_ref stream) : arena_(&arena), stream_(stream) {
-    const void* s = Runtime::handle(stream);
-    FERRY_EXPECTS(!Runtime::is_legacy_default(stream), "ferry never allocates on the legacy default stream", s);
+    FERRY_EXPECTS(!Runtime::is_legacy_default(stream), "ferry never allocates on the legacy default stream",
+                  ferry::named("s", Runtime::handle(stream)));
   }
 
   /// @brief Allocates `bytes` bytes on `stream()`.

@@ -193,11 +193,10 @@ class device_backend {
     refuse_legacy(s);
     bool capturing = false;
     FERRY_RUNTIME_TRY(Api, api_.stream_is_capturing(Api::handle(s), &capturing));
-    const auto stream = Api::handle(s);
     FERRY_EXPECTS(!capturing,
                   "the stream is being captured into a CUDA graph: a move ordered on it would not be ordered when "
                   "the graph replays; end the capture first, or capture copy_on (stream-ordered only)",
-                  what, stream);
+                  what, ferry::named("stream", Api::handle(s)));
   }
 
   /// @brief Whether the work before `m` has completed.
@@ -413,10 +412,9 @@ class device_backend {
   };
 
   static void refuse_legacy(stream_type s) {
-    const auto stream = Api::handle(s);
     FERRY_EXPECTS(!Api::is_legacy_default(s),
                   "ferry never issues work on the legacy default stream (or a null one); pass a stream of your own",
-                  stream);
+                  ferry::named("stream", Api::handle(s)));
   }
 
   std::unique_ptr<queue> start_queue(stream_handle s, bool lane = false) {

@@ -333,9 +333,8 @@ class basic_scheduler {
     FERRY_EXPECTS(t.state() != nullptr, "then() on an empty ticket");
     auto* s = static_cast<state*>(t.state());  // every ticket of this backend is a scheduler's move
     // Another scheduler's lanes would say nothing about this move's completion.
-    const void* ticket_core = s->pool.get();
-    const void* own_core = core_.get();
-    FERRY_EXPECTS(ticket_core == own_core, "then() on a ticket of another scheduler", ticket_core, own_core);
+    FERRY_EXPECTS(s->pool.get() == core_.get(), "then() on a ticket of another scheduler",
+                  ferry::named("ticket_core", s->pool.get()), ferry::named("own_core", core_.get()));
     if (s->kind == detail::completion_kind::copy) {
       if (!s->has_marker || s->finished.load(std::memory_order_acquire) != 0) {
         f(s->error);

@@ -10,10 +10,8 @@ namespace ferry {
 inline slot_memory::slot_memory(std::size_t slots, std::span<std::byte> memory)
     : slots_(slots), memory_(memory.data()) {
   check_slots(slots);
-  const void* data = memory.data();
-  const auto address = reinterpret_cast<std::uintptr_t>(data);
-  FERRY_EXPECTS(data != nullptr && address % slot_alignment == 0,
-                "slot memory must be non-null and aligned to 256 bytes", data);
+  FERRY_EXPECTS(memory.data() != nullptr && reinterpret_cast<std::uintptr_t>(memory.data()) % slot_alignment == 0,
+                "slot memory must be non-null and aligned to 256 bytes", ferry::named("data", memory.data()));
   borrowed_bytes_ = memory.size();
 }
 
@@ -66,9 +64,9 @@ inline slot_memory::~slot_memory() {
 
 inline std::byte* slot_memory::obtain(std::size_t bytes) {
   if (!allocate_) {
-    const std::size_t given = borrowed_bytes_;
-    FERRY_EXPECTS(given >= bytes, "the slot memory is smaller than slots x the largest layer (rounded to 256 B)",
-                  given, bytes, slots_);
+    FERRY_EXPECTS(borrowed_bytes_ >= bytes,
+                  "the slot memory is smaller than slots x the largest layer (rounded to 256 B)",
+                  ferry::named("given", borrowed_bytes_), bytes, slots_);
     return memory_;
   }
   FERRY_EXPECTS(owned_bytes_ == 0, "slot memory obtained twice");

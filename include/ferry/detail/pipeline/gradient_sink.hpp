@@ -15,11 +15,10 @@ namespace ferry {
 
 template <class Backend>
 void basic_gradient_sink<Backend>::check_options(const gradient_sink_options& options) {
-  const std::size_t micro_batches = options.micro_batches;
-  const std::size_t gradient_slabs = options.gradient_slabs;
-  FERRY_EXPECTS(micro_batches >= 1, "micro_batches must be at least 1", micro_batches);
-  FERRY_EXPECTS(gradient_slabs >= 1 || options.gradient_pool != nullptr, "gradient_slabs must be at least 1",
-                gradient_slabs);
+  FERRY_EXPECTS(options.micro_batches >= 1, "micro_batches must be at least 1",
+                ferry::named("micro_batches", options.micro_batches));
+  FERRY_EXPECTS(options.gradient_slabs >= 1 || options.gradient_pool != nullptr, "gradient_slabs must be at least 1",
+                ferry::named("gradient_slabs", options.gradient_slabs));
 }
 
 template <class Backend>
@@ -46,13 +45,13 @@ basic_gradient_sink<Backend>::basic_gradient_sink(scheduler_type& sched, std::si
 template <class Backend>
 auto basic_gradient_sink<Backend>::push_gradient(std::size_t layer, const std::byte* device_grad, std::size_t bytes,
                                                  stream_type producer, gradient_callback on_landed) -> ticket_type {
-  const std::size_t layers = grads_.size();
-  const void* grad = device_grad;
-  FERRY_EXPECTS(layer < layers, "push_gradient for a layer out of range", layer, layers);
-  FERRY_EXPECTS(grad != nullptr && bytes > 0, "push_gradient needs a non-null, non-empty gradient", grad, bytes);
+  FERRY_EXPECTS(layer < grads_.size(), "push_gradient for a layer out of range", layer,
+                ferry::named("layers", grads_.size()));
+  FERRY_EXPECTS(device_grad != nullptr && bytes > 0, "push_gradient needs a non-null, non-empty gradient",
+                ferry::named("grad", device_grad), bytes);
   if (options_.accumulate) {
-    const std::size_t element = element_bytes(options_.element);
-    FERRY_EXPECTS(bytes % element == 0, "an accumulated gradient must be whole elements", layer, bytes, element);
+    FERRY_EXPECTS(bytes % element_bytes(options_.element) == 0, "an accumulated gradient must be whole elements",
+                  layer, bytes, ferry::named("element", element_bytes(options_.element)));
   }
   std::byte* slab = allocate_slab(bytes);
   ticket_type t;

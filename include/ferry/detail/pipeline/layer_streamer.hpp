@@ -18,9 +18,9 @@ basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched,
     : sched_(&sched), slots_mem_(std::move(slots)) {
   bytes_.reserve(weights.size());
   for (std::size_t i = 0; i < weights.size(); ++i) {
-    const void* data = weights[i].data();
     const std::size_t bytes = weights[i].size();
-    FERRY_EXPECTS(data != nullptr && bytes > 0, "every layer's weights must be a non-empty slab", i, data, bytes);
+    FERRY_EXPECTS(weights[i].data() != nullptr && bytes > 0, "every layer's weights must be a non-empty slab", i,
+                  ferry::named("data", weights[i].data()), bytes);
     bytes_.push_back(bytes);
   }
   host_ = std::move(weights);
@@ -33,8 +33,8 @@ basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched, std::
                                                     layer_streamer_options options)
     : sched_(&sched), slots_mem_(std::move(slots)), weights_pool_(&weights_pool) {
   for (std::size_t i = 0; i < layer_bytes.size(); ++i) {
-    const std::size_t bytes = layer_bytes[i];
-    FERRY_EXPECTS(bytes > 0, "every layer needs at least one byte of weights", i, bytes);
+    FERRY_EXPECTS(layer_bytes[i] > 0, "every layer needs at least one byte of weights", i,
+                  ferry::named("bytes", layer_bytes[i]));
   }
   bytes_.assign(layer_bytes.begin(), layer_bytes.end());
   host_.reserve(bytes_.size());
@@ -56,11 +56,9 @@ basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched, Tier&
                                                     std::vector<nvme_region> weights, slot_memory slots,
                                                     layer_streamer_options options)
     : sched_(&sched), slots_mem_(std::move(slots)) {
-  const std::size_t chunk = sched.chunk_bytes();
-  const std::size_t alignment = tier.alignment();
-  FERRY_EXPECTS(chunk % alignment == 0,
-                "weights on NVMe need a scheduler chunk size that is a multiple of the tier's alignment", chunk,
-                alignment);
+  FERRY_EXPECTS(sched.chunk_bytes() % tier.alignment() == 0,
+                "weights on NVMe need a scheduler chunk size that is a multiple of the tier's alignment",
+                ferry::named("chunk", sched.chunk_bytes()), ferry::named("alignment", tier.alignment()));
   for (std::size_t i = 0; i < weights.size(); ++i) {
     const std::size_t bytes = weights[i].size();
     FERRY_EXPECTS(bytes > 0, "every layer's region must hold at least one byte", i, bytes);
@@ -101,10 +99,8 @@ template <class Backend>
 void basic_layer_streamer<Backend>::begin_pass(pass_direction direction) {
   {
     std::lock_guard lock(mutex_);
-    const std::size_t released = pass_released_;
-    const std::size_t layers = bytes_.size();
     FERRY_EXPECTS(!in_pass_, "begin_pass while a pass is in progress: release every layer (or reset) first",
-                  released, layers);
+                  ferry::named("released", pass_released_), ferry::named("layers", bytes_.size()));
     direction_ = direction;
     pass_loaded_ = pass_acquired_ = pass_released_ = 0;
     in_pass_ = true;
@@ -117,24 +113,22 @@ void basic_layer_streamer<Backend>::begin_pass(pass_direction direction) {
 template <class Backend>
 std::byte* basic_layer_streamer<Backend>::acquire(std::size_t layer, stream_type compute) {
   std::unique_lock lock(mutex_);
-  const std::size_t layers = bytes_.size();
   const std::size_t position = pass_acquired_;
-  FERRY_EXPECTS(in_pass_, "acquire outside a pass: call begin_pass first", layer, layers);
-  FERRY_EXPECTS(position < layers, "acquire after every layer of the pass was acquired", layer, layers);
-  const std::size_t expected = layer_at(position);
-  FERRY_EXPECTS(layer == expected, "layers are acquired once each, in the pass's order", layer, expected);
+  FERRY_EXPECTS(in_pass_, "acquire outside a pass: call begin_pass first", layer,
+                ferry::named("layers", bytes_.size()));
+  FERRY_EXPECTS(position < bytes_.size(), "acquire after every layer of the pass was acquired", layer,
+                ferry::named("layers", bytes_.size()));
+  FERRY_EXPECTS(layer == layer_at(position), "layers are acquired once each, in the pass's order", layer,
+                ferry::named("expected", layer_at(position)));
   slot& s = slots_[ring_->consumer().index()];
-  const std::size_t held_by = s.layer;
-  const std::size_t slots = slots_.size();
   FERRY_EXPECTS(s.state != slot_state::held,
                 "acquire needs a slot still held by an earlier layer: at most K layers are held at once, release "
                 "that one first",
-                layer, held_by, slots);
+                layer, ferry::named("held_by", s.layer), ferry::named("slots", slots_.size()));
   // The consumer's phase must match the phase the slot was filled in (same lap).
-  const std::uint32_t slot_phase = s.phase;
-  const std::uint32_t ring_phase = ring_->consumer().phase();
-  FERRY_EXPECTS(s.state == slot_state::loading && s.layer == layer && slot_phase == ring_phase,
-                "layer streamer ring out of step (internal)", layer, held_by, slot_phase, ring_phase);
+  FERRY_EXPECTS(s.state == slot_state::loading && s.layer == layer && s.phase == ring_->consumer().phase(),
+                "layer streamer ring out of step (internal)", layer, ferry::named("held_by", s.layer),
+                ferry::named("slot_phase", s.phase), ferry::named("ring_phase", ring_->consumer().phase()));
   if (!s.started) {
     ++stats_.acquire_blocks;
     idle_.wait(lock, [&] { return s.started; });
@@ -244,15 +238,13 @@ bool basic_layer_streamer<Backend>::load_ready(std::size_t layer) const {
 
 template <class Backend>
 std::size_t basic_layer_streamer<Backend>::layer_bytes(std::size_t layer) const {
-  const std::size_t layers = bytes_.size();
-  FERRY_EXPECTS(layer < layers, "layer out of range", layer, layers);
+  FERRY_EXPECTS(layer < bytes_.size(), "layer out of range", layer, ferry::named("layers", bytes_.size()));
   return bytes_[layer];
 }
 
 template <class Backend>
 std::span<std::byte> basic_layer_streamer<Backend>::weights(std::size_t layer) const {
-  const std::size_t layers = bytes_.size();
-  FERRY_EXPECTS(layer < layers, "layer out of range", layer, layers);
+  FERRY_EXPECTS(layer < bytes_.size(), "layer out of range", layer, ferry::named("layers", bytes_.size()));
   FERRY_EXPECTS(weights_pool_ != nullptr,
                 "weights(i) is for slabs the streamer allocated; write the caller's slabs or NVMe regions directly",
                 layer);

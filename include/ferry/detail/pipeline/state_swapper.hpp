@@ -70,10 +70,12 @@ void state_swapper<Tier>::initialize(std::size_t g, std::span<const float> maste
   check_idle();
   check_group(g);
   group& gr = groups_[g];
-  const std::size_t n = gr.layout.elements;
-  FERRY_EXPECTS(master.size() == n, "initialize needs the group's elements of master weights", g, master.size(), n);
-  FERRY_EXPECTS(m.empty() || m.size() == n, "m must be empty (zeros) or have the group's elements", g, m.size(), n);
-  FERRY_EXPECTS(v.empty() || v.size() == n, "v must be empty (zeros) or have the group's elements", g, v.size(), n);
+  FERRY_EXPECTS(master.size() == gr.layout.elements, "initialize needs the group's elements of master weights", g,
+                master.size(), ferry::named("n", gr.layout.elements));
+  FERRY_EXPECTS(m.empty() || m.size() == gr.layout.elements, "m must be empty (zeros) or have the group's elements",
+                g, m.size(), ferry::named("n", gr.layout.elements));
+  FERRY_EXPECTS(v.empty() || v.size() == gr.layout.elements, "v must be empty (zeros) or have the group's elements",
+                g, v.size(), ferry::named("n", gr.layout.elements));
   std::byte* base = gr.layout.resident ? gr.host : (*ring_)[0];  // a spilled group: through ring buffer 0
   fill_copy(base, gr.layout, master, m, v);
   if constexpr (!in_place) {
@@ -215,8 +217,7 @@ template <class F>
 void state_swapper<Tier>::run(F& compute, bool all) {
   check_idle();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const bool initialized = groups_[g].initialized;
-    FERRY_EXPECTS(initialized, "every group must be initialized before a step", g);
+    FERRY_EXPECTS(groups_[g].initialized, "every group must be initialized before a step", g);
   }
   if (all) std::fill(updated_.begin(), updated_.end(), false);
   busy_guard busy(busy_);

@@ -27,9 +27,9 @@ auto basic_scheduler<Backend>::check_pitched(const void* dst, std::size_t dst_pi
                 row_bytes);
   FERRY_EXPECTS(src_pitch >= row_bytes, "a 2D copy's source pitch is smaller than its rows", src_pitch, row_bytes);
   const std::size_t max = ~std::size_t{0};
-  const std::size_t pitch = std::max(dst_pitch, src_pitch);
-  FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / pitch, "a 2D region whose end overflows the address space", rows,
-                pitch, row_bytes);
+  FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / std::max(dst_pitch, src_pitch),
+                "a 2D region whose end overflows the address space", rows,
+                ferry::named("pitch", std::max(dst_pitch, src_pitch)), row_bytes);
   const auto end_of = [&](const void* p, std::size_t pt) {
     return reinterpret_cast<std::uintptr_t>(p) + (rows - 1) * pt + row_bytes;
   };
@@ -42,26 +42,23 @@ template <class Backend>
 template <class Tier>
 auto basic_scheduler<Backend>::check_disk_range(const Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
                                                 std::size_t bytes, bool write) -> void {
-  const std::size_t region_bytes = r.size();
-  const std::size_t alignment = tier.alignment();
-  FERRY_EXPECTS(offset <= region_bytes && bytes <= region_bytes - offset, "a move outside its region", offset, bytes,
-                region_bytes);
-  FERRY_EXPECTS(offset % alignment == 0, "a disk move must start at a multiple of the tier's alignment", offset,
-                alignment);
+  FERRY_EXPECTS(offset <= r.size() && bytes <= r.size() - offset, "a move outside its region", offset, bytes,
+                ferry::named("region_bytes", r.size()));
+  FERRY_EXPECTS(offset % tier.alignment() == 0, "a disk move must start at a multiple of the tier's alignment", offset,
+                ferry::named("alignment", tier.alignment()));
   if (write) {
-    FERRY_EXPECTS(bytes % alignment == 0 || offset + bytes == region_bytes,
-                  "a disk write of a partial block must end at the region's end", offset, bytes, region_bytes);
+    FERRY_EXPECTS(bytes % tier.alignment() == 0 || offset + bytes == r.size(),
+                  "a disk write of a partial block must end at the region's end", offset, bytes,
+                  ferry::named("region_bytes", r.size()));
   }
 }
 
 template <class Backend>
 template <class Tier>
 auto basic_scheduler<Backend>::check_chunk_alignment(const Tier& tier) const -> void {
-  const std::size_t chunk_bytes = options_.chunk_bytes;
-  const std::size_t alignment = tier.alignment();
-  FERRY_EXPECTS(chunk_bytes % alignment == 0,
+  FERRY_EXPECTS(options_.chunk_bytes % tier.alignment() == 0,
                 "a move through the bounce ring needs a chunk size that is a multiple of the tier's alignment",
-                chunk_bytes, alignment);
+                ferry::named("chunk_bytes", options_.chunk_bytes), ferry::named("alignment", tier.alignment()));
 }
 
 template <class Backend>
