@@ -262,7 +262,10 @@ class tensor_cache_engine {
   // Device -> pinned (`to` 1) or -> NVMe (`to` 2, a tensor larger than the pinned tier):
   // encoded, the device memory freed behind the copy on the D2H stream.
   void offload(record& r, std::size_t to) {
-    const stream_type producer = *r.producer;
+    // The stored buffer is read after its producer's work; a fetched copy (the plan does
+    // not demote one, but a copy is a copy) after the move that filled it.
+    const stream_type producer = r.produced ? *r.producer : sched_->h2d();
+    if (r.in.valid()) r.in.enqueue_wait(producer);
     const stream_type d2h = sched_->d2h();
     const void* src = r.device;
     std::byte* staging = nullptr;
@@ -426,7 +429,10 @@ class tensor_cache_engine {
     r.in_copy = ticket_type{};
     r.in_from = 0;
     r.from_disk_on_demand = false;
-    if (from == 0 || !plan_.tier_of(r.key)) return;
+    // Only the live record of its key is counted in the plan (an erased one's key may name
+    // a tensor stored since).
+    const auto live = records_.find(r.key);
+    if (from == 0 || live == records_.end() || live->second.get() != &r || !plan_.tier_of(r.key)) return;
     try {
       plan_.restore(r.key, from, mover());
     } catch (...) {  // no room to take it back: it stays counted in tier 0, its copy kept
