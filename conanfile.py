@@ -15,7 +15,7 @@ from conan.tools.layout import basic_layout
 
 
 def read_version(folder):
-    with open(os.path.join(folder, "include", "ferry", "version.hpp"), encoding="utf-8") as f:
+    with open(os.path.join(folder, "include", "ferry", "core", "version.hpp"), encoding="utf-8") as f:
         text = f.read()
     parts = [re.search(rf"#define FERRY_VERSION_{p} (\d+)", text).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(parts)

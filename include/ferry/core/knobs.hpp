@@ -201,6 +201,7 @@ template <class Settings, class Knob, std::size_t N>
 /// @brief Resolves every knob of a table: the value `lookup` gives for its variable,
 /// else the default.
 /// @tparam Settings the table's settings (`set(Knob, std::size_t)` stores one knob)
+/// @param table  the knobs, in knob order
 /// @param lookup a `knob_lookup`
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <class Settings, class Knob, std::size_t N, knob_lookup Lookup>

@@ -119,7 +119,10 @@ class basic_gradient_sink {
   /// @brief A sink for `layers` layers whose gradients are at most `largest_bytes`
   /// bytes (the size of the own pool's slabs); with no lent pool, makes and pins the
   /// own pool here.
-  /// @param sched the scheduler whose D2H lane pushes (must outlive this)
+  /// @param sched         the scheduler whose D2H lane pushes (must outlive this)
+  /// @param layers        number of layers (> 0)
+  /// @param largest_bytes bytes of the largest layer's gradient
+  /// @param options       slabs, micro-batches, accumulation, a lent pool
   /// @throws ferry::logic_error for no layers or bad options; ferry::out_of_capacity or
   ///         ferry::cuda_error from the own pool
   basic_gradient_sink(scheduler_type& sched, std::size_t layers, std::size_t largest_bytes,
