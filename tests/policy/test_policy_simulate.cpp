@@ -1,8 +1,9 @@
 // The simulator and the placement under it: counts that add up, bytes moved against an
 // independent list-based model, peak residency within capacity, and out_of_capacity
 // (never a wait) when nothing can be evicted.
-#include <ferry/policy.hpp>
 #include <ferry/core/units.hpp>
+#include <ferry/policy.hpp>
+#include <ferry/policy/simulate_offload.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -16,6 +17,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -426,7 +428,7 @@ TEST_CASE("bypass and eviction skip a tier too small for the key (three tiers, b
   schedule s;
   s.record(1, 200);
   s.record(2, 100);
-  s.record(3, 200);  // evicts 1 (200 B): tier 1 cannot hold it, so it goes home
+  s.record(3, 200);                             // evicts 1 (200 B): tier 1 cannot hold it, so it goes home
   s.record(4, 400, ferry::access_kind::write);  // larger than tiers 0 and 1: written home
   s.record(4, 400);                             // read from home, bypassing tier 0
   const auto r = ferry::simulate(s, {300, 150, ferry::unlimited_bytes}, ferry::lru<int>{});
@@ -462,8 +464,7 @@ TEST_CASE("bypass and eviction skip a tier too small for the key (three tiers, b
                   ferry::out_of_capacity);
 }
 
-TEST_CASE("the home tier keeps no policy state; pins of home keys are counted by the placement",
-          "[policy][simulate]") {
+TEST_CASE("the home tier keeps no policy state; pins of home keys are counted by the placement", "[policy][simulate]") {
   const std::size_t caps[] = {200, ferry::unlimited_bytes};
   ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
   for (int k = 0; k < 5; ++k) {
@@ -569,8 +570,9 @@ TEST_CASE("a placement that follows its schedule moves exactly as one that does 
       s.record(k, s.bytes_at(0), ferry::access_kind::write);
     }
     const std::vector<std::size_t> caps =
-        seed % 3 == 0 ? std::vector<std::size_t>{96 + 16 * (rng() % 10), 128 + 16 * (rng() % 10), ferry::unlimited_bytes}
-                      : std::vector<std::size_t>{96 + 16 * (rng() % 20), ferry::unlimited_bytes};
+        seed % 3 == 0
+            ? std::vector<std::size_t>{96 + 16 * (rng() % 10), 128 + 16 * (rng() % 10), ferry::unlimited_bytes}
+            : std::vector<std::size_t>{96 + 16 * (rng() % 20), ferry::unlimited_bytes};
     const ferry::placement_options options{.oversized = ferry::admission::bypass,
                                            .admit_max_bytes = seed % 5 == 0 ? 64 : ferry::unlimited_bytes};
     const std::size_t iterations = 1 + seed % 3;
@@ -730,4 +732,51 @@ TEST_CASE("a key fetched from a middle tier is pinned there whether or not tier 
     CHECK(p.tier_of(1) == std::optional<std::size_t>{0});
     CHECK(p.eviction(1).inflation() == reference_inflation(10));
   }
+}
+
+TEST_CASE("placement: demote refuses a pinned key and erase commits only after its mover", "[policy][placement]") {
+  const std::size_t caps[] = {ferry::unlimited_bytes, 300, ferry::unlimited_bytes};
+  ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
+  pl.place(1, 100, 0);
+  pl.place(2, 100, 1);
+  pl.pin(1);
+  std::vector<ferry::move_kind> moves;
+  const auto record = [&](const ferry::move_event<int>& e) { moves.push_back(e.kind); };
+  // A pinned key is in use where it is: demote refuses it and nothing moves.
+  CHECK_THROWS_AS(pl.demote(1, record), ferry::logic_error);
+  CHECK(pl.tier_of(1) == std::optional<std::size_t>(0));
+  CHECK(moves.empty());
+  pl.unpin(1);
+  pl.demote(1, record);
+  CHECK(pl.tier_of(1) == std::optional<std::size_t>(1));
+  REQUIRE(moves.size() == 1);
+  CHECK(moves[0] == ferry::move_kind::evict);
+  // A mover that throws on the drop leaves the key placed, its bytes counted.
+  const auto refuse = [](const ferry::move_event<int>&) { throw std::runtime_error("the copy cannot be freed yet"); };
+  CHECK_THROWS_AS(pl.erase(2, refuse), std::runtime_error);
+  CHECK(pl.tier_of(2) == std::optional<std::size_t>(1));
+  CHECK(pl.used(1) == 200);
+  pl.erase(2, record);
+  CHECK_FALSE(pl.tier_of(2).has_value());
+  CHECK(pl.used(1) == 100);
+}
+
+TEST_CASE("simulate_offload erases a key after each of its lives", "[policy][simulate]") {
+  // Store, read, store again, read: the key is erased after its first read (as a cache's
+  // user erases it) and stored afresh, not refused as stored already.
+  constexpr std::size_t mib2 = std::size_t{2} << 20;
+  ferry::access_schedule<int> s;
+  (void)s.record(8, mib2, ferry::access_kind::write);
+  for (int life = 0; life < 2; ++life) {
+    (void)s.record(7, mib2, ferry::access_kind::write);
+    (void)s.record(7, mib2, ferry::access_kind::read);
+  }
+  (void)s.record(8, mib2, ferry::access_kind::read);
+  std::size_t drops = 0;
+  const auto r = ferry::simulate_offload<ferry::lru<int>, ferry::no_prefetch>(
+      s, {.pinned_bytes = std::size_t{8} << 20, .nvme = false, .rules = {.keep_last = 1}, .iterations = 2},
+      [&](const ferry::move_event<int>& e) { drops += e.kind == ferry::move_kind::drop ? 1u : 0u; });
+  CHECK(r.writes_without_fetch == 2 * 3);
+  CHECK(drops == 2 * 3);  // key 7 twice, key 8 once (its last read), in each iteration
+  CHECK(r.accesses == 2 * s.size());
 }

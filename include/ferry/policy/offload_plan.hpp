@@ -165,6 +165,8 @@ class offload_plan {
 
   /// @brief A get of `key` (`raw_bytes`, recorded under `key`) of the tensor placed as
   /// `placed_as`: fetched to tier 0 if it is not there, then the prefetch policy runs.
+  /// A tensor read leaves the window of the last stored: it stays in tier 0 until it is
+  /// erased (the pointer a get hands out is valid until then), never demoted.
   /// @return where the access found the tensor
   /// @throws ferry::logic_error for a tensor not stored; what the mover throws (the
   ///         tensor stays where it was)
@@ -174,7 +176,10 @@ class offload_plan {
     const auto it = bytes_.find(placed_as);
     FERRY_EXPECTS(it != bytes_.end(), "get of a key that is not stored", placed_as);
     placement_->advance_to(at);
-    return placement_->access(placed_as, it->second, access_kind::read, rules_.prefetch_budget_bytes, mover);
+    const access_outcome out =
+        placement_->access(placed_as, it->second, access_kind::read, rules_.prefetch_budget_bytes, mover);
+    window_.erase(std::remove(window_.begin(), window_.end(), placed_as), window_.end());
+    return out;
   }
 
   /// @brief An access counted at its position and recorded, without moving anything (a

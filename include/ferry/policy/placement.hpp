@@ -275,8 +275,9 @@ class placement {
   /// @brief `place` without a mover.
   void place(const Key& key, std::size_t bytes, std::size_t tier);
 
-  /// @brief Removes `key` from its tier. Reports `move_kind::drop`.
-  /// @throws ferry::logic_error if `key` is not held
+  /// @brief Removes `key` from its tier. Reports `move_kind::drop` before the removal
+  /// is committed: a mover that throws leaves the key placed.
+  /// @throws ferry::logic_error if `key` is not held; what the mover throws
   template <class Mover>
   void erase(const Key& key, Mover&& mover);
 
@@ -314,7 +315,8 @@ class placement {
   /// `move_kind::evict` from `t`. The key is pinned in `t` while room is made, and the
   /// mover is told the move before it is committed: a mover that throws leaves the key
   /// in `t` (evictions made for it stay made).
-  /// @throws ferry::logic_error if `key` is not placed or is in the last tier
+  /// @throws ferry::logic_error if `key` is not placed, is in the last tier, or is
+  ///         pinned (`pin`: in use where it is; nothing moves)
   /// @throws ferry::out_of_capacity if no lower tier can make room (nothing moves)
   template <class Mover>
   void demote(const Key& key, Mover&& mover);

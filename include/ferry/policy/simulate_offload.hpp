@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -58,6 +59,23 @@ simulation_result simulate_offload(const access_schedule<Key>& schedule, const o
     observe(e);
   };
   const std::size_t n = schedule.size();
+  // A key is erased after the last access of each of its lives: the access whose next
+  // access of the key is a write (a store again), or that has none.
+  std::vector<bool> erase_after(n, false);
+  {
+    std::vector<bool> seen(n, false);  // by id: a later access of the key was met
+    std::vector<bool> next_is_write(n, false);
+    for (std::size_t e = n; e-- > 0;) {
+      const std::size_t id = schedule.id_at(e);
+      if (id >= seen.size()) {
+        seen.resize(id + 1, false);
+        next_is_write.resize(id + 1, false);
+      }
+      erase_after[e] = !seen[id] || next_is_write[id];
+      seen[id] = true;
+      next_is_write[id] = schedule.kind_at(e) == access_kind::write;
+    }
+  }
   for (std::size_t it = 0; it < options.iterations; ++it) {
     for (std::size_t e = 0; e < n; ++e) {
       const Key& key = schedule.key_at(e);
@@ -74,7 +92,7 @@ simulation_result simulate_offload(const access_schedule<Key>& schedule, const o
           ++r.fetched_from[o.found_in];
         }
       }
-      if (schedule.uses(schedule.id_at(e)).back() == e) plan.erase(key, count);
+      if (erase_after[e]) plan.erase(key, count);
     }
     plan.end_iteration();
   }

@@ -92,6 +92,7 @@ class tensor_cache_engine {
         marker_guard<Backend> chained(sched_->backend(), sched_->backend().record(producer));
         sched_->backend().release(*rec->produced);
         rec->produced = chained.release();
+        rec->chained_producers = true;
       }
       records_.emplace(key, rec);
       ++rec->keys;
@@ -129,9 +130,11 @@ class tensor_cache_engine {
     (void)plan_.get(key, r.bytes, r.key, mover());
     if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, *r.produced);  // the stored buffer itself
     if (r.in.valid()) {
-      if (r.in.ready() || r.from_disk_on_demand) {  // a demand read from NVMe: the host waits for it
+      // A copy that has landed, or any read from NVMe (a disk read fails more often than a
+      // copy, and its failure must reach this get, not garbage): the host waits for it.
+      if (landed(r) || r.in_from == offload_tier::nvme) {
         try {
-          r.in.wait();
+          wait_landed(r);
         } catch (...) {  // the fetched copy is garbage: drop it, keep the other copy
           recover(r);
           throw;
@@ -202,9 +205,19 @@ class tensor_cache_engine {
     ticket_type out;                                        // D2H into `host`
     ticket_type in;                                         // H2D or NVMe -> device (+ decode) into `device`
     ticket_type in_copy;                                    // the copy of `in` when a decode follows it
-    std::size_t in_from = 0;           // tier the copy of `in` comes from (its source is kept until it lands)
-    bool from_disk_on_demand = false;  // `in` is a get's read from NVMe (the host waits for it)
+    std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
+    bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
   };
+
+  // Whether the fetched copy (and its decode) has completed, failed or not.
+  static bool landed(const record& r) noexcept { return r.in.ready() && (!r.in_copy.valid() || r.in_copy.ready()); }
+
+  // Waits for the fetched copy and its decode; throws the copy's error first (a decode
+  // after a failed copy completes, on garbage).
+  static void wait_landed(const record& r) {
+    if (r.in_copy.valid()) r.in_copy.wait();
+    r.in.wait();
+  }
 
   // The mover the plan's decisions are carried out by.
   auto mover() {
@@ -266,6 +279,8 @@ class tensor_cache_engine {
     // not demote one, but a copy is a copy) after the move that filled it.
     const stream_type producer = r.produced ? *r.producer : sched_->h2d();
     if (r.in.valid()) r.in.enqueue_wait(producer);
+    // One buffer stored by several producers: the copy reads it after all of them.
+    if (r.produced && r.chained_producers) sched_->backend().wait(producer, *r.produced);
     const stream_type d2h = sched_->d2h();
     const void* src = r.device;
     std::byte* staging = nullptr;
@@ -396,7 +411,6 @@ class tensor_cache_engine {
     }
     r.device = dst;
     r.in_from = from;
-    r.from_disk_on_demand = !ahead && from == offload_tier::nvme;
     ++stats_.fetched;
     stats_.fetched_bytes += r.encoded;
     if (ahead) ++stats_.prefetched;
@@ -408,7 +422,6 @@ class tensor_cache_engine {
   void settle_fetch(record& r) noexcept {
     r.in = ticket_type{};
     r.in_copy = ticket_type{};
-    r.from_disk_on_demand = false;
     if (r.in_from == offload_tier::pinned && r.host != nullptr) {
       host_->deallocate(r.host, r.encoded);
       r.host = nullptr;
@@ -428,7 +441,6 @@ class tensor_cache_engine {
     r.in = ticket_type{};
     r.in_copy = ticket_type{};
     r.in_from = 0;
-    r.from_disk_on_demand = false;
     // Only the live record of its key is counted in the plan (an erased one's key may name
     // a tensor stored since).
     const auto live = records_.find(r.key);
@@ -445,13 +457,13 @@ class tensor_cache_engine {
   void reap() noexcept {
     for (auto it = retiring_.begin(); it != retiring_.end();) {
       record& r = **it;
-      if (r.in.valid() && !r.in.ready()) {
+      if (r.in.valid() && !landed(r)) {
         ++it;
         continue;
       }
       if (r.in.valid()) {
         try {
-          r.in.wait();
+          wait_landed(r);
           settle_fetch(r);
         } catch (...) {
           recover(r);
@@ -471,7 +483,9 @@ class tensor_cache_engine {
   }
 
   // Waits for the oldest move whose end frees pinned memory (an erased tensor's, or a
-  // fetch whose source is a pinned block); false when there is none.
+  // fetch whose source is a pinned block); false when there is none. Runs inside a move
+  // of the plan (a mover), so it never changes the plan: a fetch that failed is left to
+  // `reap`, which puts its tensor back where its source is.
   bool settle_one() noexcept {
     if (!erased_.empty()) {
       auto rec = erased_.front();
@@ -484,11 +498,11 @@ class tensor_cache_engine {
       record& r = **it;
       if (r.in_from != offload_tier::pinned || !r.in.valid()) continue;
       try {
-        r.in.wait();
-        settle_fetch(r);
+        wait_landed(r);
       } catch (...) {
-        recover(r);
+        continue;  // failed: its block stays the tensor's only copy
       }
+      settle_fetch(r);
       retiring_.erase(it);
       return true;
     }

@@ -39,8 +39,8 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::erase(
   const detail::node_id id = find_node(key);
   FERRY_EXPECTS(id != detail::no_node, "erase of a key that is not placed", key);
   const location loc = where_[id];
+  mover(move_event<Key>{key, loc.bytes, loc.tier, move_event<Key>::no_tier, move_kind::drop});  // before the commit
   remove_from(loc.tier, key, loc.bytes);
-  mover(move_event<Key>{key, loc.bytes, loc.tier, move_event<Key>::no_tier, move_kind::drop});
   erase_key(id);
 }
 
@@ -108,6 +108,7 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
   FERRY_EXPECTS(id != detail::no_node, "demote of a key that is not placed", key);
   const std::size_t from = where_[id].tier;
   FERRY_EXPECTS(from < home_, "demote of a key in the last tier", key, from);
+  FERRY_EXPECTS(where_[id].pins == 0, "demote of a pinned key (in use in its tier)", key, from, where_[id].pins);
   const std::size_t bytes = where_[id].bytes;
   std::size_t to = from + 1;
   if (bytes > tiers_[to].capacity) {
