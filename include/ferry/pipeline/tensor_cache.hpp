@@ -266,16 +266,20 @@ class tensor_cache {
   }
 
   /// @brief The device copy of `key`, ready for work enqueued on `consumer` after the
-  /// call (the consumer waits on the GPU; the host does not, except for a tensor that
-  /// must first be read back from NVMe). Valid until `erase`.
+  /// call (the consumer waits on the GPU; the host does not, except where the copy comes
+  /// from NVMe — a get's own read, or a prefetch's still in flight — so that a failed
+  /// disk read reaches the caller instead of garbage). Valid until `erase`: a tensor
+  /// that was read stays on the device until it is erased (it no longer counts in the
+  /// window of the last `keep_last` stored).
   /// @throws ferry::logic_error for an unknown key; the error of a failed move;
   ///         ferry::out_of_capacity when device memory cannot be had
   [[nodiscard]] void* get(const key_type& key, stream_type consumer) { return engine_.get(key, consumer); }
 
   /// @brief Starts bringing `key` back to the device now (it will be ready for `get`).
-  /// A tensor on NVMe is first read into pinned memory, asynchronously; its H2D starts
-  /// at the first call of the cache after the read has landed. A failed read is dropped
-  /// (the `get` of `key` reads again and reports).
+  /// A tensor on NVMe is read straight into device memory through the scheduler's bounce
+  /// ring, asynchronously; its source (pinned block or NVMe extent) is freed once the
+  /// copy has landed. A failed copy leaves the tensor where its source is: the `get` of
+  /// `key` reports it (or, once the failure has been seen, reads again).
   /// @throws ferry::logic_error for an unknown key
   void prefetch(const key_type& key) { engine_.prefetch(key); }
 
