@@ -1,0 +1,270 @@
+/// @file
+/// @brief The bodies of `ferry::kv_plan` (policy/kv_plan.hpp). Not part of the public
+/// interface; the facade documents every behaviour.
+#pragma once
+
+#include "ferry/policy/kv_plan.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace ferry {
+
+template <class Eviction>
+kv_block_id kv_plan<Eviction>::take_id() {
+  if (!free_ids_.empty()) {
+    const kv_block_id b = free_ids_.back();
+    free_ids_.pop_back();
+    return b;
+  }
+  // dense_keys ids stay below 2^32 - 2
+  FERRY_EXPECTS(meta_.size() < std::size_t{std::numeric_limits<kv_block_id>::max() - 2},
+                "a kv_plan holds fewer than 2^32 - 2 blocks", meta_.size());
+  meta_.emplace_back();
+  return static_cast<kv_block_id>(meta_.size() - 1);
+}
+
+template <class Eviction>
+void kv_plan<Eviction>::forget(kv_block_id b) noexcept {
+  meta& m = meta_[b];
+  if (m.st == state::published) {
+    auto [lo, hi] = index_.equal_range(m.hash);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second == b) {
+        index_.erase(it);
+        break;
+      }
+    }
+  }
+  if (m.parent != no_kv_block && meta_[m.parent].st != state::free && meta_[m.parent].gen == m.parent_gen) {
+    auto& siblings = meta_[m.parent].children;
+    siblings.erase(std::remove(siblings.begin(), siblings.end(), b), siblings.end());
+  }
+  m.st = state::free;
+  ++m.gen;
+  m.holds = 0;
+  m.hash = 0;
+  m.parent = no_kv_block;
+  m.parent_gen = 0;
+  m.salt = 0;
+  m.tokens.clear();
+  m.children.clear();
+  free_ids_.push_back(b);
+}
+
+template <class Eviction>
+template <class Mover>
+auto kv_plan<Eviction>::wrap(Mover& mover) {
+  return [this, &mover](const move_event<kv_block_id>& e) {
+    if (e.kind == move_kind::evict && e.to == tiers_) {  // past the last tier: dropped
+      mover(move_event<kv_block_id>{e.key, e.bytes, e.from, move_event<kv_block_id>::no_tier, move_kind::drop});
+      gone_.push_back(e.key);
+      return;
+    }
+    mover(e);
+    if (e.kind == move_kind::evict) ++stats_.evicted;
+  };
+}
+
+template <class Eviction>
+template <class Mover>
+void kv_plan<Eviction>::drop_subtree(kv_block_id b, Mover& mover) {
+  // The children of a dropped block can never be found again: dropped too, unless held
+  // (then orphans, dropped when released).
+  const std::vector<kv_block_id> children = meta_[b].children;
+  for (const kv_block_id c : children) {
+    meta& m = meta_[c];
+    if (m.st != state::published || m.parent != b || m.parent_gen != meta_[b].gen) continue;
+    const auto t = placement_->tier_of(c);
+    if (t && *t == tiers_) continue;  // evicted past the last tier in this call: collected already
+    if (m.holds > 0) {
+      auto [lo, hi] = index_.equal_range(m.hash);
+      for (auto it = lo; it != hi; ++it) {
+        if (it->second == c) {
+          index_.erase(it);
+          break;
+        }
+      }
+      m.st = state::orphan;
+      drop_subtree(c, mover);
+      continue;
+    }
+    try {
+      placement_->erase(c, mover);
+    } catch (...) {  // the mover refused the drop: it stays placed, an orphan nobody can find
+      m.st = state::orphan;
+      continue;
+    }
+    drop_subtree(c, mover);
+    ++stats_.dropped;
+    forget(c);
+  }
+}
+
+template <class Eviction>
+template <class Mover>
+void kv_plan<Eviction>::collect(Mover& mover) noexcept {
+  while (!gone_.empty()) {
+    const kv_block_id b = gone_.back();
+    gone_.pop_back();
+    placement_->erase(b);  // in the "dropped" tier: nothing to move
+    try {
+      drop_subtree(b, mover);
+    } catch (...) {  // a logic error of the subtree walk: keep the index consistent for the rest
+    }
+    ++stats_.dropped;
+    forget(b);
+  }
+}
+
+template <class Eviction>
+std::optional<kv_block_id> kv_plan<Eviction>::find(std::uint64_t hash, kv_block_id parent, std::uint64_t salt,
+                                                   std::span<const kv_token> tokens) const {
+  auto [lo, hi] = index_.equal_range(hash);
+  for (auto it = lo; it != hi; ++it) {
+    const meta& m = meta_[it->second];
+    if (m.parent != parent) continue;
+    if (parent == no_kv_block ? m.salt != salt : m.parent_gen != meta_[parent].gen) continue;
+    if (!std::equal(m.tokens.begin(), m.tokens.end(), tokens.begin(), tokens.end())) continue;
+    return it->second;
+  }
+  return std::nullopt;
+}
+
+template <class Eviction>
+kv_prefix kv_plan<Eviction>::lookup(std::span<const kv_token> tokens, std::uint64_t salt) const {
+  kv_prefix out;
+  const std::size_t bt = options_.block_tokens;
+  std::uint64_t h = kv_root_hash(salt);
+  kv_block_id prev = no_kv_block;
+  for (std::size_t i = 0; (i + 1) * bt <= tokens.size(); ++i) {
+    const auto block = tokens.subspan(i * bt, bt);
+    h = kv_chain_hash(h, block);
+    const auto found = find(h, prev, salt, block);
+    if (!found) break;
+    out.blocks.push_back(*found);
+    out.tiers.push_back(*placement_->tier_of(*found));
+    out.hashes.push_back(h);
+    prev = *found;
+  }
+  out.tokens = out.blocks.size() * bt;
+  return out;
+}
+
+template <class Eviction>
+template <class Mover>
+kv_block_id kv_plan<Eviction>::open(Mover&& mover) {
+  const kv_block_id b = take_id();
+  auto w = wrap(mover);
+  try {
+    (void)placement_->access(b, options_.block_bytes, access_kind::write, 0, w);
+  } catch (...) {
+    collect(mover);
+    meta_[b].st = state::held_private;  // so that forget returns the id
+    forget(b);
+    throw;
+  }
+  placement_->pin(b);
+  meta_[b].st = state::held_private;
+  meta_[b].holds = 1;
+  ++stats_.opened;
+  collect(mover);
+  return b;
+}
+
+template <class Eviction>
+template <class Mover>
+void kv_plan<Eviction>::hold(std::span<const kv_block_id> blocks, Mover&& mover) {
+  for (const kv_block_id b : blocks) {
+    FERRY_EXPECTS(valid(b), "hold of a block that is not placed", b);
+  }
+  // Each block pinned where it is first, so that bringing one to the device never moves
+  // another of the list further away.
+  std::vector<std::size_t> was(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    was[i] = *placement_->tier_of(blocks[i]);
+    placement_->pin(blocks[i]);
+  }
+  auto w = wrap(mover);
+  std::size_t i = 0;
+  std::size_t hits = 0;
+  try {
+    for (; i < blocks.size(); ++i) {
+      const bool on_device = *placement_->tier_of(blocks[i]) == kv_tier::device;
+      (void)placement_->access(blocks[i], options_.block_bytes, access_kind::read, 0, w);
+      if (on_device) {
+        ++hits;
+      } else {
+        placement_->pin(blocks[i]);  // a fetched block arrives unpinned
+      }
+    }
+  } catch (...) {
+    for (std::size_t j = 0; j < blocks.size(); ++j) {
+      const auto t = placement_->tier_of(blocks[j]);
+      // Blocks before the failed one are on the device, pinned once by this call; the
+      // rest still where they were, pinned there once by this call.
+      if (j < i || (t && *t == was[j])) placement_->unpin(blocks[j]);
+    }
+    collect(mover);
+    throw;
+  }
+  for (const kv_block_id b : blocks) ++meta_[b].holds;
+  stats_.hits += hits;
+  stats_.fetched += blocks.size() - hits;
+  collect(mover);
+}
+
+template <class Eviction>
+kv_block_id kv_plan<Eviction>::publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens,
+                                       std::uint64_t salt) {
+  FERRY_EXPECTS(valid(b) && meta_[b].st == state::held_private, "publish of a block that is not a held private block",
+                b);
+  FERRY_EXPECTS(tokens.size() == options_.block_tokens, "a published block holds exactly block_tokens tokens",
+                tokens.size(), options_.block_tokens);
+  FERRY_EXPECTS(parent == no_kv_block ||
+                    (valid(parent) && (meta_[parent].st == state::published || meta_[parent].st == state::orphan)),
+                "the parent of a published block must be published", parent);
+  if (parent != no_kv_block && meta_[parent].st == state::orphan) return b;  // its prefix is gone: stays private
+  const std::uint64_t h = kv_chain_hash(parent == no_kv_block ? kv_root_hash(salt) : meta_[parent].hash, tokens);
+  if (const auto same = find(h, parent, salt, tokens)) {
+    ++stats_.duplicates;
+    return *same;
+  }
+  if (index_.count(h) > 0) ++stats_.collisions;
+  meta& m = meta_[b];
+  m.st = state::published;
+  m.hash = h;
+  m.parent = parent;
+  m.parent_gen = parent == no_kv_block ? 0 : meta_[parent].gen;
+  m.salt = salt;
+  m.tokens.assign(tokens.begin(), tokens.end());
+  index_.emplace(h, b);
+  if (parent != no_kv_block) meta_[parent].children.push_back(b);
+  ++stats_.published;
+  return b;
+}
+
+template <class Eviction>
+template <class Mover>
+void kv_plan<Eviction>::release(kv_block_id b, Mover&& mover) {
+  FERRY_EXPECTS(valid(b) && meta_[b].holds > 0, "release of a block that is not held", b);
+  meta& m = meta_[b];
+  placement_->unpin(b);
+  --m.holds;
+  if (m.holds > 0 || m.st == state::published) return;
+  try {
+    placement_->erase(b, mover);  // private or orphaned, and unheld: nobody can find it again
+  } catch (...) {
+    ++m.holds;
+    placement_->pin(b);
+    throw;
+  }
+  if (m.st == state::orphan) ++stats_.dropped;
+  forget(b);
+}
+
+}  // namespace ferry
