@@ -174,6 +174,12 @@ class kv_plan {
   template <class Mover>
   void release(kv_block_id b, Mover&& mover);
 
+  /// @brief Forgets the content of `b` (its copy turned out garbage: a failed copy or
+  /// read): it is no longer found, nor are the blocks after it; dropped now if nobody
+  /// holds it (`move_kind::drop`), else when released. A block not placed is ignored.
+  template <class Mover>
+  void discard(kv_block_id b, Mover&& mover);
+
   /// @brief The tier of `b`, or nullopt if it is not placed.
   [[nodiscard]] std::optional<std::size_t> tier_of(kv_block_id b) const {
     const auto t = placement_->tier_of(b);

@@ -267,4 +267,26 @@ void kv_plan<Eviction>::release(kv_block_id b, Mover&& mover) {
   forget(b);
 }
 
+template <class Eviction>
+template <class Mover>
+void kv_plan<Eviction>::discard(kv_block_id b, Mover&& mover) {
+  if (!valid(b)) return;
+  meta& m = meta_[b];
+  if (m.st == state::published) {
+    auto [lo, hi] = index_.equal_range(m.hash);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second == b) {
+        index_.erase(it);
+        break;
+      }
+    }
+    m.st = state::orphan;
+    drop_subtree(b, mover);
+  }
+  if (m.holds > 0) return;
+  placement_->erase(b, mover);
+  ++stats_.dropped;
+  forget(b);
+}
+
 }  // namespace ferry

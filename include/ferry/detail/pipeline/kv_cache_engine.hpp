@@ -1,0 +1,539 @@
+/// @file
+/// @brief The body of `ferry::kv_cache` (pipeline/kv_cache.hpp): its slot arrays in the
+/// three tiers and the block moves it issues for the decisions of its `kv_plan`.
+/// Not part of the public interface; the facade documents every behaviour.
+#pragma once
+
+#include "ferry/core/error.hpp"
+#include "ferry/memory/pinned_pool.hpp"
+#include "ferry/pipeline/kv_cache_options.hpp"
+#include "ferry/policy/kv_plan.hpp"
+#include "ferry/tier/nvme.hpp"
+#include "ferry/transfer/block_copy.hpp"
+#include "ferry/transfer/scheduler.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+template <class Backend>
+class basic_kv_sequence;
+
+namespace detail {
+
+// A backend marker shared by the blocks it orders (released with the last of them).
+template <class Backend>
+struct shared_marker {
+  Backend* backend;
+  typename Backend::marker_type marker;
+  shared_marker(Backend& b, typename Backend::marker_type m) : backend(&b), marker(m) {}
+  shared_marker(const shared_marker&) = delete;
+  shared_marker& operator=(const shared_marker&) = delete;
+  ~shared_marker() { backend->release(marker); }
+};
+
+template <class Eviction, class Backend, class DeviceMemory, class Nvme, bool HasNvme>
+class kv_cache_engine {
+ public:
+  using stream_type = typename Backend::stream_type;
+  using scheduler_type = basic_scheduler<Backend>;
+  using ticket_type = basic_ticket<Backend>;
+  using plan_type = kv_plan<Eviction>;
+  using sequence_type = basic_kv_sequence<Backend>;
+  using marker_ptr = std::shared_ptr<shared_marker<Backend>>;
+  static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
+
+  kv_cache_engine(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme,
+                  const kv_cache_options& o)
+      : sched_(&sched), device_(&device), host_(&host), nvme_(nvme), o_(checked(o)), plan_(plan_options(o_, host, nvme)) {
+    layer_bytes_ = o_.layer_block_bytes;
+    block_bytes_ = o_.layers * o_.layer_block_bytes;
+    const std::size_t pool_bytes = o_.device_blocks * block_bytes_;
+    device_base_ = static_cast<std::byte*>(device_->allocate(pool_bytes, sched_->h2d()));
+    try {
+      pinned_slots_ = plan_.options().pinned_bytes / block_bytes_;
+      pinned_base_ = static_cast<std::byte*>(host_->allocate(pinned_slots_ * block_bytes_));
+      if constexpr (HasNvme) {
+        nvme_slots_ = plan_.options().nvme_bytes / block_bytes_;
+        region_.emplace(nvme_->allocate(nvme_slots_ * block_bytes_));
+      }
+    } catch (...) {
+      if (pinned_base_ != nullptr) host_->deallocate(pinned_base_, pinned_slots_ * block_bytes_);
+      device_->deallocate(device_base_, pool_bytes, sched_->h2d());
+      throw;
+    }
+    for (std::size_t i = o_.device_blocks; i-- > 0;) free_device_.push_back(static_cast<std::uint32_t>(i));
+    for (std::size_t i = pinned_slots_; i-- > 0;) free_pinned_.push_back(static_cast<std::uint32_t>(i));
+    for (std::size_t i = nvme_slots_; i-- > 0;) free_nvme_.push_back(static_cast<std::uint32_t>(i));
+  }
+  kv_cache_engine(const kv_cache_engine&) = delete;
+  kv_cache_engine& operator=(const kv_cache_engine&) = delete;
+
+  ~kv_cache_engine() {
+    try {
+      sched_->synchronize();
+    } catch (...) {
+    }
+    nvme_reads_.clear();
+    fills_.clear();
+    blocks_.clear();  // the markers
+    pending_.clear();
+    if constexpr (HasNvme) nvme_->deallocate(*region_);
+    host_->deallocate(pinned_base_, pinned_slots_ * block_bytes_);
+    device_->deallocate(device_base_, o_.device_blocks * block_bytes_, sched_->h2d());
+  }
+
+  [[nodiscard]] const kv_cache_options& options() const noexcept { return o_; }
+  [[nodiscard]] const plan_type& plan() const noexcept { return plan_; }
+  [[nodiscard]] const kv_cache_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] scheduler_type& scheduler() const noexcept { return *sched_; }
+  [[nodiscard]] std::byte* layer_pool(std::size_t layer) const noexcept {
+    return device_base_ + layer * o_.device_blocks * layer_bytes_;
+  }
+  [[nodiscard]] std::byte* device_block(std::uint32_t slot, std::size_t layer) const noexcept {
+    return layer_pool(layer) + std::size_t{slot} * layer_bytes_;
+  }
+  [[nodiscard]] const std::byte* pinned_block(std::uint32_t slot) const noexcept {
+    return pinned_base_ + std::size_t{slot} * block_bytes_;
+  }
+  [[nodiscard]] std::optional<std::uint32_t> slot_of(kv_block_id b) const noexcept {
+    if (b >= blocks_.size() || !plan_.tier_of(b)) return std::nullopt;
+    return blocks_[b].slot;
+  }
+
+  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, std::uint64_t salt) const {
+    return plan_.lookup(tokens, salt);
+  }
+
+  void admit(sequence_type& seq, std::span<const kv_token> tokens, std::uint64_t salt) {
+    FERRY_EXPECTS(!seq.active_, "admit into a sequence that holds blocks (release it first)");
+    reap();
+    const kv_prefix p = plan_.lookup(tokens, salt);
+    const std::size_t needed = (tokens.size() + o_.block_tokens - 1) / o_.block_tokens;
+    FERRY_EXPECTS(needed <= o_.device_blocks, "a sequence needs more blocks than the device pool has", needed,
+                  o_.device_blocks);
+    seq.reset(o_.layers);
+    round r(o_.layers, &seq);
+    auto m = mover(r);
+    try {
+      plan_.hold(p.blocks, m);
+    } catch (...) {
+      abandon(r);
+      throw;
+    }
+    seq.blocks_ = p.blocks;
+    seq.published_ = p.blocks.size();
+    seq.salt_ = salt;
+    seq.cached_tokens_ = p.tokens;
+    try {
+      grow(seq, needed, r);
+    } catch (...) {
+      for (const kv_block_id b : seq.blocks_) plan_.release(b, m);
+      seq.blocks_.clear();
+      abandon(r);
+      throw;
+    }
+    flush(r);
+    seq.active_ = true;
+    seq.owner_ = this;
+    ++stats_.admitted;
+    stats_.cached_tokens += p.tokens;
+  }
+
+  void extend(sequence_type& seq, std::size_t tokens) {
+    FERRY_EXPECTS(seq.active_ && seq.owner_ == this, "extend of a sequence this cache did not admit");
+    reap();
+    const std::size_t needed = (tokens + o_.block_tokens - 1) / o_.block_tokens;
+    FERRY_EXPECTS(needed <= o_.device_blocks, "a sequence needs more blocks than the device pool has", needed,
+                  o_.device_blocks);
+    if (needed <= seq.blocks_.size()) return;
+    round r(o_.layers, &seq);
+    try {
+      grow(seq, needed, r);  // a failure keeps the blocks opened so far in the sequence
+    } catch (...) {
+      abandon(r);
+      throw;
+    }
+    flush(r);
+  }
+
+  void commit(sequence_type& seq, std::span<const kv_token> tokens, stream_type producer) {
+    FERRY_EXPECTS(seq.active_ && seq.owner_ == this, "commit of a sequence this cache did not admit");
+    FERRY_EXPECTS(tokens.size() <= seq.blocks_.size() * o_.block_tokens,
+                  "commit of more tokens than the sequence's blocks hold", tokens.size(),
+                  seq.blocks_.size() * o_.block_tokens);
+    const std::size_t full = tokens.size() / o_.block_tokens;
+    if (full <= seq.published_) return;
+    reap();
+    marker_ptr produced = std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(producer));
+    round r(o_.layers, &seq);
+    auto m = mover(r);
+    for (std::size_t i = seq.published_; i < full; ++i) {
+      const kv_block_id mine = seq.blocks_[i];
+      const kv_block_id parent = i == 0 ? no_kv_block : seq.blocks_[i - 1];
+      const kv_block_id named = plan_.publish(mine, parent, tokens.subspan(i * o_.block_tokens, o_.block_tokens),
+                                              seq.salt_);
+      state_of(mine).produced = produced;
+      if (named != mine) {  // an equal block was published first: share it, free this one
+        plan_.hold(std::span(&named, 1), m);
+        seq.blocks_[i] = named;
+        seq.slots_[i] = blocks_[named].slot;
+        state_of(mine).last_use = produced;
+        plan_.release(mine, m);
+      }
+      seq.published_ = i + 1;
+    }
+    flush(r);
+  }
+
+  void release(sequence_type& seq, stream_type last_user) noexcept {
+    if (!seq.active_) return;
+    marker_ptr used;
+    try {
+      used = std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(last_user));
+    } catch (...) {  // a stream that cannot be recorded on (failed): its work orders nothing more
+    }
+    round r(o_.layers, nullptr);
+    auto m = mover(r);
+    for (const kv_block_id b : seq.blocks_) {
+      state_of(b).last_use = used;
+      try {
+        plan_.release(b, m);
+      } catch (...) {
+      }
+    }
+    try {
+      flush(r);
+    } catch (...) {
+    }
+    seq.blocks_.clear();
+    seq.slots_.clear();
+    seq.active_ = false;
+    seq.owner_ = nullptr;
+  }
+
+ private:
+  friend class basic_kv_sequence<Backend>;
+
+  struct block_state {
+    std::uint32_t slot = no_slot;  // in its tier's slot array
+    marker_ptr produced;           // the end of the work that wrote it (commit)
+    marker_ptr last_use;           // the end of its last user's work (release)
+    bool fill_pending = false;     // pinned: its D2H is in the round not yet issued
+    std::shared_ptr<ticket_type> filled;  // pinned: the D2H of its last layer
+  };
+
+  // The moves of one round of decisions, issued together (`flush`).
+  struct round {
+    round(std::size_t layers, sequence_type* s) : d2h(layers), h2d(layers), seq(s) {}
+    std::vector<std::vector<block_copy>> d2h, h2d;  // per layer
+    struct nvme_load {
+      kv_block_id block;
+      std::uint32_t nvme_slot;
+      std::uint32_t device_slot;
+    };
+    std::vector<nvme_load> nvme_loads;
+    std::vector<marker_ptr> waits;            // what the D2H lane waits for first
+    std::vector<std::uint32_t> freed_pinned;  // pinned slots whose H2D is in this round
+    std::vector<kv_block_id> filling;         // blocks whose D2H is in this round
+    sequence_type* seq;                       // the sequence whose compute waits for the round, or null
+  };
+
+  static kv_cache_options checked(const kv_cache_options& o) {
+    FERRY_EXPECTS(o.layers > 0 && o.block_tokens > 0 && o.layer_block_bytes > 0 && o.device_blocks > 0,
+                  "a KV cache needs layers, tokens and bytes per block, and device blocks", o.layers, o.block_tokens,
+                  o.layer_block_bytes, o.device_blocks);
+    FERRY_EXPECTS(o.device_blocks < (std::size_t{1} << 31), "the device pool has fewer than 2^31 slots",
+                  o.device_blocks);
+    FERRY_EXPECTS(o.layer_block_bytes <= (std::size_t{1} << 40) / o.layers / o.device_blocks,
+                  "the device pool would exceed 1 TiB", o.layers, o.layer_block_bytes, o.device_blocks);
+    if constexpr (HasNvme) {
+      FERRY_EXPECTS(o.layer_block_bytes % disk_alignment == 0,
+                    "with an NVMe tier, a layer's block must be a multiple of 4096 bytes (direct I/O)",
+                    o.layer_block_bytes);
+    }
+    return o;
+  }
+
+  static kv_plan_options plan_options(const kv_cache_options& o, const pinned_pool& host, const Nvme* nvme) {
+    const std::size_t block = o.layers * o.layer_block_bytes;
+    kv_plan_options p;
+    p.block_tokens = o.block_tokens;
+    p.block_bytes = block;
+    p.device_blocks = o.device_blocks;
+    p.pinned_bytes = o.pinned_budget_bytes != 0 ? o.pinned_budget_bytes : host.budget();
+    if constexpr (HasNvme) {
+      p.nvme_bytes = o.nvme_budget_bytes != 0 ? o.nvme_budget_bytes : nvme->capacity();
+      p.nvme_bytes = p.nvme_bytes / block * block;
+    }
+    return p;
+  }
+
+  block_state& state_of(kv_block_id b) {
+    if (b >= blocks_.size()) blocks_.resize(std::size_t{b} + 1);
+    return blocks_[b];
+  }
+
+  // Opens blocks until the sequence has `needed`.
+  void grow(sequence_type& seq, std::size_t needed, round& r) {
+    auto m = mover(r);
+    while (seq.blocks_.size() < needed) {
+      const kv_block_id b = plan_.open(m);
+      seq.blocks_.push_back(b);
+    }
+    seq.slots_.resize(seq.blocks_.size());
+    for (std::size_t i = 0; i < seq.blocks_.size(); ++i) seq.slots_[i] = blocks_[seq.blocks_[i]].slot;
+  }
+
+  auto mover(round& r) {
+    return [this, &r](const move_event<kv_block_id>& e) { apply(r, e); };
+  }
+
+  std::uint32_t take(std::vector<std::uint32_t>& free, const char* what) {
+    FERRY_EXPECTS(!free.empty(), "the KV cache's slots disagree with its plan", what);
+    const std::uint32_t s = free.back();
+    free.pop_back();
+    return s;
+  }
+
+  void apply(round& r, const move_event<kv_block_id>& e) {
+    block_state& s = state_of(e.key);
+    switch (e.kind) {
+      case move_kind::create: s.slot = take(free_device_, "device"); break;
+      case move_kind::fetch:
+        if (e.from == kv_tier::pinned) {
+          const std::uint32_t dst = take(free_device_, "device");
+          for (std::size_t l = 0; l < o_.layers; ++l)
+            r.h2d[l].push_back({device_block(dst, l), pinned_block(s.slot) + l * layer_bytes_, layer_bytes_});
+          r.freed_pinned.push_back(s.slot);  // reusable once this round's H2D has read it
+          s.slot = dst;
+          s.filled.reset();
+          ++stats_.loaded;
+        } else {
+          const std::uint32_t dst = take(free_device_, "device");
+          r.nvme_loads.push_back({e.key, s.slot, dst});
+          s.slot = dst;
+          ++stats_.read_back;
+        }
+        stats_.bytes_to_device += block_bytes_;
+        break;
+      case move_kind::evict:
+        if (e.from == kv_tier::device) {
+          if (free_pinned_.empty() && !r.freed_pinned.empty()) flush(r);  // reuse after the H2D read it
+          const std::uint32_t dst = take(free_pinned_, "pinned");
+          if (s.produced) r.waits.push_back(std::move(s.produced));
+          if (s.last_use) r.waits.push_back(std::move(s.last_use));
+          for (std::size_t l = 0; l < o_.layers; ++l)
+            r.d2h[l].push_back({pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_,
+                                device_block(s.slot, l), layer_bytes_});
+          free_device_.push_back(s.slot);  // its reuse is ordered after this round's D2H (flush)
+          s.slot = dst;
+          s.fill_pending = true;
+          r.filling.push_back(e.key);
+          ++stats_.offloaded;
+          stats_.bytes_to_host += block_bytes_;
+          } else {
+          spill(r, e.key, s);
+        }
+        break;
+      case move_kind::drop: drop(r, e, s); break;
+      default: break;
+    }
+  }
+
+  // Pinned -> NVMe, waited for (it is what makes room in pinned memory).
+  void spill(round& r, kv_block_id b, block_state& s) {
+    if constexpr (HasNvme) {
+      if (s.fill_pending) flush(r);
+      if (s.filled) s.filled->wait();  // the pinned copy is complete (throws a failed D2H's error)
+      if (free_nvme_.empty()) settle_reads();
+      const std::uint32_t dst = take(free_nvme_, "nvme");
+      try {
+        sched_->host_to_nvme(*nvme_, *region_, std::uint64_t{dst} * block_bytes_,
+                             std::span<const std::byte>(pinned_block(s.slot), block_bytes_))
+            .wait();
+      } catch (...) {
+        free_nvme_.push_back(dst);
+        throw;  // the block stays in pinned memory
+      }
+      free_pinned_.push_back(s.slot);
+      s.slot = dst;
+      s.filled.reset();
+      ++stats_.spilled;
+      (void)b;
+    } else {
+      (void)r;
+      (void)b;
+      (void)s;
+      FERRY_EXPECTS(false, "a KV plan without NVMe moved a block past pinned memory");
+    }
+  }
+
+  void drop(round& r, const move_event<kv_block_id>& e, block_state& s) {
+    if (e.from == kv_tier::device) {
+      // A private block released, or a device block dropped: its reuse waits for its
+      // last user (the D2H lane waits for it before the next round's moves).
+      if (s.last_use) pending_.push_back(std::move(s.last_use));
+      free_device_.push_back(s.slot);
+    } else if (e.from == kv_tier::pinned) {
+      // Dropped from pinned memory: reusable by a D2H on the same lane as its own fill
+      // (issued first, so that one batch never writes a slot twice).
+      if (s.fill_pending) flush(r);
+      free_pinned_.push_back(s.slot);
+    } else {
+      free_nvme_.push_back(s.slot);
+    }
+    if (e.from != kv_tier::device) ++stats_.dropped;
+    s = block_state{};
+  }
+
+  // Issues the round: the D2H lane waits for the producers and last users of what it
+  // reads, then per layer the D2H batch and the H2D batch after it (layer l's loads wait
+  // only for layer l's and earlier offloads); NVMe reads after the D2H lane too.
+  void flush(round& r) {
+    sequence_type* seq = r.seq;
+    auto& be = sched_->backend();
+    const stream_type d2h = sched_->d2h();
+    for (auto& w : pending_) be.wait(d2h, w->marker);
+    pending_.clear();
+    for (auto& w : r.waits) be.wait(d2h, w->marker);
+    r.waits.clear();
+    // Compute writing a slot an earlier offload reads waits for the lane so far.
+    const bool reused = seq != nullptr;
+    std::shared_ptr<ticket_type> before;
+    if (reused) before = std::make_shared<ticket_type>(sched_->mark(lane::d2h));
+    std::shared_ptr<ticket_type> last_d2h;
+    for (std::size_t l = 0; l < o_.layers; ++l) {
+      if (!r.d2h[l].empty()) {
+        auto t = std::make_shared<ticket_type>(sched_->to_host_blocks(r.d2h[l], d2h));
+        ++stats_.block_moves;
+        if (seq != nullptr) seq->layer_waits_[l].push_back(t);
+        last_d2h = t;
+        r.d2h[l].clear();
+      }
+      if (before && seq != nullptr) seq->layer_waits_[l].push_back(before);
+      if (!r.h2d[l].empty()) {
+        auto t = std::make_shared<ticket_type>(sched_->to_device_blocks(r.h2d[l], d2h));
+        ++stats_.block_moves;
+        if (seq != nullptr) seq->layer_waits_[l].push_back(t);
+        r.h2d[l].clear();
+      }
+      if constexpr (HasNvme) {
+        for (const auto& ld : r.nvme_loads) {
+          auto t = std::make_shared<ticket_type>(sched_->nvme_to_device(
+              *nvme_, *region_, std::uint64_t{ld.nvme_slot} * block_bytes_ + l * layer_bytes_,
+              device_block(ld.device_slot, l), layer_bytes_, d2h));
+          if (seq != nullptr) seq->layer_waits_[l].push_back(t);
+          if (l + 1 == o_.layers) nvme_reads_.push_back({ld.block, ld.nvme_slot, t});
+        }
+      }
+    }
+    r.nvme_loads.clear();
+    for (const kv_block_id b : r.filling) {
+      blocks_[b].fill_pending = false;
+      blocks_[b].filled = last_d2h;
+      fills_.push_back({b, last_d2h});
+    }
+    r.filling.clear();
+    if (!r.freed_pinned.empty()) {  // a later D2H into these slots comes after this round's H2D
+      ticket_type h2d_done = sched_->mark(lane::h2d);
+      h2d_done.enqueue_wait(d2h);
+      free_pinned_.insert(free_pinned_.end(), r.freed_pinned.begin(), r.freed_pinned.end());
+      r.freed_pinned.clear();
+    }
+  }
+
+  // A round that failed part way: what was decided is issued all the same (the plan
+  // committed those moves).
+  void abandon(round& r) noexcept {
+    try {
+      flush(r);
+    } catch (...) {
+    }
+  }
+
+  // NVMe slots whose read-back has landed are free again; waits for the oldest if none
+  // has (the read was issued: nothing waits for this thread).
+  void settle_reads() {
+    reap_reads();
+    if (free_nvme_.empty() && !nvme_reads_.empty()) {
+      try {
+        nvme_reads_.front().done->wait();
+      } catch (...) {  // reported by reap_reads
+      }
+      reap_reads();
+    }
+  }
+
+  // Moves that have completed: NVMe slots of landed reads freed; a block whose copy
+  // failed (a D2H into pinned memory, a read from NVMe) is discarded from the plan: no
+  // later sequence finds garbage. Never blocks.
+  void reap() noexcept {
+    try {
+      reap_reads();
+      for (auto it = fills_.begin(); it != fills_.end();) {
+        if (!it->done->ready()) {
+          ++it;
+          continue;
+        }
+        if (it->done->error() && it->block < blocks_.size() && blocks_[it->block].filled == it->done) discard(it->block);
+        it = fills_.erase(it);
+      }
+    } catch (...) {  // a discard the mover refused: tried again at the next call
+    }
+  }
+
+  void reap_reads() {
+    for (auto it = nvme_reads_.begin(); it != nvme_reads_.end();) {
+      if (!it->done->ready()) {
+        ++it;
+        continue;
+      }
+      free_nvme_.push_back(it->slot);
+      if (it->done->error()) discard(it->block);
+      it = nvme_reads_.erase(it);
+    }
+  }
+
+  void discard(kv_block_id b) {
+    round r(o_.layers, nullptr);
+    auto m = mover(r);
+    plan_.discard(b, m);
+    flush(r);
+  }
+
+  scheduler_type* sched_;
+  DeviceMemory* device_;
+  pinned_pool* host_;
+  Nvme* nvme_;
+  kv_cache_options o_;
+  plan_type plan_;
+  std::size_t layer_bytes_ = 0;
+  std::size_t block_bytes_ = 0;
+  std::byte* device_base_ = nullptr;
+  std::byte* pinned_base_ = nullptr;
+  std::size_t pinned_slots_ = 0;
+  std::size_t nvme_slots_ = 0;
+  std::optional<nvme_region> region_;
+  std::vector<std::uint32_t> free_device_, free_pinned_, free_nvme_;
+  struct in_flight {
+    kv_block_id block;
+    std::uint32_t slot;  // NVMe reads: the slot freed once the read has landed
+    std::shared_ptr<ticket_type> done;
+  };
+  std::vector<in_flight> nvme_reads_;  // reads back from NVMe in flight
+  std::vector<in_flight> fills_;       // D2H into pinned memory in flight
+  std::vector<block_state> blocks_;
+  std::vector<marker_ptr> pending_;  // last users of freed device slots, for the next round
+  kv_cache_stats stats_;
+};
+
+}  // namespace detail
+}  // namespace ferry
