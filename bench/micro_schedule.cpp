@@ -236,6 +236,10 @@ struct noop_runtime {
                              stream_handle /*s*/) const {
     return opaque(dst);
   }
+  noop_status memcpy_batch_async(void* const* dsts, const void* const* /*srcs*/, const std::size_t* /*sizes*/,
+                                 std::size_t /*count*/, ferry::copy_direction /*d*/, stream_handle /*s*/) const {
+    return opaque(dsts);
+  }
   noop_status event_create(event_handle* e) const {
     *e = made_up_handle<noop_event>();
     return noop_status::success;

@@ -73,7 +73,7 @@ enum class fake_status : int {
 };
 
 struct call {
-  std::string op;  // "copy", "copy2d", "record", "wait", "wait_value", "host_func"
+  std::string op;  // "copy", "copy2d", "batch", "record", "wait", "wait_value", "host_func"
   fake_stream_handle stream = nullptr;
   fake_event_handle event = nullptr;
   std::size_t bytes = 0;
@@ -166,6 +166,18 @@ struct fake_api {
       std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
     }
     st->add({.op = "copy2d", .stream = s, .bytes = width * height, .direction = direction});
+    return fake_status::success;
+  }
+  // A batch is one call: logged once, with its total bytes and its copies in `value`.
+  fake_status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                 std::size_t count, ferry::copy_direction direction, stream_handle s) const {
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      std::memcpy(dsts[i], srcs[i], sizes[i]);
+      total += sizes[i];
+    }
+    st->add({.op = "batch", .stream = s, .bytes = total, .direction = direction,
+             .value = static_cast<std::uint32_t>(count)});
     return fake_status::success;
   }
   fake_status event_create(event_handle* e) const {
@@ -289,6 +301,51 @@ TEST_CASE("stream_scheduler (recorded): a D2H move waits for an event recorded o
   CHECK(calls[5].op == "record");
   CHECK(calls[5].stream == sched.d2h().get());
   CHECK(std::none_of(calls.begin(), calls.end(), on_legacy));  // guarantee 4
+}
+
+TEST_CASE("stream_scheduler (recorded): a block move waits for the producer's event, then issues bounded batches",
+          "[scheduler][device_backend][blocks]") {
+  fake_api api;
+  auto o = unpinned();
+  o.batch_blocks = 3;
+  fake_scheduler sched(api.st->stream(), o, api);
+  const auto producer = api.st->stream();
+  constexpr std::size_t block = 4096;
+  std::vector<std::byte> device(16 * block), host(32 * block);
+  fill(device, 2);
+  // Blocks 0..3 contiguous on both sides (one run, 16 KiB, one piece); 4 more scattered.
+  std::vector<ferry::block_copy> blocks;
+  for (std::size_t k = 0; k < 4; ++k) blocks.push_back({host.data() + k * block, device.data() + k * block, block});
+  for (std::size_t k = 0; k < 4; ++k) {
+    blocks.push_back({host.data() + (10 + 2 * k) * block, device.data() + (8 + k) * block, block});
+  }
+  api.st->clear();
+  sched.to_host_blocks(blocks, producer).wait();
+  for (const auto& b : blocks) CHECK(std::memcmp(b.dst, b.src, b.bytes) == 0);
+  const auto calls = api.st->calls();
+  REQUIRE(calls.size() == 5);  // record, wait, 2 batches (3 + 2 pieces), record
+  CHECK(calls[0].op == "record");
+  CHECK(calls[0].stream == producer.get());
+  CHECK(calls[1].op == "wait");
+  CHECK(calls[1].stream == sched.d2h().get());
+  CHECK(calls[1].event == calls[0].event);
+  CHECK(calls[2].op == "batch");
+  CHECK(calls[2].value == 3);
+  CHECK(calls[3].op == "batch");
+  CHECK(calls[3].value == 2);
+  for (int i = 2; i < 4; ++i) {
+    CHECK(calls[static_cast<std::size_t>(i)].stream == sched.d2h().get());
+    CHECK(calls[static_cast<std::size_t>(i)].direction == ferry::copy_direction::device_to_host);
+  }
+  CHECK(calls[2].bytes + calls[3].bytes == 8 * block);
+  CHECK(calls[4].op == "record");
+  CHECK(calls[4].stream == sched.d2h().get());
+  CHECK(std::none_of(calls.begin(), calls.end(), on_legacy));
+  const auto s = sched.stats();
+  CHECK(s.blocks == 8);
+  CHECK(s.block_runs == 5);
+  CHECK(s.batches == 2);
+  CHECK(s.chunks == 5);
 }
 
 TEST_CASE("stream_scheduler (recorded): H2D and D2H go to two different streams", "[scheduler][device_backend]") {

@@ -95,6 +95,17 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// @brief A copy of `height` rows of `width` bytes, rows `dpitch` and `spitch` apart (`cudaMemcpy2DAsync`); `invalid_pitch` for a pitch below `width`.
   status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                         std::size_t height, copy_direction /*d*/, stream_t s);
+  /// @brief A batch of `count` copies as one operation of `s` (`cudaMemcpyBatchAsync`;
+  /// semantics in cuda/device_runtime.hpp): it reads the sources only when `s` reaches
+  /// it, and copies the blocks in an adversarial order — reversed without a seed,
+  /// shuffled by the stream's seeded generator with one more adversarial delay at a
+  /// random block boundary with one — so a batch whose producer was not waited for
+  /// copies a mix of old and new bytes. `invalid_value` (nothing enqueued) for a null
+  /// pointer, a size of 0, overlapping destinations, or when made to fail
+  /// (`fail_copies_after` counts the batch as one copy); `fail_batches_after` makes one
+  /// fail when it runs instead. `count == 0`: nothing enqueued.
+  status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                            copy_direction /*d*/, stream_t s);
   /// @brief A new event on the calling thread's current device.
   status event_create(event_t* e);
   /// @brief Destroys an event; records and waits still queued keep it until they have run.
@@ -207,7 +218,18 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// @brief Lets held streams run again.
   void release_streams();
   /// @brief The next `n` copies succeed, the one after fails (`invalid_value`); -1: none fails.
+  /// A batch (`memcpy_batch_async`) counts as one copy and fails whole (nothing enqueued).
   void fail_copies_after(int n) { fail_copies_after_.store(n); }
+  /// @brief The next `n` batches enqueued run; the one after fails when its stream
+  /// reaches it, as an asynchronous copy-engine fault: it copies the first half of its
+  /// blocks (in its adversarial order), then fails the stream (sticky) with a
+  /// `ferry::device_error` whose code is `cpu_errc::invalid_value`. -1: none fails.
+  void fail_batches_after(int n) { fail_batches_after_.store(n); }
+  /// @brief Batches enqueued (`memcpy_batch_async` calls that returned success with a
+  /// count above 0), and the copies in them.
+  [[nodiscard]] int batches() const { return batches_.load(); }
+  /// @brief Copies enqueued in batches, all batches together.
+  [[nodiscard]] std::size_t batched_copies() const { return batched_copies_.load(); }
   /// @brief Whether `wait_value32` is supported (else `not_supported`, as on drivers
   /// without stream memory operations).
   void set_wait_value_supported(bool on) { wait_value_supported_.store(on); }
@@ -315,6 +337,9 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::mutex events_mutex_;  // every event's records
   std::condition_variable events_cv_;
   std::atomic<int> fail_copies_after_{-1};
+  std::atomic<int> fail_batches_after_{-1};
+  std::atomic<int> batches_{0};
+  std::atomic<std::size_t> batched_copies_{0};
   std::atomic<bool> wait_value_supported_{true};
   std::atomic<int> violations_{0};
   std::atomic<int> wrong_device_{0};
@@ -332,3 +357,4 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
 }  // namespace ferry
 
 #include "ferry/detail/cuda/cpu_device.hpp"
+#include "ferry/detail/cuda/cpu_batch.hpp"

@@ -22,6 +22,11 @@
 /// - **Host functions** (`launch_host_func`) run on one callback thread, as the driver's,
 ///   in stream order: the stream waits until the function returns. A runtime call made
 ///   from inside one returns `cpu_errc::not_permitted` and is counted (`violations`).
+/// - **Batched copies** (`memcpy_batch_async`) are one operation of their stream: the
+///   sources are read when the stream reaches it, and its blocks are copied in an
+///   adversarial order (reversed, or shuffled by the seed, with a delay at a random
+///   block boundary), so a batch not ordered after its producer copies a mix of old and
+///   new bytes.
 /// - **Kernels** are host functions run by the stream's own worker (`launch`, or
 ///   `host_stream::enqueue`).
 /// - **Sticky errors, per stream**: a kernel that throws fails its stream from there on
@@ -201,6 +206,12 @@ class cpu_runtime {
   cpu_status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                             std::size_t height, copy_direction d, stream_handle s) const {
     return device_->memcpy2d_async(dst, dpitch, src, spitch, width, height, d, s);
+  }
+  /// @brief A batch of `count` copies as one operation of `s`, run when `s` reaches it,
+  /// in an adversarial order (see `cpu_device::memcpy_batch_async`).
+  cpu_status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                std::size_t count, copy_direction d, stream_handle s) const {
+    return device_->memcpy_batch_async(dsts, srcs, sizes, count, d, s);
   }
   /// @brief A new event on the current device.
   cpu_status event_create(event_handle* e) const { return device_->event_create(e); }

@@ -23,6 +23,7 @@
 #include "ferry/detail/cuda/stream_ref.hpp"
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -74,6 +75,56 @@ struct cuda_runtime {
   cudaError_t memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                              std::size_t height, copy_direction direction, cudaStream_t s) const {
     return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind(direction), s);
+  }
+  /// @brief `cudaMemcpyBatchAsync` of `count` 1D copies as one stream operation (the
+  /// semantics: cuda/device_runtime.hpp, "The batched copy"), with one attribute for all:
+  /// `srcAccessOrder = cudaMemcpySrcAccessOrderStream` — the sources are read in stream
+  /// order, after the work enqueued before the batch. Never `...Any`: it relaxes only the
+  /// source reads (the writes stay stream-ordered), so the copy engine may read a source
+  /// before the stream waits in front of the batch have passed — on D2H, before the
+  /// kernel writing the block has finished (vLLM PR #39306, which made that switch, and
+  /// its author's own analysis there). Location hints host / current device for the
+  /// direction (CUDA uses them only for managed or pageable memory), no flags.
+  /// Where the runtime has no batched copy (`CUDART_VERSION < 12080`) or the driver
+  /// refuses it (`cudaErrorNotSupported`, `cudaErrorCallRequiresNewerDriver`: then it is
+  /// not tried again in this process), it is a loop of `cudaMemcpyAsync` on `s` — the
+  /// same stream order, one launch per copy — which stops at the first failed copy (the
+  /// copies before it stay enqueued). CUDA 12.8 and 12.9 take a `failIdx` out-parameter
+  /// that 13.0 dropped; it is not used.
+  cudaError_t memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                 std::size_t count, copy_direction direction, cudaStream_t s) const {
+    if (count == 0) return cudaSuccess;
+#if CUDART_VERSION >= 12080
+    static std::atomic<bool> batched{true};
+    if (batched.load(std::memory_order_relaxed)) {
+      int device = 0;
+      cudaError_t rc = cudaGetDevice(&device);
+      if (rc != cudaSuccess) return rc;
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      const cudaMemLocation host{cudaMemLocationTypeHost, 0};
+      const cudaMemLocation dev{cudaMemLocationTypeDevice, device};
+      attr.srcLocHint = direction == copy_direction::host_to_device ? host : dev;
+      attr.dstLocHint = direction == copy_direction::host_to_device ? dev : host;
+      attr.flags = cudaMemcpyFlagDefault;
+      std::size_t first = 0;  // attribute 0 applies from copy 0 on
+#if CUDART_VERSION >= 13000
+      rc = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &first, 1, s);
+#else
+      std::size_t failed_at = 0;
+      rc = cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs),  // NOLINT
+                                const_cast<std::size_t*>(sizes), count, &attr, &first, 1, &failed_at, s);  // NOLINT
+#endif
+      if (rc != cudaErrorNotSupported && rc != cudaErrorCallRequiresNewerDriver) return rc;
+      (void)cudaGetLastError();
+      batched.store(false, std::memory_order_relaxed);
+    }
+#endif
+    for (std::size_t i = 0; i < count; ++i) {
+      const cudaError_t rc = cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], kind(direction), s);
+      if (rc != cudaSuccess) return rc;
+    }
+    return cudaSuccess;
   }
   /// @brief `cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync)`:
   /// an event for ordering, whose synchronisation sleeps instead of spinning.

@@ -22,11 +22,11 @@
 /// exception, a `ferry::device_error`, or what a failed stream carries),
 /// `ignorable_at_teardown(status)`, `handle(ref)`, `ref(handle)` and
 /// `is_legacy_default(ref)`. Calls (each returns a `status_type`): 1D and 2D (pitched)
-/// asynchronous copies, events (create, destroy, record, query, synchronize, a stream
-/// waiting for one), streams (create with a priority, destroy, synchronize), mapped
-/// pinned memory for stream-wait flags (allocate, free, its device address), the
-/// current device (get, set), the stream wait-on-value (32-bit, >=) and graph-capture
-/// status.
+/// asynchronous copies, a batch of 1D copies as one stream operation, events (create,
+/// destroy, record, query, synchronize, a stream waiting for one), streams (create with a
+/// priority, destroy, synchronize), mapped pinned memory for stream-wait flags
+/// (allocate, free, its device address), the current device (get, set), the stream
+/// wait-on-value (32-bit, >=) and graph-capture status.
 ///
 /// ## Semantics a model must keep
 /// (CUDA Runtime API, "Stream Management", "Event Management", "Stream Ordered Memory
@@ -38,6 +38,24 @@
 /// reusable by work ordered after the free. Streams and events belong to the device that
 /// was current when they were made; recording an event on a stream of another device
 /// fails.
+///
+/// ## The batched copy
+/// `memcpy_batch_async(dsts, srcs, sizes, count, direction, s)` enqueues `count` 1D copies
+/// (`sizes[i]` bytes from `srcs[i]` to `dsts[i]`, all in `direction`) on `s` as **one
+/// stream operation**: the batch as a whole runs in stream order — after everything
+/// enqueued on `s` before it, before everything enqueued after it, and it reads its
+/// sources only when the stream reaches it, never earlier — but the copies inside it run
+/// in no particular order, possibly at once (CUDA Runtime API, `cudaMemcpyBatchAsync`).
+/// So no copy of a batch may depend on another: destinations must not overlap each other
+/// or any source of the batch (undefined otherwise; the CPU model refuses overlapping
+/// destinations with its `invalid_value`). Each size is > 0 and each pointer non-null
+/// (the scheduler drops empty blocks before it calls this); `count == 0` enqueues nothing
+/// and succeeds. The three arrays are read during the call only (the caller may reuse
+/// them when it returns). On a failure, copies of the batch may already be enqueued (a
+/// runtime that issues the batch as a loop of 1D copies stops at the failed one): the
+/// destinations are then unspecified, the sources untouched. It exists because one
+/// `cudaMemcpyAsync` per block costs about 2 us of launch each, which caps the throughput
+/// of the 8-256 KiB blocks of a paged KV cache; a batch is one submission.
 #pragma once
 
 #include "ferry/core/error.hpp"
@@ -79,7 +97,8 @@ concept runtime_types =
     };
 
 /// @brief The runtime calls of the scheduler's backend (`device_backend<Runtime>`):
-/// asynchronous 1D and 2D copies, events (create — for ordering: no timing, blocking
+/// asynchronous 1D and 2D copies, batches of 1D copies (one stream operation: see the
+/// file comment), events (create — for ordering: no timing, blocking
 /// synchronize —, destroy, record, query, synchronize, stream waits), non-blocking
 /// streams with a priority, mapped pinned memory for stream-wait flags, the current
 /// device, the stream wait-on-value and graph-capture status. Each returns the
@@ -88,12 +107,14 @@ template <class R>
 concept device_runtime =
     runtime_types<R> && requires { typename R::event_handle; } && std::regular<typename R::event_handle> &&
     std::is_trivially_copyable_v<typename R::event_handle> &&
-    requires(const R r, const typename R::status_type st, void* p, const void* cp, void** pp, std::size_t n,
-             copy_direction d, typename R::stream_handle s, typename R::stream_handle* ps,
-             typename R::event_handle e, typename R::event_handle* pe, int i, int* pi, bool* pb, std::uint32_t v) {
+    requires(const R r, const typename R::status_type st, void* p, const void* cp, void** pp, const void* const* cpp,
+             const std::size_t* pn, std::size_t n, copy_direction d, typename R::stream_handle s,
+             typename R::stream_handle* ps, typename R::event_handle e, typename R::event_handle* pe, int i, int* pi,
+             bool* pb, std::uint32_t v) {
       { R::not_ready(st) } noexcept -> std::same_as<bool>;
       { r.memcpy_async(p, cp, n, d, s) } -> std::same_as<typename R::status_type>;
       { r.memcpy2d_async(p, n, cp, n, n, n, d, s) } -> std::same_as<typename R::status_type>;
+      { r.memcpy_batch_async(pp, cpp, pn, n, d, s) } -> std::same_as<typename R::status_type>;
       { r.event_create(pe) } -> std::same_as<typename R::status_type>;
       { r.event_destroy(e) } -> std::same_as<typename R::status_type>;
       { r.event_record(e, s) } -> std::same_as<typename R::status_type>;

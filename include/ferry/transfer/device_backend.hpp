@@ -154,6 +154,17 @@ class device_backend {
                    src, src_pitch, row_bytes, rows);
   }
 
+  /// @brief A batch of `count` 1D copies on `s` as one stream operation
+  /// (`cudaMemcpyBatchAsync`, or its fallback loop: cuda/device_runtime.hpp); the arrays
+  /// are read during the call only.
+  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  void copy_batch(stream_type s, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                  std::size_t count, copy_direction direction) {
+    refuse_legacy(s);
+    const device_scope on(*this);
+    FERRY_RUNTIME_TRY(Api, api_.memcpy_batch_async(dsts, srcs, sizes, count, direction, Api::handle(s)), count);
+  }
+
   /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
   /// calling thread's current device is).
   /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)

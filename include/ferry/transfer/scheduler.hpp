@@ -13,6 +13,7 @@
 /// | `to_device`      | host (pinned) -> device  | chunks on the H2D lane, optionally after a stream |
 /// | `copy_on`        | either                   | chunks on a stream of the caller's (can be captured in a CUDA graph) |
 /// | `to_host_2d`, `to_device_2d` | device <-> host, pitched | as `to_host` / `to_device`, a 2D region in chunks of whole rows |
+/// | `to_host_blocks`, `to_device_blocks` | device <-> host, scattered | runs merged, in batched copies (transfer/block_copy.hpp) |
 /// | `device_to_nvme` | device -> NVMe           | D2H into a ring of K pinned bounce buffers, each written to the disk as it lands |
 /// | `nvme_to_device` | NVMe -> device           | disk reads into the bounce ring, each copied H2D as it lands |
 /// | `host_to_nvme`, `nvme_to_host` | host <-> NVMe | the tier's direct I/O (io_uring), no bounce |
@@ -68,6 +69,7 @@
 #include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/transfer/block_copy.hpp"
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 
@@ -110,42 +112,12 @@ class basic_scheduler {
   /// @param backend_args passed to the backend's constructor after `options` (the `Api`
   ///        runtime object of a `device_backend<Runtime>`; none: `cuda_runtime{}`, or for
   ///        `cpu_runtime` the runtime of `compute`'s own device)
-  /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096, or
-  ///         fewer than 1 bounce slot; ferry::cuda_error; ferry::out_of_capacity when the
-  ///         bounce pool cannot hold the ring
+  /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096,
+  ///         fewer than 1 bounce slot or `batch_blocks` above `max_batch_blocks`;
+  ///         ferry::cuda_error; ferry::out_of_capacity when the bounce pool cannot hold
+  ///         the ring
   template <class... BackendArgs>
-  explicit basic_scheduler(stream_type compute, scheduler_options options = {}, BackendArgs&&... backend_args)
-      : options_(options), compute_(compute) {
-    if (options_.chunk_bytes == 0) options_.chunk_bytes = defaults::current().chunk_bytes;
-    const std::size_t chunk_bytes = options_.chunk_bytes;
-    const std::size_t bounce_slots = options_.bounce_slots;
-    FERRY_EXPECTS(chunk_bytes > 0 && chunk_bytes % disk_alignment == 0,
-                  "the chunk size must be a positive multiple of 4096 bytes (the disk's alignment)", chunk_bytes);
-    FERRY_EXPECTS(bounce_slots >= 1 && bounce_slots <= 1024, "bounce_slots must be in [1, 1024]", bounce_slots);
-    FERRY_EXPECTS(chunk_bytes <= (std::size_t{1} << 40) / bounce_slots, "the bounce ring would exceed 1 TiB",
-                  chunk_bytes, bounce_slots);
-    if constexpr (sizeof...(BackendArgs) == 0 && requires { Backend::runtime_type::of(compute); }) {
-      // A runtime whose streams know their device (`cpu_runtime`): the lanes go where
-      // the compute stream is, not to a default device.
-      core_ = std::make_shared<detail::state_pool<Backend>>(options_, Backend::runtime_type::of(compute));
-    } else {
-      core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
-    }
-    const std::size_t ring_bytes = chunk_bytes * bounce_slots + disk_alignment;  // + alignment slack
-    pinned_pool& pool = pool_.lent_or(options_.bounce_pool, [&] {
-      pinned_pool_options po;
-      po.budget_bytes = ring_bytes;
-      po.slab_bytes = ring_bytes;
-      return po;
-    });
-    ring_.emplace(block_buffers(pool, bounce_slots, chunk_bytes, disk_alignment), bounce_slots, chunk_bytes);
-    slots_.resize(bounce_slots);
-    for (std::size_t i = 0; i < bounce_slots; ++i) {
-      slots_[i].memory = (*ring_)[i];
-      slots_[i].index = i;
-      slots_[i].owner = this;
-    }
-  }
+  explicit basic_scheduler(stream_type compute, scheduler_options options = {}, BackendArgs&&... backend_args);
 
   basic_scheduler(const basic_scheduler&) = delete;
   basic_scheduler& operator=(const basic_scheduler&) = delete;
@@ -170,6 +142,8 @@ class basic_scheduler {
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return options_.chunk_bytes; }
   /// @brief Bounce buffers in the ring (K).
   [[nodiscard]] std::size_t bounce_slots() const noexcept { return ring_->size(); }
+  /// @brief The most pieces one batched copy of a block move carries.
+  [[nodiscard]] std::size_t batch_blocks() const noexcept { return options_.batch_blocks; }
   /// @brief The backend (for its own queries, e.g. how stream waits on disk moves are done).
   [[nodiscard]] Backend& backend() noexcept { return core_->backend(); }
 
@@ -233,6 +207,36 @@ class basic_scheduler {
     check_pitched(dst, dst_pitch, src, src_pitch, row_bytes, rows);
     return pitched_move(lane::h2d, dst, dst_pitch, src, src_pitch, row_bytes, rows, copy_direction::host_to_device,
                         &after);
+  }
+
+  /// @brief D2H of scattered blocks (`src` device memory, `dst` host memory, pinned for
+  /// an asynchronous copy) on the D2H lane, after everything enqueued on `producer` so far
+  /// (the stream that wrote the blocks): checked, merged into runs, chunked and issued as
+  /// batched copies of at most `batch_blocks()` pieces each (transfer/block_copy.hpp);
+  /// one ticket for all. Sizes in bytes. Empty (no bytes in any block): nothing started,
+  /// no stream waited for, a ticket ready at once.
+  /// @throws ferry::logic_error for a block with a null pointer or a wrapping range, two
+  ///         overlapping destinations, or a destination over a source (naming the
+  ///         blocks' indices and addresses), or the legacy default stream — nothing
+  ///         started; ferry::cuda_error when ordering after `producer` fails (nothing
+  ///         started). A batch that fails to be issued fails the ticket instead.
+  [[nodiscard]] ticket_type to_host_blocks(std::span<const block_copy> blocks, stream_type producer) {
+    return block_move(lane::d2h, blocks, copy_direction::device_to_host, &producer);
+  }
+
+  /// @brief H2D of scattered blocks (`src` host memory, `dst` device memory) on the H2D
+  /// lane, as `to_host_blocks`; the host wrote the sources before the call, so no stream
+  /// is waited for.
+  /// @throws ferry::logic_error, ferry::cuda_error as `to_host_blocks`
+  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks) {
+    return block_move(lane::h2d, blocks, copy_direction::host_to_device, nullptr);
+  }
+
+  /// @brief H2D of scattered blocks after everything enqueued on `after` so far (e.g. the
+  /// stream that last read the destination blocks, before they are overwritten).
+  /// @throws ferry::logic_error, ferry::cuda_error as `to_host_blocks`
+  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks, stream_type after) {
+    return block_move(lane::h2d, blocks, copy_direction::host_to_device, &after);
   }
 
   /// @brief A ticket for everything enqueued on lane `l` so far (e.g. a decode kernel a
@@ -329,47 +333,7 @@ class basic_scheduler {
   ///         std::bad_alloc, ferry::cuda_error
   template <class F>
   requires std::is_invocable_v<F&, std::exception_ptr>
-  void then(const ticket_type& t, F&& f) {
-    FERRY_EXPECTS(t.state() != nullptr, "then() on an empty ticket");
-    auto* s = static_cast<state*>(t.state());  // every ticket of this backend is a scheduler's move
-    // Another scheduler's lanes would say nothing about this move's completion.
-    FERRY_EXPECTS(s->pool.get() == core_.get(), "then() on a ticket of another scheduler",
-                  ferry::named("ticket_core", s->pool.get()), ferry::named("own_core", core_.get()));
-    if (s->kind == detail::completion_kind::copy) {
-      if (!s->has_marker || s->finished.load(std::memory_order_acquire) != 0) {
-        f(s->error);
-        return;
-      }
-      auto* box = new continuation{std::function<void(std::exception_ptr)>(std::forward<F>(f)), s, this};
-      detail::add_ref(s);  // keeps the marker recorded for this copy until the continuation has run
-      begin_move();
-      try {
-        // On the copy's own marker: the continuation runs when this copy has landed, not
-        // behind whatever was enqueued on the lane since.
-        core_->backend().notify_marker(s->marker, s->which, &run_continuation, box);
-      } catch (...) {
-        detail::drop_ref(s);
-        delete box;
-        end_move();
-        throw;
-      }
-      return;
-    }
-    std::unique_lock lock(s->mutex);
-    if (s->finished.load(std::memory_order_acquire) == 0) {
-      std::function<void(std::exception_ptr)> next(std::forward<F>(f));
-      if (s->then) {  // a continuation already: run both, in the order given
-        next = [first = std::move(s->then), second = std::move(next)](std::exception_ptr e) {
-          first(e);
-          second(std::move(e));
-        };
-      }
-      s->then = std::move(next);
-      return;
-    }
-    lock.unlock();
-    f(s->error);
-  }
+  void then(const ticket_type& t, F&& f);
 
   /// @brief Blocks until every disk move and continuation started so far has completed
   /// and both lanes are idle. Errors stay in the tickets.
@@ -379,18 +343,7 @@ class basic_scheduler {
   }
 
   /// @brief Counters since construction.
-  [[nodiscard]] scheduler_stats stats() const noexcept {
-    scheduler_stats s;
-    s.moves = counters_.moves.load(std::memory_order_relaxed);
-    s.chunks = counters_.chunks.load(std::memory_order_relaxed);
-    s.bytes_h2d = counters_.bytes_h2d.load(std::memory_order_relaxed);
-    s.bytes_d2h = counters_.bytes_d2h.load(std::memory_order_relaxed);
-    s.disk_chunks = counters_.disk_chunks.load(std::memory_order_relaxed);
-    s.bounce_waits = counters_.bounce_waits.load(std::memory_order_relaxed);
-    s.failed_moves = counters_.failed_moves.load(std::memory_order_relaxed);
-    s.cancelled_moves = counters_.cancelled_moves.load(std::memory_order_relaxed);
-    return s;
-  }
+  [[nodiscard]] scheduler_stats stats() const noexcept;
 
   /// @brief Move states made so far (they are reused: this stops growing once as many
   /// moves have been in flight at once as ever will be).
@@ -430,7 +383,7 @@ class basic_scheduler {
 
   struct counters {
     std::atomic<std::uint64_t> moves{0}, chunks{0}, bytes_h2d{0}, bytes_d2h{0}, disk_chunks{0}, bounce_waits{0},
-        failed_moves{0}, cancelled_moves{0};
+        failed_moves{0}, cancelled_moves{0}, blocks{0}, block_runs{0}, batches{0};
   };
 
   static void check_pointers(const void* dst, const void* src, std::size_t bytes) {
@@ -493,6 +446,10 @@ class basic_scheduler {
   // A pitched move in chunks of whole rows, each one 2D copy.
   ticket_type pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                            std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after);
+
+  // Scattered blocks on lane `l` as batched copies (detail/transfer/scheduler_blocks.hpp).
+  ticket_type block_move(lane l, std::span<const block_copy> blocks, copy_direction direction,
+                         const stream_type* after);
 
   // A move on lane `l`, after `after` (if given): `issue(backend, lane stream, issued)`
   // enqueues its chunks, counting them (an exception stops it: the chunks before stay
@@ -593,6 +550,9 @@ class basic_scheduler {
 
 }  // namespace ferry
 
-// The bodies of the copy moves and of the disk moves.
+// The bodies of the constructor and continuations, the copy moves, the block moves and
+// the disk moves.
+#include "ferry/detail/transfer/scheduler_core.hpp"
 #include "ferry/detail/transfer/scheduler_copy.hpp"
+#include "ferry/detail/transfer/scheduler_blocks.hpp"
 #include "ferry/detail/transfer/scheduler_disk.hpp"

@@ -26,6 +26,10 @@ struct scheduler_options {
   int h2d_priority = 0;
   /// Priority of the D2H stream (as `h2d_priority`).
   int d2h_priority = 0;
+  /// The most pieces one batched copy of a block move carries (`to_host_blocks`,
+  /// `to_device_blocks`; transfer/block_copy.hpp): 1 .. `max_batch_blocks` (4096).
+  /// 0: `default_batch_blocks` (1024).
+  std::size_t batch_blocks = 0;
 };
 
 /// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).
@@ -38,6 +42,9 @@ struct scheduler_stats {
   std::uint64_t bounce_waits = 0;    ///< times a disk move waited for a free bounce buffer
   std::uint64_t failed_moves = 0;    ///< moves that completed with an error
   std::uint64_t cancelled_moves = 0; ///< moves stopped by `ticket::cancel`
+  std::uint64_t blocks = 0;          ///< blocks of block moves with bytes > 0 (each counted once)
+  std::uint64_t block_runs = 0;      ///< runs those blocks merged into (at most `blocks`; before chunking)
+  std::uint64_t batches = 0;         ///< batched copies issued by block moves (their pieces count in `chunks`)
 };
 
 }  // namespace ferry
