@@ -80,6 +80,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <tuple>
@@ -97,8 +98,11 @@ class basic_kv_sequence {
  public:
   using stream_type = typename Backend::stream_type;  ///< the backend's stream
 
+  /// @brief An empty sequence (holds nothing).
   basic_kv_sequence() = default;
+  /// @brief Takes `o`'s blocks; `o` is left empty.
   basic_kv_sequence(basic_kv_sequence&& o) noexcept { swap(o); }
+  /// @brief Releases this sequence's blocks (as the destructor does), then takes `o`'s.
   basic_kv_sequence& operator=(basic_kv_sequence&& o) noexcept {
     if (this != &o) {
       end();
@@ -108,6 +112,7 @@ class basic_kv_sequence {
   }
   basic_kv_sequence(const basic_kv_sequence&) = delete;
   basic_kv_sequence& operator=(const basic_kv_sequence&) = delete;
+  /// @brief Releases the blocks if still held (after the scheduler's compute stream).
   ~basic_kv_sequence() { end(); }
 
   /// @brief The device slot of each block, in order (the block table a paged-attention
@@ -215,18 +220,18 @@ class kv_cache {
                 "ferry::pinned_tier, N> with D a ferry::basic_device_tier and N a file-backed tier");
 
  public:
-  using tiers_type = Tiers;                                                         ///< the tiers
-  using eviction_type = typename detail::resolve_kv_eviction<Eviction>::type;       ///< each tier's eviction
-  using device_tier_type = typename shape::device;                                  ///< the device tier
-  using nvme_tier_type = typename shape::nvme;                                      ///< the NVMe tier, if any
+  using tiers_type = Tiers;                                                           ///< the tiers
+  using eviction_type = typename detail::resolve_kv_eviction<Eviction>::type;         ///< each tier's eviction
+  using device_tier_type = typename shape::device;                                    ///< the device tier
+  using nvme_tier_type = typename shape::nvme;                                        ///< the NVMe tier, if any
   using runtime_type = typename detail::device_tier_runtime<device_tier_type>::type;  ///< the device runtime
-  using backend_type = device_backend<runtime_type>;                                ///< the scheduler's backend
-  using stream_type = typename backend_type::stream_type;                           ///< the backend's stream
-  using scheduler_type = basic_scheduler<backend_type>;                             ///< the scheduler
-  using arena_type = basic_device_arena<runtime_type>;                              ///< the device pool's arena
-  using sequence_type = basic_kv_sequence<backend_type>;                            ///< a request's blocks
-  using plan_type = kv_plan<eviction_type>;                                         ///< the decisions
-  static constexpr bool has_nvme = shape::has_nvme;                                 ///< NVMe is the last tier
+  using backend_type = device_backend<runtime_type>;                                  ///< the scheduler's backend
+  using stream_type = typename backend_type::stream_type;                             ///< the backend's stream
+  using scheduler_type = basic_scheduler<backend_type>;                               ///< the scheduler
+  using arena_type = basic_device_arena<runtime_type>;                                ///< the device pool's arena
+  using sequence_type = basic_kv_sequence<backend_type>;                              ///< a request's blocks
+  using plan_type = kv_plan<eviction_type>;                                           ///< the decisions
+  static constexpr bool has_nvme = shape::has_nvme;                                   ///< NVMe is the last tier
 
  private:
   static_assert(eviction_policy<eviction_type, kv_block_id>,
@@ -242,7 +247,8 @@ class kv_cache {
   ///         memory cannot be had
   kv_cache(scheduler_type& sched, const kv_cache_options& options)
     requires(!has_nvme)
-      : owned_arena_(std::make_unique<arena_type>(0, device_arena_options{}, sched.backend().api())),
+      : owned_arena_(std::make_unique<arena_type>(std::numeric_limits<std::size_t>::max(), device_arena_options{},
+                                                  sched.backend().api())),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
         engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}
 
@@ -278,7 +284,6 @@ class kv_cache {
   [[nodiscard]] sequence_type admit(std::span<const kv_token> tokens, std::uint64_t salt = 0) {
     sequence_type seq;
     engine_.admit(seq, tokens, salt);
-    seq.end_ = &end_sequence;
     return seq;
   }
 
@@ -332,11 +337,6 @@ class kv_cache {
       return nullptr;
     }
   }
-  static void end_sequence(void* owner, sequence_type& seq) noexcept {
-    auto* e = static_cast<engine_type*>(owner);
-    e->release(seq, e->scheduler().compute());
-  }
-
   std::unique_ptr<arena_type> owned_arena_;
   std::unique_ptr<pinned_pool> owned_pool_;
   engine_type engine_;

@@ -50,9 +50,13 @@ class kv_cache_engine {
   using marker_ptr = std::shared_ptr<shared_marker<Backend>>;
   static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
 
-  kv_cache_engine(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme,
-                  const kv_cache_options& o)
-      : sched_(&sched), device_(&device), host_(&host), nvme_(nvme), o_(checked(o)), plan_(plan_options(o_, host, nvme)) {
+  kv_cache_engine(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme, const kv_cache_options& o)
+      : sched_(&sched),
+        device_(&device),
+        host_(&host),
+        nvme_(nvme),
+        o_(checked(o)),
+        plan_(plan_options(o_, host, nvme)) {
     layer_bytes_ = o_.layer_block_bytes;
     block_bytes_ = o_.layers * o_.layer_block_bytes;
     const std::size_t pool_bytes = o_.device_blocks * block_bytes_;
@@ -143,6 +147,7 @@ class kv_cache_engine {
     flush(r);
     seq.active_ = true;
     seq.owner_ = this;
+    seq.end_ = &end_sequence;
     ++stats_.admitted;
     stats_.cached_tokens += p.tokens;
   }
@@ -172,14 +177,15 @@ class kv_cache_engine {
     const std::size_t full = tokens.size() / o_.block_tokens;
     if (full <= seq.published_) return;
     reap();
-    marker_ptr produced = std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(producer));
+    marker_ptr produced =
+        std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(producer));
     round r(o_.layers, &seq);
     auto m = mover(r);
     for (std::size_t i = seq.published_; i < full; ++i) {
       const kv_block_id mine = seq.blocks_[i];
       const kv_block_id parent = i == 0 ? no_kv_block : seq.blocks_[i - 1];
-      const kv_block_id named = plan_.publish(mine, parent, tokens.subspan(i * o_.block_tokens, o_.block_tokens),
-                                              seq.salt_);
+      const kv_block_id named =
+          plan_.publish(mine, parent, tokens.subspan(i * o_.block_tokens, o_.block_tokens), seq.salt_);
       state_of(mine).produced = produced;
       if (named != mine) {  // an equal block was published first: share it, free this one
         plan_.hold(std::span(&named, 1), m);
@@ -222,11 +228,17 @@ class kv_cache_engine {
  private:
   friend class basic_kv_sequence<Backend>;
 
+  // What a sequence destroyed while active does: released after the compute stream.
+  static void end_sequence(void* owner, sequence_type& seq) noexcept {
+    auto* e = static_cast<kv_cache_engine*>(owner);
+    e->release(seq, e->scheduler().compute());
+  }
+
   struct block_state {
-    std::uint32_t slot = no_slot;  // in its tier's slot array
-    marker_ptr produced;           // the end of the work that wrote it (commit)
-    marker_ptr last_use;           // the end of its last user's work (release)
-    bool fill_pending = false;     // pinned: its D2H is in the round not yet issued
+    std::uint32_t slot = no_slot;         // in its tier's slot array
+    marker_ptr produced;                  // the end of the work that wrote it (commit)
+    marker_ptr last_use;                  // the end of its last user's work (release)
+    bool fill_pending = false;            // pinned: its D2H is in the round not yet issued
     std::shared_ptr<ticket_type> filled;  // pinned: the D2H of its last layer
   };
 
@@ -255,7 +267,7 @@ class kv_cache_engine {
     FERRY_EXPECTS(o.layer_block_bytes <= (std::size_t{1} << 40) / o.layers / o.device_blocks,
                   "the device pool would exceed 1 TiB", o.layers, o.layer_block_bytes, o.device_blocks);
     if constexpr (HasNvme) {
-      FERRY_EXPECTS(o.layer_block_bytes % disk_alignment == 0,
+      FERRY_EXPECTS(o.layer_block_bytes % scheduler_type::disk_alignment == 0,
                     "with an NVMe tier, a layer's block must be a multiple of 4096 bytes (direct I/O)",
                     o.layer_block_bytes);
     }
@@ -339,7 +351,7 @@ class kv_cache_engine {
           r.filling.push_back(e.key);
           ++stats_.offloaded;
           stats_.bytes_to_host += block_bytes_;
-          } else {
+        } else {
           spill(r, e.key, s);
         }
         break;
@@ -353,11 +365,15 @@ class kv_cache_engine {
     if constexpr (HasNvme) {
       if (s.fill_pending) flush(r);
       if (s.filled) s.filled->wait();  // the pinned copy is complete (throws a failed D2H's error)
-      if (free_nvme_.empty()) settle_reads();
+      if (free_nvme_.empty()) {        // slots of reads back still in flight, or not yet issued
+        if (!r.nvme_loads.empty()) flush(r);
+        settle_reads();
+      }
       const std::uint32_t dst = take(free_nvme_, "nvme");
       try {
-        sched_->host_to_nvme(*nvme_, *region_, std::uint64_t{dst} * block_bytes_,
-                             std::span<const std::byte>(pinned_block(s.slot), block_bytes_))
+        sched_
+            ->host_to_nvme(*nvme_, *region_, std::uint64_t{dst} * block_bytes_,
+                           std::span<const std::byte>(pinned_block(s.slot), block_bytes_))
             .wait();
       } catch (...) {
         free_nvme_.push_back(dst);
@@ -410,6 +426,7 @@ class kv_cache_engine {
     std::shared_ptr<ticket_type> before;
     if (reused) before = std::make_shared<ticket_type>(sched_->mark(lane::d2h));
     std::shared_ptr<ticket_type> last_d2h;
+    std::vector<in_flight> reads;  // this round's reads back from NVMe, every layer's
     for (std::size_t l = 0; l < o_.layers; ++l) {
       if (!r.d2h[l].empty()) {
         auto t = std::make_shared<ticket_type>(sched_->to_host_blocks(r.d2h[l], d2h));
@@ -426,20 +443,25 @@ class kv_cache_engine {
         r.h2d[l].clear();
       }
       if constexpr (HasNvme) {
-        for (const auto& ld : r.nvme_loads) {
-          auto t = std::make_shared<ticket_type>(sched_->nvme_to_device(
-              *nvme_, *region_, std::uint64_t{ld.nvme_slot} * block_bytes_ + l * layer_bytes_,
-              device_block(ld.device_slot, l), layer_bytes_, d2h));
+        if (l == 0) {
+          for (const auto& ld : r.nvme_loads) reads.push_back({ld.block, ld.nvme_slot, {}, false});
+        }
+        for (std::size_t k = 0; k < r.nvme_loads.size(); ++k) {
+          const auto& ld = r.nvme_loads[k];
+          auto t = std::make_shared<ticket_type>(
+              sched_->nvme_to_device(*nvme_, *region_, std::uint64_t{ld.nvme_slot} * block_bytes_ + l * layer_bytes_,
+                                     device_block(ld.device_slot, l), layer_bytes_, d2h));
           if (seq != nullptr) seq->layer_waits_[l].push_back(t);
-          if (l + 1 == o_.layers) nvme_reads_.push_back({ld.block, ld.nvme_slot, t});
+          reads[k].done.push_back(std::move(t));
         }
       }
     }
     r.nvme_loads.clear();
+    for (auto& f : reads) nvme_reads_.push_back(std::move(f));
     for (const kv_block_id b : r.filling) {
       blocks_[b].fill_pending = false;
       blocks_[b].filled = last_d2h;
-      fills_.push_back({b, last_d2h});
+      fills_.push_back({b, 0, {last_d2h}, false});
     }
     r.filling.clear();
     if (!r.freed_pinned.empty()) {  // a later D2H into these slots comes after this round's H2D
@@ -464,9 +486,11 @@ class kv_cache_engine {
   void settle_reads() {
     reap_reads();
     if (free_nvme_.empty() && !nvme_reads_.empty()) {
-      try {
-        nvme_reads_.front().done->wait();
-      } catch (...) {  // reported by reap_reads
+      for (const auto& t : nvme_reads_.front().done) {
+        try {
+          t->wait();
+        } catch (...) {  // reported by reap_reads
+        }
       }
       reap_reads();
     }
@@ -479,11 +503,11 @@ class kv_cache_engine {
     try {
       reap_reads();
       for (auto it = fills_.begin(); it != fills_.end();) {
-        if (!it->done->ready()) {
+        if (!all_ready(*it)) {
           ++it;
           continue;
         }
-        if (it->done->error() && it->block < blocks_.size() && blocks_[it->block].filled == it->done) discard(it->block);
+        if (failed(*it) && it->block < blocks_.size() && blocks_[it->block].filled == it->done[0]) discard(it->block);
         it = fills_.erase(it);
       }
     } catch (...) {  // a discard the mover refused: tried again at the next call
@@ -492,12 +516,15 @@ class kv_cache_engine {
 
   void reap_reads() {
     for (auto it = nvme_reads_.begin(); it != nvme_reads_.end();) {
-      if (!it->done->ready()) {
+      if (!it->discarded && failed(*it)) {  // a layer's read failed: the block is garbage
+        it->discarded = true;
+        discard(it->block);
+      }
+      if (!all_ready(*it)) {
         ++it;
         continue;
       }
       free_nvme_.push_back(it->slot);
-      if (it->done->error()) discard(it->block);
       it = nvme_reads_.erase(it);
     }
   }
@@ -525,9 +552,16 @@ class kv_cache_engine {
   std::vector<std::uint32_t> free_device_, free_pinned_, free_nvme_;
   struct in_flight {
     kv_block_id block;
-    std::uint32_t slot;  // NVMe reads: the slot freed once the read has landed
-    std::shared_ptr<ticket_type> done;
+    std::uint32_t slot;  // NVMe reads: the slot freed once every layer's read has landed
+    std::vector<std::shared_ptr<ticket_type>> done;
+    bool discarded = false;
   };
+  static bool all_ready(const in_flight& f) noexcept {
+    return std::all_of(f.done.begin(), f.done.end(), [](const auto& t) { return t->ready(); });
+  }
+  static bool failed(const in_flight& f) {
+    return std::any_of(f.done.begin(), f.done.end(), [](const auto& t) { return t->ready() && t->error() != nullptr; });
+  }
   std::vector<in_flight> nvme_reads_;  // reads back from NVMe in flight
   std::vector<in_flight> fills_;       // D2H into pinned memory in flight
   std::vector<block_state> blocks_;

@@ -1,0 +1,305 @@
+// kv_cache on the CPU model of the device runtime: blocks spill to pinned memory and NVMe
+// and come back bit for bit, prefixes are shared, held blocks are refused with
+// out_of_capacity, the offload of a block waits for the kernel that wrote it, and disk
+// failures lose no block of the other tiers.
+#include <ferry/pipeline/kv_cache.hpp>
+#include <ferry/tier/nvme.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "backend_harness.hpp"
+#include "io_test_support.hpp"
+
+namespace {
+
+using ferry::kv_token;
+using ferry::MiB;
+using namespace ferry_test;
+
+constexpr std::size_t layers = 3;
+constexpr std::size_t bt = 4;      // tokens per block
+constexpr std::size_t lbb = 4096;  // bytes per block and layer
+using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
+
+template <class Device, class... Nvme>
+using kv_of = ferry::kv_cache<std::conditional_t<
+    sizeof...(Nvme) == 0,
+    ferry::tiers<ferry::basic_device_tier<typename Device::backend_type::runtime_type>, ferry::pinned_tier>,
+    ferry::tiers<ferry::basic_device_tier<typename Device::backend_type::runtime_type>, ferry::pinned_tier, Nvme...>>>;
+
+ferry::kv_cache_options shape(std::size_t device_blocks, std::size_t pinned_blocks, std::size_t nvme_blocks = 0) {
+  return {.layers = layers,
+          .block_tokens = bt,
+          .layer_block_bytes = lbb,
+          .device_blocks = device_blocks,
+          .pinned_budget_bytes = pinned_blocks * layers * lbb,
+          .nvme_budget_bytes = nvme_blocks * layers * lbb};
+}
+
+// The tokens of request `r`: `blocks` full blocks, distinct per request unless `shared`
+// leading blocks come from request 0.
+std::vector<kv_token> tokens_of(int r, std::size_t blocks, std::size_t shared = 0) {
+  std::vector<kv_token> t(blocks * bt);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const int owner = i / bt < shared ? 0 : r;
+    t[i] = static_cast<kv_token>(owner * 1000 + static_cast<int>(i));
+  }
+  return t;
+}
+
+// The KV bytes of block `i` of `tokens`, layer `l`, are a pattern seeded by the block's
+// hash: any block with the same prefix has the same bytes.
+std::uint64_t seed_of(const std::vector<kv_token>& tokens, std::size_t i, std::size_t l) {
+  return ferry::kv_block_hashes(tokens, bt)[i] ^ (l * 0x9e3779b97f4a7c15ULL);
+}
+
+// "Prefill": writes every block the sequence did not find cached, layer by layer, after
+// waiting for the layer (as kernels would), on `s`; with `delay`, the kernel first sleeps.
+template <class Cache, class Seq, class Stream>
+void prefill(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s, bool delay = false) {
+  if (delay) s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+  for (std::size_t l = 0; l < layers; ++l) {
+    seq.wait_layer(l, s);
+    for (std::size_t i = seq.cached_tokens() / bt; i < tokens.size() / bt; ++i) {
+      void* p = cache.block_address(seq.slots()[i], l);
+      const std::uint64_t seed = seed_of(tokens, i, l);
+      s.enqueue([p, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), lbb), seed); });
+    }
+  }
+}
+
+// Whether every block of the sequence holds its pattern (read on `s` after its layer's waits).
+template <class Cache, class Seq, class Stream>
+bool blocks_intact(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s) {
+  bool ok = true;
+  for (std::size_t l = 0; l < layers; ++l) {
+    seq.wait_layer(l, s);
+    for (std::size_t i = 0; i < tokens.size() / bt; ++i) {
+      const void* p = cache.block_address(seq.slots()[i], l);
+      const std::uint64_t want = expected_sum(lbb, seed_of(tokens, i, l));
+      s.enqueue([p, want, &ok] {
+        if (checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), lbb)) != want) ok = false;
+      });
+    }
+  }
+  s.synchronize();
+  return ok;
+}
+
+// Serves request `tokens` from scratch: admit, prefill, commit, release.
+template <class Cache, class Stream>
+void serve(Cache& cache, const std::vector<kv_token>& tokens, Stream& s, bool delay = false) {
+  auto seq = cache.admit(tokens);
+  prefill(cache, seq, tokens, s, delay);
+  cache.commit(seq, tokens, s);
+  cache.release(seq, s);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("kv_cache: blocks spill across three tiers and come back bit for bit", "[pipeline][kv]",
+                   FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    using cache_t = kv_of<TestType, ferry::nvme_tier>;
+    cache_t cache(sched, tier_set(sched, device, pool, tier), shape(4, 4, 12));
+    constexpr int requests = 8;  // 16 blocks: 4 on the device, 4 pinned, 8 on NVMe
+    for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 4);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::nvme) == 8);
+    CHECK(cache.stats().offloaded == 12);
+    CHECK(cache.stats().spilled == 8);
+    CHECK(cache.stats().block_moves > 0);
+    // Every request again, newest first: found cached in whatever tier, loaded, intact.
+    for (int r = requests; r-- > 0;) {
+      INFO("request " << r);
+      const auto t = tokens_of(r, 2);
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == 2 * bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      REQUIRE_NOTHROW(seq.wait());
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().loaded > 0);
+    CHECK(cache.stats().read_back > 0);
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("kv_cache: requests share the blocks of a common prefix", "[pipeline][kv]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(8, 8));
+    const auto a = tokens_of(0, 3);
+    auto first = cache.admit(a);
+    CHECK(first.cached_tokens() == 0);
+    prefill(cache, first, a, compute);
+    cache.commit(first, a, compute);
+    // A second request with the same two first blocks, while the first still runs.
+    const auto b = tokens_of(1, 3, 2);
+    CHECK(cache.lookup(b).tokens == 2 * bt);
+    auto second = cache.admit(b);
+    CHECK(second.cached_tokens() == 2 * bt);
+    CHECK(second.slots()[0] == first.slots()[0]);
+    CHECK(second.slots()[1] == first.slots()[1]);
+    CHECK(second.slots()[2] != first.slots()[2]);
+    CHECK(cache.plan().holds(second.blocks()[0]) == 2);
+    prefill(cache, second, b, compute);
+    CHECK(blocks_intact(cache, second, b, compute));
+    cache.commit(second, b, compute);
+    cache.release(first, compute);
+    cache.release(second, compute);
+    CHECK(cache.plan().size() == 4);  // 3 + 1 distinct blocks, all cached
+    CHECK(cache.stats().cached_tokens == 2 * bt);
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("kv_cache: when every device block is held, admit throws out_of_capacity and holds nothing",
+                   "[pipeline][kv]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(3, 4));
+    const auto a = tokens_of(0, 2);
+    auto first = cache.admit(a);
+    prefill(cache, first, a, compute);
+    cache.commit(first, a, compute);
+    serve(cache, tokens_of(1, 1), compute);  // cached, unheld: may be evicted
+    const auto b = tokens_of(2, 2);
+    CHECK_THROWS_AS(cache.admit(b), ferry::out_of_capacity);
+    CHECK(cache.plan().size() == 3);                                    // nothing opened for b, nothing lost
+    CHECK_THROWS_AS(cache.admit(tokens_of(3, 4)), ferry::logic_error);  // more than the pool
+    cache.release(first, compute);
+    auto second = cache.admit(b);  // fits now: the released blocks move to pinned memory
+    CHECK(second.blocks().size() == 2);
+    cache.release(second, compute);
+    CHECK(cache.lookup(a).tokens == 2 * bt);
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wrote it", "[pipeline][kv]",
+                   FERRY_MODEL_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& writer = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(2, 8));
+    const auto a = tokens_of(0, 2);
+    {  // the kernel on `writer` sleeps before it writes; commit, and release on another stream, at once
+      auto seq = cache.admit(a);
+      prefill(cache, seq, a, writer, true);
+      cache.commit(seq, a, writer);
+      cache.release(seq, compute);
+    }
+    serve(cache, tokens_of(1, 2), compute);  // pushes a's blocks to pinned memory
+    REQUIRE(cache.plan().blocks_in(ferry::kv_tier::pinned) == 2);
+    auto seq = cache.admit(a);
+    CHECK(seq.cached_tokens() == 2 * bt);
+    CHECK(blocks_intact(cache, seq, a, compute));
+    cache.release(seq, compute);
+    writer.synchronize();
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a failed read loses no other block",
+                   "[pipeline][kv][faults]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  scratch_path path(ferry_test::disk_dir);
+  faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType, faulty_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 8));
+    for (int r = 0; r < 4; ++r) serve(cache, tokens_of(r, 1), compute);  // 2 on the device, 2 pinned
+    plan->add({.call = ferry::io::syscall_kind::pwrite, .error = ENOSPC, .times = ferry::io::fault::forever});
+    // One more block needs room in pinned memory: the spill to the full disk fails, and
+    // the request is refused with nothing held.
+    CHECK_THROWS_AS(serve(cache, tokens_of(4, 1), compute), ferry::io_error);
+    plan->clear();
+    for (int r = 0; r < 4; ++r) {
+      INFO("request " << r);
+      const auto t = tokens_of(r, 1);
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      cache.release(seq, compute);
+    }
+    // A block on NVMe whose read back fails: the sequence's wait reports it, and the
+    // block is discarded (never served as garbage); every other block stays intact.
+    for (int r = 4; r < 8; ++r) serve(cache, tokens_of(r, 1), compute);
+    int on_disk = -1;
+    for (int r = 0; r < 8 && on_disk < 0; ++r) {
+      const auto p = cache.lookup(tokens_of(r, 1));
+      if (p.tokens == bt && p.tiers[0] == ferry::kv_tier::nvme) on_disk = r;
+    }
+    REQUIRE(on_disk >= 0);
+    plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
+    {
+      auto seq = cache.admit(tokens_of(on_disk, 1));
+      CHECK_THROWS_AS(seq.wait(), ferry::io_error);
+      cache.release(seq, compute);
+    }
+    plan->clear();
+    serve(cache, tokens_of(9, 1), compute);  // any call settles the failed read
+    CHECK(cache.lookup(tokens_of(on_disk, 1)).tokens == 0);
+    for (int r = 0; r < 8; ++r) {
+      if (r == on_disk) continue;
+      INFO("request " << r);
+      const auto t = tokens_of(r, 1);
+      if (cache.lookup(t).tokens == 0) continue;  // dropped past the last tier, never lost silently
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().dropped == 0);
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+  CHECK(device.used() == 0);
+}
