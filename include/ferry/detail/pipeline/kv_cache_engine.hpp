@@ -191,7 +191,7 @@ class kv_cache_engine {
         plan_.hold(std::span(&named, 1), m);
         seq.blocks_[i] = named;
         seq.slots_[i] = blocks_[named].slot;
-        state_of(mine).last_use = produced;
+        state_of(mine).last_uses.push_back(produced);
         plan_.release(mine, m);
       }
       seq.published_ = i + 1;
@@ -209,7 +209,7 @@ class kv_cache_engine {
     round r(o_.layers, nullptr);
     auto m = mover(r);
     for (const kv_block_id b : seq.blocks_) {
-      state_of(b).last_use = used;
+      if (used) add_use(state_of(b), used);
       try {
         plan_.release(b, m);
       } catch (...) {
@@ -237,7 +237,7 @@ class kv_cache_engine {
   struct block_state {
     std::uint32_t slot = no_slot;         // in its tier's slot array
     marker_ptr produced;                  // the end of the work that wrote it (commit)
-    marker_ptr last_use;                  // the end of its last user's work (release)
+    std::vector<marker_ptr> last_uses;    // the ends of its users' work (release), not yet waited for
     bool fill_pending = false;            // pinned: its D2H is in the round not yet issued
     std::shared_ptr<ticket_type> filled;  // pinned: the D2H of its last layer
   };
@@ -293,15 +293,35 @@ class kv_cache_engine {
     return blocks_[b];
   }
 
-  // Opens blocks until the sequence has `needed`.
+  // Opens blocks until the sequence has `needed` (the slots of every block so far kept
+  // in step, also when an open fails part way).
   void grow(sequence_type& seq, std::size_t needed, round& r) {
     auto m = mover(r);
+    seq.slots_.resize(seq.blocks_.size());
+    for (std::size_t i = 0; i < seq.blocks_.size(); ++i) seq.slots_[i] = blocks_[seq.blocks_[i]].slot;
     while (seq.blocks_.size() < needed) {
       const kv_block_id b = plan_.open(m);
       seq.blocks_.push_back(b);
+      seq.slots_.push_back(blocks_[b].slot);
     }
-    seq.slots_.resize(seq.blocks_.size());
-    for (std::size_t i = 0; i < seq.blocks_.size(); ++i) seq.slots_[i] = blocks_[seq.blocks_[i]].slot;
+  }
+
+  // A user more of a block still cached; users whose work has completed are forgotten
+  // (so a block read by many requests keeps a short list).
+  void add_use(block_state& s, const marker_ptr& used) {
+    if (s.last_uses.size() >= 4) {
+      auto& be = sched_->backend();
+      s.last_uses.erase(std::remove_if(s.last_uses.begin(), s.last_uses.end(),
+                                       [&](const marker_ptr& u) {
+                                         try {
+                                           return be.query(u->marker);
+                                         } catch (...) {
+                                           return true;  // a failed stream orders nothing more
+                                         }
+                                       }),
+                        s.last_uses.end());
+    }
+    s.last_uses.push_back(used);
   }
 
   auto mover(round& r) {
@@ -341,7 +361,8 @@ class kv_cache_engine {
           if (free_pinned_.empty() && !r.freed_pinned.empty()) flush(r);  // reuse after the H2D read it
           const std::uint32_t dst = take(free_pinned_, "pinned");
           if (s.produced) r.waits.push_back(std::move(s.produced));
-          if (s.last_use) r.waits.push_back(std::move(s.last_use));
+          for (auto& u : s.last_uses) r.waits.push_back(std::move(u));
+          s.last_uses.clear();
           for (std::size_t l = 0; l < o_.layers; ++l)
             r.d2h[l].push_back({pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_,
                                 device_block(s.slot, l), layer_bytes_});
@@ -396,7 +417,7 @@ class kv_cache_engine {
     if (e.from == kv_tier::device) {
       // A private block released, or a device block dropped: its reuse waits for its
       // last user (the D2H lane waits for it before the next round's moves).
-      if (s.last_use) pending_.push_back(std::move(s.last_use));
+      for (auto& u : s.last_uses) pending_.push_back(std::move(u));
       free_device_.push_back(s.slot);
     } else if (e.from == kv_tier::pinned) {
       // Dropped from pinned memory: reusable by a D2H on the same lane as its own fill
@@ -415,6 +436,13 @@ class kv_cache_engine {
   // only for layer l's and earlier offloads); NVMe reads after the D2H lane too.
   void flush(round& r) {
     sequence_type* seq = r.seq;
+    if (seq != nullptr) {  // waits that have passed, and succeeded, need not be waited for again
+      for (auto& waits : seq->layer_waits_) {
+        waits.erase(std::remove_if(waits.begin(), waits.end(),
+                                   [](const auto& t) { return t->ready() && t->error() == nullptr; }),
+                    waits.end());
+      }
+    }
     auto& be = sched_->backend();
     const stream_type d2h = sched_->d2h();
     for (auto& w : pending_) be.wait(d2h, w->marker);
