@@ -61,13 +61,13 @@
 /// pool or `scheduler_options::bounce_pool`.
 #pragma once
 
-#include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/cuda/device_runtime.hpp"
 #include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/transfer/defaults.hpp"
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 
@@ -116,7 +116,7 @@ class basic_scheduler {
   template <class... BackendArgs>
   explicit basic_scheduler(stream_type compute, scheduler_options options = {}, BackendArgs&&... backend_args)
       : options_(options), compute_(compute) {
-    if (options_.chunk_bytes == 0) options_.chunk_bytes = defaults::current().chunk_bytes;
+    if (options_.chunk_bytes == 0) options_.chunk_bytes = transfer::defaults::current().chunk_bytes;
     const std::size_t chunk_bytes = options_.chunk_bytes;
     const std::size_t bounce_slots = options_.bounce_slots;
     FERRY_EXPECTS(chunk_bytes > 0 && chunk_bytes % disk_alignment == 0,

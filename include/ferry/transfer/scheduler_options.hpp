@@ -10,10 +10,11 @@
 
 namespace ferry {
 
-/// @brief Settings of a scheduler. Zero means "from ferry::defaults".
+/// @brief Settings of a scheduler. Zero means "from ferry::transfer::defaults".
 struct scheduler_options {
   /// Bytes per chunk of a move, and of each bounce buffer: a positive multiple of 4096
-  /// (the disk's alignment). 0: `defaults::current().chunk_bytes` (`FERRY_CHUNK_BYTES`, 4 MiB).
+  /// (the disk's alignment). 0: `transfer::defaults::current().chunk_bytes`
+  /// (`FERRY_CHUNK_BYTES`, 4 MiB).
   std::size_t chunk_bytes = 0;
   /// Bounce buffers (K) for moves between device and NVMe: K chunks are in flight at
   /// once, split between the disk and the link. At least 2 for any overlap.
@@ -30,14 +31,14 @@ struct scheduler_options {
 
 /// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).
 struct scheduler_stats {
-  std::uint64_t moves = 0;           ///< moves started
-  std::uint64_t chunks = 0;          ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
-  std::uint64_t bytes_h2d = 0;       ///< bytes issued on the H2D lane
-  std::uint64_t bytes_d2h = 0;       ///< bytes issued on the D2H lane
-  std::uint64_t disk_chunks = 0;     ///< disk transfers of staged chunks
-  std::uint64_t bounce_waits = 0;    ///< times a disk move waited for a free bounce buffer
-  std::uint64_t failed_moves = 0;    ///< moves that completed with an error
-  std::uint64_t cancelled_moves = 0; ///< moves stopped by `ticket::cancel`
+  std::uint64_t moves = 0;            ///< moves started
+  std::uint64_t chunks = 0;           ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
+  std::uint64_t bytes_h2d = 0;        ///< bytes issued on the H2D lane
+  std::uint64_t bytes_d2h = 0;        ///< bytes issued on the D2H lane
+  std::uint64_t disk_chunks = 0;      ///< disk transfers of staged chunks
+  std::uint64_t bounce_waits = 0;     ///< times a disk move waited for a free bounce buffer
+  std::uint64_t failed_moves = 0;     ///< moves that completed with an error
+  std::uint64_t cancelled_moves = 0;  ///< moves stopped by `ticket::cancel`
 };
 
 }  // namespace ferry
