@@ -1,10 +1,10 @@
 // Google Benchmark: the cost of ferry's vocabulary on the success path, each next to
 // the hand-written code it replaces (the reference), so the ratio is read directly.
 //   FERRY_EXPECTS (message built only on failure)  vs  if (!c) throw std::logic_error(...)
-//   defaults::current() after the first call       vs  reading a global
-//   defaults::parse("4MiB")                         vs  std::strtoull of "4194304"
-#include <ferry/core/defaults.hpp>
+//   transfer::defaults::current() after the first call  vs  reading a global
+//   transfer::defaults::parse("4MiB")                    vs  std::strtoull of "4194304"
 #include <ferry/core/error.hpp>
+#include <ferry/transfer/defaults.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -74,9 +74,9 @@ BENCHMARK(BM_expects_fail_reference);
 std::size_t global_chunk_bytes = 4 << 20;
 
 void BM_defaults_current_ferry(benchmark::State& state) {
-  (void)ferry::defaults::current();
+  (void)ferry::transfer::defaults::current();
   for (auto _ : state) {
-    benchmark::DoNotOptimize(ferry::defaults::current().chunk_bytes);
+    benchmark::DoNotOptimize(ferry::transfer::defaults::current().chunk_bytes);
   }
 }
 BENCHMARK(BM_defaults_current_ferry);
@@ -90,7 +90,7 @@ BENCHMARK(BM_defaults_current_reference);
 
 void BM_parse_ferry(benchmark::State& state) {
   for (auto _ : state) {
-    benchmark::DoNotOptimize(ferry::defaults::parse(ferry::defaults::knob::chunk_bytes, "4MiB"));
+    benchmark::DoNotOptimize(ferry::transfer::defaults::parse(ferry::transfer::defaults::knob::chunk_bytes, "4MiB"));
   }
 }
 BENCHMARK(BM_parse_ferry);

@@ -3,20 +3,22 @@
 ///
 /// Like an NVMe tuner that sweeps block size and queue depth and reports the best, but
 /// from the measurements of the ferry code that will run (the `nvme` and `link` sweeps of
-/// the same invocation) and stated as the environment variables ferry reads
-/// (include/ferry/core/defaults.hpp):
-/// - `chunk_bytes` (FERRY_CHUNK_BYTES): the smallest chunk whose throughput reaches 95%
-///   of the link peak in every direction measured (peak: the best of ferry and raw
-///   `cudaMemcpyAsync` in the sweep). Smaller chunks start the first copy sooner and hold
-///   less pinned staging, so the smallest one at peak is the one to use.
-/// - `io_queue_depth` / `io_block_bytes` (FERRY_IO_QUEUE_DEPTH / FERRY_IO_BLOCK_BYTES):
-///   the smallest queue depth and block size at which ferry's sequential reads and writes
-///   reach 95% of the disk peak (the best of ferry and fio over both sweeps).
-/// - `pinned_budget_bytes` (FERRY_PINNED_BUDGET_BYTES): what the RAM allows: the smaller
-///   of 3/4 of physical RAM and the memory available now less a headroom of
-///   max(2 GiB, 1/8 of RAM) for the OS and the program, in whole GiB (whole MiB below
-///   1 GiB). Pinned pages cannot be swapped or reclaimed, so the budget leaves the page
-///   cache and the rest of the process room.
+/// the same invocation) and stated as the environment variables ferry reads (the knob
+/// tables include/ferry/core/defaults.hpp lists):
+/// - `chunk_bytes` (FERRY_CHUNK_BYTES, transfer/defaults.hpp): the smallest chunk whose
+///   throughput reaches 95% of the link peak in every direction measured (peak: the best
+///   of ferry and raw `cudaMemcpyAsync` in the sweep). Smaller chunks start the first
+///   copy sooner and hold less pinned staging, so the smallest one at peak is the one to
+///   use.
+/// - `io_queue_depth` / `io_block_bytes` (FERRY_IO_QUEUE_DEPTH / FERRY_IO_BLOCK_BYTES,
+///   io/defaults.hpp): the smallest queue depth and block size at which ferry's
+///   sequential reads and writes reach 95% of the disk peak (the best of ferry and fio
+///   over both sweeps).
+/// - `pinned_budget_bytes` (FERRY_PINNED_BUDGET_BYTES, memory/defaults.hpp): what the RAM
+///   allows: the smaller of 3/4 of physical RAM and the memory available now less a
+///   headroom of max(2 GiB, 1/8 of RAM) for the OS and the program, in whole GiB (whole
+///   MiB below 1 GiB). Pinned pages cannot be swapped or reclaimed, so the budget leaves
+///   the page cache and the rest of the process room.
 /// - policy: for each workload the run measured (adam-nvme: the optimizer step over G
 ///   groups; offload: the training step's activations; stream: the layers' weights),
 ///   its access schedule built from the rows' params and replayed by `ferry::simulate`
@@ -118,8 +120,7 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
     const auto pts = detail::sweep(rows, keep, "chunk_bytes", "bytes");
     if (pts.size() < 2) continue;
     const auto p = detail::pick(pts, advice_fraction * peak);
-    a["directions"][dir] = {
-        {"chunk_bytes", p->x}, {"gbps", p->value}, {"peak_gbps", peak}, {"reached", p->reached}};
+    a["directions"][dir] = {{"chunk_bytes", p->x}, {"gbps", p->value}, {"peak_gbps", peak}, {"reached", p->reached}};
     chunk = std::max(chunk, p->x);
     char line[160];
     std::snprintf(line, sizeof line, "%s%s %s %.1f of %.1f GB/s", text.empty() ? "" : "; ", dir,
@@ -136,8 +137,8 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   a["status"] = "measured";
   a["chunk_bytes"] = bytes;
   a["env"] = "FERRY_CHUNK_BYTES=" + std::to_string(bytes);
-  a["text"] = "chunk size " + size_text(chunk) + " reaches 95% of the link peak (" + text + "): " +
-              a["env"].get<std::string>();
+  a["text"] =
+      "chunk size " + size_text(chunk) + " reaches 95% of the link peak (" + text + "): " + a["env"].get<std::string>();
   return a;
 }
 
@@ -176,7 +177,8 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
       o["block_bytes"] = {{"value", b->x}, {"gbps", b->value}, {"reached", b->reached}};
       block = std::max(block, b->x);
       all_reached = all_reached && b->reached;
-      part += ", " + size_text(b->x) + " " + detail::gbps_text(b->value) + " (" + detail::percent_text(b->value / peak) + ")";
+      part += ", " + size_text(b->x) + " " + detail::gbps_text(b->value) + " (" +
+              detail::percent_text(b->value / peak) + ")";
     }
     text += (text.empty() ? "" : "; ") + part;
     a["ops"][op] = std::move(o);
@@ -201,9 +203,10 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   std::string what;
   if (depth > 0) what += "queue depth " + std::to_string(static_cast<std::uint64_t>(depth));
   if (block > 0) what += (what.empty() ? "" : " and ") + size_text(block) + " blocks";
-  a["text"] = "disk: " + what +
-              (all_reached ? " reach 95% of the disk peak (" : " come closest to 95% of the disk peak, not all reach it (") +
-              text + "): " + env;
+  a["text"] =
+      "disk: " + what +
+      (all_reached ? " reach 95% of the disk peak (" : " come closest to 95% of the disk peak, not all reach it (") +
+      text + "): " + env;
   return a;
 }
 

@@ -4,10 +4,11 @@
 #pragma once
 
 #include <ferry/core/config.hpp>
-#include <ferry/core/defaults.hpp>
-#include <ferry/io/defaults.hpp>
-#include <ferry/optim/defaults.hpp>
 #include <ferry/core/version.hpp>
+#include <ferry/io/defaults.hpp>
+#include <ferry/memory/defaults.hpp>
+#include <ferry/optim/defaults.hpp>
+#include <ferry/transfer/defaults.hpp>
 
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/device.hpp>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -93,14 +95,33 @@ inline nlohmann::json pcie_link(std::string bus_id) {
 inline nlohmann::json limit(rlim_t v) {
   return v == RLIM_INFINITY ? nlohmann::json("unlimited") : nlohmann::json(static_cast<unsigned long long>(v));
 }
+// One knob table's values in effect, by knob name.
+template <class Row, std::size_t N, class Settings>
+[[nodiscard]] nlohmann::json knob_values(const std::array<Row, N>& table, const Settings& values) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const Row& k : table) out[std::string(k.name)] = values.get(k.id);
+  return out;
+}
+
 }  // namespace detail
+
+/// @brief Every runtime knob in effect (the environment over the defaults), one object
+/// per knob table, by layer, as core/defaults.hpp lists them: `memory`, `io`,
+/// `transfer`, `optim`, each mapping a knob's name to its value.
+/// @throws ferry::config_error for a malformed `FERRY_*` variable
+[[nodiscard]] inline nlohmann::json knobs_in_effect() {
+  return {{"memory", detail::knob_values(ferry::memory::defaults::table, ferry::memory::defaults::current())},
+          {"io", detail::knob_values(ferry::io::defaults::table, ferry::io::defaults::current())},
+          {"transfer", detail::knob_values(ferry::transfer::defaults::table, ferry::transfer::defaults::current())},
+          {"optim", detail::knob_values(ferry::optim::defaults::table, ferry::optim::defaults::current())}};
+}
 
 /// @brief The machine description written into every results file.
 ///
 /// Keys: `ferry` (version, cuda, uring), `cpu` (model, threads), `memory_bytes`,
 /// `memlock_limit_bytes` (RLIMIT_MEMLOCK soft limit, or "unlimited": bounds the buffers an
 /// unprivileged process may register with io_uring as fixed buffers), `memory_available_bytes` (MemAvailable), `root`,
-/// `knobs` (the ferry knobs in effect: defaults.hpp), `drives` (block devices: name,
+/// `knobs` (the ferry knobs in effect, `knobs_in_effect()`), `drives` (block devices: name,
 /// model, bytes, rotational, scheduler), `kernel`, `io_uring_disabled` (the sysctl, when
 /// present), `gpus` (name, memory, SMs, copy engines, compute capability, PCI bus, and
 /// `pcie`: the link's current and maximum speed and width from sysfs).
@@ -109,7 +130,7 @@ inline nlohmann::json limit(rlim_t v) {
   m["ferry"] = {{"version", ferry::version_string}, {"cuda", ferry::has_cuda}, {"uring", ferry::has_uring}};
   m["cpu"] = {{"model", detail::first_line_with("/proc/cpuinfo", "model name")},
               {"threads", std::thread::hardware_concurrency()}};
-  m["memory_bytes"] = ferry::defaults::detail::physical_memory_bytes();
+  m["memory_bytes"] = ferry::memory::defaults::detail::physical_memory_bytes();
   m["memory_available_bytes"] = detail::mem_available_bytes();
   m["root"] = ::geteuid() == 0;
   rlimit memlock{};
@@ -125,13 +146,7 @@ inline nlohmann::json limit(rlim_t v) {
   if (uring_sysctl >> disabled) {
     m["io_uring_disabled"] = disabled;
   }
-  const ferry::defaults::settings& knobs = ferry::defaults::current();
-  m["knobs"] = {{"chunk_bytes", knobs.chunk_bytes},
-                {"io_queue_depth", ferry::io::defaults::current().io_queue_depth},
-                {"io_block_bytes", ferry::io::defaults::current().io_block_bytes},
-                {"pinned_budget_bytes", knobs.pinned_budget_bytes},
-                {"io_threads", ferry::io::defaults::current().io_threads},
-                {"optimizer_threads", ferry::optim::defaults::current().optimizer_threads}};
+  m["knobs"] = knobs_in_effect();
   m["drives"] = nlohmann::json::array();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/sys/block", ec)) {
@@ -186,11 +201,11 @@ inline nlohmann::json limit(rlim_t v) {
 [[nodiscard]] inline nlohmann::json probe_scratch(const std::filesystem::path& folder) {
   nlohmann::json s;
   s["path"] = folder.string();
-  struct statfs fs {};
+  struct statfs fs{};
   if (::statfs(folder.c_str(), &fs) == 0) {
     s["filesystem"] = detail::filesystem_name(static_cast<long>(fs.f_type));
   }
-  struct statvfs vfs {};
+  struct statvfs vfs{};
   if (::statvfs(folder.c_str(), &vfs) == 0) {
     s["free_bytes"] = static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize;
     s["total_bytes"] = static_cast<unsigned long long>(vfs.f_blocks) * vfs.f_frsize;

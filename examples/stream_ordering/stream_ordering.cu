@@ -32,7 +32,7 @@ int main() {
   constexpr std::size_t n = std::size_t{64} << 20;  // 64 Mi floats = 256 MiB
   constexpr int steps = 3;
   const std::size_t bytes = n * sizeof(float);
-  const std::size_t chunk = ferry::defaults::current().chunk_bytes;  // FERRY_CHUNK_BYTES, 4 MiB by default
+  const std::size_t chunk = ferry::transfer::defaults::current().chunk_bytes;  // FERRY_CHUNK_BYTES, 4 MiB by default
 
   ferry::stream compute;
   ferry::stream d2h{{.priority = ferry::stream::priority_range().greatest}};
@@ -61,8 +61,9 @@ int main() {
     for (std::size_t off = 0; off < bytes; off += chunk, ++c) {
       const std::size_t len = std::min(chunk, bytes - off);
       char* dst = reinterpret_cast<char*>(pinned) + static_cast<std::size_t>(step) * bytes + off;
-      FERRY_CUDA_TRY(cudaMemcpyAsync(dst, reinterpret_cast<char*>(device) + off, len, cudaMemcpyDeviceToHost, d2h.get()),
-                     off, len);
+      FERRY_CUDA_TRY(
+          cudaMemcpyAsync(dst, reinterpret_cast<char*>(device) + off, len, cudaMemcpyDeviceToHost, d2h.get()), off,
+          len);
       copied[c].record(d2h);
     }
   }

@@ -6,20 +6,21 @@
 /// nvcc, include `ferry/ferry.cuh` for the kernels as well.
 #pragma once
 
-// core: errors, configuration, units, the knob machinery and core's knobs, version
+// core: errors, configuration, units, the knob machinery and the index of every knob table, version
+#include "ferry/concepts.hpp"
 #include "ferry/core/config.hpp"
 #include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/knobs.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/core/version.hpp"
-#include "ferry/concepts.hpp"
 // cuda: the device runtime (its concept, the CPU model; the CUDA map below)
 #include "ferry/cuda/cpu_device.hpp"
 #include "ferry/cuda/cpu_runtime.hpp"
 #include "ferry/cuda/device_runtime.hpp"
-// memory: pinned pool, device arena, the buffer ring
+// memory: pinned pool, device arena, the buffer ring, the memory knob
 #include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/defaults.hpp"
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
@@ -29,12 +30,12 @@
 #include "ferry/io/auto_engine.hpp"
 #include "ferry/io/defaults.hpp"
 #include "ferry/io/direct_file.hpp"
-#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/io/thread_pool_engine.hpp"
 #include "ferry/io/uring.hpp"  // empty without liburing (FERRY_HAS_URING == 0)
 #include "ferry/io/uring_error.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 // tier: where bytes live
 #include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/host_tier.hpp"
@@ -45,7 +46,8 @@
 #include "ferry/policy.hpp"
 // codec: identity, bf16, FP8
 #include "ferry/codec.hpp"
-// transfer: the scheduler and its tickets
+// transfer: the scheduler, its tickets, the transfer knob
+#include "ferry/transfer/defaults.hpp"
 #include "ferry/transfer/device_backend.hpp"
 #include "ferry/transfer/host_executor.hpp"
 #include "ferry/transfer/scheduler.hpp"

@@ -63,9 +63,7 @@ TEST_CASE("alternate runs ferry and the reference in alternating order after war
   CHECK(result.reference_samples == std::vector<double>{102, 103, 104, 105});
   CHECK(result.ferry == 3.5);
   CHECK(result.reference == 103.5);
-  CHECK_THROWS_AS(fb::alternate(
-                      0, 0, [] { return 1; }, [] { return 1; }),
-                  ferry::logic_error);
+  CHECK_THROWS_AS(fb::alternate(0, 0, [] { return 1; }, [] { return 1; }), ferry::logic_error);
 }
 
 TEST_CASE("round_robin rotates which variant runs first, after warm-up rounds") {
@@ -80,7 +78,7 @@ TEST_CASE("round_robin rotates which variant runs first, after warm-up rounds") 
   }
   const auto result = fb::round_robin(4, 1, variants);
   CHECK(order ==
-        "ABC"   // warm-up
+        "ABC"  // warm-up
         "ABC"
         "BCA"
         "CAB"
@@ -172,6 +170,22 @@ TEST_CASE("the machine probe names ferry, the CPU and the memory") {
   CHECK(m["gpus"].is_array());
 }
 
+TEST_CASE("the machine probe lists the knobs in effect, every table of core/defaults.hpp") {
+  const auto knobs = fb::probe_machine()["knobs"];
+  REQUIRE(knobs.is_object());
+  CHECK(knobs.size() == 4);
+  CHECK(knobs["memory"]["pinned_budget_bytes"] == ferry::memory::defaults::current().pinned_budget_bytes);
+  CHECK(knobs["io"]["io_queue_depth"] == ferry::io::defaults::current().io_queue_depth);
+  CHECK(knobs["io"]["io_block_bytes"] == ferry::io::defaults::current().io_block_bytes);
+  CHECK(knobs["io"]["io_threads"] == ferry::io::defaults::current().io_threads);
+  CHECK(knobs["transfer"]["chunk_bytes"] == ferry::transfer::defaults::current().chunk_bytes);
+  CHECK(knobs["optim"]["optimizer_threads"] == ferry::optim::defaults::current().optimizer_threads);
+  std::size_t count = 0;
+  for (const auto& [table, values] : knobs.items()) count += values.size();
+  CHECK(count == ferry::memory::defaults::knob_count + ferry::io::defaults::knob_count +
+                     ferry::transfer::defaults::knob_count + ferry::optim::defaults::knob_count);
+}
+
 TEST_CASE("result paths: devices are written in place, symlinks followed, folders refused") {
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-paths-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -205,7 +219,9 @@ TEST_CASE("result paths: devices are written in place, symlinks followed, folder
   CHECK_NOTHROW(fb::check_result_path(dir / "new.json"));
   // An unrelated file with the old fixed temporary name is left alone.
   const auto bystander = dir / "out.json.partial";
-  { std::ofstream(bystander) << "mine"; }
+  {
+    std::ofstream(bystander) << "mine";
+  }
   fb::write_json_atomically(dir / "out.json", {{"a", 1}});
   std::ifstream b(bystander);
   std::string text;

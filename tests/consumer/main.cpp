@@ -17,7 +17,7 @@ static_assert(!ferry::has_cuda, "COMPONENTS core must define FERRY_HAS_CUDA=0");
 int main() {
   std::printf("ferry %s cuda=%d uring=%d\n", ferry::version_string, FERRY_HAS_CUDA, FERRY_HAS_URING);
 
-  const auto settings = ferry::defaults::load([](std::string_view var) -> std::optional<std::string> {
+  const auto settings = ferry::transfer::defaults::load([](std::string_view var) -> std::optional<std::string> {
     if (var == "FERRY_CHUNK_BYTES") return "8MiB";
     return std::nullopt;
   });

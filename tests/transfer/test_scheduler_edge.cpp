@@ -70,7 +70,7 @@ TEMPLATE_TEST_CASE("scheduler edge: defaults match the docs", "[scheduler][edge]
   INFO(td.name());
   auto& compute = td.stream();
   auto& ex = td.scheduler(compute);
-  CHECK(ex.chunk_bytes() == ferry::defaults::current().chunk_bytes);
+  CHECK(ex.chunk_bytes() == ferry::transfer::defaults::current().chunk_bytes);
   CHECK(ex.bounce_slots() == 4);
   CHECK(host_executor::disk_alignment == 4096);
 }
@@ -208,7 +208,9 @@ struct first_write_gated {
       // assignment, and the destructor's read of `held` does not race with it.
       const std::lock_guard lock(held_mutex);
       held = std::thread([this, r, offset, src, d = std::forward<F>(done)]() mutable {
-        { const std::lock_guard published(held_mutex); }
+        {
+          const std::lock_guard published(held_mutex);
+        }
         g.pass();
         tier.submit_write(r, offset, src, std::move(d));
       });

@@ -3,13 +3,12 @@
 /// environment variable), the parser of its values, and the functions that resolve a
 /// table of knobs from the environment or any other source.
 ///
-/// Each layer keeps the table of its own knobs next to its code, built on this file:
-/// `ferry::defaults` (core/defaults.hpp: device<->host chunking, pinned budgets),
-/// `ferry::io::defaults` (io/defaults.hpp: the I/O engines) and
-/// `ferry::optim::defaults` (optim/defaults.hpp: the CPU optimizer). Every table has
-/// the same shape: an enum `knob`, a `table` of `knob_spec<knob>` rows in enum order, a
-/// `settings` struct with one field per knob, and `parse`, `builtin`, `load`,
-/// `from_environment` and `current` (the process-wide values, read once).
+/// Each layer keeps the table of its own knobs next to its code, in its own
+/// `defaults.hpp`, built on this file; core/defaults.hpp is the index of every table and
+/// holds none of its own. Every table has the same shape: an enum `knob`, a `table` of
+/// `knob_spec<knob>` rows in enum order, a `settings` struct with one field per knob, and
+/// `parse`, `builtin`, `load`, `from_environment` and `current` (the process-wide values,
+/// read once).
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
 /// `4mib`, `4M` and `4m` are all 4 MiB (IEC units in any case, and K, M, G, T, P alone,
@@ -165,9 +164,8 @@ inline std::uint64_t parse_value(source_site site, std::string_view variable, un
                                 FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(max));
   }
   if (value % multiple_of != 0) {
-    ferry::detail::throw_config(site, std::string(variable), std::string(text),
-                                "not a multiple of what it needs", FERRY_DETAIL_NAMED(value),
-                                FERRY_DETAIL_NAMED(multiple_of));
+    ferry::detail::throw_config(site, std::string(variable), std::string(text), "not a multiple of what it needs",
+                                FERRY_DETAIL_NAMED(value), FERRY_DETAIL_NAMED(multiple_of));
   }
   if (value > static_cast<std::uint64_t>(static_cast<std::size_t>(-1))) {
     fail("the value does not fit in std::size_t");

@@ -21,17 +21,17 @@
 #pragma once
 
 #include "ferry/core/config.hpp"
-#include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
-#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/memory/defaults.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -100,7 +100,7 @@ inline std::atomic<bool>& pinning_fallback_said() noexcept {
 /// @brief How a `pinned_pool` is set up. Sizes are bytes.
 struct pinned_pool_options {
   /// Most bytes of slabs the pool may hold (pinned or not). 0 means
-  /// `defaults::current().pinned_budget_bytes` (`FERRY_PINNED_BUDGET_BYTES`, default half of RAM).
+  /// `memory::defaults::current().pinned_budget_bytes` (`FERRY_PINNED_BUDGET_BYTES`, default half of RAM).
   std::size_t budget_bytes = 0;
   /// Bytes of one slab (rounded up to the page size). A request larger than a slab gets
   /// a slab of its own. 256 MiB pins in about 12 ms on the H200 host above.
@@ -150,10 +150,10 @@ class pinned_pool {
   /// @throws ferry::config_error when `budget_bytes` is 0 and `FERRY_PINNED_BUDGET_BYTES` is malformed
   explicit pinned_pool(pinned_pool_options options = {}) : options_(std::move(options)) {
     page_ = page_size();
-    FERRY_EXPECTS(options_.alignment != 0 && (options_.alignment & (options_.alignment - 1)) == 0 &&
-                      options_.alignment <= page_,
-                  "alignment must be a power of two no larger than the page size",
-                  ferry::named("alignment", options_.alignment), ferry::named("page", page_));
+    FERRY_EXPECTS(
+        options_.alignment != 0 && (options_.alignment & (options_.alignment - 1)) == 0 && options_.alignment <= page_,
+        "alignment must be a power of two no larger than the page size", ferry::named("alignment", options_.alignment),
+        ferry::named("page", page_));
     FERRY_EXPECTS(options_.registration_chunk_bytes != 0 && options_.registration_chunk_bytes % page_ == 0,
                   "registration chunk must be a positive multiple of the page size",
                   ferry::named("chunk", options_.registration_chunk_bytes), ferry::named("page", page_));
@@ -162,7 +162,7 @@ class pinned_pool {
                   "registration chunk above 1 GiB: one cudaHostRegister call that large fails on some drivers",
                   ferry::named("chunk", options_.registration_chunk_bytes), most);
     budget_ = options_.budget_bytes != 0 ? options_.budget_bytes
-                                         : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
+                                         : static_cast<std::size_t>(memory::defaults::current().pinned_budget_bytes);
     slab_bytes_ = round_up(std::max<std::size_t>(options_.slab_bytes, 1), page_);
     pinning_ = options_.pin && (has_cuda || static_cast<bool>(options_.hooks.register_chunk));
     state_.store(pinning_ ? pinning_state::pinned : pinning_state::host_only, std::memory_order_relaxed);

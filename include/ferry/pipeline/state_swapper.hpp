@@ -77,12 +77,12 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 #include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/defaults.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
-#include "ferry/core/units.hpp"
 
 #include <algorithm>
 #include <array>
@@ -121,14 +121,13 @@ struct group_view {
 /// live in files, with asynchronous `submit_read` / `submit_write` returning tickets
 /// with `wait()`, and an `alignment()` (e.g. `basic_nvme_tier<...>`).
 template <class T>
-concept streamed_state_tier =
-    tier<T> && T::traits.file_backed &&
-    requires(T& t, const typename T::region_type& r, std::uint64_t offset, std::span<std::byte> dst,
-             std::span<const std::byte> src) {
-  t.submit_read(r, offset, dst).wait();
-  t.submit_write(r, offset, src).wait();
-  { t.alignment() } -> std::convertible_to<std::size_t>;
-};
+concept streamed_state_tier = tier<T> && T::traits.file_backed &&
+                              requires(T& t, const typename T::region_type& r, std::uint64_t offset,
+                                       std::span<std::byte> dst, std::span<const std::byte> src) {
+                                t.submit_read(r, offset, dst).wait();
+                                t.submit_write(r, offset, src).wait();
+                                { t.alignment() } -> std::convertible_to<std::size_t>;
+                              };
 
 /// @brief A tier a `state_swapper` keeps groups in, computed in place: a `ferry::tier`
 /// the CPU can address whose regions have `data()` (`host_tier`, `pinned_tier`).
@@ -137,7 +136,7 @@ concept resident_state_tier = tier<T> && T::traits.host_accessible && requires(c
   { r.data() } -> std::convertible_to<std::byte*>;
 };
 
-/// @brief Settings of a `state_swapper`. Zero means "from ferry::defaults".
+/// @brief Settings of a `state_swapper`. Zero means "from ferry::memory::defaults".
 struct state_swapper_options {
   /// Host bytes the states may occupy (the ring plus resident groups, as one pool
   /// allocation rounded up to the page); 0: `pool->budget()` with a caller's pool, else
@@ -269,7 +268,7 @@ class state_swapper {
   /// @throws ferry::logic_error when a group was never initialized, or when called from
   ///         inside `compute` (nothing runs then)
   template <class F>
-  requires std::is_invocable_v<F&, std::size_t, group_view>
+    requires std::is_invocable_v<F&, std::size_t, group_view>
   void step(F&& compute) {
     run(compute, true);
   }
@@ -278,7 +277,7 @@ class state_swapper {
   /// with `updated(g) == false` only. After a step that succeeded it does nothing.
   /// @throws as `step`
   template <class F>
-  requires std::is_invocable_v<F&, std::size_t, group_view>
+    requires std::is_invocable_v<F&, std::size_t, group_view>
   void resume_step(F&& compute) {
     run(compute, false);
   }
@@ -359,8 +358,8 @@ class state_swapper {
 
   void plan_host_memory();
   void release() noexcept;
-  static void fill_copy(std::byte* base, const group_layout& l, std::span<const float> master,
-                        std::span<const float> m, std::span<const float> v) noexcept;
+  static void fill_copy(std::byte* base, const group_layout& l, std::span<const float> master, std::span<const float> m,
+                        std::span<const float> v) noexcept;
   static group_view view(std::size_t g, std::byte* base, const group_layout& l) noexcept;
   template <class F>
   void run(F& compute, bool all);
@@ -377,9 +376,9 @@ class state_swapper {
   std::vector<group> groups_;
   std::vector<bool> updated_;
   detail::owned_or_lent<pinned_pool> pool_;  // `options.pool`, or the swapper's own
-  std::byte* block_ = nullptr;  // the pool allocation (unaligned start)
+  std::byte* block_ = nullptr;               // the pool allocation (unaligned start)
   std::size_t block_bytes_ = 0;
-  std::byte* host_ = nullptr;   // aligned: the ring's buffers, then resident groups
+  std::byte* host_ = nullptr;      // aligned: the ring's buffers, then resident groups
   std::optional<ring_type> ring_;  // when a group is spilled
   std::size_t ring_bytes_ = 0;
   std::size_t charged_ = 0;

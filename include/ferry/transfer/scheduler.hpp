@@ -62,7 +62,6 @@
 /// pool or `scheduler_options::bounce_pool`.
 #pragma once
 
-#include "ferry/core/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/cuda/device_runtime.hpp"
@@ -70,6 +69,7 @@
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/transfer/block_copy.hpp"
+#include "ferry/transfer/defaults.hpp"
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 

@@ -10,10 +10,11 @@
 
 namespace ferry {
 
-/// @brief Settings of a scheduler. Zero means "from ferry::defaults".
+/// @brief Settings of a scheduler. Zero means "from ferry::transfer::defaults".
 struct scheduler_options {
   /// Bytes per chunk of a move, and of each bounce buffer: a positive multiple of 4096
-  /// (the disk's alignment). 0: `defaults::current().chunk_bytes` (`FERRY_CHUNK_BYTES`, 4 MiB).
+  /// (the disk's alignment). 0: `transfer::defaults::current().chunk_bytes`
+  /// (`FERRY_CHUNK_BYTES`, 4 MiB).
   std::size_t chunk_bytes = 0;
   /// Bounce buffers (K) for moves between device and NVMe: K chunks are in flight at
   /// once, split between the disk and the link. At least 2 for any overlap.

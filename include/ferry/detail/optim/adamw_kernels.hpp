@@ -201,19 +201,27 @@ struct adamw_tail {
   }
 };
 
-// Elements [0, n) of the four arrays: whole vectors in place, the rest through a
-// vector-sized buffer (zeros past the end), by the same code.
+// The one loop of every kernel: elements [0, n) of the four arrays, `W` at a time by
+// `Vector` (the update of one vector of `W` elements at p, g, m, v): whole vectors in
+// place, the rest through a vector-sized buffer (zeros past the end), by the same code.
+// A kernel is this loop over its own vector function, compiled for its ISA.
+template <std::size_t W, auto Vector>
+[[gnu::always_inline]] inline void adamw_loop(float* p, const float* g, float* m, float* v, const adamw_constants& c,
+                                              std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + W <= n; i += W) Vector(p + i, g + i, m + i, v + i, c);
+  if (i != n) {
+    adamw_tail<W> t(p + i, g + i, m + i, v + i, n - i);
+    Vector(t.p, t.g, t.m, t.v, c);
+    t.copy_back(p + i, m + i, v + i);
+  }
+}
+
+// The portable kernel: `adamw_vector` on `adamw_vec`, for the translation unit's ISA.
 template <adamw_rounding R>
 inline void adamw_kernel(float* p, const float* g, float* m, float* v, const adamw_constants& c,
                          std::size_t n) noexcept {
-  constexpr std::size_t w = adamw_width;
-  std::size_t i = 0;
-  for (; i + w <= n; i += w) adamw_vector<R, adamw_vec>(p + i, g + i, m + i, v + i, c);
-  if (i != n) {
-    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
-    adamw_vector<R, adamw_vec>(t.p, t.g, t.m, t.v, c);
-    t.copy_back(p + i, m + i, v + i);
-  }
+  adamw_loop<adamw_width, &adamw_vector<R, adamw_vec>>(p, g, m, v, c, n);
 }
 
 #if FERRY_ADAMW_DISPATCH
@@ -224,6 +232,13 @@ inline void adamw_kernel(float* p, const float* g, float* m, float* v, const ada
 // width, under the same MXCSR), products that feed a sum made opaque in the unfused
 // rounding (GCC's intrinsics are vector-extension operators, which -ffp-contract=fast
 // would contract), an FMA exactly where `fused_multiply_add` is in the fused one.
+//
+// Both run `adamw_loop` over their vector function. That function takes and returns no
+// vector (pointers only), so it is not `always_inline`: GCC refuses to inline an
+// `always_inline` function of one target into a function of another, which the shared
+// loop is until it is inlined into a kernel. Each kernel is `flatten` instead, which
+// inlines the loop, the vector function and the tail's copies into it, all then of its
+// target (at -O0 the vector function is called: the same operations, the same bits).
 
 __attribute__((target("avx512f"), always_inline)) inline __m512 opaque512(__m512 x) noexcept {
   asm("" : "+v"(x));
@@ -231,9 +246,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 opaque512(__m512
 }
 
 template <adamw_rounding R>
-__attribute__((target("avx512f"), always_inline)) inline void adamw_vector_avx512(float* p, const float* g, float* m,
-                                                                                 float* v,
-                                                                                 const adamw_constants& c) noexcept {
+__attribute__((target("avx512f"))) inline void adamw_vector_avx512(float* p, const float* g, float* m, float* v,
+                                                                   const adamw_constants& c) noexcept {
   const __m512 gi = _mm512_loadu_ps(g);
   const __m512 mi = _mm512_loadu_ps(m);
   const __m512 vi = _mm512_loadu_ps(v);
@@ -261,16 +275,10 @@ __attribute__((target("avx512f"), always_inline)) inline void adamw_vector_avx51
 }
 
 template <adamw_rounding R>
-__attribute__((target("avx512f"))) inline void adamw_kernel_avx512(float* p, const float* g, float* m, float* v,
-                                                                   const adamw_constants& c, std::size_t n) noexcept {
-  constexpr std::size_t w = 16;
-  std::size_t i = 0;
-  for (; i + w <= n; i += w) adamw_vector_avx512<R>(p + i, g + i, m + i, v + i, c);
-  if (i != n) {
-    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
-    adamw_vector_avx512<R>(t.p, t.g, t.m, t.v, c);
-    t.copy_back(p + i, m + i, v + i);
-  }
+__attribute__((target("avx512f"), flatten)) inline void adamw_kernel_avx512(float* p, const float* g, float* m,
+                                                                            float* v, const adamw_constants& c,
+                                                                            std::size_t n) noexcept {
+  adamw_loop<16, &adamw_vector_avx512<R>>(p, g, m, v, c, n);
 }
 
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 opaque256(__m256 x) noexcept {
@@ -279,9 +287,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 opaque256(__m25
 }
 
 template <adamw_rounding R>
-__attribute__((target("avx2,fma"), always_inline)) inline void adamw_vector_avx2(float* p, const float* g, float* m,
-                                                                                float* v,
-                                                                                const adamw_constants& c) noexcept {
+__attribute__((target("avx2,fma"))) inline void adamw_vector_avx2(float* p, const float* g, float* m, float* v,
+                                                                  const adamw_constants& c) noexcept {
   const __m256 gi = _mm256_loadu_ps(g);
   const __m256 mi = _mm256_loadu_ps(m);
   const __m256 vi = _mm256_loadu_ps(v);
@@ -309,16 +316,10 @@ __attribute__((target("avx2,fma"), always_inline)) inline void adamw_vector_avx2
 }
 
 template <adamw_rounding R>
-__attribute__((target("avx2,fma"))) inline void adamw_kernel_avx2(float* p, const float* g, float* m, float* v,
-                                                                  const adamw_constants& c, std::size_t n) noexcept {
-  constexpr std::size_t w = 8;
-  std::size_t i = 0;
-  for (; i + w <= n; i += w) adamw_vector_avx2<R>(p + i, g + i, m + i, v + i, c);
-  if (i != n) {
-    adamw_tail<w> t(p + i, g + i, m + i, v + i, n - i);
-    adamw_vector_avx2<R>(t.p, t.g, t.m, t.v, c);
-    t.copy_back(p + i, m + i, v + i);
-  }
+__attribute__((target("avx2,fma"), flatten)) inline void adamw_kernel_avx2(float* p, const float* g, float* m, float* v,
+                                                                           const adamw_constants& c,
+                                                                           std::size_t n) noexcept {
+  adamw_loop<8, &adamw_vector_avx2<R>>(p, g, m, v, c, n);
 }
 #endif  // FERRY_ADAMW_DISPATCH
 

@@ -26,8 +26,7 @@ state_swapper<Tier>::state_swapper(Tier& tier, std::span<const std::size_t> grou
   groups_.resize(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t elements = group_elements[g];
-    FERRY_EXPECTS(elements >= 1 && elements <= (std::size_t{1} << 40), "a group has 1 to 2^40 elements", g,
-                  elements);
+    FERRY_EXPECTS(elements >= 1 && elements <= (std::size_t{1} << 40), "a group has 1 to 2^40 elements", g, elements);
     group& gr = groups_[g];
     gr.layout.elements = elements;
     gr.layout.section_bytes = round_up(elements * sizeof(float), a);
@@ -72,10 +71,10 @@ void state_swapper<Tier>::initialize(std::size_t g, std::span<const float> maste
   group& gr = groups_[g];
   FERRY_EXPECTS(master.size() == gr.layout.elements, "initialize needs the group's elements of master weights", g,
                 master.size(), ferry::named("n", gr.layout.elements));
-  FERRY_EXPECTS(m.empty() || m.size() == gr.layout.elements, "m must be empty (zeros) or have the group's elements",
-                g, m.size(), ferry::named("n", gr.layout.elements));
-  FERRY_EXPECTS(v.empty() || v.size() == gr.layout.elements, "v must be empty (zeros) or have the group's elements",
-                g, v.size(), ferry::named("n", gr.layout.elements));
+  FERRY_EXPECTS(m.empty() || m.size() == gr.layout.elements, "m must be empty (zeros) or have the group's elements", g,
+                m.size(), ferry::named("n", gr.layout.elements));
+  FERRY_EXPECTS(v.empty() || v.size() == gr.layout.elements, "v must be empty (zeros) or have the group's elements", g,
+                v.size(), ferry::named("n", gr.layout.elements));
   std::byte* base = gr.layout.resident ? gr.host : (*ring_)[0];  // a spilled group: through ring buffer 0
   fill_copy(base, gr.layout, master, m, v);
   if constexpr (!in_place) {
@@ -102,8 +101,9 @@ void state_swapper<Tier>::read(std::size_t g, state_part part, std::span<float> 
     return;
   }
   if constexpr (!in_place) {
-    tier_.submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy) + gr.layout.part_offset(part),
-                      std::as_writable_bytes(out))
+    tier_
+        .submit_read(gr.region, gr.layout.copy_offset(gr.layout.current_copy) + gr.layout.part_offset(part),
+                     std::as_writable_bytes(out))
         .wait();
   }
 }
@@ -116,7 +116,7 @@ void state_swapper<Tier>::plan_host_memory() {
   pinned_pool* pool = options_.pool;
   budget_ = options_.ram_budget_bytes != 0 ? options_.ram_budget_bytes
             : pool != nullptr              ? pool->budget()
-                                           : static_cast<std::size_t>(defaults::current().pinned_budget_bytes);
+                                           : static_cast<std::size_t>(memory::defaults::current().pinned_budget_bytes);
   const std::size_t page = 4096;
   const std::size_t pool_alignment = pool != nullptr ? pool->alignment() : page;
   const std::size_t slack = alignment_ > pool_alignment ? alignment_ : 0;  // to align the block's start
@@ -134,8 +134,8 @@ void state_swapper<Tier>::plan_host_memory() {
   } else {
     ring_bytes_ = ring_slots * largest;
     if (charge(ring_bytes_) > budget_) {
-      FERRY_THROW_OUT_OF_CAPACITY("state_swapper ring (3 buffers of the largest group's states)",
-                                  charge(ring_bytes_), 0, budget_);
+      FERRY_THROW_OUT_OF_CAPACITY("state_swapper ring (3 buffers of the largest group's states)", charge(ring_bytes_),
+                                  0, budget_);
     }
     total = ring_bytes_;
     if (!options_.spill_all) {
@@ -237,8 +237,7 @@ void state_swapper<Tier>::run(F& compute, bool all) {
 // Calls compute on group g in host memory at `base`; records an exception in `error`.
 template <class Tier>
 template <class F>
-bool state_swapper<Tier>::compute_one(F& compute, std::size_t g, std::byte* base,
-                                      std::exception_ptr& error) noexcept {
+bool state_swapper<Tier>::compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept {
   try {
     compute(g, view(g, base, groups_[g].layout));
   } catch (...) {
@@ -261,10 +260,10 @@ void state_swapper<Tier>::run_resident(F& compute, std::exception_ptr& error) {
 template <class Tier>
 template <class F>
 void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error) {
-  using read_ticket = decltype(tier_.submit_read(std::declval<const region_type&>(), std::uint64_t{},
-                                                 std::span<std::byte>()));
-  using write_ticket = decltype(tier_.submit_write(std::declval<const region_type&>(), std::uint64_t{},
-                                                   std::span<const std::byte>()));
+  using read_ticket =
+      decltype(tier_.submit_read(std::declval<const region_type&>(), std::uint64_t{}, std::span<std::byte>()));
+  using write_ticket =
+      decltype(tier_.submit_write(std::declval<const region_type&>(), std::uint64_t{}, std::span<const std::byte>()));
   struct slot {
     std::byte* memory = nullptr;
     std::size_t group = 0;

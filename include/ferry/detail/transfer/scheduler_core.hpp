@@ -20,7 +20,7 @@ template <class Backend>
 template <class... BackendArgs>
 basic_scheduler<Backend>::basic_scheduler(stream_type compute, scheduler_options options, BackendArgs&&... backend_args)
     : options_(options), compute_(compute) {
-  if (options_.chunk_bytes == 0) options_.chunk_bytes = defaults::current().chunk_bytes;
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = transfer::defaults::current().chunk_bytes;
   const std::size_t chunk_bytes = options_.chunk_bytes;
   const std::size_t bounce_slots = options_.bounce_slots;
   FERRY_EXPECTS(chunk_bytes > 0 && chunk_bytes % disk_alignment == 0,

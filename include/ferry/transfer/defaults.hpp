@@ -1,0 +1,120 @@
+/// @file
+/// @brief The runtime knob of the transfer layer (`ferry::transfer::defaults`): its unit,
+/// default, limits and the environment variable that overrides it.
+///
+// clang-format off
+/// | knob          | variable            | unit  | default | accepted                          |
+/// |---------------|---------------------|-------|---------|-----------------------------------|
+/// | `chunk_bytes` | `FERRY_CHUNK_BYTES` | bytes | 4 MiB   | 4 KiB .. 1 GiB, multiple of 4 KiB |
+// clang-format on
+///
+/// `chunk_bytes` is the size of the pieces a device<->host transfer is cut into where its
+/// user gives none (`scheduler_options::chunk_bytes` left at 0), and so the size of each
+/// of a scheduler's bounce buffers. Values are written as core/knobs.hpp says (`4MiB`,
+/// `1M`), and a malformed one is a `ferry::config_error` naming the variable.
+///
+/// Use `ferry::transfer::defaults::current()` for the process-wide values (read from the
+/// environment once, on first use) or `ferry::transfer::defaults::load(lookup)` to read
+/// them from any source (tests, a config file, command-line flags). core/defaults.hpp
+/// lists the knobs of every layer.
+#pragma once
+
+#include "ferry/core/knobs.hpp"
+#include "ferry/core/units.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace ferry::transfer::defaults {
+
+using ferry::defaults::knob_lookup;
+using ferry::defaults::unit;
+
+/// @brief The knobs of the transfer table, in table order.
+enum class knob : std::uint8_t {
+  chunk_bytes,  ///< bytes per chunk of a device <-> host transfer
+};
+
+/// @brief Number of knobs in the transfer table.
+inline constexpr std::size_t knob_count = 1;
+
+/// @brief A row of the transfer table.
+using knob_spec = ferry::defaults::knob_spec<knob>;
+
+namespace detail {
+inline std::uint64_t default_chunk_bytes() { return 4 * MiB; }
+}  // namespace detail
+
+/// @brief The transfer table. Row `i` describes `static_cast<knob>(i)`.
+inline constexpr std::array<knob_spec, knob_count> table{{
+    {knob::chunk_bytes, "chunk_bytes", "FERRY_CHUNK_BYTES", unit::bytes, &detail::default_chunk_bytes, 4 * KiB, 1 * GiB,
+     4 * KiB,
+     "Bytes per chunk of a device<->host copy. Large moves are split so they start early and "
+     "H2D and D2H interleave. On an H200 (PCIe 5 x16) pinned copies reach 96% of the 55 GB/s "
+     "peak at 4 MiB and 87% at 1 MiB (docs/anchors/h200-2026-11-30.txt)."},
+}};
+
+static_assert(ferry::defaults::rows_in_knob_order(table),
+              "ferry::transfer::defaults::table rows must be in ferry::transfer::defaults::knob order");
+
+/// @brief The row of a knob.
+[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return table[static_cast<std::size_t>(k)]; }
+
+/// @brief The resolved values of every knob of the transfer table.
+struct settings {
+  std::size_t chunk_bytes = 0;  ///< bytes per device<->host chunk
+
+  /// @brief The value of one knob.
+  [[nodiscard]] std::size_t get(knob k) const noexcept {
+    switch (k) {
+      case knob::chunk_bytes: return chunk_bytes;
+    }
+    return 0;
+  }
+
+  /// @brief Sets one knob (no validation; `load` validates what it reads).
+  void set(knob k, std::size_t value) noexcept {
+    switch (k) {
+      case knob::chunk_bytes: chunk_bytes = value; break;
+    }
+  }
+
+  friend bool operator==(const settings&, const settings&) = default;
+};
+
+/// @brief Parses and validates a value for a knob of the transfer table.
+/// @param k     the knob (its unit, limits and variable name come from the table)
+/// @param text  the value as written, e.g. "4MiB"
+/// @return the value in the knob's unit (bytes)
+/// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
+[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
+  return ferry::defaults::parse(spec(k), text);
+}
+
+/// @brief The built-in defaults, ignoring the environment.
+[[nodiscard]] inline settings builtin() { return ferry::defaults::builtin_settings<settings>(table); }
+
+/// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
+/// @param lookup a `ferry::defaults::knob_lookup`
+/// @throws ferry::config_error for the first malformed value, naming variable and value
+template <knob_lookup Lookup>
+[[nodiscard]] settings load(Lookup&& lookup) {
+  return ferry::defaults::load_settings<settings>(table, lookup);
+}
+
+/// @brief Resolves every knob from the process environment, now.
+/// @throws ferry::config_error for the first malformed value
+[[nodiscard]] inline settings from_environment() { return load(&ferry::defaults::environment_variable); }
+
+/// @brief The process-wide settings: read from the environment on the first call and
+/// kept for the life of the process. Thread-safe.
+/// @throws ferry::config_error if `FERRY_CHUNK_BYTES` is malformed (each later call
+///         tries again, so a fixed environment is picked up)
+[[nodiscard]] inline const settings& current() {
+  static const settings values = from_environment();
+  return values;
+}
+
+}  // namespace ferry::transfer::defaults
