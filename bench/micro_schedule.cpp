@@ -14,6 +14,12 @@
 // (c) The GPU-less path: `host_executor::to_device` of one 4 KiB chunk and its `wait()`
 //     (a round trip to the lane's thread), against a 4 KiB memcpy.
 //
+// (d) Block moves (scattered 16 KiB blocks, as a paged KV cache moves them): one
+//     `to_host_blocks` against a loop of `to_host`, one per block — through the no-op
+//     runtime (the host cost per block of ferry's check, merge and batches against one
+//     move per block) and on the CPU model (`host_executor`, the copies done; waits
+//     included).
+//
 // Every benchmark counts calls of the global operator new during its timed loop
 // ("allocs_per_move"; 0 means no allocation on the hot path once warm).
 //   ferry-micro-schedule [--benchmark_filter=noop] [--benchmark_min_time=0.1]
@@ -353,6 +359,89 @@ void BM_noop_hand_to_host(benchmark::State& state) {
   probe.report(state);
 }
 BENCHMARK(BM_noop_hand_to_host)->Arg(1)->Arg(4)->ArgName("chunks");
+
+// --- (d) block moves against one move per block -------------------------------------
+
+constexpr std::size_t kv_block = 16 * 1024;
+
+// `count` blocks of 16 KiB, every other slot of a device pool to shuffled slots of a
+// host pool (nothing merges: the case batching is for).
+std::vector<ferry::block_copy> kv_blocks(std::size_t count) {
+  static std::vector<std::byte> device(2 * 1024 * kv_block, std::byte{3});
+  static std::vector<std::byte> host(2 * 1024 * kv_block);
+  std::vector<ferry::block_copy> b;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t to = (i * 7919) % count;  // a permutation (7919 is prime, count a power of 2)
+    b.push_back({host.data() + 2 * to * kv_block, device.data() + 2 * i * kv_block, kv_block});
+  }
+  return b;
+}
+
+ferry::scheduler_options block_options() {
+  ferry::scheduler_options o = options();
+  o.chunk_bytes = 256 * 1024;  // the bounce ring fits the benchmark's pool; blocks are 16 KiB
+  return o;
+}
+
+void BM_noop_ferry_blocks(benchmark::State& state) {
+  const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
+  noop_scheduler sched(noop_stream_ref{made_up_handle<noop_stream>()}, block_options());
+  const auto producer = noop_stream_ref{made_up_handle<noop_stream>()};
+  for (int i = 0; i < 4; ++i) sched.to_host_blocks(blocks, producer).wait();
+  const allocation_probe probe;
+  for (auto _ : state) {
+    auto t = sched.to_host_blocks(blocks, producer);
+    benchmark::DoNotOptimize(t.state());
+  }
+  probe.report(state);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_noop_ferry_blocks)->Arg(64)->Arg(1024)->ArgName("blocks");
+
+void BM_noop_ferry_per_block(benchmark::State& state) {
+  const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
+  noop_scheduler sched(noop_stream_ref{made_up_handle<noop_stream>()}, block_options());
+  const auto producer = noop_stream_ref{made_up_handle<noop_stream>()};
+  const allocation_probe probe;
+  for (auto _ : state) {
+    for (const auto& b : blocks) {
+      auto t = sched.to_host(b.dst, b.src, b.bytes, producer);
+      benchmark::DoNotOptimize(t.state());
+    }
+  }
+  probe.report(state);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_noop_ferry_per_block)->Arg(64)->Arg(1024)->ArgName("blocks");
+
+void BM_host_executor_blocks(benchmark::State& state) {
+  const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
+  ferry::host_stream compute;
+  ferry::host_executor ex(compute, block_options());
+  for (int i = 0; i < 4; ++i) ex.to_host_blocks(blocks, compute).wait();
+  const allocation_probe probe;
+  for (auto _ : state) ex.to_host_blocks(blocks, compute).wait();
+  probe.report(state);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0) *
+                          static_cast<std::int64_t>(kv_block));
+}
+BENCHMARK(BM_host_executor_blocks)->Arg(64)->Arg(1024)->ArgName("blocks")->UseRealTime();
+
+void BM_host_executor_per_block(benchmark::State& state) {
+  const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
+  ferry::host_stream compute;
+  ferry::host_executor ex(compute, block_options());
+  const allocation_probe probe;
+  for (auto _ : state) {
+    ferry::host_executor::ticket_type last;
+    for (const auto& b : blocks) last = ex.to_host(b.dst, b.src, b.bytes, compute);
+    last.wait();
+  }
+  probe.report(state);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0) *
+                          static_cast<std::int64_t>(kv_block));
+}
+BENCHMARK(BM_host_executor_per_block)->Arg(64)->Arg(1024)->ArgName("blocks")->UseRealTime();
 
 #if FERRY_HAS_CUDA
 
