@@ -47,6 +47,7 @@
 // codec: identity, bf16, FP8
 #include "ferry/codec.hpp"
 // transfer: the scheduler, its tickets, the transfer knob
+#include "ferry/transfer/block_copy.hpp"
 #include "ferry/transfer/defaults.hpp"
 #include "ferry/transfer/device_backend.hpp"
 #include "ferry/transfer/host_executor.hpp"
@@ -56,6 +57,8 @@
 // pipeline: what users instantiate
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/pipeline/gradient_sink.hpp"
+#include "ferry/pipeline/kv_cache.hpp"
+#include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"

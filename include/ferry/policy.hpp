@@ -5,6 +5,8 @@
 
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/eviction.hpp"
+#include "ferry/policy/kv_hash.hpp"
+#include "ferry/policy/kv_plan.hpp"
 #include "ferry/policy/offload_plan.hpp"
 #include "ferry/policy/placement.hpp"
 #include "ferry/policy/prefetch.hpp"
