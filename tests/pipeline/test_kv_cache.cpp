@@ -303,3 +303,36 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a fa
   CHECK(tier.used() == 0);
   CHECK(device.used() == 0);
 }
+
+TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its blocks; one outliving the cache is inert",
+                   "[pipeline][kv]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  using cache_t = kv_of<TestType>;
+  typename cache_t::sequence_type survivor;
+  {
+    cache_t cache(sched, tier_set(sched, device, pool), shape(2, 4));
+    const auto a = tokens_of(0, 2);
+    {
+      auto seq = cache.admit(a);
+      prefill(cache, seq, a, compute);
+      cache.commit(seq, a, compute);
+      CHECK(cache.plan().holds(seq.blocks()[0]) == 1);
+    }  // released here, after the scheduler's compute stream
+    auto again = cache.admit(a);  // the device holds two blocks: only possible if they were released
+    CHECK(again.cached_tokens() == 2 * bt);
+    CHECK(cache.plan().holds(again.blocks()[0]) == 1);
+    auto moved = std::move(again);
+    CHECK_FALSE(again.active());
+    CHECK(moved.active());
+    survivor = std::move(moved);
+    settle(sched, compute);
+  }  // the cache goes first
+  CHECK(survivor.active());  // inert: destroying it touches nothing
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}

@@ -92,7 +92,8 @@ namespace ferry {
 /// @brief A request's blocks in a `kv_cache`, held while it runs: the block table
 /// (`slots()`), what was found cached, and the per-layer waits. Move-only. Release it
 /// with `kv_cache::release` (its destructor releases it after the scheduler's compute
-/// stream otherwise); release it before the cache is destroyed.
+/// stream otherwise). A sequence that outlives its cache holds nothing (its destructor
+/// does nothing); its slots and waits must not be used then.
 template <class Backend>
 class basic_kv_sequence {
  public:
@@ -163,9 +164,10 @@ class basic_kv_sequence {
     std::swap(active_, o.active_);
     std::swap(owner_, o.owner_);
     std::swap(end_, o.end_);
+    std::swap(alive_, o.alive_);
   }
   void end() noexcept {
-    if (active_ && end_ != nullptr) end_(owner_, *this);
+    if (active_ && end_ != nullptr && alive_ && *alive_) end_(owner_, *this);
   }
 
   std::vector<kv_block_id> blocks_;
@@ -177,6 +179,7 @@ class basic_kv_sequence {
   bool active_ = false;
   void* owner_ = nullptr;
   void (*end_)(void*, basic_kv_sequence&) noexcept = nullptr;
+  std::shared_ptr<const bool> alive_;  // false once the cache is gone: nothing to release into
 };
 
 namespace detail {

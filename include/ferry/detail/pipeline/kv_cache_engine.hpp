@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
+#include "ferry/detail/pipeline/kv_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/policy/kv_plan.hpp"
@@ -27,17 +28,6 @@ template <class Backend>
 class basic_kv_sequence;
 
 namespace detail {
-
-// A backend marker shared by the blocks it orders (released with the last of them).
-template <class Backend>
-struct shared_marker {
-  Backend* backend;
-  typename Backend::marker_type marker;
-  shared_marker(Backend& b, typename Backend::marker_type m) : backend(&b), marker(m) {}
-  shared_marker(const shared_marker&) = delete;
-  shared_marker& operator=(const shared_marker&) = delete;
-  ~shared_marker() { backend->release(marker); }
-};
 
 template <class Eviction, class Backend, class DeviceMemory, class Nvme, bool HasNvme>
 class kv_cache_engine {
@@ -81,6 +71,7 @@ class kv_cache_engine {
   kv_cache_engine& operator=(const kv_cache_engine&) = delete;
 
   ~kv_cache_engine() {
+    *alive_ = false;
     try {
       sched_->synchronize();
     } catch (...) {
@@ -148,6 +139,7 @@ class kv_cache_engine {
     seq.active_ = true;
     seq.owner_ = this;
     seq.end_ = &end_sequence;
+    seq.alive_ = alive_;
     ++stats_.admitted;
     stats_.cached_tokens += p.tokens;
   }
@@ -595,6 +587,7 @@ class kv_cache_engine {
   std::vector<block_state> blocks_;
   std::vector<marker_ptr> pending_;  // last users of freed device slots, for the next round
   kv_cache_stats stats_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // shared with the sequences
 };
 
 }  // namespace detail
