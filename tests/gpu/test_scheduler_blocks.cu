@@ -242,8 +242,11 @@ TEST_CASE("stream_scheduler: contiguous runs merge, and batched against per-bloc
     last.wait();
   });
   const double gb = static_cast<double>(count * block) / 1e9;
-  std::printf("block moves: %zu x %zu KiB D2H: batched %.2f GB/s (%.0f us), per-block to_host %.2f GB/s (%.0f us)\n",
-              count, block / KiB, gb / batched, batched * 1e6, gb / looped, looped * 1e6);
+  std::printf(
+      "block moves: %zu x %zu KiB D2H: batched %.2f GB/s (%.0f us), per-block to_host %.2f GB/s (%.0f us); "
+      "cudaMemcpyBatchAsync in use: %s\n",
+      count, block / KiB, gb / batched, batched * 1e6, gb / looped, looped * 1e6,
+      ferry::cuda_runtime::batched_copies() ? "yes" : "no (the cudaMemcpyAsync loop)");
   // Pairs contiguous on both sides, a gap between pairs on the device side: half as
   // many runs as blocks.
   std::vector<ferry::block_copy> merged;

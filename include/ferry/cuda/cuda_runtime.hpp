@@ -89,13 +89,13 @@ struct cuda_runtime {
   /// refuses it (`cudaErrorNotSupported`, `cudaErrorCallRequiresNewerDriver`: then it is
   /// not tried again in this process), it is a loop of `cudaMemcpyAsync` on `s` — the
   /// same stream order, one launch per copy — which stops at the first failed copy (the
-  /// copies before it stay enqueued). CUDA 12.8 and 12.9 take a `failIdx` out-parameter
-  /// that 13.0 dropped; it is not used.
+  /// copies before it stay enqueued); `batched_copies()` reports which path is taken.
+  /// CUDA 12.8 and 12.9 take a `failIdx` out-parameter that 13.0 dropped; it is not used.
   cudaError_t memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                                  std::size_t count, copy_direction direction, cudaStream_t s) const {
     if (count == 0) return cudaSuccess;
 #if CUDART_VERSION >= 12080
-    static std::atomic<bool> batched{true};
+    std::atomic<bool>& batched = batch_state();
     if (batched.load(std::memory_order_relaxed)) {
       int device = 0;
       cudaError_t rc = cudaGetDevice(&device);
@@ -125,6 +125,17 @@ struct cuda_runtime {
       if (rc != cudaSuccess) return rc;
     }
     return cudaSuccess;
+  }
+  /// @brief Whether `memcpy_batch_async` issues `cudaMemcpyBatchAsync` (true until the
+  /// driver refuses it once in this process); false: a loop of `cudaMemcpyAsync` (also
+  /// always where `CUDART_VERSION < 12080`). The fallback is correct, only slower for
+  /// small blocks: this is how a program (or `ferry-bench`) tells.
+  static bool batched_copies() noexcept {
+#if CUDART_VERSION >= 12080
+    return batch_state().load(std::memory_order_relaxed);
+#else
+    return false;
+#endif
   }
   /// @brief `cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync)`:
   /// an event for ordering, whose synchronisation sleeps instead of spinning.
@@ -247,6 +258,10 @@ struct cuda_runtime {
   }
 
  private:
+  static std::atomic<bool>& batch_state() noexcept {
+    static std::atomic<bool> batched{true};
+    return batched;
+  }
   static cudaMemcpyKind kind(copy_direction d) noexcept {
     return d == copy_direction::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   }
