@@ -336,3 +336,94 @@ TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its bl
   CHECK(pool.used() == 0);
   CHECK(device.used() == 0);
 }
+
+TEMPLATE_TEST_CASE("kv_cache: a second sequence sharing a block whose NVMe read is in flight waits for that read",
+                   "[pipeline][kv][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  // Found by a breaker: the second sequence found the block "on the device" (the plan had
+  // fetched it for the first) and got no wait on the read still landing in its slot.
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType, ferry::nvme_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 64));
+    for (int round = 0; round < 8; ++round) {
+      INFO("round " << round);
+      const int base = round * 10;
+      for (int r = 0; r < 5; ++r) serve(cache, tokens_of(base + r, 1), compute);
+      const auto t = tokens_of(base, 1);
+      REQUIRE(cache.lookup(t).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
+      auto first = cache.admit(t);
+      auto second = cache.admit(t);  // a device hit while the read is in flight
+      CHECK(second.cached_tokens() == bt);
+      CHECK(blocks_intact(cache, second, t, compute));
+      cache.release(first, compute);
+      cache.release(second, compute);
+    }
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing the block, never garbage",
+                   "[pipeline][kv][nvme][faults]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  scratch_path path(ferry_test::disk_dir);
+  faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<TestType, faulty_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 64));
+    for (int r = 0; r < 5; ++r) serve(cache, tokens_of(r, 1), compute);
+    const auto t = tokens_of(0, 1);
+    REQUIRE(cache.lookup(t).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
+    plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
+    auto first = cache.admit(t);
+    auto second = cache.admit(t);  // shares the block before the failure has landed
+    REQUIRE(second.cached_tokens() == bt);
+    CHECK_THROWS_AS(second.wait(), ferry::io_error);
+    CHECK_THROWS_AS(first.wait(), ferry::io_error);
+    cache.release(first, compute);
+    cache.release(second, compute);
+    plan->clear();
+    serve(cache, tokens_of(9, 1), compute);  // any call settles the failed read
+    CHECK(cache.lookup(t).tokens == 0);      // discarded, not served again
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+  CHECK(device.used() == 0);
+}
+
+TEST_CASE("kv_cache: release of a sequence through another cache is refused and changes nothing", "[pipeline][kv]") {
+  host_device dev;
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
+  auto& device = dev.memory(64 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    kv_of<host_device> c1(sched, tier_set(sched, device, pool), shape(2, 4));
+    kv_of<host_device> c2(sched, tier_set(sched, device, pool), shape(2, 4));
+    auto other = c2.admit(tokens_of(5, 1));
+    auto seq = c1.admit(tokens_of(0, 2));
+    CHECK_THROWS_AS(c2.release(seq, compute), ferry::logic_error);
+    CHECK(c2.plan().holds(other.blocks()[0]) == 1);
+    CHECK(c1.plan().holds(seq.blocks()[0]) == 1);
+    CHECK(seq.active());
+    c2.release(other, compute);
+    c1.release(seq, compute);
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}

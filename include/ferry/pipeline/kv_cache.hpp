@@ -127,16 +127,20 @@ class basic_kv_sequence {
   [[nodiscard]] bool active() const noexcept { return active_; }
 
   /// @brief Makes `s` wait (on the device, not the host) for layer `layer` of this
-  /// sequence: its blocks loaded and its slots free of earlier readers.
+  /// sequence: its blocks loaded (also loads another sequence started), the work of the
+  /// producers that wrote the cached blocks it shares, and its slots free of earlier
+  /// readers.
   /// @throws ferry::logic_error for a layer out of range; ferry::cuda_error
   void wait_layer(std::size_t layer, stream_type s) const {
     FERRY_EXPECTS(layer < layer_waits_.size(), "no such layer", layer, layer_waits_.size());
+    for (const auto& m : marker_waits_) m->backend->wait(s, m->marker);
     for (const auto& t : layer_waits_[layer]) t->enqueue_wait(s);
   }
 
   /// @brief Blocks the host until every move of the sequence so far has completed.
   /// @throws the error of the first move that failed (its blocks are garbage)
   void wait() const {
+    for (const auto& m : marker_waits_) m->backend->synchronize(m->marker);
     for (const auto& layer : layer_waits_) {
       for (const auto& t : layer) t->wait();
     }
@@ -149,6 +153,7 @@ class basic_kv_sequence {
 
   void reset(std::size_t layers) {
     layer_waits_.assign(layers, {});
+    marker_waits_.clear();
     blocks_.clear();
     slots_.clear();
     published_ = 0;
@@ -158,6 +163,7 @@ class basic_kv_sequence {
     std::swap(blocks_, o.blocks_);
     std::swap(slots_, o.slots_);
     std::swap(layer_waits_, o.layer_waits_);
+    std::swap(marker_waits_, o.marker_waits_);
     std::swap(published_, o.published_);
     std::swap(cached_tokens_, o.cached_tokens_);
     std::swap(salt_, o.salt_);
@@ -173,6 +179,7 @@ class basic_kv_sequence {
   std::vector<kv_block_id> blocks_;
   std::vector<std::uint32_t> slots_;
   std::vector<std::vector<std::shared_ptr<ticket_type>>> layer_waits_;
+  std::vector<std::shared_ptr<detail::shared_marker<Backend>>> marker_waits_;  // producers of shared blocks
   std::size_t published_ = 0;
   std::size_t cached_tokens_ = 0;
   std::uint64_t salt_ = 0;
@@ -307,8 +314,12 @@ class kv_cache {
 
   /// @brief Ends `seq`: its blocks are no longer held (published ones stay cached; the
   /// others are freed), their slots rewritten only after the work enqueued on `last_user`
-  /// so far. Never throws.
-  void release(sequence_type& seq, stream_type last_user) noexcept { engine_.release(seq, last_user); }
+  /// so far. A sequence already released (or empty) is left alone.
+  /// @throws ferry::logic_error for an active sequence another cache admitted (nothing changes)
+  void release(sequence_type& seq, stream_type last_user) {
+    FERRY_EXPECTS(!seq.active() || engine_.owns(seq), "release of a sequence another kv_cache admitted");
+    engine_.release(seq, last_user);
+  }
 
   /// @brief The device array of layer `layer`'s blocks (`device_blocks * layer_block_bytes`).
   [[nodiscard]] void* layer_pool(std::size_t layer) const noexcept { return engine_.layer_pool(layer); }

@@ -86,6 +86,7 @@ class kv_cache_engine {
   }
 
   [[nodiscard]] const kv_cache_options& options() const noexcept { return o_; }
+  [[nodiscard]] bool owns(const sequence_type& seq) const noexcept { return seq.owner_ == this; }
   [[nodiscard]] const plan_type& plan() const noexcept { return plan_; }
   [[nodiscard]] const kv_cache_stats& stats() const noexcept { return stats_; }
   [[nodiscard]] scheduler_type& scheduler() const noexcept { return *sched_; }
@@ -136,6 +137,7 @@ class kv_cache_engine {
       throw;
     }
     flush(r);
+    attach(seq, std::span<const kv_block_id>(seq.blocks_).first(p.blocks.size()));
     seq.active_ = true;
     seq.owner_ = this;
     seq.end_ = &end_sequence;
@@ -173,6 +175,7 @@ class kv_cache_engine {
         std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(producer));
     round r(o_.layers, &seq);
     auto m = mover(r);
+    std::vector<kv_block_id> shared;  // equal blocks published before, now this sequence's
     for (std::size_t i = seq.published_; i < full; ++i) {
       const kv_block_id mine = seq.blocks_[i];
       const kv_block_id parent = i == 0 ? no_kv_block : seq.blocks_[i - 1];
@@ -181,6 +184,7 @@ class kv_cache_engine {
       state_of(mine).produced = produced;
       if (named != mine) {  // an equal block was published first: share it, free this one
         plan_.hold(std::span(&named, 1), m);
+        shared.push_back(named);
         seq.blocks_[i] = named;
         seq.slots_[i] = blocks_[named].slot;
         state_of(mine).last_uses.push_back(produced);
@@ -189,6 +193,7 @@ class kv_cache_engine {
       seq.published_ = i + 1;
     }
     flush(r);
+    attach(seq, shared);
   }
 
   void release(sequence_type& seq, stream_type last_user) noexcept {
@@ -227,11 +232,12 @@ class kv_cache_engine {
   }
 
   struct block_state {
-    std::uint32_t slot = no_slot;         // in its tier's slot array
-    marker_ptr produced;                  // the end of the work that wrote it (commit)
-    std::vector<marker_ptr> last_uses;    // the ends of its users' work (release), not yet waited for
-    bool fill_pending = false;            // pinned: its D2H is in the round not yet issued
-    std::shared_ptr<ticket_type> filled;  // pinned: the D2H of its last layer
+    std::uint32_t slot = no_slot;                       // in its tier's slot array
+    marker_ptr produced;                                // the end of the work that wrote it (commit)
+    std::vector<marker_ptr> last_uses;                  // the ends of its users' work (release), not yet waited for
+    bool fill_pending = false;                          // pinned: its D2H is in the round not yet issued
+    std::shared_ptr<ticket_type> filled;                // pinned: the D2H of its last layer
+    std::vector<std::shared_ptr<ticket_type>> landing;  // on the device: the load of each layer (empty: none)
   };
 
   // The moves of one round of decisions, issued together (`flush`).
@@ -247,6 +253,7 @@ class kv_cache_engine {
     std::vector<marker_ptr> waits;            // what the D2H lane waits for first
     std::vector<std::uint32_t> freed_pinned;  // pinned slots whose H2D is in this round
     std::vector<kv_block_id> filling;         // blocks whose D2H is in this round
+    std::vector<kv_block_id> loading;         // blocks whose H2D from pinned memory is in this round
     sequence_type* seq;                       // the sequence whose compute waits for the round, or null
   };
 
@@ -298,6 +305,32 @@ class kv_cache_engine {
     }
   }
 
+  // The per-layer load tickets of block `b` (sized on first use).
+  std::vector<std::shared_ptr<ticket_type>>& landing_of(kv_block_id b) {
+    auto& v = state_of(b).landing;
+    if (v.size() != o_.layers) v.assign(o_.layers, nullptr);
+    return v;
+  }
+
+  // A sequence that holds blocks already on the device (a hit, or shared with another
+  // sequence) waits for what they still need: a load of theirs in flight (issued by an
+  // earlier call, for another sequence) and the work of the producer that wrote them.
+  void attach(sequence_type& seq, std::span<const kv_block_id> held) {
+    for (const kv_block_id b : held) {
+      block_state& s = state_of(b);
+      for (std::size_t l = 0; l < s.landing.size(); ++l) {
+        auto& t = s.landing[l];
+        if (!t) continue;
+        if (t->ready() && t->error() == nullptr) {
+          t.reset();  // landed: nothing to wait for any more
+        } else {
+          seq.layer_waits_[l].push_back(t);  // in flight, or failed (then `wait()` reports it)
+        }
+      }
+      if (s.produced) seq.marker_waits_.push_back(s.produced);
+    }
+  }
+
   // A user more of a block still cached; users whose work has completed are forgotten
   // (so a block read by many requests keeps a short list).
   void add_use(block_state& s, const marker_ptr& used) {
@@ -337,6 +370,7 @@ class kv_cache_engine {
           for (std::size_t l = 0; l < o_.layers; ++l)
             r.h2d[l].push_back({device_block(dst, l), pinned_block(s.slot) + l * layer_bytes_, layer_bytes_});
           r.freed_pinned.push_back(s.slot);  // reusable once this round's H2D has read it
+          r.loading.push_back(e.key);
           s.slot = dst;
           s.filled.reset();
           ++stats_.loaded;
@@ -359,6 +393,8 @@ class kv_cache_engine {
             r.d2h[l].push_back({pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_,
                                 device_block(s.slot, l), layer_bytes_});
           free_device_.push_back(s.slot);  // its reuse is ordered after this round's D2H (flush)
+          s.landing.clear();
+          s.produced.reset();  // waited for by the D2H lane (above); a reload is ordered by its own load
           s.slot = dst;
           s.fill_pending = true;
           r.filling.push_back(e.key);
@@ -460,6 +496,7 @@ class kv_cache_engine {
         auto t = std::make_shared<ticket_type>(sched_->to_device_blocks(r.h2d[l], d2h));
         ++stats_.block_moves;
         if (seq != nullptr) seq->layer_waits_[l].push_back(t);
+        for (const kv_block_id b : r.loading) landing_of(b)[l] = t;
         r.h2d[l].clear();
       }
       if constexpr (HasNvme) {
@@ -472,11 +509,13 @@ class kv_cache_engine {
               sched_->nvme_to_device(*nvme_, *region_, std::uint64_t{ld.nvme_slot} * block_bytes_ + l * layer_bytes_,
                                      device_block(ld.device_slot, l), layer_bytes_, d2h));
           if (seq != nullptr) seq->layer_waits_[l].push_back(t);
+          landing_of(ld.block)[l] = t;
           reads[k].done.push_back(std::move(t));
         }
       }
     }
     r.nvme_loads.clear();
+    r.loading.clear();
     for (auto& f : reads) nvme_reads_.push_back(std::move(f));
     for (const kv_block_id b : r.filling) {
       blocks_[b].fill_pending = false;
