@@ -45,8 +45,8 @@ class kv_cache_engine {
         device_(&device),
         host_(&host),
         nvme_(nvme),
-        o_(checked(o)),
-        plan_(plan_options(o_, host, nvme)) {
+        o_(kv_checked_options<scheduler_type, HasNvme>(o)),
+        plan_(kv_plan_options_of<HasNvme>(o_, host, nvme)) {
     layer_bytes_ = o_.layer_block_bytes;
     block_bytes_ = o_.layers * o_.layer_block_bytes;
     const std::size_t pool_bytes = o_.device_blocks * block_bytes_;
@@ -256,36 +256,6 @@ class kv_cache_engine {
     std::vector<kv_block_id> loading;         // blocks whose H2D from pinned memory is in this round
     sequence_type* seq;                       // the sequence whose compute waits for the round, or null
   };
-
-  static kv_cache_options checked(const kv_cache_options& o) {
-    FERRY_EXPECTS(o.layers > 0 && o.block_tokens > 0 && o.layer_block_bytes > 0 && o.device_blocks > 0,
-                  "a KV cache needs layers, tokens and bytes per block, and device blocks", o.layers, o.block_tokens,
-                  o.layer_block_bytes, o.device_blocks);
-    FERRY_EXPECTS(o.device_blocks < (std::size_t{1} << 31), "the device pool has fewer than 2^31 slots",
-                  o.device_blocks);
-    FERRY_EXPECTS(o.layer_block_bytes <= (std::size_t{1} << 40) / o.layers / o.device_blocks,
-                  "the device pool would exceed 1 TiB", o.layers, o.layer_block_bytes, o.device_blocks);
-    if constexpr (HasNvme) {
-      FERRY_EXPECTS(o.layer_block_bytes % scheduler_type::disk_alignment == 0,
-                    "with an NVMe tier, a layer's block must be a multiple of 4096 bytes (direct I/O)",
-                    o.layer_block_bytes);
-    }
-    return o;
-  }
-
-  static kv_plan_options plan_options(const kv_cache_options& o, const pinned_pool& host, const Nvme* nvme) {
-    const std::size_t block = o.layers * o.layer_block_bytes;
-    kv_plan_options p;
-    p.block_tokens = o.block_tokens;
-    p.block_bytes = block;
-    p.device_blocks = o.device_blocks;
-    p.pinned_bytes = o.pinned_budget_bytes != 0 ? o.pinned_budget_bytes : host.budget();
-    if constexpr (HasNvme) {
-      p.nvme_bytes = o.nvme_budget_bytes != 0 ? o.nvme_budget_bytes : nvme->capacity();
-      p.nvme_bytes = p.nvme_bytes / block * block;
-    }
-    return p;
-  }
 
   block_state& state_of(kv_block_id b) {
     if (b >= blocks_.size()) blocks_.resize(std::size_t{b} + 1);
@@ -562,11 +532,11 @@ class kv_cache_engine {
     try {
       reap_reads();
       for (auto it = fills_.begin(); it != fills_.end();) {
-        if (!all_ready(*it)) {
+        if (!it->all_ready()) {
           ++it;
           continue;
         }
-        if (failed(*it) && it->block < blocks_.size() && blocks_[it->block].filled == it->done[0]) discard(it->block);
+        if (it->failed() && it->block < blocks_.size() && blocks_[it->block].filled == it->done[0]) discard(it->block);
         it = fills_.erase(it);
       }
     } catch (...) {  // a discard the mover refused: tried again at the next call
@@ -575,11 +545,11 @@ class kv_cache_engine {
 
   void reap_reads() {
     for (auto it = nvme_reads_.begin(); it != nvme_reads_.end();) {
-      if (!it->discarded && failed(*it)) {  // a layer's read failed: the block is garbage
+      if (!it->discarded && it->failed()) {  // a layer's read failed: the block is garbage
         it->discarded = true;
         discard(it->block);
       }
-      if (!all_ready(*it)) {
+      if (!it->all_ready()) {
         ++it;
         continue;
       }
@@ -609,18 +579,7 @@ class kv_cache_engine {
   std::size_t nvme_slots_ = 0;
   std::optional<nvme_region> region_;
   std::vector<std::uint32_t> free_device_, free_pinned_, free_nvme_;
-  struct in_flight {
-    kv_block_id block;
-    std::uint32_t slot;  // NVMe reads: the slot freed once every layer's read has landed
-    std::vector<std::shared_ptr<ticket_type>> done;
-    bool discarded = false;
-  };
-  static bool all_ready(const in_flight& f) noexcept {
-    return std::all_of(f.done.begin(), f.done.end(), [](const auto& t) { return t->ready(); });
-  }
-  static bool failed(const in_flight& f) {
-    return std::any_of(f.done.begin(), f.done.end(), [](const auto& t) { return t->ready() && t->error() != nullptr; });
-  }
+  using in_flight = kv_in_flight<ticket_type>;
   std::vector<in_flight> nvme_reads_;  // reads back from NVMe in flight
   std::vector<in_flight> fills_;       // D2H into pinned memory in flight
   std::vector<block_state> blocks_;
