@@ -195,8 +195,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int run(int argc, char** argv) {
   CLI::App app{
       "ferry-bench: what offloading costs on this machine, ferry against its references, side by side.\n"
-      "Without a scenario it runs the default suite for this machine (with a GPU: link, codec, offload, stream;\n"
-      "without: nvme, adam-nvme), ends with tuning advice, and writes an output folder (results.json,\n"
+      "Without a scenario it runs the default suite for this machine (with a GPU: link, kv, codec, offload,\n"
+      "stream; without: nvme, kv, adam-nvme), ends with tuning advice, and writes an output folder (results.json,\n"
       "results.csv, summary.md, plots/*.png)."};
   app.name("ferry-bench");
   app.set_version_flag("--version", std::string("ferry-bench ") + ferry::version_string +
@@ -223,7 +223,8 @@ int run(int argc, char** argv) {
   std::string suite = "auto";
   app.add_option("--suite", suite,
                  "which default suite runs when no scenario is named: auto (the one that fits this machine), gpu "
-                 "(link, codec, offload, stream; refused without a GPU), host (nvme, adam-nvme)")
+                 "(link, kv, codec, offload, stream; refused without a GPU), host (nvme, kv, adam-nvme; kv runs on the "
+                 "GPU where there is one)")
       ->check(CLI::IsMember({"auto", "gpu", "host"}));
   app.add_flag("--quick", options.quick, "smaller sizes and fewer repetitions (the suite in under a minute)");
   app.add_option("--repetitions", options.repetitions, "measured runs of ferry and of the reference each, alternated")
@@ -474,7 +475,7 @@ int run(int argc, char** argv) {
       }
       for (const scenario* s : scenarios) {
         const bool runnable = !s->needs_gpu || gpu;
-        const bool in_suite = s->in_default_suite && s->needs_gpu == gpu;
+        const bool in_suite = s->in_default_suite && (s->needs_gpu == gpu || s->any_machine);
         std::printf("%-12s %-9s %-7s %s (reference: %s)\n", s->name.c_str(), runnable ? "ready" : "needs GPU",
                     in_suite ? "suite" : "", s->description.c_str(), s->reference.c_str());
       }
@@ -502,7 +503,7 @@ int run(int argc, char** argv) {
     if (!explicit_choice) {
       const bool gpu_suite = suite == "auto" ? gpu : suite == "gpu";
       for (const scenario* s : scenarios) {
-        if (s->in_default_suite && s->needs_gpu == gpu_suite) to_run.push_back(s);
+        if (s->in_default_suite && (s->needs_gpu == gpu_suite || s->any_machine)) to_run.push_back(s);
       }
     } else if (app.count("--suite") > 0) {
       throw std::runtime_error("--suite chooses the suite run when no scenario is named; it does not go with '" +

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds ferry-bench (release preset), shows this
 # machine as ferry-bench sees it, and runs the quick suite for this machine (with a GPU:
-# link, codec, offload, stream; without: nvme, adam-nvme), which ends with tuning advice.
+# link, kv, codec, offload, stream; without: nvme, kv, adam-nvme), which ends with tuning advice.
 #   scripts/demo.sh [OUTDIR] [ferry-bench options...]
 # OUTDIR (default: build/ferry-bench-quick) receives results.json, results.csv,
 # summary.md and plots/*.png; an earlier result there is replaced. The disk scenarios

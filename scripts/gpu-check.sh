@@ -11,7 +11,7 @@
 #                      ferry-bench probe (machine.json)
 #   gpu-tests          ferry-tests-gpu once, plain (gpu-tests.xml, JUnit)
 #   example-*          stream_ordering, activation_offload, layer_streaming
-#   bench-suite        ferry-bench --quick --suite gpu: link, codec, offload, stream (bench.json,
+#   bench-suite        ferry-bench --quick --suite gpu: link, kv, codec, offload, stream (bench.json,
 #                      and suite/: results.json, results.csv, summary.md, the advice; plots
 #                      where gnuplot is installed, else `scripts/bench-plot.sh` cannot redraw
 #                      them later: run the suite here with gnuplot for plots)

@@ -9,6 +9,8 @@
 /// - `link-chunk-size`: H2D/D2H/bidirectional throughput against the scheduler's chunk
 ///   size, ferry and raw `cudaMemcpyAsync` of the whole move (scenario `link`);
 /// - `link-size`: throughput against the size of the move (scenario `link`);
+/// - `kv-block-size`: D2H and H2D throughput against the KV block size, ferry's block
+///   move, one copy per block and one contiguous copy (scenario `kv`);
 /// - `step-vs-offloaded-SCENARIO`: step time against the bytes offloaded per step, ferry
 ///   and each reference (scenarios `adam-nvme`, `offload`, `stream`).
 /// Each plot leaves `plots/NAME.dat` and `plots/NAME.gp` next to `plots/NAME.png`, so a
@@ -160,6 +162,38 @@ inline std::optional<plot> link_plot(const std::vector<row>& rows, const char* x
   return p;
 }
 
+// KV block moves: throughput against block size per direction, ferry's and each
+// reference's (the rows "vs per-block" and "vs contiguous" of a case share ferry's value).
+inline std::optional<plot> kv_plot(const std::vector<row>& rows) {
+  plot p;
+  p.name = "kv-block-size";
+  p.xlabel = "block size (KiB)";
+  p.ylabel = "throughput (GB/s)";
+  p.log_x = true;
+  bool cpu_model = false;
+  for (const char* dir : {"d2h", "h2d"}) {
+    plot_series f{std::string("ferry ") + dir, {}, false};
+    plot_series per_block{std::string("one copy per block ") + dir, {}, true};
+    plot_series contiguous{std::string("one contiguous copy ") + dir, {}, true};
+    for (const row& r : rows) {
+      if (r.scenario != "kv" || r.metric != "throughput" || r.text("direction") != dir) continue;
+      const auto x = r.number("block_bytes");
+      if (!x) continue;
+      cpu_model = cpu_model || r.text("device") == "cpu-model";
+      f.points.emplace_back(*x / 1024.0, r.ferry);
+      (r.text("variant") == "vs contiguous" ? contiguous : per_block).points.emplace_back(*x / 1024.0, r.reference);
+    }
+    for (plot_series* s : {&f, &per_block, &contiguous}) {
+      sort_points(*s);
+      if (s->points.size() >= 2) p.series.push_back(std::move(*s));
+    }
+  }
+  if (p.series.empty()) return std::nullopt;
+  p.title = std::string("KV blocks to pinned memory and back: throughput against block size") +
+            (cpu_model ? " (CPU model: not a link)" : "");
+  return p;
+}
+
 // Step time against offloaded bytes for one scenario: ferry (one curve per `variant`,
 // e.g. identity and fp8), and each reference; curves of one point are left out.
 inline std::optional<plot> step_plot(const std::vector<row>& rows, const std::string& scenario) {
@@ -221,6 +255,7 @@ inline std::string gnuplot_string(const std::string& s) {
   add(detail::disk_plot(rows, "block_bytes", "queue_depth"));
   add(detail::link_plot(rows, "chunk_bytes", "bytes"));
   add(detail::link_plot(rows, "bytes", "chunk_bytes"));
+  add(detail::kv_plot(rows));
   for (const char* s : {"adam-nvme", "offload", "stream"}) add(detail::step_plot(rows, s));
   return out;
 }

@@ -54,7 +54,9 @@ struct row {
   /// GPU scenarios add: `encoded_bytes` (codec: bytes of the encoding), `moved_bytes`
   /// (offload: measured bytes over the link per step), `weight_bytes`,
   /// `gradient_bytes` (stream), `layers`, `hidden`, `tokens`, `offloaded_layers`,
-  /// `slots`, `gemm_n`, `gemm_reps`.
+  /// `slots`, `gemm_n`, `gemm_reps`. The `kv` scenario adds `blocks` (blocks per move),
+  /// `device` ("gpu", or "cpu-model" for the CPU model of the device runtime),
+  /// `runs_per_move` and `batches_per_move` (what ferry's block move merged and issued).
   nlohmann::json params = nlohmann::json::object();
   /// ferry's samples in run order (empty where the scenario did not record them).
   std::vector<double> ferry_samples{};

@@ -51,6 +51,9 @@ struct scenario {
   /// Part of the default suite (`ferry-bench` with no scenario): with a GPU, the
   /// scenarios that need one and have this set; without, those that do not.
   bool in_default_suite = false;
+  /// Runs on any machine — on the GPU where there is one, else on the CPU model of the
+  /// device runtime — so with `in_default_suite` it is in both suites (`needs_gpu` false).
+  bool any_machine = false;
   /// Its `run` honours `run_options::preflight_only` (returns after its checks).
   bool preflight = false;
   /// Adds the scenario's own options to its subcommand (may be empty).

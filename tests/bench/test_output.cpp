@@ -405,6 +405,38 @@ TEST_CASE("plots: curves picked by params, one point per x, none from a single p
   CHECK(op[0].series[1].title == "no offload");
 }
 
+TEST_CASE("plots: kv throughput against block size, ferry and both references per direction") {
+  std::vector<fb::row> rows;
+  for (const std::uint64_t kib : {4u, 16u, 64u}) {
+    for (const char* vs : {"per-block", "contiguous"}) {
+      fb::row r{"kv",
+                "d2h",
+                "throughput",
+                "GB/s",
+                fb::better::higher,
+                static_cast<double>(kib),
+                vs == std::string("per-block") ? 1.0 : 50.0,
+                vs};
+      r.params = {{"direction", "d2h"},
+                  {"block_bytes", kib * ferry::KiB},
+                  {"variant", std::string("vs ") + vs},
+                  {"device", "cpu-model"}};
+      rows.push_back(r);
+    }
+  }
+  const auto plots = fb::make_plots(rows);
+  REQUIRE(plots.size() == 1);
+  CHECK(plots[0].name == "kv-block-size");
+  CHECK(plots[0].title.find("CPU model") != std::string::npos);
+  REQUIRE(plots[0].series.size() == 3);  // d2h only: ferry, per block, contiguous
+  CHECK(plots[0].series[0].title == "ferry d2h");
+  CHECK(plots[0].series[0].points.size() == 3);  // one point per block size, not per row
+  CHECK(plots[0].series[0].points.back() == std::pair<double, double>{64.0, 64.0});
+  CHECK(plots[0].series[1].reference);
+  CHECK(plots[0].series[1].points.front() == std::pair<double, double>{4.0, 1.0});
+  CHECK(plots[0].series[2].points.front() == std::pair<double, double>{4.0, 50.0});
+}
+
 TEST_CASE("plots: gnuplot draws PNGs into the staging folder; a failing gnuplot fails the run") {
   std::vector<fb::row> rows;
   for (const std::uint64_t qd : {1u, 4u, 16u}) rows.push_back(disk_row("seq-read", ferry::MiB, qd, 1.0, 1.1));
