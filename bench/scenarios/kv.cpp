@@ -33,7 +33,7 @@
 #include "harness/stats.hpp"
 
 #include <ferry/core/config.hpp>
-#include <ferry/core/defaults.hpp>
+#include <ferry/transfer/defaults.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/core/units.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
@@ -135,7 +135,7 @@ struct rig {
         ref(rt),
         host_pool(host_options(n * block_bytes + ferry::MiB, pin)),
         arena(2 * n * block_bytes + ferry::MiB, ferry::device_arena_options{}, rt),
-        bounce(host_options(ferry::defaults::current().chunk_bytes + ferry::MiB, pin)),  // the ring: one chunk
+        bounce(host_options(ferry::transfer::defaults::current().chunk_bytes + ferry::MiB, pin)),  // the ring: one chunk
         sched(producer.ref(), with_bounce(scheduler_options(), bounce), rt) {
     pool = static_cast<std::byte*>(arena.allocate(2 * n * block, producer.ref()));
     producer.synchronize();
