@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "knob_test_util.hpp"
@@ -114,4 +115,22 @@ TEST_CASE("transfer knobs: current() reads the environment once, and a scheduler
   given.chunk_bytes = 16 * KiB;
   ferry::host_executor mine(compute, given);
   CHECK(mine.chunk_bytes() == 16 * KiB);  // a chunk given in code wins
+}
+
+TEST_CASE("transfer::defaults: the copy kernel's knobs", "[transfer][defaults]") {
+  const auto b = transfer_defaults::builtin();
+  CHECK(b.kernel_block_bytes == 64 * KiB);
+  CHECK(b.kernel_ctas == 16);
+  CHECK(transfer_defaults::parse(knob::kernel_block_bytes, "0") == 0);  // never the kernel
+  CHECK(transfer_defaults::parse(knob::kernel_block_bytes, "16KiB") == 16 * KiB);
+  CHECK_THROWS_AS(transfer_defaults::parse(knob::kernel_block_bytes, "2GiB"), ferry::config_error);
+  CHECK(transfer_defaults::parse(knob::kernel_ctas, "1") == 1);
+  CHECK_THROWS_AS(transfer_defaults::parse(knob::kernel_ctas, "0"), ferry::config_error);
+  CHECK_THROWS_AS(transfer_defaults::parse(knob::kernel_ctas, "1025"), ferry::config_error);
+  CHECK_THROWS_AS(transfer_defaults::parse(knob::kernel_ctas, "4K"), ferry::config_error);  // a count has no unit
+  std::map<std::string, std::string> env{{"FERRY_KERNEL_BLOCK_BYTES", "32K"}, {"FERRY_KERNEL_CTAS", "8"}};
+  const auto s = transfer_defaults::load(knob_test::lookup(env));
+  CHECK(s.kernel_block_bytes == 32 * KiB);
+  CHECK(s.kernel_ctas == 8);
+  CHECK(s.chunk_bytes == 4 * MiB);
 }

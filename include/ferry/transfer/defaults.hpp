@@ -1,16 +1,21 @@
 /// @file
-/// @brief The runtime knob of the transfer layer (`ferry::transfer::defaults`): its unit,
-/// default, limits and the environment variable that overrides it.
+/// @brief The runtime knobs of the transfer layer (`ferry::transfer::defaults`): their
+/// units, defaults, limits and the environment variables that override them.
 ///
 // clang-format off
-/// | knob          | variable            | unit  | default | accepted                          |
-/// |---------------|---------------------|-------|---------|-----------------------------------|
-/// | `chunk_bytes` | `FERRY_CHUNK_BYTES` | bytes | 4 MiB   | 4 KiB .. 1 GiB, multiple of 4 KiB |
+/// | knob                 | variable                   | unit  | default | accepted                          |
+/// |----------------------|----------------------------|-------|---------|-----------------------------------|
+/// | `chunk_bytes`        | `FERRY_CHUNK_BYTES`        | bytes | 4 MiB   | 4 KiB .. 1 GiB, multiple of 4 KiB |
+/// | `kernel_block_bytes` | `FERRY_KERNEL_BLOCK_BYTES` | bytes | 64 KiB  | 0 .. 1 GiB (0: never the kernel)  |
+/// | `kernel_ctas`        | `FERRY_KERNEL_CTAS`        | count | 16      | 1 .. 1024                         |
 // clang-format on
 ///
 /// `chunk_bytes` is the size of the pieces a device<->host transfer is cut into where its
 /// user gives none (`scheduler_options::chunk_bytes` left at 0), and so the size of each
-/// of a scheduler's bounce buffers. Values are written as core/knobs.hpp says (`4MiB`,
+/// of a scheduler's bounce buffers. `kernel_block_bytes` and `kernel_ctas` choose and size
+/// the copy kernel of block moves (transfer/block_copy.hpp): a block move over mapped
+/// pinned memory whose pieces average at most `kernel_block_bytes` is copied by
+/// `kernel_ctas` thread blocks of a kernel instead of the copy engines. Values are written as core/knobs.hpp says (`4MiB`,
 /// `1M`), and a malformed one is a `ferry::config_error` naming the variable.
 ///
 /// Use `ferry::transfer::defaults::current()` for the process-wide values (read from the
@@ -34,17 +39,21 @@ using ferry::defaults::unit;
 
 /// @brief The knobs of the transfer table, in table order.
 enum class knob : std::uint8_t {
-  chunk_bytes,  ///< bytes per chunk of a device <-> host transfer
+  chunk_bytes,         ///< bytes per chunk of a device <-> host transfer
+  kernel_block_bytes,  ///< block moves whose pieces average at most this go to the copy kernel
+  kernel_ctas,         ///< thread blocks of the copy kernel
 };
 
 /// @brief Number of knobs in the transfer table.
-inline constexpr std::size_t knob_count = 1;
+inline constexpr std::size_t knob_count = 3;
 
 /// @brief A row of the transfer table.
 using knob_spec = ferry::defaults::knob_spec<knob>;
 
 namespace detail {
 inline std::uint64_t default_chunk_bytes() { return 4 * MiB; }
+inline std::uint64_t default_kernel_block_bytes() { return 64 * KiB; }
+inline std::uint64_t default_kernel_ctas() { return 16; }
 }  // namespace detail
 
 /// @brief The transfer table. Row `i` describes `static_cast<knob>(i)`.
@@ -54,6 +63,18 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "Bytes per chunk of a device<->host copy. Large moves are split so they start early and "
      "H2D and D2H interleave. On an H200 (PCIe 5 x16) pinned copies reach 96% of the 55 GB/s "
      "peak at 4 MiB and 87% at 1 MiB (docs/anchors/h200-2026-11-30.txt)."},
+    {knob::kernel_block_bytes, "kernel_block_bytes", "FERRY_KERNEL_BLOCK_BYTES", unit::bytes,
+     &detail::default_kernel_block_bytes, 0, 1 * GiB, 1,
+     "Block moves over mapped pinned memory whose pieces average at most this many bytes are "
+     "copied by a kernel (no per-descriptor cost of the copy engines); larger ones, or 0 here, "
+     "by batched copies. 64 KiB is an estimate from published measurements (SGLang's KV "
+     "transfer kernel is its default for pages up to 64 tokens; vLLM measured batched copies "
+     "at 1.9-2.4x of a per-block loop, short of the link, for blocks of 16-64 KiB); "
+     "`ferry-bench kv` measures both engines per block size on a GPU to set it."},
+    {knob::kernel_ctas, "kernel_ctas", "FERRY_KERNEL_CTAS", unit::count, &detail::default_kernel_ctas, 1, 1024, 1,
+     "Thread blocks (of 256 threads) of the block-copy kernel: the SMs it takes from compute "
+     "while it runs. 16 keeps about 256 KiB of 16-byte loads in flight, several times what "
+     "the ~55 GB/s of a PCIe 5 x16 link needs at ~2 us of read latency."},
 }};
 
 static_assert(ferry::defaults::rows_in_knob_order(table),
@@ -64,12 +85,16 @@ static_assert(ferry::defaults::rows_in_knob_order(table),
 
 /// @brief The resolved values of every knob of the transfer table.
 struct settings {
-  std::size_t chunk_bytes = 0;  ///< bytes per device<->host chunk
+  std::size_t chunk_bytes = 0;         ///< bytes per device<->host chunk
+  std::size_t kernel_block_bytes = 0;  ///< largest mean piece of a block move copied by the kernel (0: never)
+  std::size_t kernel_ctas = 0;         ///< thread blocks of the block-copy kernel
 
   /// @brief The value of one knob.
   [[nodiscard]] std::size_t get(knob k) const noexcept {
     switch (k) {
       case knob::chunk_bytes: return chunk_bytes;
+      case knob::kernel_block_bytes: return kernel_block_bytes;
+      case knob::kernel_ctas: return kernel_ctas;
     }
     return 0;
   }
@@ -78,6 +103,8 @@ struct settings {
   void set(knob k, std::size_t value) noexcept {
     switch (k) {
       case knob::chunk_bytes: chunk_bytes = value; break;
+      case knob::kernel_block_bytes: kernel_block_bytes = value; break;
+      case knob::kernel_ctas: kernel_ctas = value; break;
     }
   }
 
@@ -110,7 +137,8 @@ template <knob_lookup Lookup>
 
 /// @brief The process-wide settings: read from the environment on the first call and
 /// kept for the life of the process. Thread-safe.
-/// @throws ferry::config_error if `FERRY_CHUNK_BYTES` is malformed (each later call
+/// @throws ferry::config_error if `FERRY_CHUNK_BYTES`, `FERRY_KERNEL_BLOCK_BYTES` or
+///         `FERRY_KERNEL_CTAS` is malformed (each later call
 ///         tries again, so a fixed environment is picked up)
 [[nodiscard]] inline const settings& current() {
   static const settings values = from_environment();
