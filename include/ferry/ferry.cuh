@@ -1,7 +1,8 @@
 /// @file
 /// @brief Everything of ferry, for translation units compiled by a CUDA compiler:
 /// `ferry/ferry.hpp` plus the headers that define kernels (`*.cuh`): the codecs' kernels
-/// (`ferry/codec/device.cuh`).
+/// (`ferry/codec/device.cuh`) and the block-copy kernel of block moves
+/// (`ferry/transfer/block_kernel.cuh`).
 #pragma once
 
 #include "ferry/core/config.hpp"
@@ -14,4 +15,5 @@
 #endif
 
 #include "ferry/codec/device.cuh"
+#include "ferry/transfer/block_kernel.cuh"
 #include "ferry/ferry.hpp"

@@ -131,3 +131,58 @@ TEST_CASE("cpu_runtime: a batch fails when made to: at enqueue, or on its stream
   CHECK(m->stream_synchronize(t) == cpu_errc::success);
   CHECK(b == a);
 }
+
+TEST_CASE("cpu_runtime: the block-copy kernel is a batch that reads its sources when the stream reaches it",
+          "[cpu_runtime][batch][kernel]") {
+  for (const std::uint64_t seed : {0u, 1u, 2u}) {
+    INFO("seed " << seed);
+    auto m = std::make_shared<cpu_device>(cpu_options{.seed = seed, .max_delay_us = 50});
+    auto* s = model_stream(*m);
+    std::vector<unsigned char> src(3 * 101, 1), dst(3 * 101, 0);
+    void* dsts[3];
+    const void* srcs[3];
+    std::size_t sizes[3];
+    for (std::size_t i = 0; i < 3; ++i) {
+      dsts[i] = dst.data() + 101 * i;
+      srcs[i] = src.data() + 101 * i;
+      sizes[i] = 101;  // odd: halves of 50 and 51 bytes
+    }
+    gate g;
+    m->launch(s, [&] { g.pass(); });
+    REQUIRE(m->copy_kernel_async(dsts, srcs, sizes, 3, 2, s) == cpu_errc::success);
+    std::memset(dsts, 0, sizeof dsts);       // the descriptors are the caller's only during the call
+    std::memset(src.data(), 9, src.size());  // written before the stream gets there
+    g.open();
+    REQUIRE(m->stream_synchronize(s) == cpu_errc::success);
+    CHECK(dst == std::vector<unsigned char>(303, 9));
+    CHECK(m->kernels() == 1);
+    CHECK(m->kernel_copies() == 3);
+    CHECK(m->batches() == 0);  // counted apart from batched copies
+  }
+}
+
+TEST_CASE("cpu_runtime: the block-copy kernel refuses what a batch refuses, 0 thread blocks, and a model without it",
+          "[cpu_runtime][batch][kernel]") {
+  auto m = std::make_shared<cpu_device>(cpu_options{});
+  auto* s = model_stream(*m);
+  std::vector<unsigned char> a(64, 1), b(64, 0);
+  void* overlapping[2] = {b.data(), b.data() + 8};
+  void* fine[2] = {b.data(), b.data() + 32};
+  const void* srcs[2] = {a.data(), a.data() + 32};
+  std::size_t sizes[2] = {16, 16};
+  CHECK(m->copy_kernel_async(overlapping, srcs, sizes, 2, 1, s) == cpu_errc::invalid_value);
+  CHECK(m->copy_kernel_async(fine, srcs, sizes, 2, 0, s) == cpu_errc::invalid_value);
+  CHECK(m->copy_kernel_async(fine, srcs, sizes, 0, 1, s) == cpu_errc::success);  // nothing to do
+  CHECK(m->kernels() == 0);
+  REQUIRE(m->stream_synchronize(s) == cpu_errc::success);
+  CHECK(b == std::vector<unsigned char>(64, 0));
+
+  auto without =
+      std::make_shared<cpu_device>(cpu_options{.seed = 0, .max_delay_us = 300, .devices = 1, .copy_kernel = false});
+  ferry::cpu_runtime rt(without);
+  CHECK_FALSE(rt.copy_kernel_available());
+  CHECK(ferry::cpu_runtime(m).copy_kernel_available());
+  auto* s2 = model_stream(*without);
+  CHECK(without->copy_kernel_async(fine, srcs, sizes, 2, 1, s2) == cpu_errc::not_supported);
+  CHECK(without->kernels() == 0);
+}

@@ -460,3 +460,123 @@ TEST_CASE("block moves: batch_blocks is checked", "[scheduler][blocks]") {
   CHECK(td.scheduler(compute, options(ferry::max_batch_blocks)).batch_blocks() == ferry::max_batch_blocks);
   CHECK_THROWS_AS(td.scheduler(compute, options(ferry::max_batch_blocks + 1)), ferry::logic_error);
 }
+
+// --- the block-copy kernel (host_mapping::mapped, small pieces) ------------------------
+
+namespace {
+ferry::scheduler_options kernel_options(std::size_t batch_blocks) {
+  ferry::scheduler_options o = options(batch_blocks);
+  o.kernel_block_bytes = 1 * MiB;  // every piece here is at most a chunk (64 KiB): all to the kernel
+  o.kernel_ctas = 3;
+  return o;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("block moves (kernel): scattered blocks round trip bit for bit, read only after the producer",
+                   "[scheduler][blocks][kernel]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, kernel_options(16));
+  const layout l = scattered(53, {1, 4097, 256 * KiB, 8 * KiB, 64 * KiB + 1, 3, 100 * KiB + 3}, 21);
+  std::vector<std::byte> device(2 * l.sizes.size() * l.slot_bytes, std::byte{0x5A});
+  std::vector<std::byte> host(device.size(), std::byte{0xA5});
+  fill_blocks(l, device, 1);  // stale
+  std::vector<std::byte> final_device = device;
+  fill_blocks(l, final_device, 500);  // what the producer writes
+  std::vector<std::uint64_t> want;
+  for (std::size_t i = 0; i < l.sizes.size(); ++i) want.push_back(block_sum(l, final_device, l.device_slot[i], i));
+  const auto host_before = host;
+  const auto blocks = d2h_blocks(l, device, host);
+  REQUIRE(ex.engine_for(blocks, ferry::host_mapping::mapped) == ferry::block_engine::kernel);
+  REQUIRE(ex.engine_for(blocks, ferry::host_mapping::unknown) == ferry::block_engine::batched);
+
+  compute.enqueue([&] {  // a slow producer writing its blocks one by one
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (std::size_t i = 0; i < l.sizes.size(); ++i) {
+      const std::size_t at = l.device_slot[i] * l.slot_bytes;
+      std::memcpy(device.data() + at, final_device.data() + at, l.sizes[i]);
+    }
+  });
+  const int kernels_before = td.model().kernels();
+  const int batches_before = td.model().batches();
+  ex.to_host_blocks(blocks, compute, ferry::host_mapping::mapped).wait();
+  for (std::size_t i = 0; i < l.sizes.size(); ++i) {
+    INFO("block " << i << ", " << l.sizes[i] << " bytes");
+    CHECK(block_sum(l, host, l.host_slot[i], i) == want[i]);
+  }
+  std::vector<bool> used(2 * l.sizes.size(), false);  // nothing written outside the blocks
+  for (std::size_t i = 0; i < l.sizes.size(); ++i) used[l.host_slot[i]] = true;
+  for (std::size_t s = 0; s < used.size(); ++s) {
+    if (used[s]) continue;
+    CHECK(checksum(bytes_at(host, s * l.slot_bytes, l.slot_bytes)) ==
+          checksum(std::span<const std::byte>(host_before.data() + s * l.slot_bytes, l.slot_bytes)));
+  }
+  const auto st = ex.stats();
+  CHECK(st.batches == 0);
+  CHECK(st.kernel_batches == (st.chunks + 15) / 16);
+  CHECK(td.model().kernels() - kernels_before == static_cast<int>(st.kernel_batches));
+  CHECK(td.model().batches() == batches_before);
+
+  std::fill(device.begin(), device.end(), std::byte{0});
+  ex.to_device_blocks(h2d_blocks(l, host, device), ferry::host_mapping::mapped).wait();
+  for (std::size_t i = 0; i < l.sizes.size(); ++i) CHECK(block_sum(l, device, l.device_slot[i], i) == want[i]);
+  CHECK(ex.stats().batches == 0);
+  CHECK(ex.stats().failed_moves == 0);
+}
+
+TEMPLATE_TEST_CASE("block moves (kernel): a runtime without the kernel, or large pieces, get batched copies",
+                   "[scheduler][blocks][kernel]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto o = kernel_options(8);
+  o.kernel_block_bytes = 16 * KiB;
+  auto& ex = td.scheduler(compute, o);
+  const layout small = scattered(10, {8 * KiB}, 1);
+  const layout large = scattered(10, {32 * KiB}, 2);
+  std::vector<std::byte> device(2 * 10 * 32 * KiB), host(device.size());
+  fill(device, 3);
+  CHECK(ex.engine_for(d2h_blocks(small, device, host), ferry::host_mapping::mapped) == ferry::block_engine::kernel);
+  CHECK(ex.engine_for(d2h_blocks(large, device, host), ferry::host_mapping::mapped) == ferry::block_engine::batched);
+  ex.to_host_blocks(d2h_blocks(large, device, host), compute, ferry::host_mapping::mapped).wait();
+  for (const auto& b : d2h_blocks(large, device, host)) CHECK(std::memcmp(b.dst, b.src, b.bytes) == 0);
+  CHECK(ex.stats().kernel_batches == 0);
+  CHECK(ex.stats().batches == 2);
+
+  // A model without the kernel (as a CUDA program with no translation unit including
+  // ferry/transfer/block_kernel.cuh): the same move, batched.
+  ferry::cpu_runtime plain(ferry::cpu_options{.seed = 0, .max_delay_us = 0, .devices = 1, .copy_kernel = false});
+  ferry::host_stream s(plain);
+  ferry::pinned_pool_options ring;
+  ring.budget_bytes = 16 * MiB;
+  ring.pin = false;
+  ferry::pinned_pool ring_pool(ring);
+  o.bounce_pool = &ring_pool;
+  ferry::host_executor other(s, o, plain);
+  CHECK(other.engine_for(d2h_blocks(small, device, host), ferry::host_mapping::mapped) == ferry::block_engine::batched);
+  std::fill(host.begin(), host.end(), std::byte{0});
+  other.to_host_blocks(d2h_blocks(small, device, host), s, ferry::host_mapping::mapped).wait();
+  for (const auto& b : d2h_blocks(small, device, host)) CHECK(std::memcmp(b.dst, b.src, b.bytes) == 0);
+  CHECK(other.stats().kernel_batches == 0);
+  CHECK(other.stats().batches == 2);
+  CHECK(plain.device().kernels() == 0);
+}
+
+TEMPLATE_TEST_CASE("block moves (kernel): a kernel that faults on the lane fails the ticket; the source survives",
+                   "[scheduler][blocks][kernel]", FERRY_MODEL_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  auto& ex = td.scheduler(compute, kernel_options(4));
+  const layout l = scattered(16, {8 * KiB, 4097}, 10);
+  std::vector<std::byte> device(2 * l.sizes.size() * l.slot_bytes), host(device.size());
+  fill_blocks(l, device, 4);
+  const auto device_before = checksum(device);
+  td.model().fail_batches_after(1);  // the second kernel runs half, then faults
+  auto t = ex.to_host_blocks(d2h_blocks(l, device, host), compute, ferry::host_mapping::mapped);
+  CHECK_THROWS_WITH(t.wait(), Catch::Contains("block-copy kernel"));
+  CHECK_THROWS_AS(t.wait(), ferry::device_error);
+  CHECK(checksum(device) == device_before);
+  CHECK(ex.stats().kernel_batches == 4);
+}

@@ -5,11 +5,11 @@
 // enqueued) and logs which call was made on which stream, so the ordering guarantees are
 // checked on the calls themselves.
 #include <ferry/core/error.hpp>
-#include <ferry/memory/pinned_pool.hpp>
+#include <ferry/core/units.hpp>
 #include <ferry/cuda/device_runtime.hpp>
+#include <ferry/memory/pinned_pool.hpp>
 #include <ferry/transfer/device_backend.hpp>
 #include <ferry/transfer/scheduler.hpp>
-#include <ferry/core/units.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -73,7 +73,7 @@ enum class fake_status : int {
 };
 
 struct call {
-  std::string op;  // "copy", "copy2d", "batch", "record", "wait", "wait_value", "host_func"
+  std::string op;  // "copy", "copy2d", "batch", "kernel", "record", "wait", "wait_value", "host_func"
   fake_stream_handle stream = nullptr;
   fake_event_handle event = nullptr;
   std::size_t bytes = 0;
@@ -88,7 +88,8 @@ struct fake_state {
   int events_created = 0;
   int copies_until_failure = -1;  // >= 0: that many more copies succeed, then one fails
   bool wait_value_supported = true;
-  std::set<void*> mapped;  // host_alloc_mapped memory not freed yet
+  bool copy_kernel = false;  // whether the fake has the block-copy kernel
+  std::set<void*> mapped;    // host_alloc_mapped memory not freed yet
 
   fake_state() = default;
   fake_state(const fake_state&) = delete;
@@ -176,8 +177,27 @@ struct fake_api {
       std::memcpy(dsts[i], srcs[i], sizes[i]);
       total += sizes[i];
     }
-    st->add({.op = "batch", .stream = s, .bytes = total, .direction = direction,
+    st->add({.op = "batch",
+             .stream = s,
+             .bytes = total,
+             .direction = direction,
              .value = static_cast<std::uint32_t>(count)});
+    return fake_status::success;
+  }
+  bool copy_kernel_available() const {
+    std::lock_guard lock(st->mutex);
+    return st->copy_kernel;
+  }
+  // The kernel is one call too: logged once as "kernel", its copies in `value`, its total bytes in `bytes`.
+  fake_status copy_kernel_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                                unsigned /*ctas*/, stream_handle s) const {
+    if (!copy_kernel_available()) return fake_status::not_supported;
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      std::memcpy(dsts[i], srcs[i], sizes[i]);
+      total += sizes[i];
+    }
+    st->add({.op = "kernel", .stream = s, .bytes = total, .value = static_cast<std::uint32_t>(count)});
     return fake_status::success;
   }
   fake_status event_create(event_handle* e) const {
@@ -346,6 +366,81 @@ TEST_CASE("stream_scheduler (recorded): a block move waits for the producer's ev
   CHECK(s.block_runs == 5);
   CHECK(s.batches == 2);
   CHECK(s.chunks == 5);
+}
+
+TEST_CASE(
+    "stream_scheduler (recorded): a block move takes the kernel only over mapped memory, small pieces, and a "
+    "runtime that has it",
+    "[scheduler][device_backend][blocks]") {
+  fake_api api;
+  auto o = unpinned();
+  o.batch_blocks = 3;
+  o.kernel_block_bytes = 8192;
+  o.kernel_ctas = 5;
+  fake_scheduler sched(api.st->stream(), o, api);
+  CHECK(sched.kernel_block_bytes() == 8192);
+  CHECK(sched.kernel_ctas() == 5);
+  const auto producer = api.st->stream();
+  constexpr std::size_t block = 4096;
+  std::vector<std::byte> device(16 * block), host(32 * block);
+  std::vector<ferry::block_copy> small, large;
+  for (std::size_t k = 0; k < 4; ++k) {  // scattered: 4 runs of 4 KiB
+    small.push_back({host.data() + 2 * k * block, device.data() + 3 * k * block, block});
+  }
+  for (std::size_t k = 0; k < 2; ++k) {  // 2 runs of 12 KiB (above the 8 KiB limit)
+    large.push_back({host.data() + 8 * k * block, device.data() + 6 * k * block, 3 * block});
+  }
+  using ferry::block_engine;
+  using ferry::host_mapping;
+  // No kernel in the runtime: batched copies whatever the host side is.
+  CHECK(sched.engine_for(small, host_mapping::mapped) == block_engine::batched);
+  {
+    std::lock_guard lock(api.st->mutex);
+    api.st->copy_kernel = true;
+  }
+  CHECK(sched.engine_for(small, host_mapping::unknown) == block_engine::batched);  // pageable memory would fault
+  CHECK(sched.engine_for(small, host_mapping::mapped) == block_engine::kernel);
+  CHECK(sched.engine_for(large, host_mapping::mapped) == block_engine::batched);
+  CHECK(sched.engine_for({}, host_mapping::mapped) == block_engine::none);
+
+  fill(device, 7);
+  api.st->clear();
+  sched.to_host_blocks(small, producer, host_mapping::mapped).wait();
+  for (const auto& b : small) CHECK(std::memcmp(b.dst, b.src, b.bytes) == 0);
+  auto calls = api.st->calls();
+  REQUIRE(calls.size() == 5);  // record, wait, 2 kernels (3 + 1 pieces), record
+  CHECK(calls[1].op == "wait");
+  CHECK(calls[2].op == "kernel");
+  CHECK(calls[2].value == 3);
+  CHECK(calls[3].op == "kernel");
+  CHECK(calls[3].value == 1);
+  CHECK(calls[2].stream == sched.d2h().get());
+  CHECK(calls[4].op == "record");
+  auto st = sched.stats();
+  CHECK(st.kernel_batches == 2);
+  CHECK(st.batches == 0);
+
+  fill(host, 9);
+  api.st->clear();
+  sched.to_device_blocks(large, producer, host_mapping::mapped).wait();  // large pieces: the copy engines
+  for (const auto& b : large) CHECK(std::memcmp(b.dst, b.src, b.bytes) == 0);
+  calls = api.st->calls();
+  REQUIRE(calls.size() == 4);  // record, wait, 1 batch, record
+  CHECK(calls[2].op == "batch");
+  CHECK(calls[2].stream == sched.h2d().get());
+  st = sched.stats();
+  CHECK(st.kernel_batches == 2);
+  CHECK(st.batches == 1);
+
+  // kernel_block_bytes = 0 turns the kernel off.
+  auto off = o;
+  off.kernel_block_bytes = 0;
+  fake_scheduler never(api.st->stream(), off, api);
+  CHECK(never.engine_for(small, host_mapping::mapped) == block_engine::batched);
+  // Out-of-range thread blocks are refused when the scheduler is made.
+  auto bad = o;
+  bad.kernel_ctas = 1025;
+  CHECK_THROWS_AS(fake_scheduler(api.st->stream(), bad, api), ferry::logic_error);
 }
 
 TEST_CASE("stream_scheduler (recorded): H2D and D2H go to two different streams", "[scheduler][device_backend]") {

@@ -65,6 +65,7 @@ struct cpu_options {
   std::uint64_t seed = 0;            ///< 0: no delays; else the seed of the adversarial delays
   std::uint32_t max_delay_us = 300;  ///< the longest delay before an operation runs, microseconds
   int devices = 1;                   ///< devices 0 .. devices-1
+  bool copy_kernel = true;           ///< whether the model has the block-copy kernel (`copy_kernel_available`)
 };
 
 /// @brief The CPU model of a GPU and its runtime (see cuda/cpu_runtime.hpp's file comment): streams, events,
@@ -73,7 +74,7 @@ struct cpu_options {
 /// shared by `cpu_runtime` handles.
 class cpu_device : public std::enable_shared_from_this<cpu_device> {
  public:
-  using status = cpu_status;          ///< what the calls return
+  using status = cpu_status;             ///< what the calls return
   using stream_t = detail::cpu_stream*;  ///< a stream handle
   using event_t = detail::cpu_event*;    ///< an event handle
   using pool_t = detail::cpu_pool*;      ///< a memory-pool handle
@@ -92,7 +93,8 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
 
   /// @brief A copy of `n` bytes, run when `s` reaches it (`cudaMemcpyAsync`); fails when made to (`fail_copies_after`).
   status memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/, stream_t s);
-  /// @brief A copy of `height` rows of `width` bytes, rows `dpitch` and `spitch` apart (`cudaMemcpy2DAsync`); `invalid_pitch` for a pitch below `width`.
+  /// @brief A copy of `height` rows of `width` bytes, rows `dpitch` and `spitch` apart (`cudaMemcpy2DAsync`);
+  /// `invalid_pitch` for a pitch below `width`.
   status memcpy2d_async(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                         std::size_t height, copy_direction /*d*/, stream_t s);
   /// @brief A batch of `count` copies as one operation of `s` (`cudaMemcpyBatchAsync`;
@@ -106,6 +108,14 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// fail when it runs instead. `count == 0`: nothing enqueued.
   status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
                             copy_direction /*d*/, stream_t s);
+  /// @brief The block-copy kernel (`copy_kernel_async` of cuda/device_runtime.hpp): as a
+  /// batch — one operation of `s`, sources read when `s` reaches it, the same checks,
+  /// `fail_copies_after` and `fail_batches_after` — but copied as `ctas` thread blocks
+  /// would: each copy split in two halves, every first half before any second half, in
+  /// the batch's adversarial order. `not_supported` when `cpu_options::copy_kernel` is
+  /// off; `invalid_value` for `ctas == 0`. Counted in `kernels` and `kernel_copies`.
+  status copy_kernel_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                           unsigned ctas, stream_t s);
   /// @brief A new event on the calling thread's current device.
   status event_create(event_t* e);
   /// @brief Destroys an event; records and waits still queued keep it until they have run.
@@ -114,13 +124,15 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     std::lock_guard lock(mutex_);  // records and waits still queued keep it alive
     return events_.erase(e) == 1 ? status{} : status{cpu_errc::invalid_value};
   }
-  /// @brief Records `e` after what is enqueued on `s` (numbered; carries the stream's error if it failed by then); `invalid_resource_handle` across devices.
+  /// @brief Records `e` after what is enqueued on `s` (numbered; carries the stream's error if it failed by then);
+  /// `invalid_resource_handle` across devices.
   status event_record(event_t e, stream_t s);
   /// @brief Whether `e`'s latest record has passed (`not_ready` if not; `stream_failed` with its error).
   status event_query(event_t e);
   /// @brief Blocks until `e`'s latest record has passed (`stream_failed` with its error).
   status event_synchronize(event_t e);
-  /// @brief Makes `s` wait for `e`'s latest record (none: nothing to wait for); a failed record fails `s`, a captured one makes `s` join the capture.
+  /// @brief Makes `s` wait for `e`'s latest record (none: nothing to wait for); a failed record fails `s`, a captured
+  /// one makes `s` join the capture.
   status stream_wait_event(stream_t s, event_t e);
   /// @brief A new stream (its own worker thread) on the calling thread's current device.
   status stream_create(stream_t* out, int priority);
@@ -165,7 +177,8 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   status mem_pool_create(pool_t* pool, int device);
   /// @brief Destroys a pool (blocks still allocated are counted in `leaked_blocks`).
   status mem_pool_destroy(pool_t pool);
-  /// @brief `n` bytes from `pool`, usable by work ordered after the call on `s` (a freed block of the same size first; see the file comment).
+  /// @brief `n` bytes from `pool`, usable by work ordered after the call on `s` (a freed block of the same size first;
+  /// see the file comment).
   status malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s);
   /// @brief Frees `p` when `s` reaches the free (the block may be handed out again before that, as CUDA does).
   status free_async(void* p, stream_t s);
@@ -174,7 +187,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// from `f` fails the stream (see the file comment).
   /// @throws std::bad_alloc
   template <class F>
-  requires std::is_invocable_v<std::decay_t<F>&>
+    requires std::is_invocable_v<std::decay_t<F>&>
   void launch(stream_t s, F&& f);
 
   // --- the model's controls (tests) -------------------------------------------------
@@ -230,6 +243,11 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   [[nodiscard]] int batches() const { return batches_.load(); }
   /// @brief Copies enqueued in batches, all batches together.
   [[nodiscard]] std::size_t batched_copies() const { return batched_copies_.load(); }
+  /// @brief Block-copy kernels enqueued (`copy_kernel_async` calls that returned success
+  /// with a count above 0); they do not count in `batches`.
+  [[nodiscard]] int kernels() const { return kernels_.load(); }
+  /// @brief Copies enqueued in block-copy kernels, all kernels together.
+  [[nodiscard]] std::size_t kernel_copies() const { return kernel_copies_.load(); }
   /// @brief Whether `wait_value32` is supported (else `not_supported`, as on drivers
   /// without stream memory operations).
   void set_wait_value_supported(bool on) { wait_value_supported_.store(on); }
@@ -254,6 +272,9 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   [[nodiscard]] const cpu_options& options() const noexcept { return options_; }
 
  private:
+  // The body of memcpy_batch_async and copy_kernel_async (detail/cuda/cpu_batch.hpp).
+  status enqueue_pieces(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                        bool kernel, stream_t s);
   static int& current_device_ref() {
     thread_local int device = 0;
     return device;
@@ -334,12 +355,14 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::uint64_t streams_made_ = 0;
   std::map<const detail::cpu_event*, std::shared_ptr<detail::cpu_event>> events_;
   std::map<const void*, std::size_t> live_host_;  // host_alloc_mapped allocations
-  std::mutex events_mutex_;  // every event's records
+  std::mutex events_mutex_;                       // every event's records
   std::condition_variable events_cv_;
   std::atomic<int> fail_copies_after_{-1};
   std::atomic<int> fail_batches_after_{-1};
   std::atomic<int> batches_{0};
   std::atomic<std::size_t> batched_copies_{0};
+  std::atomic<int> kernels_{0};
+  std::atomic<std::size_t> kernel_copies_{0};
   std::atomic<bool> wait_value_supported_{true};
   std::atomic<int> violations_{0};
   std::atomic<int> wrong_device_{0};
@@ -356,5 +379,5 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
 
 }  // namespace ferry
 
-#include "ferry/detail/cuda/cpu_device.hpp"
 #include "ferry/detail/cuda/cpu_batch.hpp"
+#include "ferry/detail/cuda/cpu_device.hpp"

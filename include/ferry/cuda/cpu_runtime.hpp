@@ -27,6 +27,8 @@
 ///   adversarial order (reversed, or shuffled by the seed, with a delay at a random
 ///   block boundary), so a batch not ordered after its producer copies a mix of old and
 ///   new bytes.
+/// - **The block-copy kernel** (`copy_kernel_async`) is a batch too, copied as thread
+///   blocks would (first halves of every copy, then second halves), counted apart.
 /// - **Kernels** are host functions run by the stream's own worker (`launch`, or
 ///   `host_stream::enqueue`).
 /// - **Sticky errors, per stream**: a kernel that throws fails its stream from there on
@@ -112,7 +114,7 @@ class host_stream_ref {
   /// enqueued before it (a kernel, in effect); an exception from it fails the stream.
   /// @throws std::bad_alloc
   template <class F>
-  requires std::is_invocable_v<std::decay_t<F>&>
+    requires std::is_invocable_v<std::decay_t<F>&>
   void enqueue(F&& f) const;
   /// @brief Blocks until the stream has run what was enqueued; rethrows its first error.
   void synchronize() const;
@@ -128,11 +130,11 @@ class host_stream_ref {
 /// device). Each call is the `cpu_device` member of the same name.
 class cpu_runtime {
  public:
-  using status_type = cpu_status;                ///< what every call returns
-  using stream_handle = detail::cpu_stream*;     ///< a stream
-  using event_handle = detail::cpu_event*;       ///< an event
-  using pool_handle = detail::cpu_pool*;         ///< a stream-ordered memory pool
-  using stream_ref = host_stream_ref;            ///< how callers pass streams
+  using status_type = cpu_status;             ///< what every call returns
+  using stream_handle = detail::cpu_stream*;  ///< a stream
+  using event_handle = detail::cpu_event*;    ///< an event
+  using pool_handle = detail::cpu_pool*;      ///< a stream-ordered memory pool
+  using stream_ref = host_stream_ref;         ///< how callers pass streams
 
   /// @brief The process's default device.
   cpu_runtime() : device_(default_device()) {}
@@ -209,9 +211,16 @@ class cpu_runtime {
   }
   /// @brief A batch of `count` copies as one operation of `s`, run when `s` reaches it,
   /// in an adversarial order (see `cpu_device::memcpy_batch_async`).
-  cpu_status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                                std::size_t count, copy_direction d, stream_handle s) const {
+  cpu_status memcpy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                                copy_direction d, stream_handle s) const {
     return device_->memcpy_batch_async(dsts, srcs, sizes, count, d, s);
+  }
+  /// @brief Whether the model has the block-copy kernel (`cpu_options::copy_kernel`).
+  [[nodiscard]] bool copy_kernel_available() const { return device_->options().copy_kernel; }
+  /// @brief The block-copy kernel as one operation of `s` (see `cpu_device::copy_kernel_async`).
+  cpu_status copy_kernel_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                               unsigned ctas, stream_handle s) const {
+    return device_->copy_kernel_async(dsts, srcs, sizes, count, ctas, s);
   }
   /// @brief A new event on the current device.
   cpu_status event_create(event_handle* e) const { return device_->event_create(e); }
@@ -315,7 +324,7 @@ class host_stream {
   /// @brief Enqueues `f()`; it runs on the worker after everything enqueued before it.
   /// @throws std::bad_alloc
   template <class F>
-  requires std::is_invocable_v<std::decay_t<F>&>
+    requires std::is_invocable_v<std::decay_t<F>&>
   void enqueue(F&& f) {
     runtime_.device().launch(s_, std::forward<F>(f));
   }
@@ -340,7 +349,7 @@ class host_stream {
 };
 
 template <class F>
-requires std::is_invocable_v<std::decay_t<F>&>
+  requires std::is_invocable_v<std::decay_t<F>&>
 void host_stream_ref::enqueue(F&& f) const {
   FERRY_EXPECTS(s_ != nullptr, "enqueue on a null host_stream_ref");
   s_->owner->launch(s_, std::forward<F>(f));

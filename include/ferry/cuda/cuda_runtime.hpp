@@ -16,11 +16,11 @@
 
 #if FERRY_HAS_CUDA
 
-#include "ferry/cuda/device.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/cuda/device.hpp"
 #include "ferry/cuda/device_runtime.hpp"
-
 #include "ferry/detail/cuda/stream_ref.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -31,6 +31,18 @@
 #include <cuda.h>
 
 namespace ferry {
+
+namespace detail {
+// (private) The launcher of the block-copy kernel, set by ferry/transfer/block_kernel.cuh
+// when a translation unit of the program includes it (the kernel needs nvcc; this header
+// does not). Null: the program has no such translation unit.
+using copy_kernel_launcher = cudaError_t (*)(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                             std::size_t count, unsigned ctas, cudaStream_t s);
+inline std::atomic<copy_kernel_launcher>& copy_kernel_registry() noexcept {
+  static std::atomic<copy_kernel_launcher> launcher{nullptr};
+  return launcher;
+}
+}  // namespace detail
 
 /// @brief The device runtime on CUDA: each member is the CUDA runtime call it names. A
 /// stateless policy (empty; stored with `[[no_unique_address]]` by its users).
@@ -112,7 +124,7 @@ struct cuda_runtime {
       rc = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &first, 1, s);
 #else
       std::size_t failed_at = 0;
-      rc = cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs),  // NOLINT
+      rc = cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs),                        // NOLINT
                                 const_cast<std::size_t*>(sizes), count, &attr, &first, 1, &failed_at, s);  // NOLINT
 #endif
       if (rc != cudaErrorNotSupported && rc != cudaErrorCallRequiresNewerDriver) return rc;
@@ -136,6 +148,40 @@ struct cuda_runtime {
 #else
     return false;
 #endif
+  }
+  /// @brief Whether the block-copy kernel can run on the current device: a translation
+  /// unit of the program includes `ferry/transfer/block_kernel.cuh`, and the device reads
+  /// registered host memory at its host address
+  /// (`cudaDevAttrCanUseHostPointerForRegisteredMem`, 1 on x86-64 Linux; asked once per
+  /// device).
+  [[nodiscard]] bool copy_kernel_available() const {
+    if (detail::copy_kernel_registry().load(std::memory_order_acquire) == nullptr) return false;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    static std::atomic<signed char> known[64] = {};  // 0: not asked, 1: yes, -1: no
+    signed char k = known[device].load(std::memory_order_relaxed);
+    if (k == 0) {
+      int v = 0;
+      const cudaError_t rc = cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, device);
+      if (rc != cudaSuccess) (void)cudaGetLastError();
+      k = rc == cudaSuccess && v == 1 ? 1 : -1;
+      known[device].store(k, std::memory_order_relaxed);
+    }
+    return k == 1;
+  }
+  /// @brief ferry's block-copy kernel on `s` (cuda/device_runtime.hpp): `count` copies by
+  /// `ctas` thread blocks, launched in kernels of at most 1024 copies (their descriptors
+  /// travel as the kernel's parameter: nothing to allocate or free). Host addresses must
+  /// be pinned and mapped (`cudaHostRegisterMapped`, `cudaHostAlloc`). `cudaErrorNotSupported`
+  /// when `copy_kernel_available()` is false.
+  cudaError_t copy_kernel_async(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                                unsigned ctas, cudaStream_t s) const {
+    if (count == 0) return cudaSuccess;
+    if (!copy_kernel_available()) return cudaErrorNotSupported;
+    return detail::copy_kernel_registry().load(std::memory_order_acquire)(dsts, srcs, sizes, count, ctas, s);
   }
   /// @brief `cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync)`:
   /// an event for ordering, whose synchronisation sleeps instead of spinning.
@@ -254,7 +300,8 @@ struct cuda_runtime {
   /// @brief An error's name, code and text: "cudaErrorNoDevice (100): no CUDA-capable
   /// device is detected".
   static std::string describe(cudaError_t e) {
-    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(static_cast<int>(e)) + "): " + cudaGetErrorString(e);
+    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(static_cast<int>(e)) +
+           "): " + cudaGetErrorString(e);
   }
 
  private:

@@ -56,6 +56,20 @@
 /// destinations are then unspecified, the sources untouched. It exists because one
 /// `cudaMemcpyAsync` per block costs about 2 us of launch each, which caps the throughput
 /// of the 8-256 KiB blocks of a paged KV cache; a batch is one submission.
+///
+/// ## The block-copy kernel
+/// `copy_kernel_available()` says whether the runtime has ferry's block-copy kernel on
+/// the current device, and `copy_kernel_async(dsts, srcs, sizes, count, ctas, s)`
+/// enqueues it: the same copies with the same rules as a batch (one stream operation,
+/// sources read when the stream reaches it, no order inside), done by `ctas` thread
+/// blocks loading and storing through the device's address space instead of by the copy
+/// engines — so host memory must be pinned and mapped at the same address (UVA), and the
+/// kernel takes SMs from compute while it runs. It has no per-descriptor cost, which is
+/// what makes it faster than a batch for small blocks (transfer/block_copy.hpp). On CUDA
+/// it exists when a translation unit of the program includes
+/// `ferry/transfer/block_kernel.cuh` (nvcc) and the device can use host pointers of
+/// registered memory; otherwise `copy_kernel_async` returns the runtime's
+/// "not supported".
 #pragma once
 
 #include "ferry/core/error.hpp"
@@ -99,7 +113,8 @@ concept runtime_types =
 /// @brief The runtime calls of the scheduler's backend (`device_backend<Runtime>`):
 /// asynchronous 1D and 2D copies, batches of 1D copies (one stream operation: see the
 /// file comment), events (create — for ordering: no timing, blocking
-/// synchronize —, destroy, record, query, synchronize, stream waits), non-blocking
+/// synchronize —, destroy, record, query, synchronize, stream waits), the block-copy
+/// kernel (where available), non-blocking
 /// streams with a priority, mapped pinned memory for stream-wait flags, the current
 /// device, the stream wait-on-value and graph-capture status. Each returns the
 /// runtime's `status_type`.
@@ -110,11 +125,13 @@ concept device_runtime =
     requires(const R r, const typename R::status_type st, void* p, const void* cp, void** pp, const void* const* cpp,
              const std::size_t* pn, std::size_t n, copy_direction d, typename R::stream_handle s,
              typename R::stream_handle* ps, typename R::event_handle e, typename R::event_handle* pe, int i, int* pi,
-             bool* pb, std::uint32_t v) {
+             bool* pb, std::uint32_t v, unsigned u) {
       { R::not_ready(st) } noexcept -> std::same_as<bool>;
       { r.memcpy_async(p, cp, n, d, s) } -> std::same_as<typename R::status_type>;
       { r.memcpy2d_async(p, n, cp, n, n, n, d, s) } -> std::same_as<typename R::status_type>;
       { r.memcpy_batch_async(pp, cpp, pn, n, d, s) } -> std::same_as<typename R::status_type>;
+      { r.copy_kernel_available() } -> std::same_as<bool>;
+      { r.copy_kernel_async(pp, cpp, pn, n, u, s) } -> std::same_as<typename R::status_type>;
       { r.event_create(pe) } -> std::same_as<typename R::status_type>;
       { r.event_destroy(e) } -> std::same_as<typename R::status_type>;
       { r.event_record(e, s) } -> std::same_as<typename R::status_type>;

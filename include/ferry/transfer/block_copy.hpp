@@ -1,7 +1,7 @@
 /// @file
 /// @brief `ferry::block_copy`, one block of a scheduler's block move
-/// (`basic_scheduler::to_host_blocks`, `to_device_blocks`), and what a block move does
-/// with a list of them.
+/// (`basic_scheduler::to_host_blocks`, `to_device_blocks`), what a block move does with a
+/// list of them, and which engine copies them (`ferry::block_engine`).
 ///
 /// A paged KV cache moves many small blocks (8-256 KiB) scattered in a device pool to
 /// pinned host memory and back. One `cudaMemcpyAsync` per block costs about 2 us of
@@ -25,10 +25,22 @@
 ///    merge adjacent descriptors itself (vLLM PR #48434).
 /// 3. **Chunks** each run into pieces of at most `chunk_bytes`, as every copy of the
 ///    scheduler is, so a run that merged many blocks is no single descriptor of GiBs.
-/// 4. **Issues** the pieces on the lane (D2H or H2D), after the lane has waited for the
+/// 4. **Chooses the engine** (`block_engine`): the block-copy kernel
+///    (transfer/block_kernel.cuh) when the caller says the host side is mapped pinned
+///    memory (`host_mapping::mapped`), the runtime has the kernel
+///    (`copy_kernel_available`: on CUDA, a translation unit includes the `.cuh`), and
+///    the pieces average at most `scheduler_options::kernel_block_bytes` (knob
+///    `FERRY_KERNEL_BLOCK_BYTES`, 64 KiB; 0 turns the kernel off); batched copies
+///    otherwise. A copy engine pays a fixed cost per descriptor, so small blocks stay far
+///    below the link's rate however they are batched; the kernel has no such cost but
+///    takes `kernel_ctas` SMs from compute while it runs, so large pieces stay on the copy
+///    engines. Both engines run the same pieces with the same stream order, so the result
+///    is the same. `ferry-bench kv` measures both per block size.
+/// 5. **Issues** the pieces on the lane (D2H or H2D), after the lane has waited for the
 ///    producer stream (`to_host_blocks`) or the `after` stream (`to_device_blocks`): in
 ///    batches of at most `scheduler_options::batch_blocks` pieces (default
-///    `default_batch_blocks`, 1024), each batch one `memcpy_batch_async`, then one
+///    `default_batch_blocks`, 1024), each batch one `memcpy_batch_async` (or one
+///    `copy_kernel_async`: launches of at most 1024 copies), then one
 ///    marker behind the last batch — one ticket for all. The bound keeps one submission
 ///    short (about 0.5 ms of host time at 1024 descriptors), lets the lane start copying
 ///    before the last batch is submitted, and stays far from the sizes at which runtimes
@@ -52,8 +64,23 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ferry {
+
+/// @brief What the host side of a block move is, as its caller knows it.
+enum class host_mapping : std::uint8_t {
+  unknown,  ///< any host memory (pageable or pinned): batched copies only
+  mapped,   ///< every host block lies in pinned memory mapped into the device's address space at the same
+            ///< address (`pinned_pool` memory for which `is_device_mapped` holds, `cudaHostAlloc`): the kernel may run
+};
+
+/// @brief The engine that copies a block move's pieces (step 4 of the file comment).
+enum class block_engine : std::uint8_t {
+  none,     ///< nothing to move
+  batched,  ///< batched copies on the copy engines (`memcpy_batch_async`)
+  kernel,   ///< ferry's block-copy kernel (`copy_kernel_async`)
+};
 
 /// @brief One block of a block move: `bytes` bytes from `src` to `dst`. For
 /// `to_host_blocks`, `src` is device memory and `dst` host memory (pinned, for the copy

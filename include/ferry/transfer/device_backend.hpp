@@ -98,8 +98,8 @@ class device_backend {
   /// on a lane, its place among that lane's records (completion threads run a lane's
   /// waits in that order, whatever order they were asked for in).
   struct marker_type {
-    event_handle event{};  ///< the event
-    std::uint64_t seq = 0;        ///< the record's number on its lane (0: not on a lane)
+    event_handle event{};   ///< the event
+    std::uint64_t seq = 0;  ///< the record's number on its lane (0: not on a lane)
   };
   /// @brief A flag slot and the value that means "complete".
   struct signal_type {
@@ -150,8 +150,9 @@ class device_backend {
                std::size_t row_bytes, std::size_t rows, copy_direction direction) {
     refuse_legacy(s);
     const device_scope on(*this);
-    FERRY_RUNTIME_TRY(Api, api_.memcpy2d_async(dst, dst_pitch, src, src_pitch, row_bytes, rows, direction, Api::handle(s)), dst, dst_pitch,
-                   src, src_pitch, row_bytes, rows);
+    FERRY_RUNTIME_TRY(Api,
+                      api_.memcpy2d_async(dst, dst_pitch, src, src_pitch, row_bytes, rows, direction, Api::handle(s)),
+                      dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
 
   /// @brief A batch of `count` 1D copies on `s` as one stream operation
@@ -163,6 +164,24 @@ class device_backend {
     refuse_legacy(s);
     const device_scope on(*this);
     FERRY_RUNTIME_TRY(Api, api_.memcpy_batch_async(dsts, srcs, sizes, count, direction, Api::handle(s)), count);
+  }
+
+  /// @brief Whether the runtime has the block-copy kernel on the backend's device
+  /// (`copy_kernel_available`, cuda/device_runtime.hpp).
+  [[nodiscard]] bool has_copy_kernel() {
+    const device_scope on(*this);
+    return api_.copy_kernel_available();
+  }
+
+  /// @brief The block-copy kernel over `count` copies on `s` (one stream operation, as a
+  /// batch; host memory pinned and mapped), `ctas` thread blocks; the arrays are read
+  /// during the call only.
+  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  void copy_kernel(stream_type s, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                   std::size_t count, unsigned ctas) {
+    refuse_legacy(s);
+    const device_scope on(*this);
+    FERRY_RUNTIME_TRY(Api, api_.copy_kernel_async(dsts, srcs, sizes, count, ctas, Api::handle(s)), count, ctas);
   }
 
   /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
@@ -232,8 +251,8 @@ class device_backend {
 
   /// @brief Calls `fn(context, error)` on the completion thread of `s` (a lane, or a
   /// stream from `acquire_stream`) once the work enqueued on `s` so far has completed
-  /// (`error`: a `device_error`, or what a failed stream carries, if the wait failed). A stream the backend does not own is
-  /// waited for on lane `l`'s thread.
+  /// (`error`: a `device_error`, or what a failed stream carries, if the wait failed). A stream the backend does not
+  /// own is waited for on lane `l`'s thread.
   void notify(stream_type s, ferry::lane l, void (*fn)(void*, std::exception_ptr) noexcept, void* context) {
     const marker_type m = record(s);
     push(queue_for(Api::handle(s), l), {m, fn, context, true});
@@ -488,7 +507,7 @@ class device_backend {
   int priorities_[2] = {0, 0};
   std::mutex pool_mutex_;
   std::vector<stream_handle> extra_streams_;          // staged moves' own streams
-  std::vector<std::unique_ptr<queue>> extra_queues_; // their completion queues
+  std::vector<std::unique_ptr<queue>> extra_queues_;  // their completion queues
   std::vector<stream_handle> free_streams_[2];
   std::mutex events_mutex_;
   std::vector<event_handle> all_events_;

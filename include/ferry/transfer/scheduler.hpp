@@ -144,6 +144,11 @@ class basic_scheduler {
   [[nodiscard]] std::size_t bounce_slots() const noexcept { return ring_->size(); }
   /// @brief The most pieces one batched copy of a block move carries.
   [[nodiscard]] std::size_t batch_blocks() const noexcept { return options_.batch_blocks; }
+  /// @brief Block moves over mapped host memory whose pieces average at most this many
+  /// bytes go to the block-copy kernel (0: never; transfer/block_copy.hpp).
+  [[nodiscard]] std::size_t kernel_block_bytes() const noexcept { return *options_.kernel_block_bytes; }
+  /// @brief Thread blocks of the block-copy kernel.
+  [[nodiscard]] unsigned kernel_ctas() const noexcept { return options_.kernel_ctas; }
   /// @brief The backend (for its own queries, e.g. how stream waits on disk moves are done).
   [[nodiscard]] Backend& backend() noexcept { return core_->backend(); }
 
@@ -212,32 +217,46 @@ class basic_scheduler {
   /// @brief D2H of scattered blocks (`src` device memory, `dst` host memory, pinned for
   /// an asynchronous copy) on the D2H lane, after everything enqueued on `producer` so far
   /// (the stream that wrote the blocks): checked, merged into runs, chunked and issued as
-  /// batched copies of at most `batch_blocks()` pieces each (transfer/block_copy.hpp);
-  /// one ticket for all. Sizes in bytes. Empty (no bytes in any block): nothing started,
-  /// no stream waited for, a ticket ready at once.
+  /// batched copies of at most `batch_blocks()` pieces each — or by the block-copy kernel
+  /// when `host` says the host side is mapped pinned memory and the pieces are small
+  /// (transfer/block_copy.hpp says which engine when) —; one ticket for all. Sizes in
+  /// bytes. Empty (no bytes in any block): nothing started, no stream waited for, a
+  /// ticket ready at once.
+  /// @param host what the host side is: `host_mapping::mapped` only if every `dst` lies
+  ///             in pinned memory mapped at the same address (a kernel would fault on
+  ///             pageable memory); `unknown` (the default) always uses batched copies
   /// @throws ferry::logic_error for a block with a null pointer or a wrapping range, two
   ///         overlapping destinations, or a destination over a source (naming the
   ///         blocks' indices and addresses), or the legacy default stream — nothing
   ///         started; ferry::cuda_error when ordering after `producer` fails (nothing
   ///         started). A batch that fails to be issued fails the ticket instead.
-  [[nodiscard]] ticket_type to_host_blocks(std::span<const block_copy> blocks, stream_type producer) {
-    return block_move(lane::d2h, blocks, copy_direction::device_to_host, &producer);
+  [[nodiscard]] ticket_type to_host_blocks(std::span<const block_copy> blocks, stream_type producer,
+                                           host_mapping host = host_mapping::unknown) {
+    return block_move(lane::d2h, blocks, copy_direction::device_to_host, &producer, host);
   }
 
   /// @brief H2D of scattered blocks (`src` host memory, `dst` device memory) on the H2D
-  /// lane, as `to_host_blocks`; the host wrote the sources before the call, so no stream
-  /// is waited for.
+  /// lane, as `to_host_blocks` (`host` says what the sources are); the host wrote the
+  /// sources before the call, so no stream is waited for.
   /// @throws ferry::logic_error, ferry::cuda_error as `to_host_blocks`
-  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks) {
-    return block_move(lane::h2d, blocks, copy_direction::host_to_device, nullptr);
+  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks,
+                                             host_mapping host = host_mapping::unknown) {
+    return block_move(lane::h2d, blocks, copy_direction::host_to_device, nullptr, host);
   }
 
   /// @brief H2D of scattered blocks after everything enqueued on `after` so far (e.g. the
   /// stream that last read the destination blocks, before they are overwritten).
   /// @throws ferry::logic_error, ferry::cuda_error as `to_host_blocks`
-  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks, stream_type after) {
-    return block_move(lane::h2d, blocks, copy_direction::host_to_device, &after);
+  [[nodiscard]] ticket_type to_device_blocks(std::span<const block_copy> blocks, stream_type after,
+                                             host_mapping host = host_mapping::unknown) {
+    return block_move(lane::h2d, blocks, copy_direction::host_to_device, &after, host);
   }
+
+  /// @brief The engine a block move of `blocks` over host memory `host` would take now
+  /// (transfer/block_copy.hpp): what `to_host_blocks` and `to_device_blocks` choose, for
+  /// benchmarks and logs. Checks the blocks as they do.
+  /// @throws ferry::logic_error as `to_host_blocks`
+  [[nodiscard]] block_engine engine_for(std::span<const block_copy> blocks, host_mapping host);
 
   /// @brief A ticket for everything enqueued on lane `l` so far (e.g. a decode kernel a
   /// pipeline ran on the H2D stream after a copy): ready when that work has completed;
@@ -383,7 +402,7 @@ class basic_scheduler {
 
   struct counters {
     std::atomic<std::uint64_t> moves{0}, chunks{0}, bytes_h2d{0}, bytes_d2h{0}, disk_chunks{0}, bounce_waits{0},
-        failed_moves{0}, cancelled_moves{0}, blocks{0}, block_runs{0}, batches{0};
+        failed_moves{0}, cancelled_moves{0}, blocks{0}, block_runs{0}, batches{0}, kernel_batches{0};
   };
 
   static void check_pointers(const void* dst, const void* src, std::size_t bytes) {
@@ -448,8 +467,10 @@ class basic_scheduler {
                            std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after);
 
   // Scattered blocks on lane `l` as batched copies (detail/transfer/scheduler_blocks.hpp).
+  // The engine for `pieces` pieces of `bytes` bytes in all (transfer/block_copy.hpp).
+  block_engine choose_engine(std::size_t pieces, std::size_t bytes, host_mapping host);
   ticket_type block_move(lane l, std::span<const block_copy> blocks, copy_direction direction,
-                         const stream_type* after);
+                         const stream_type* after, host_mapping host);
 
   // A move on lane `l`, after `after` (if given): `issue(backend, lane stream, issued)`
   // enqueues its chunks, counting them (an exception stops it: the chunks before stay

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace ferry {
 
@@ -31,21 +32,30 @@ struct scheduler_options {
   /// `to_device_blocks`; transfer/block_copy.hpp): 1 .. `max_batch_blocks` (4096).
   /// 0: `default_batch_blocks` (1024).
   std::size_t batch_blocks = 0;
+  /// Block moves over mapped pinned memory whose pieces average at most this many bytes
+  /// are copied by the block-copy kernel where the runtime has it (transfer/block_copy.hpp);
+  /// 0: never. Unset: `transfer::defaults::current().kernel_block_bytes`
+  /// (`FERRY_KERNEL_BLOCK_BYTES`, 64 KiB).
+  std::optional<std::size_t> kernel_block_bytes;
+  /// Thread blocks of the block-copy kernel, 1 .. 1024. 0:
+  /// `transfer::defaults::current().kernel_ctas` (`FERRY_KERNEL_CTAS`, 16).
+  unsigned kernel_ctas = 0;
 };
 
 /// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).
 struct scheduler_stats {
-  std::uint64_t moves = 0;           ///< moves started
-  std::uint64_t chunks = 0;          ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
-  std::uint64_t bytes_h2d = 0;       ///< bytes issued on the H2D lane
-  std::uint64_t bytes_d2h = 0;       ///< bytes issued on the D2H lane
-  std::uint64_t disk_chunks = 0;     ///< disk transfers of staged chunks
-  std::uint64_t bounce_waits = 0;    ///< times a disk move waited for a free bounce buffer
-  std::uint64_t failed_moves = 0;    ///< moves that completed with an error
-  std::uint64_t cancelled_moves = 0; ///< moves stopped by `ticket::cancel`
-  std::uint64_t blocks = 0;          ///< blocks of block moves with bytes > 0 (each counted once)
-  std::uint64_t block_runs = 0;      ///< runs those blocks merged into (at most `blocks`; before chunking)
-  std::uint64_t batches = 0;         ///< batched copies issued by block moves (their pieces count in `chunks`)
+  std::uint64_t moves = 0;            ///< moves started
+  std::uint64_t chunks = 0;           ///< chunks issued on the lanes (copies, and the copy half of disk chunks)
+  std::uint64_t bytes_h2d = 0;        ///< bytes issued on the H2D lane
+  std::uint64_t bytes_d2h = 0;        ///< bytes issued on the D2H lane
+  std::uint64_t disk_chunks = 0;      ///< disk transfers of staged chunks
+  std::uint64_t bounce_waits = 0;     ///< times a disk move waited for a free bounce buffer
+  std::uint64_t failed_moves = 0;     ///< moves that completed with an error
+  std::uint64_t cancelled_moves = 0;  ///< moves stopped by `ticket::cancel`
+  std::uint64_t blocks = 0;           ///< blocks of block moves with bytes > 0 (each counted once)
+  std::uint64_t block_runs = 0;       ///< runs those blocks merged into (at most `blocks`; before chunking)
+  std::uint64_t batches = 0;          ///< batched copies issued by block moves (their pieces count in `chunks`)
+  std::uint64_t kernel_batches = 0;   ///< batches of block moves issued as the block-copy kernel (not in `batches`)
 };
 
 }  // namespace ferry

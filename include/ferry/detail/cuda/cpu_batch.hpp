@@ -1,7 +1,7 @@
 /// @file
-/// @brief The body of `ferry::cpu_device::memcpy_batch_async` (private to ferry; included
-/// by cuda/cpu_device.hpp, which declares and documents it): a batch of copies as one
-/// stream operation, run in an adversarial order.
+/// @brief The bodies of `ferry::cpu_device::memcpy_batch_async` and `copy_kernel_async`
+/// (private to ferry; included by cuda/cpu_device.hpp, which declares and documents
+/// them): a batch of copies as one stream operation, run in an adversarial order.
 #pragma once
 
 #include "ferry/core/error.hpp"
@@ -23,6 +23,20 @@ namespace ferry {
 inline cpu_device::status cpu_device::memcpy_batch_async(void* const* dsts, const void* const* srcs,
                                                          const std::size_t* sizes, std::size_t count,
                                                          copy_direction /*d*/, stream_t s) {
+  return enqueue_pieces(dsts, srcs, sizes, count, false, s);
+}
+
+inline cpu_device::status cpu_device::copy_kernel_async(void* const* dsts, const void* const* srcs,
+                                                        const std::size_t* sizes, std::size_t count, unsigned ctas,
+                                                        stream_t s) {
+  if (!options_.copy_kernel) return {cpu_errc::not_supported};
+  if (ctas == 0) return {cpu_errc::invalid_value};
+  return enqueue_pieces(dsts, srcs, sizes, count, true, s);
+}
+
+inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const void* const* srcs,
+                                                     const std::size_t* sizes, std::size_t count, bool kernel,
+                                                     stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (count == 0) return {};
@@ -61,9 +75,14 @@ inline cpu_device::status cpu_device::memcpy_batch_async(void* const* dsts, cons
       break;
     }
   }
-  batches_.fetch_add(1);
-  batched_copies_.fetch_add(count);
-  enqueue(s, [this, s, pieces = std::move(pieces), fails]() mutable {
+  if (kernel) {
+    kernels_.fetch_add(1);
+    kernel_copies_.fetch_add(count);
+  } else {
+    batches_.fetch_add(1);
+    batched_copies_.fetch_add(count);
+  }
+  enqueue(s, [this, s, pieces = std::move(pieces), fails, kernel]() mutable {
     // On the stream's worker, the only user of its generator.
     std::mt19937_64& rng = s->rng;
     const bool adversarial = options_.seed != 0 && options_.max_delay_us != 0;
@@ -75,14 +94,27 @@ inline cpu_device::status cpu_device::memcpy_batch_async(void* const* dsts, cons
       if (adversarial) pause = std::uniform_int_distribution<std::size_t>(0, pieces.size() - 1)(rng);
     }
     const std::size_t stop = fails ? pieces.size() / 2 : pieces.size();
-    for (std::size_t i = 0; i < stop; ++i) {
-      if (i == pause) delay(rng);
-      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+    if (kernel) {  // thread blocks: every first half, then every second half
+      for (std::size_t i = 0; i < stop; ++i) {
+        std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n / 2);
+      }
+      for (std::size_t i = 0; i < stop; ++i) {
+        if (i == pause) delay(rng);
+        const std::size_t half = pieces[i].n / 2;
+        std::memcpy(pieces[i].dst + half, pieces[i].src + half, pieces[i].n - half);
+      }
+    } else {
+      for (std::size_t i = 0; i < stop; ++i) {
+        if (i == pause) delay(rng);
+        std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+      }
     }
     if (fails) {
       fail(s, std::make_exception_ptr(
-                  device_error("cpu_device: an injected copy-engine fault in a batched copy (fail_batches_after): " +
-                                   std::to_string(stop) + " of its " + std::to_string(pieces.size()) + " copies ran",
+                  device_error(std::string("cpu_device: an injected ") +
+                                   (kernel ? "fault in a block-copy kernel" : "copy-engine fault in a batched copy") +
+                                   " (fail_batches_after): " + std::to_string(stop) + " of its " +
+                                   std::to_string(pieces.size()) + " copies ran",
                                static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
     }
   });

@@ -1,8 +1,8 @@
 /// @file
 /// @brief The block moves of `ferry::basic_scheduler` (`to_host_blocks`,
-/// `to_device_blocks`): the check, the merge into runs, the chunking and the batched
-/// copies (what they do: transfer/block_copy.hpp). Internal to `ferry::basic_scheduler`
-/// (transfer/scheduler.hpp, which includes it).
+/// `to_device_blocks`): the check, the merge into runs, the chunking, the choice of
+/// engine and the batched copies or kernels (what they do: transfer/block_copy.hpp). Internal to
+/// `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
 #include "ferry/core/error.hpp"
@@ -151,8 +151,25 @@ inline void plan_block_move(std::span<const block_copy> blocks, std::size_t chun
 namespace ferry {
 
 template <class Backend>
+block_engine basic_scheduler<Backend>::choose_engine(std::size_t pieces, std::size_t bytes, host_mapping host) {
+  if (pieces == 0) return block_engine::none;
+  const std::size_t limit = *options_.kernel_block_bytes;
+  if (host != host_mapping::mapped || limit == 0 || bytes / pieces > limit) return block_engine::batched;
+  return core_->backend().has_copy_kernel() ? block_engine::kernel : block_engine::batched;
+}
+
+template <class Backend>
+block_engine basic_scheduler<Backend>::engine_for(std::span<const block_copy> blocks, host_mapping host) {
+  detail::block_plan& plan = detail::block_plan_scratch();
+  detail::plan_block_move(blocks, options_.chunk_bytes, plan);
+  std::size_t bytes = 0;
+  for (const std::size_t n : plan.sizes) bytes += n;
+  return choose_engine(plan.sizes.size(), bytes, host);
+}
+
+template <class Backend>
 auto basic_scheduler<Backend>::block_move(lane l, std::span<const block_copy> blocks, copy_direction direction,
-                                          const stream_type* after) -> ticket_type {
+                                          const stream_type* after, host_mapping host) -> ticket_type {
   detail::block_plan& plan = detail::block_plan_scratch();
   struct trim_after {
     detail::block_plan& p;
@@ -168,17 +185,26 @@ auto basic_scheduler<Backend>::block_move(lane l, std::span<const block_copy> bl
     counters_.moves.fetch_add(1, std::memory_order_relaxed);
     return t;
   }
+  std::size_t total = 0;
+  for (const std::size_t n : plan.sizes) total += n;
+  const bool kernel = choose_engine(plan.sizes.size(), total, host) == block_engine::kernel;
   const std::size_t batch = options_.batch_blocks;
+  const unsigned ctas = options_.kernel_ctas;
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
     counters_.blocks.fetch_add(plan.blocks, std::memory_order_relaxed);  // the move has started
     counters_.block_runs.fetch_add(plan.runs, std::memory_order_relaxed);
     const std::size_t pieces = plan.dsts.size();
     for (std::size_t k = 0; k < pieces; k += batch) {
       const std::size_t n = std::min(batch, pieces - k);
-      b.copy_batch(lane_stream, plan.dsts.data() + k, plan.srcs.data() + k, plan.sizes.data() + k, n, direction);
+      if (kernel) {
+        b.copy_kernel(lane_stream, plan.dsts.data() + k, plan.srcs.data() + k, plan.sizes.data() + k, n, ctas);
+        counters_.kernel_batches.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        b.copy_batch(lane_stream, plan.dsts.data() + k, plan.srcs.data() + k, plan.sizes.data() + k, n, direction);
+        counters_.batches.fetch_add(1, std::memory_order_relaxed);
+      }
       std::size_t moved = 0;
       for (std::size_t j = k; j < k + n; ++j) moved += plan.sizes[j];
-      counters_.batches.fetch_add(1, std::memory_order_relaxed);
       counters_.chunks.fetch_add(n, std::memory_order_relaxed);
       (l == lane::h2d ? counters_.bytes_h2d : counters_.bytes_d2h).fetch_add(moved, std::memory_order_relaxed);
       issued += n;

@@ -28,6 +28,11 @@ basic_scheduler<Backend>::basic_scheduler(stream_type compute, scheduler_options
   FERRY_EXPECTS(bounce_slots >= 1 && bounce_slots <= 1024, "bounce_slots must be in [1, 1024]", bounce_slots);
   FERRY_EXPECTS(chunk_bytes <= (std::size_t{1} << 40) / bounce_slots, "the bounce ring would exceed 1 TiB", chunk_bytes,
                 bounce_slots);
+  if (!options_.kernel_block_bytes) options_.kernel_block_bytes = transfer::defaults::current().kernel_block_bytes;
+  if (options_.kernel_ctas == 0)
+    options_.kernel_ctas = static_cast<unsigned>(transfer::defaults::current().kernel_ctas);
+  FERRY_EXPECTS(options_.kernel_ctas <= 1024, "kernel_ctas must be in [1, 1024]",
+                ferry::named("kernel_ctas", options_.kernel_ctas));
   if (options_.batch_blocks == 0) options_.batch_blocks = default_batch_blocks;
   FERRY_EXPECTS(options_.batch_blocks <= max_batch_blocks, "batch_blocks must be in [1, max_batch_blocks]",
                 ferry::named("batch_blocks", options_.batch_blocks), max_batch_blocks);
@@ -113,6 +118,7 @@ auto basic_scheduler<Backend>::stats() const noexcept -> scheduler_stats {
   s.blocks = counters_.blocks.load(std::memory_order_relaxed);
   s.block_runs = counters_.block_runs.load(std::memory_order_relaxed);
   s.batches = counters_.batches.load(std::memory_order_relaxed);
+  s.kernel_batches = counters_.kernel_batches.load(std::memory_order_relaxed);
   return s;
 }
 
