@@ -10,15 +10,21 @@
 // pinned memory block i is slot i (the cache's host slots, contiguous).
 //   ferry:       `basic_scheduler::to_host_blocks` (after an idle producer stream) or
 //                `to_device_blocks` of the N blocks, then the ticket's wait
-//                (transfer/block_copy.hpp: runs merged, batched copies of <= 1024 pieces);
+//                (transfer/block_copy.hpp: runs merged, then the engine the library
+//                chooses: the block-copy kernel for small pieces over mapped pinned
+//                memory, batched copies of <= 1024 pieces otherwise);
+//   batched, kernel: the same move with each engine forced (host memory declared
+//                `host_mapping::unknown`; a second scheduler whose kernel_block_bytes
+//                takes every size) — the figures that set `FERRY_KERNEL_BLOCK_BYTES`;
 //   per-block:   one `memcpy_async` of the device runtime per block on one stream, then a
 //                stream synchronize — on a GPU one cudaMemcpyAsync per block, what vLLM's
 //                `swap_blocks` does;
 //   contiguous:  one `memcpy_async` of N x block bytes between contiguous buffers (on a
 //                GPU the link floor for those bytes).
 // Each sample is timed with steady_clock from the first call to the end of the wait, so
-// the host's cost of issuing counts. Rows: ferry against per-block, and ferry against
-// contiguous, per case. Before timing, a round trip through both block moves checks that
+// the host's cost of issuing counts. Rows: ferry against per-block, ferry against
+// contiguous, and the kernel against batched copies, per case (the kernel's row is left
+// out where the runtime has no kernel). Before timing, a round trip through both block moves checks that
 // every block lands where it should.
 //
 // With a GPU the moves run on CUDA (`stream_scheduler`, cudaMemcpyAsync, pinned memory
@@ -33,15 +39,15 @@
 #include "harness/stats.hpp"
 
 #include <ferry/core/config.hpp>
-#include <ferry/transfer/defaults.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/core/units.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/memory/pinned_pool.hpp>
+#include <ferry/transfer/block_copy.hpp>
+#include <ferry/transfer/defaults.hpp>
 #include <ferry/transfer/device_backend.hpp>
 #include <ferry/transfer/scheduler.hpp>
-
 #if FERRY_HAS_CUDA
 #include <ferry/cuda/cuda_runtime.hpp>
 #endif
@@ -115,8 +121,10 @@ struct rig {
   ferry::basic_device_arena<R> arena;
   ferry::pinned_pool bounce;
   scheduler_type sched;
-  std::byte* pool = nullptr;  // 2N device slots
-  std::byte* host = nullptr;  // N host slots
+  scheduler_type kernel_sched;  // every block size to the kernel (where the runtime has one)
+  ferry::host_mapping mapping = ferry::host_mapping::unknown;  // what the host slots are
+  std::byte* pool = nullptr;                                   // 2N device slots
+  std::byte* host = nullptr;                                   // N host slots
   std::vector<ferry::block_copy> d2h, h2d;
 
   static ferry::pinned_pool_options host_options(std::size_t bytes, bool pin) {
@@ -135,11 +143,15 @@ struct rig {
         ref(rt),
         host_pool(host_options(n * block_bytes + ferry::MiB, pin)),
         arena(2 * n * block_bytes + ferry::MiB, ferry::device_arena_options{}, rt),
-        bounce(host_options(ferry::transfer::defaults::current().chunk_bytes + ferry::MiB, pin)),  // the ring: one chunk
-        sched(producer.ref(), with_bounce(scheduler_options(), bounce), rt) {
+        bounce(
+            host_options(ferry::transfer::defaults::current().chunk_bytes + ferry::MiB, pin)),  // the ring: one chunk
+        sched(producer.ref(), with_bounce(scheduler_options(), bounce), rt),
+        kernel_sched(producer.ref(), all_to_kernel(with_bounce(scheduler_options(), bounce)), rt) {
     pool = static_cast<std::byte*>(arena.allocate(2 * n * block, producer.ref()));
     producer.synchronize();
     host = static_cast<std::byte*>(host_pool.allocate(n * block));
+    // Pinned and mapped on a GPU; on the CPU model the "kernel" needs no mapping.
+    mapping = host_pool.is_device_mapped(host) || !pin ? ferry::host_mapping::mapped : ferry::host_mapping::unknown;
     std::vector<std::size_t> perm(2 * n);
     std::iota(perm.begin(), perm.end(), std::size_t{0});
     std::mt19937_64 rng(42);
@@ -167,6 +179,10 @@ struct rig {
     host_pool.deallocate(host, blocks * block);
   }
 
+  static ferry::scheduler_options all_to_kernel(ferry::scheduler_options o) {
+    o.kernel_block_bytes = ferry::GiB;
+    return o;
+  }
   static ferry::scheduler_options with_bounce(ferry::scheduler_options o, ferry::pinned_pool& p) {
     o.bounce_pool = &p;
     return o;
@@ -179,24 +195,35 @@ struct rig {
       std::memcpy(host + i, &v, std::min<std::size_t>(8, blocks * block - i));
     }
     std::vector<std::byte> want(host, host + blocks * block);
-    sched.to_device_blocks(h2d).wait();
-    std::memset(host, 0, blocks * block);
-    sched.to_host_blocks(d2h, producer.ref()).wait();
-    if (std::memcmp(want.data(), host, want.size()) != 0) {
-      throw std::runtime_error("kv: a round trip of " + std::to_string(blocks) + " blocks of " + std::to_string(block) +
-                               " bytes through the block moves came back different");
+    for (scheduler_type* sc : {&sched, &kernel_sched}) {
+      std::memcpy(host, want.data(), want.size());
+      sc->to_device_blocks(h2d, mapping).wait();
+      std::memset(host, 0, blocks * block);
+      sc->to_host_blocks(d2h, producer.ref(), mapping).wait();
+      if (std::memcmp(want.data(), host, want.size()) != 0) {
+        throw std::runtime_error("kv: a round trip of " + std::to_string(blocks) + " blocks of " +
+                                 std::to_string(block) + " bytes through the block moves (" +
+                                 (sc == &sched ? "the library's engine" : "the kernel") + ") came back different");
+      }
     }
+  }
+  [[nodiscard]] bool has_kernel() { return kernel_sched.engine_for(d2h, mapping) == ferry::block_engine::kernel; }
+  [[nodiscard]] const char* engine() {
+    return sched.engine_for(d2h, mapping) == ferry::block_engine::kernel ? "kernel" : "batched";
   }
 
   double gbps(std::chrono::steady_clock::time_point t0) const {
     return static_cast<double>(blocks * block) / ferry::bench::seconds_since(t0) / 1e9;
   }
-  double ferry_once(bool to_host) {
+  double move_once(scheduler_type& sc, ferry::host_mapping m, bool to_host) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto t = to_host ? sched.to_host_blocks(d2h, producer.ref()) : sched.to_device_blocks(h2d);
+    auto t = to_host ? sc.to_host_blocks(d2h, producer.ref(), m) : sc.to_device_blocks(h2d, m);
     t.wait();
     return gbps(t0);
   }
+  double ferry_once(bool to_host) { return move_once(sched, mapping, to_host); }
+  double batched_once(bool to_host) { return move_once(sched, ferry::host_mapping::unknown, to_host); }
+  double kernel_once(bool to_host) { return move_once(kernel_sched, mapping, to_host); }
   double per_block_once(bool to_host) {
     const auto dir = to_host ? ferry::copy_direction::device_to_host : ferry::copy_direction::host_to_device;
     const auto& list = to_host ? d2h : h2d;
@@ -240,13 +267,15 @@ std::vector<row> run_on(const R& rt, const flavour& f, bool pin, std::size_t tot
           "asynchronous)\n");
     }
     r.verify();
+    const bool kernel = r.has_kernel();
     for (const std::string& dname : cfg.directions) {
       const bool to_host = dname == "d2h";
       const ferry::scheduler_stats before = r.sched.stats();
-      const auto res =
-          ferry::bench::round_robin(options.repetitions, 1,
-                                    {[&] { return r.ferry_once(to_host); }, [&] { return r.per_block_once(to_host); },
-                                     [&] { return r.contiguous_once(to_host); }});
+      std::vector<std::function<double()>> fns{
+          [&] { return r.ferry_once(to_host); }, [&] { return r.per_block_once(to_host); },
+          [&] { return r.contiguous_once(to_host); }, [&] { return r.batched_once(to_host); }};
+      if (kernel) fns.emplace_back([&] { return r.kernel_once(to_host); });
+      const auto res = ferry::bench::round_robin(options.repetitions, 1, fns);
       const ferry::scheduler_stats after = r.sched.stats();
       const double moves = static_cast<double>(after.moves - before.moves);
       const std::string base = dname + " block=" + ferry::bench::size_name(block) + " n=" + std::to_string(n);
@@ -257,29 +286,33 @@ std::vector<row> run_on(const R& rt, const flavour& f, bool pin, std::size_t tot
           {"total_bytes", n * block},
           {"device", f.device},
           {"sweep", "block_size"},
-          {"runs_per_move", moves > 0 ? static_cast<double>(after.block_runs - before.block_runs) / moves : 0.0},
-          {"batches_per_move", moves > 0 ? static_cast<double>(after.batches - before.batches) / moves : 0.0}};
-      const auto add = [&](const char* vs, std::size_t ref_index, const char* ref_name) {
+          {"engine", r.engine()},
+          {"kernel_block_bytes", r.sched.kernel_block_bytes()},
+          {"runs_per_move", moves > 0 ? static_cast<double>(after.block_runs - before.block_runs) / moves : 0.0}};
+      const auto add = [&](const char* vs, std::size_t ferry_index, std::size_t ref_index, const char* ref_name) {
         nlohmann::json p = params;
         p["variant"] = std::string("vs ") + vs;
-        rows.push_back({"kv", base + " (vs " + vs + ")", "throughput", "GB/s", ferry::bench::better::higher,
-                        res.medians[0], res.medians[ref_index], ref_name, p});
+        const std::string what = ferry_index == 0 ? base + " (vs " + vs + ")" : base + " (kernel vs batched)";
+        rows.push_back({"kv", what, "throughput", "GB/s", ferry::bench::better::higher, res.medians[ferry_index],
+                        res.medians[ref_index], ref_name, p});
         ferry::bench::paired_result pr;
-        pr.ferry_samples = res.samples[0];
+        pr.ferry_samples = res.samples[ferry_index];
         pr.reference_samples = res.samples[ref_index];
         rows.back().set_samples(pr);
       };
-      add("per-block", 1, f.per_block_name);
-      add("contiguous", 2, f.contiguous_name);
+      add("per-block", 0, 1, f.per_block_name);
+      add("contiguous", 0, 2, f.contiguous_name);
+      if (kernel) add("batched", 4, 3, "ferry's batched copies (the copy engines)");
       std::printf(
-          "  %-28s ferry %7.2f GB/s   per-block %7.2f GB/s (%.2fx)   contiguous %7.2f GB/s (%.2fx)   "
-          "%.0f runs, %.0f batches per move\n",
-          base.c_str(), res.medians[0], res.medians[1], res.medians[0] / res.medians[1], res.medians[2],
-          res.medians[0] / res.medians[2], params["runs_per_move"].get<double>(),
-          params["batches_per_move"].get<double>());
+          "  %-28s ferry (%s) %7.2f GB/s   per-block %7.2f GB/s (%.2fx)   contiguous %7.2f GB/s (%.2fx)   "
+          "batched %7.2f GB/s",
+          base.c_str(), r.engine(), res.medians[0], res.medians[1], res.medians[0] / res.medians[1], res.medians[2],
+          res.medians[0] / res.medians[2], res.medians[3]);
+      if (kernel) std::printf("   kernel %7.2f GB/s (%.2fx batched)", res.medians[4], res.medians[4] / res.medians[3]);
+      std::printf("   %.0f runs per move\n", params["runs_per_move"].get<double>());
       if (cfg.samples) {
-        const char* names[] = {"ferry", "per-block", "contiguous"};
-        for (std::size_t v = 0; v < 3; ++v) {
+        const char* names[] = {"ferry", "per-block", "contiguous", "batched", "kernel"};
+        for (std::size_t v = 0; v < res.samples.size(); ++v) {
           std::printf("    samples (run order) %s:", names[v]);
           for (const double s : res.samples[v]) std::printf(" %.2f", s);
           std::printf("\n");

@@ -271,3 +271,107 @@ TEST_CASE("stream_scheduler: contiguous runs merge, and batched against per-bloc
   }
   CHECK(wrong == 0);
 }
+
+TEST_CASE("cuda_runtime: the block-copy kernel is registered and copies odd and misaligned blocks both ways",
+          "[gpu][blocks][kernel]") {
+  const ferry::cuda_runtime rt;
+  REQUIRE(rt.copy_kernel_available());  // this translation unit includes ferry/ferry.cuh
+  ferry::stream s;
+  // 16-byte aligned, 4-byte aligned, and byte-aligned blocks; sizes with tails.
+  const std::size_t offs[] = {0, 4 * KiB + 4, 9 * KiB + 3, 13 * KiB + 16};
+  const std::size_t lens[] = {4 * KiB, 3 * KiB + 5, 1, 2 * KiB + 13};
+  constexpr std::size_t n = 4;
+  pinned_pool_buffer in(16 * KiB), out(16 * KiB);
+  device_buffer dev(32 * KiB);
+  for (std::size_t i = 0; i < 16 * KiB; ++i) {
+    in.p[i] = expected(i, 11u);
+    out.p[i] = 0;
+  }
+  void* dsts[n];
+  const void* srcs[n];
+  std::size_t sizes[n];
+  for (std::size_t i = 0; i < n; ++i) {
+    dsts[i] = dev.p + 16 * KiB + offs[i];
+    srcs[i] = in.p + offs[i];
+    sizes[i] = lens[i];
+  }
+  REQUIRE(rt.copy_kernel_async(dsts, srcs, sizes, n, 2, s.get()) == cudaSuccess);
+  void* back_dsts[n];
+  const void* back_srcs[n];
+  for (std::size_t i = 0; i < n; ++i) {
+    back_dsts[i] = out.p + offs[i];
+    back_srcs[i] = dsts[i];
+  }
+  REQUIRE(rt.copy_kernel_async(back_dsts, back_srcs, sizes, n, 3, s.get()) == cudaSuccess);
+  s.synchronize();
+  for (std::size_t i = 0; i < n; ++i) {
+    INFO("block " << i);
+    CHECK(std::equal(in.p + offs[i], in.p + offs[i] + lens[i], out.p + offs[i]));
+    if (i + 1 < n) CHECK(out.p[offs[i] + lens[i]] == 0);  // nothing past the block
+  }
+  CHECK(rt.copy_kernel_async(dsts, srcs, sizes, 0, 2, s.get()) == cudaSuccess);  // nothing to do
+}
+
+TEST_CASE("stream_scheduler (kernel): scattered blocks round trip after the producer's slow kernel; engines timed",
+          "[gpu][blocks][kernel]") {
+  ferry::stream compute, producer;
+  auto o = small_batches();
+  o.kernel_block_bytes = 1 * MiB;  // every piece to the kernel
+  ferry::stream_scheduler sched(compute, o);
+  const layout l = scattered(509, {16 * KiB, 4097, 1, 64 * KiB + 3}, 5u);
+  const std::size_t pool = 2 * l.sizes.size() * l.slot;
+  device_buffer dev(pool);
+  pinned_pool_buffer host(pool);
+  const auto blocks = down(l, dev.p, host.p);
+  REQUIRE(sched.engine_for(blocks, ferry::host_mapping::mapped) == ferry::block_engine::kernel);
+  fill_pool<<<256, 256, 0, producer.get()>>>(dev.p, pool, 1u);
+  slow_fill_pool<<<256, 256, 0, producer.get()>>>(dev.p, pool, 2u, 100'000'000LL);
+  sched.to_host_blocks(blocks, producer, ferry::host_mapping::mapped).wait();
+  CHECK(wrong_blocks(l, host.p, 2u) == 0);
+  CHECK(sched.stats().kernel_batches > 0);
+  CHECK(sched.stats().batches == 0);
+  // Back into a cleared pool through the kernel, then check with one plain copy.
+  FERRY_CUDA_TRY(cudaMemsetAsync(dev.p, 0, pool, compute.get()));
+  auto u = sched.to_device_blocks(up(l, host.p, dev.p), compute, ferry::host_mapping::mapped);
+  u.enqueue_wait(compute);
+  pinned_pool_buffer check(pool);
+  FERRY_CUDA_TRY(cudaMemcpyAsync(check.p, dev.p, pool, cudaMemcpyDeviceToHost, compute.get()));
+  compute.synchronize();
+  u.wait();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < l.sizes.size(); ++i) {
+    const std::size_t at = l.device_slot[i] * l.slot;
+    for (std::size_t j = 0; j < l.sizes[i]; ++j) {
+      if (check.p[at + j] != expected(at + j, 2u)) {
+        ++wrong;
+        break;
+      }
+    }
+  }
+  CHECK(wrong == 0);
+
+  // One line per block size: the kernel against batched copies (what sets FERRY_KERNEL_BLOCK_BYTES).
+  ferry::scheduler_options plain;
+  ferry::stream_scheduler batched(compute, plain);
+  ferry::scheduler_options all;
+  all.kernel_block_bytes = 1 * MiB;
+  ferry::stream_scheduler kernel(compute, all);
+  for (const std::size_t block : {4 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 256 * KiB}) {
+    const std::size_t count = 64 * MiB / block;
+    device_buffer d(2 * count * block);
+    pinned_pool_buffer h(count * block);
+    std::vector<ferry::block_copy> list;
+    for (std::size_t k = 0; k < count; ++k) list.push_back({h.p + k * block, d.p + 2 * k * block, block});
+    const auto time = [&](auto&& move) {
+      move();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 5; ++r) move();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
+    };
+    const double tb = time([&] { batched.to_host_blocks(list, compute, ferry::host_mapping::unknown).wait(); });
+    const double tk = time([&] { kernel.to_host_blocks(list, compute, ferry::host_mapping::mapped).wait(); });
+    const double gb = static_cast<double>(count * block) / 1e9;
+    std::printf("block moves D2H, %zu x %zu KiB: batched %.2f GB/s, kernel %.2f GB/s (%.2fx)\n", count, block / KiB,
+                gb / tb, gb / tk, tb / tk);
+  }
+}

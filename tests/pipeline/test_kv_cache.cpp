@@ -430,3 +430,43 @@ TEST_CASE("kv_cache: release of a sequence through another cache is refused and 
   CHECK(pool.used() == 0);
   CHECK(device.used() == 0);
 }
+
+TEMPLATE_TEST_CASE("kv_cache: over a pinned tier mapped for the device, blocks move through the block-copy kernel",
+                   "[pipeline][kv][kernel]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto o = small_chunks(64 * 1024);
+  o.kernel_block_bytes = lbb;  // the cache's pieces (one layer of one block: 4 KiB) go to the kernel
+  auto& sched = dev.scheduler(compute, o);
+  auto& device = dev.memory(64 * MiB);
+  auto po = unpinned(8 * MiB);
+  po.pin = true;  // "pinned and mapped" as the model's registration says
+  po.hooks.register_chunk = [](void*, std::size_t) { return 0; };
+  po.hooks.unregister_chunk = [](void*, std::size_t) {};
+  po.hooks.maps_for_device = true;
+  ferry::pinned_pool pool(po);
+  {
+    using cache_t = kv_of<TestType>;
+    cache_t cache(sched, tier_set(sched, device, pool), shape(4, 12));
+    constexpr int requests = 6;  // 12 blocks: 4 on the device, 8 pinned
+    for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 8);
+    for (int r = requests; r-- > 0;) {
+      INFO("request " << r);
+      const auto t = tokens_of(r, 2);
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == 2 * bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      REQUIRE_NOTHROW(seq.wait());
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().loaded > 0);
+    const auto st = sched.stats();
+    CHECK(st.kernel_batches > 0);
+    CHECK(st.batches == 0);  // every move of this cache is small pieces over mapped memory
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(device.used() == 0);
+}

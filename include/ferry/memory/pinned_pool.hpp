@@ -85,6 +85,11 @@ struct pinned_pool_hooks {
   std::function<int(void* base, std::size_t bytes)> register_chunk;
   /// Unpins a chunk `register_chunk` pinned (same `base` and `bytes`).
   std::function<void(void* base, std::size_t bytes)> unregister_chunk;
+  /// Whether memory `register_chunk` pins is also mapped into the device's address space
+  /// at its host address (as `cudaHostRegisterMapped` on a UVA system), so that kernels
+  /// may load and store it (`is_device_mapped`). The default registration maps; a given
+  /// `register_chunk` is taken not to unless this says so (tests of the CPU model set it).
+  bool maps_for_device = false;
   /// Describes an error code of `register_chunk`; default: the CUDA error's name and text.
   std::function<std::string(int error_code)> describe;
 };
@@ -328,6 +333,16 @@ class pinned_pool {
     }
     --it;
     return addr - it->first < it->second->bytes && it->second->pinned;
+  }
+  /// @brief Whether `p` (an allocation of this pool) lies in a pinned slab that is mapped
+  /// into the device's address space at the same address: pinned by the default
+  /// registration (`cudaHostRegisterPortable | cudaHostRegisterMapped`), or by a
+  /// `register_chunk` hook with `maps_for_device`. What lets a block move use the
+  /// block-copy kernel (`host_mapping::mapped`, transfer/block_copy.hpp); false after a
+  /// fallback to pageable memory.
+  [[nodiscard]] bool is_device_mapped(const void* p) const {
+    const bool maps = options_.hooks.register_chunk ? options_.hooks.maps_for_device : has_cuda;
+    return maps && is_pinned(p);
   }
 
  private:

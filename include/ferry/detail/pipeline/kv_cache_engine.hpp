@@ -63,6 +63,8 @@ class kv_cache_engine {
       device_->deallocate(device_base_, pool_bytes, sched_->h2d());
       throw;
     }
+    // The block-copy kernel may read and write the pinned tier only where it is mapped.
+    if (pinned_base_ != nullptr && host_->is_device_mapped(pinned_base_)) host_side_ = host_mapping::mapped;
     for (std::size_t i = o_.device_blocks; i-- > 0;) free_device_.push_back(static_cast<std::uint32_t>(i));
     for (std::size_t i = pinned_slots_; i-- > 0;) free_pinned_.push_back(static_cast<std::uint32_t>(i));
     for (std::size_t i = nvme_slots_; i-- > 0;) free_nvme_.push_back(static_cast<std::uint32_t>(i));
@@ -455,7 +457,7 @@ class kv_cache_engine {
     std::vector<in_flight> reads;  // this round's reads back from NVMe, every layer's
     for (std::size_t l = 0; l < o_.layers; ++l) {
       if (!r.d2h[l].empty()) {
-        auto t = std::make_shared<ticket_type>(sched_->to_host_blocks(r.d2h[l], d2h));
+        auto t = std::make_shared<ticket_type>(sched_->to_host_blocks(r.d2h[l], d2h, host_side_));
         ++stats_.block_moves;
         if (seq != nullptr) seq->layer_waits_[l].push_back(t);
         last_d2h = t;
@@ -463,7 +465,7 @@ class kv_cache_engine {
       }
       if (before && seq != nullptr) seq->layer_waits_[l].push_back(before);
       if (!r.h2d[l].empty()) {
-        auto t = std::make_shared<ticket_type>(sched_->to_device_blocks(r.h2d[l], d2h));
+        auto t = std::make_shared<ticket_type>(sched_->to_device_blocks(r.h2d[l], d2h, host_side_));
         ++stats_.block_moves;
         if (seq != nullptr) seq->layer_waits_[l].push_back(t);
         for (const kv_block_id b : r.loading) landing_of(b)[l] = t;
@@ -575,6 +577,7 @@ class kv_cache_engine {
   std::size_t block_bytes_ = 0;
   std::byte* device_base_ = nullptr;
   std::byte* pinned_base_ = nullptr;
+  host_mapping host_side_ = host_mapping::unknown;  // what the pinned tier is to block moves
   std::size_t pinned_slots_ = 0;
   std::size_t nvme_slots_ = 0;
   std::optional<nvme_region> region_;
