@@ -59,6 +59,7 @@ binaries=(
   "$bin_dir/examples/stream_ordering/stream_ordering"
   "$bin_dir/examples/activation_offload/activation_offload"
   "$bin_dir/examples/layer_streaming/layer_streaming"
+  "$bin_dir/examples/kv_offload/kv_offload"
 )
 
 # A fresh folder each time, written beside the old one and swapped in when complete.

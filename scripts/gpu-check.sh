@@ -3,14 +3,14 @@
 #   gpu-check.sh OUT            (build/gpu-carry/gpu-check.sh OUT, or scripts/gpu-check.sh OUT)
 #
 # Every step runs under its own `timeout` (SIGTERM at its limit, SIGKILL 2 s later); the
-# limits plus those 2 s per step add up to at most 300 s (5 minutes on an H200, so that a
+# limits plus those 2 s per step add up to at most 320 s (under 6 minutes on an H200, so that a
 # second run fits in the 15 minutes a task may hold the machine). In order, so that the
 # most important verdicts come first:
 #   carry              the carry folder is whole (MANIFEST's sha256) and every binary loads
 #   machine            nvidia-smi (GPU, PCIe link now and at most, memory, driver), CPU, RAM,
 #                      ferry-bench probe (machine.json)
 #   gpu-tests          ferry-tests-gpu once, plain (gpu-tests.xml, JUnit)
-#   example-*          stream_ordering, activation_offload, layer_streaming
+#   example-*          stream_ordering, activation_offload, layer_streaming, kv_offload (its NVMe tier in the scratch folder)
 #   bench-suite        ferry-bench --quick --suite gpu: link, kv, codec, offload, stream (bench.json,
 #                      and suite/: results.json, results.csv, summary.md, the advice; plots
 #                      where gnuplot is installed, else `scripts/bench-plot.sh` cannot redraw
@@ -63,16 +63,16 @@ case $1 in -*) echo "gpu-check: OUT '$1' looks like an option; give a folder (./
 
 # --- the steps and their limits (seconds) ---------------------------------------------
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
-       bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+       example-kv_offload bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
 declare -A limit=(
   [carry]=10 [machine]=8 [gpu-tests]=40
-  [example-stream_ordering]=10 [example-activation_offload]=15 [example-layer_streaming]=15
+  [example-stream_ordering]=10 [example-activation_offload]=15 [example-layer_streaming]=15 [example-kv_offload]=12
   [bench-suite]=60 [bench-overlap]=10 [bench-device-nvme]=15
   [memcheck]=60 [racecheck]=20 [micro]=12
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
-budget=${FERRY_GPU_CHECK_BUDGET_S:-300}
+budget=${FERRY_GPU_CHECK_BUDGET_S:-320}
 number "$budget" || { echo "gpu-check: FERRY_GPU_CHECK_BUDGET_S '$budget' is not a number of seconds (1-99999)" >&2; exit 2; }
 IFS=',' read -r -a overrides <<<"${FERRY_GPU_CHECK_LIMITS:-}"
 for o in "${overrides[@]}"; do
@@ -374,6 +374,7 @@ STEP_CHECK=check_junit run_step gpu-tests "$bin/ferry-tests-gpu" -r junit -o "$o
 run_step example-stream_ordering "$bin/stream_ordering"
 run_step example-activation_offload "$bin/activation_offload"
 run_step example-layer_streaming "$bin/layer_streaming"
+run_step example-kv_offload "$bin/kv_offload" "$scratch"
 run_step bench-suite "$bin/ferry-bench" --quick --suite gpu --json "$out/bench.json" --out "$out/suite" "${plots[@]}"
 run_step bench-overlap "$bin/ferry-bench" --quick --json "$out/bench-overlap.json" overlap
 run_step bench-device-nvme "$bin/ferry-bench" --quick --json "$out/bench-device-nvme.json" device-nvme

@@ -56,7 +56,9 @@ struct row {
   /// `gradient_bytes` (stream), `layers`, `hidden`, `tokens`, `offloaded_layers`,
   /// `slots`, `gemm_n`, `gemm_reps`. The `kv` scenario adds `blocks` (blocks per move),
   /// `device` ("gpu", or "cpu-model" for the CPU model of the device runtime),
-  /// `runs_per_move` and `batches_per_move` (what ferry's block move merged and issued).
+  /// `runs_per_move` and `batches_per_move` (what ferry's block move merged and issued:
+  /// batched copies or kernels), `engine` (`batched` or `kernel`: what the library chose)
+  /// and `kernel_block_bytes` (the crossover it chose by).
   nlohmann::json params = nlohmann::json::object();
   /// ferry's samples in run order (empty where the scenario did not record them).
   std::vector<double> ferry_samples{};

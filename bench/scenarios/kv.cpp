@@ -288,7 +288,11 @@ std::vector<row> run_on(const R& rt, const flavour& f, bool pin, std::size_t tot
           {"sweep", "block_size"},
           {"engine", r.engine()},
           {"kernel_block_bytes", r.sched.kernel_block_bytes()},
-          {"runs_per_move", moves > 0 ? static_cast<double>(after.block_runs - before.block_runs) / moves : 0.0}};
+          {"runs_per_move", moves > 0 ? static_cast<double>(after.block_runs - before.block_runs) / moves : 0.0},
+          {"batches_per_move",
+           moves > 0 ? static_cast<double>(after.batches + after.kernel_batches - before.batches - before.kernel_batches) /
+                           moves
+                     : 0.0}};
       const auto add = [&](const char* vs, std::size_t ferry_index, std::size_t ref_index, const char* ref_name) {
         nlohmann::json p = params;
         p["variant"] = std::string("vs ") + vs;

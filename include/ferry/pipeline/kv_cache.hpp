@@ -35,7 +35,9 @@
 ///
 /// **Moves.** Each call gathers the plan's decisions into one round and issues it: per
 /// layer, one block move to pinned memory (`basic_scheduler::to_host_blocks`: merged
-/// runs, batched copies) of the blocks leaving the device, then one block move to the
+/// runs, batched copies, or the block-copy kernel for small layer blocks when the pinned
+/// tier is mapped for the device: `pinned_pool::is_device_mapped`) of the blocks leaving
+/// the device, then one block move to the
 /// device (`to_device_blocks`) of the blocks coming back, ordered after the first (a slot
 /// a block leaves may be the one another arrives in); blocks on NVMe are read into their
 /// device slots through the scheduler's bounce ring. The D2H lane first waits for the
