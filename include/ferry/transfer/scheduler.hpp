@@ -222,9 +222,9 @@ class basic_scheduler {
   /// (transfer/block_copy.hpp says which engine when) —; one ticket for all. Sizes in
   /// bytes. Empty (no bytes in any block): nothing started, no stream waited for, a
   /// ticket ready at once.
-  /// @param host what the host side is: `host_mapping::mapped` only if every `dst` lies
-  ///             in pinned memory mapped at the same address (a kernel would fault on
-  ///             pageable memory); `unknown` (the default) always uses batched copies
+  /// `host` says what the host side is: `host_mapping::mapped` only if every `dst` lies
+  /// in pinned memory mapped at the same address (a kernel would fault on pageable
+  /// memory); `unknown` (the default) always uses batched copies.
   /// @throws ferry::logic_error for a block with a null pointer or a wrapping range, two
   ///         overlapping destinations, or a destination over a source (naming the
   ///         blocks' indices and addresses), or the legacy default stream — nothing
