@@ -43,6 +43,9 @@
 /// limits, description), a `settings` struct with one field per knob, and `parse`,
 /// `builtin`, `load(lookup)` (any source: tests, a config file, flags),
 /// `from_environment` and `current()` (the process-wide values, read from the
-/// environment once, on first use). The guide's "Knobs" section says how to pick each
+/// environment once, on first use). A table writes only its rows, its fields and the map
+/// from knob to field (`settings::fields`); `get` and `set` come from
+/// `ferry::defaults::knob_settings`, and the functions forward to
+/// `ferry::defaults::knob_table`. The guide's "Knobs" section says how to pick each
 /// value.
 // clang-format on
