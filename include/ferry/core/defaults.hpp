@@ -28,7 +28,7 @@
 /// | I/O      | `ferry::io::defaults`       | `ferry/io/defaults.hpp`       | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8       | 1 .. 1024                           |
 /// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                                   | 4 KiB .. 1 GiB, multiple of 4 KiB   |
 /// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_block_bytes`  | `FERRY_KERNEL_BLOCK_BYTES`  | bytes    | 64 KiB                                  | 0 .. 1 GiB (0: never the kernel)    |
-/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_ctas`         | `FERRY_KERNEL_CTAS`         | blocks   | 16                                      | 1 .. 1024                           |
+/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_ctas`         | `FERRY_KERNEL_CTAS`         | count    | 16                                      | 1 .. 1024                           |
 /// | optim    | `ferry::optim::defaults`    | `ferry/optim/defaults.hpp`    | `optimizer_threads`   | `FERRY_OPTIMIZER_THREADS`   | threads  | the hardware threads, 1 .. 16           | 1 .. 1024                           |
 ///
 /// - `pinned_budget_bytes`: the budget of each pinned host-memory pool made without one
