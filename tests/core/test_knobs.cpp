@@ -1,7 +1,8 @@
 // The knob machinery every layer's table is built on (ferry/core/knobs.hpp), once, over a
 // table of this test's own: how byte and count values are written (units, suffixes,
 // white space), what is refused (bad strings, overflow, limits, multiples) and how, the
-// lookups `load_settings` takes, and the process environment. Each layer's own table (its
+// lookups `load_settings` takes, the process environment, and the plumbing every table
+// shares (`knob_settings`, `knob_table`, `current()`). Each layer's own table (its
 // knobs, defaults, limits and variables) is tested next to it: tests/memory,
 // tests/io, tests/transfer and tests/optim, test_*_defaults.cpp.
 #include <ferry/core/knobs.hpp>
@@ -15,6 +16,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "knob_test_util.hpp"
 
@@ -66,6 +68,28 @@ void expect_rejected(knob k, const std::string& text, const std::string& reason_
 
 template <class F>
 concept loadable = requires(F& f) { defaults::load_settings<settings>(table, f); };
+
+// The same table as a layer writes it: settings with `knob_settings` and `fields`, and
+// the functions of `knob_table` (what every layer's defaults.hpp forwards to).
+struct mapped_settings : defaults::knob_settings<mapped_settings, knob> {
+  std::size_t chunk = 0, budget = 0, depth = 0;
+  static constexpr std::array<std::size_t mapped_settings::*, 3> fields{
+      &mapped_settings::chunk, &mapped_settings::budget, &mapped_settings::depth};
+  friend bool operator==(const mapped_settings&, const mapped_settings&) = default;
+};
+using functions = defaults::knob_table<table, mapped_settings>;
+static_assert(std::is_same_v<functions::knob, knob>);
+static_assert(functions::size == 3);
+static_assert(&functions::spec(knob::depth) == &table[2]);
+
+constexpr bool get_and_set_by_knob() {
+  mapped_settings s;
+  s.set(knob::budget, 7);
+  s.set(static_cast<knob>(3), 9);  // outside the enum: sets nothing
+  return s.budget == 7 && s.get(knob::budget) == 7 && s.chunk == 0 && s.depth == 0 &&
+         s.get(static_cast<knob>(3)) == 0 && s == mapped_settings{{}, 0, 7, 0};
+}
+static_assert(get_and_set_by_knob());
 
 }  // namespace
 
@@ -238,4 +262,42 @@ TEST_CASE("knobs: environment_variable reads the real process environment") {
   ::unsetenv("FERRY_TEST_DEPTH");
   CHECK(defaults::environment_variable("FERRY_TEST_CHUNK") == std::nullopt);
   CHECK(defaults::load_settings<settings>(table, env) == defaults::builtin_settings<settings>(table));
+}
+
+TEST_CASE("knobs: knob_table gives a table's functions, and knob_settings its get and set") {
+  CHECK(functions::parse(knob::chunk, "8M") == 8 * MiB);
+  knob_test::expect_rejected("FERRY_TEST_DEPTH", "0", "below the minimum",
+                             [](const std::string& t) { return functions::parse(knob::depth, t); });
+  CHECK(functions::builtin() == mapped_settings{{}, 4 * MiB, 1 * GiB, 16});
+  const knob_test::env_map env{{"FERRY_TEST_BUDGET", "2GiB"}};
+  CHECK(functions::load(knob_test::lookup(env)) == mapped_settings{{}, 4 * MiB, 2 * GiB, 16});
+  auto l = knob_test::lookup(env);
+  CHECK(functions::load(l).budget == 2 * GiB);  // an lvalue lookup too
+  mapped_settings s;
+  std::size_t value = 100;
+  for (const auto& k : table) {
+    s.set(k.id, value);
+    CHECK(s.get(k.id) == value);
+    ++value;
+  }
+  CHECK(s == mapped_settings{{}, 100, 101, 102});
+  ::setenv("FERRY_TEST_DEPTH", "32", 1);
+  CHECK(functions::from_environment().depth == 32);
+  ::unsetenv("FERRY_TEST_DEPTH");
+  CHECK(functions::from_environment() == functions::builtin());
+}
+
+// The only call of this table's current() in the process (each test case runs in a
+// process of its own under CTest, and no other test case here calls it).
+TEST_CASE("knobs: current() reads once, and after a config_error the next call tries again") {
+  ::setenv("FERRY_TEST_CHUNK", "4.5M", 1);
+  CHECK_THROWS_WITH(functions::current(), Catch::Contains("FERRY_TEST_CHUNK=\"4.5M\""));
+  CHECK_THROWS_AS(functions::current(), ferry::config_error);  // not stored: read again, still malformed
+  ::setenv("FERRY_TEST_CHUNK", "8MiB", 1);
+  const mapped_settings& first = functions::current();  // the fixed environment is picked up
+  CHECK(first.chunk == 8 * MiB);
+  ::setenv("FERRY_TEST_CHUNK", "16MiB", 1);
+  CHECK(&functions::current() == &first);  // read once: kept for the life of the process
+  CHECK(functions::current().chunk == 8 * MiB);
+  ::unsetenv("FERRY_TEST_CHUNK");
 }

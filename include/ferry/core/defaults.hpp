@@ -27,6 +27,8 @@
 /// | I/O      | `ferry::io::defaults`       | `ferry/io/defaults.hpp`       | `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                                   | 4 KiB .. 256 MiB, multiple of 4 KiB |
 /// | I/O      | `ferry::io::defaults`       | `ferry/io/defaults.hpp`       | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8       | 1 .. 1024                           |
 /// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                                   | 4 KiB .. 1 GiB, multiple of 4 KiB   |
+/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_block_bytes`  | `FERRY_KERNEL_BLOCK_BYTES`  | bytes    | 64 KiB                                  | 0 .. 1 GiB (0: never the kernel)    |
+/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_ctas`         | `FERRY_KERNEL_CTAS`         | count    | 16                                      | 1 .. 1024                           |
 /// | optim    | `ferry::optim::defaults`    | `ferry/optim/defaults.hpp`    | `optimizer_threads`   | `FERRY_OPTIMIZER_THREADS`   | threads  | the hardware threads, 1 .. 16           | 1 .. 1024                           |
 ///
 /// - `pinned_budget_bytes`: the budget of each pinned host-memory pool made without one
@@ -36,6 +38,10 @@
 ///   flight per file, bytes per NVMe request, and the workers of the pread/pwrite engine.
 /// - `chunk_bytes`: the pieces a device<->host move is cut into
 ///   (`scheduler_options::chunk_bytes` left at 0), and the size of each bounce buffer.
+/// - `kernel_block_bytes`, `kernel_ctas`: the copy kernel of block moves
+///   (transfer/block_copy.hpp): a block move over mapped pinned memory whose pieces
+///   average at most `kernel_block_bytes` is copied by `kernel_ctas` thread blocks of a
+///   kernel instead of the copy engines.
 /// - `optimizer_threads`: the threads of the CPU AdamW (`adamw_options::threads` left at 0).
 ///
 /// Every table has the same shape: an enum `knob`, a `table` of
@@ -43,6 +49,9 @@
 /// limits, description), a `settings` struct with one field per knob, and `parse`,
 /// `builtin`, `load(lookup)` (any source: tests, a config file, flags),
 /// `from_environment` and `current()` (the process-wide values, read from the
-/// environment once, on first use). The guide's "Knobs" section says how to pick each
+/// environment once, on first use). A table writes only its rows, its fields and the map
+/// from knob to field (`settings::fields`); `get` and `set` come from
+/// `ferry::defaults::knob_settings`, and the functions forward to
+/// `ferry::defaults::knob_table`. The guide's "Knobs" section says how to pick each
 /// value.
 // clang-format on

@@ -7,8 +7,10 @@
 /// `defaults.hpp`, built on this file; core/defaults.hpp is the index of every table and
 /// holds none of its own. Every table has the same shape: an enum `knob`, a `table` of
 /// `knob_spec<knob>` rows in enum order, a `settings` struct with one field per knob, and
-/// `parse`, `builtin`, `load`, `from_environment` and `current` (the process-wide values,
-/// read once).
+/// `spec`, `parse`, `builtin`, `load`, `from_environment` and `current` (the process-wide
+/// values, read once). The plumbing is here, once: a table's `settings` derives from
+/// `knob_settings` (its `get` and `set`, through the struct's `fields`, a pointer to its
+/// member per knob), and its functions forward to `knob_table<table, settings>`.
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
 /// `4mib`, `4M` and `4m` are all 4 MiB (IEC units in any case, and K, M, G, T, P alone,
@@ -33,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 namespace ferry::defaults {
@@ -224,5 +227,120 @@ template <class Settings, class Knob, std::size_t N, knob_lookup Lookup>
   }
   return std::nullopt;
 }
+
+/// @brief The base of a table's `settings` struct: `get` and `set` by knob, through the
+/// struct's own map from knob to field.
+///
+/// The struct (`Derived`) holds one `std::size_t` per knob and a
+/// `static constexpr std::array<std::size_t Derived::*, N> fields`: row `i` points to the
+/// member of `static_cast<Knob>(i)`. `knob_table` checks the map when it joins the
+/// struct to its table (one distinct member per knob, and no member that is no knob).
+/// @tparam Derived the table's settings struct (CRTP)
+/// @tparam Knob    the table's enum of knobs
+template <class Derived, class Knob>
+struct knob_settings {
+  /// @brief The value of one knob (0 for a value outside the enum).
+  [[nodiscard]] constexpr std::size_t get(Knob k) const noexcept {
+    const auto i = static_cast<std::size_t>(k);
+    return i < Derived::fields.size() ? static_cast<const Derived&>(*this).*Derived::fields[i] : 0;
+  }
+
+  /// @brief Sets one knob (no validation; `load` validates what it reads; a value outside
+  /// the enum sets nothing).
+  constexpr void set(Knob k, std::size_t value) noexcept {
+    const auto i = static_cast<std::size_t>(k);
+    if (i < Derived::fields.size()) {
+      static_cast<Derived&>(*this).*Derived::fields[i] = value;
+    }
+  }
+
+  /// @brief Always equal: the base holds nothing (a defaulted `==` of the struct compares
+  /// its fields).
+  friend constexpr bool operator==(const knob_settings&, const knob_settings&) noexcept = default;
+};
+
+namespace detail {
+
+/// Whether `fields` names `n` members, none null and no two the same.
+template <class Settings, std::size_t N>
+consteval bool distinct_fields(const std::array<std::size_t Settings::*, N>& fields) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (fields[i] == nullptr) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (fields[i] == fields[j]) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+
+/// @brief The functions of one knob table, from its rows and its settings: what each
+/// layer's `spec`, `parse`, `builtin`, `load`, `from_environment` and `current` forward to.
+///
+/// Instantiating it checks the table at compile time: rows in knob order, and a
+/// `Settings::fields` with one distinct member per row, that covers every member.
+/// @tparam Rows     the table, a `std::array<knob_spec<Knob>, N>` with static storage
+///                  duration (a namespace-scope `inline constexpr` array)
+/// @tparam Settings the table's settings, derived from `knob_settings<Settings, Knob>`
+template <const auto& Rows, class Settings>
+struct knob_table {
+  /// @brief The table's enum of knobs.
+  using knob = std::remove_cvref_t<decltype(Rows[0].id)>;
+  /// @brief A row of the table.
+  using row = knob_spec<knob>;
+  /// @brief The number of knobs (rows) of the table.
+  static constexpr std::size_t size = std::tuple_size_v<std::remove_cvref_t<decltype(Rows)>>;
+
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(Rows)>, std::array<row, size>>,
+                "a knob table is a std::array of knob_spec rows");
+  static_assert(rows_in_knob_order(Rows), "the rows of a knob table must be in knob order");
+  static_assert(std::is_base_of_v<knob_settings<Settings, knob>, Settings>,
+                "a table's settings derive from knob_settings<settings, knob>");
+  static_assert(
+      std::is_same_v<std::remove_cvref_t<decltype(Settings::fields)>, std::array<std::size_t Settings::*, size>>,
+      "settings::fields is a std::array<std::size_t settings::*, knob_count>");
+  static_assert(detail::distinct_fields(Settings::fields), "settings::fields names a distinct member for every knob");
+  static_assert(sizeof(Settings) == size * sizeof(std::size_t), "every member of the settings is a knob in its fields");
+
+  /// @brief The row of a knob.
+  [[nodiscard]] static constexpr const row& spec(knob k) noexcept { return Rows[static_cast<std::size_t>(k)]; }
+
+  /// @brief Parses and validates a value for a knob of the table (`ferry::defaults::parse`
+  /// of its row).
+  /// @param k     the knob (its unit, limits and variable name come from the table)
+  /// @param text  the value as written, e.g. "4MiB"
+  /// @return the value in the knob's unit
+  /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
+  [[nodiscard]] static std::uint64_t parse(knob k, std::string_view text) {
+    return ferry::defaults::parse(spec(k), text);
+  }
+
+  /// @brief The built-in defaults, ignoring the environment.
+  [[nodiscard]] static Settings builtin() { return builtin_settings<Settings>(Rows); }
+
+  /// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
+  /// @param lookup a `knob_lookup`
+  /// @throws ferry::config_error for the first malformed value, naming variable and value
+  template <knob_lookup Lookup>
+  [[nodiscard]] static Settings load(Lookup&& lookup) {
+    return load_settings<Settings>(Rows, lookup);
+  }
+
+  /// @brief Resolves every knob from the process environment, now.
+  /// @throws ferry::config_error for the first malformed value
+  [[nodiscard]] static Settings from_environment() { return load(&environment_variable); }
+
+  /// @brief The process-wide settings: read from the environment on the first call and
+  /// kept for the life of the process. Thread-safe (a function-local static: concurrent
+  /// first calls wait for one read).
+  /// @throws ferry::config_error if a variable of the table is malformed; the static is
+  ///         then left uninitialised, so each later call tries again and a fixed
+  ///         environment is picked up
+  [[nodiscard]] static const Settings& current() {
+    static const Settings values = from_environment();
+    return values;
+  }
+};
 
 }  // namespace ferry::defaults

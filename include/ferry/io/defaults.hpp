@@ -59,7 +59,7 @@ inline std::uint64_t default_io_threads() {
 }
 }  // namespace detail
 
-/// @brief The I/O table. Row `i` describes `static_cast<knob>(i)`.
+/// @brief The I/O table. Row `i` describes `static_cast<knob>(i)` (checked at compile time).
 inline constexpr std::array<knob_spec, knob_count> table{{
     {knob::io_queue_depth, "io_queue_depth", "FERRY_IO_QUEUE_DEPTH", unit::count, &detail::default_io_queue_depth, 1,
      4096, 1,
@@ -76,71 +76,54 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "least 1 and at most 8: each waits in a system call, so they need few cores)."},
 }};
 
-static_assert(ferry::defaults::rows_in_knob_order(table),
-              "ferry::io::defaults::table rows must be in ferry::io::defaults::knob order");
-
-/// @brief The row of a knob.
-[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return table[static_cast<std::size_t>(k)]; }
-
 /// @brief The resolved values of every knob of the I/O table.
-struct settings {
+/// `get` and `set` come from `ferry::defaults::knob_settings`, through `fields`.
+struct settings : ferry::defaults::knob_settings<settings, knob> {
   std::size_t io_queue_depth = 0;  ///< NVMe requests in flight per file
   std::size_t io_block_bytes = 0;  ///< bytes per NVMe request
   std::size_t io_threads = 0;      ///< threads of the pread/pwrite engine
 
-  /// @brief The value of one knob.
-  [[nodiscard]] std::size_t get(knob k) const noexcept {
-    switch (k) {
-      case knob::io_queue_depth: return io_queue_depth;
-      case knob::io_block_bytes: return io_block_bytes;
-      case knob::io_threads: return io_threads;
-    }
-    return 0;
-  }
-
-  /// @brief Sets one knob (no validation; `load` validates what it reads).
-  void set(knob k, std::size_t value) noexcept {
-    switch (k) {
-      case knob::io_queue_depth: io_queue_depth = value; break;
-      case knob::io_block_bytes: io_block_bytes = value; break;
-      case knob::io_threads: io_threads = value; break;
-    }
-  }
+  /// @brief The member of each knob, in knob order (what `get` and `set` address).
+  static constexpr std::array<std::size_t settings::*, knob_count> fields{
+      &settings::io_queue_depth, &settings::io_block_bytes, &settings::io_threads};
 
   friend bool operator==(const settings&, const settings&) = default;
 };
+
+namespace detail {
+/// The functions of the table, from its rows and its settings (core/knobs.hpp).
+using functions = ferry::defaults::knob_table<table, settings>;
+}  // namespace detail
+
+/// @brief The row of a knob.
+[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return detail::functions::spec(k); }
 
 /// @brief Parses and validates a value for a knob of the I/O table.
 /// @param k     the knob (its unit, limits and variable name come from the table)
 /// @param text  the value as written, e.g. "16" or "1MiB"
 /// @return the value in the knob's unit (requests, bytes, threads)
 /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
-[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
-  return ferry::defaults::parse(spec(k), text);
-}
+[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) { return detail::functions::parse(k, text); }
 
 /// @brief The built-in defaults, ignoring the environment.
-[[nodiscard]] inline settings builtin() { return ferry::defaults::builtin_settings<settings>(table); }
+[[nodiscard]] inline settings builtin() { return detail::functions::builtin(); }
 
 /// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
 /// @param lookup a `ferry::defaults::knob_lookup`
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <knob_lookup Lookup>
 [[nodiscard]] settings load(Lookup&& lookup) {
-  return ferry::defaults::load_settings<settings>(table, lookup);
+  return detail::functions::load(lookup);
 }
 
 /// @brief Resolves every knob from the process environment, now.
 /// @throws ferry::config_error for the first malformed value
-[[nodiscard]] inline settings from_environment() { return load(&ferry::defaults::environment_variable); }
+[[nodiscard]] inline settings from_environment() { return detail::functions::from_environment(); }
 
 /// @brief The process-wide settings: read from the environment on the first call and
 /// kept for the life of the process. Thread-safe.
 /// @throws ferry::config_error if a variable of the table is malformed (each later call
 ///         tries again, so a fixed environment is picked up)
-[[nodiscard]] inline const settings& current() {
-  static const settings values = from_environment();
-  return values;
-}
+[[nodiscard]] inline const settings& current() { return detail::functions::current(); }
 
 }  // namespace ferry::io::defaults

@@ -72,7 +72,7 @@ inline std::uint64_t default_pinned_budget_bytes() {
 
 }  // namespace detail
 
-/// @brief The memory table. Row `i` describes `static_cast<knob>(i)`.
+/// @brief The memory table. Row `i` describes `static_cast<knob>(i)` (checked at compile time).
 inline constexpr std::array<knob_spec, knob_count> table{{
     {knob::pinned_budget_bytes, "pinned_budget_bytes", "FERRY_PINNED_BUDGET_BYTES", unit::bytes,
      &detail::default_pinned_budget_bytes, 1 * MiB, 1024 * TiB, 1,
@@ -82,65 +82,51 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "does not report its RAM)."},
 }};
 
-static_assert(ferry::defaults::rows_in_knob_order(table),
-              "ferry::memory::defaults::table rows must be in ferry::memory::defaults::knob order");
-
-/// @brief The row of a knob.
-[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return table[static_cast<std::size_t>(k)]; }
-
 /// @brief The resolved values of every knob of the memory table.
-struct settings {
+/// `get` and `set` come from `ferry::defaults::knob_settings`, through `fields`.
+struct settings : ferry::defaults::knob_settings<settings, knob> {
   std::size_t pinned_budget_bytes = 0;  ///< budget of each pinned pool made without one
 
-  /// @brief The value of one knob.
-  [[nodiscard]] std::size_t get(knob k) const noexcept {
-    switch (k) {
-      case knob::pinned_budget_bytes: return pinned_budget_bytes;
-    }
-    return 0;
-  }
-
-  /// @brief Sets one knob (no validation; `load` validates what it reads).
-  void set(knob k, std::size_t value) noexcept {
-    switch (k) {
-      case knob::pinned_budget_bytes: pinned_budget_bytes = value; break;
-    }
-  }
+  /// @brief The member of each knob, in knob order (what `get` and `set` address).
+  static constexpr std::array<std::size_t settings::*, knob_count> fields{&settings::pinned_budget_bytes};
 
   friend bool operator==(const settings&, const settings&) = default;
 };
+
+namespace detail {
+/// The functions of the table, from its rows and its settings (core/knobs.hpp).
+using functions = ferry::defaults::knob_table<table, settings>;
+}  // namespace detail
+
+/// @brief The row of a knob.
+[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return detail::functions::spec(k); }
 
 /// @brief Parses and validates a value for a knob of the memory table.
 /// @param k     the knob (its unit, limits and variable name come from the table)
 /// @param text  the value as written, e.g. "2GiB"
 /// @return the value in the knob's unit (bytes)
 /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
-[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
-  return ferry::defaults::parse(spec(k), text);
-}
+[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) { return detail::functions::parse(k, text); }
 
 /// @brief The built-in defaults, ignoring the environment.
-[[nodiscard]] inline settings builtin() { return ferry::defaults::builtin_settings<settings>(table); }
+[[nodiscard]] inline settings builtin() { return detail::functions::builtin(); }
 
 /// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
 /// @param lookup a `ferry::defaults::knob_lookup`
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <knob_lookup Lookup>
 [[nodiscard]] settings load(Lookup&& lookup) {
-  return ferry::defaults::load_settings<settings>(table, lookup);
+  return detail::functions::load(lookup);
 }
 
 /// @brief Resolves every knob from the process environment, now.
 /// @throws ferry::config_error for the first malformed value
-[[nodiscard]] inline settings from_environment() { return load(&ferry::defaults::environment_variable); }
+[[nodiscard]] inline settings from_environment() { return detail::functions::from_environment(); }
 
 /// @brief The process-wide settings: read from the environment on the first call and
 /// kept for the life of the process. Thread-safe.
 /// @throws ferry::config_error if `FERRY_PINNED_BUDGET_BYTES` is malformed (each later
 ///         call tries again, so a fixed environment is picked up)
-[[nodiscard]] inline const settings& current() {
-  static const settings values = from_environment();
-  return values;
-}
+[[nodiscard]] inline const settings& current() { return detail::functions::current(); }
 
 }  // namespace ferry::memory::defaults

@@ -15,8 +15,9 @@
 /// of a scheduler's bounce buffers. `kernel_block_bytes` and `kernel_ctas` choose and size
 /// the copy kernel of block moves (transfer/block_copy.hpp): a block move over mapped
 /// pinned memory whose pieces average at most `kernel_block_bytes` is copied by
-/// `kernel_ctas` thread blocks of a kernel instead of the copy engines. Values are written as core/knobs.hpp says (`4MiB`,
-/// `1M`), and a malformed one is a `ferry::config_error` naming the variable.
+/// `kernel_ctas` thread blocks of a kernel instead of the copy engines. Values are written
+/// as core/knobs.hpp says (`4MiB`, `1M`), and a malformed one is a `ferry::config_error`
+/// naming the variable.
 ///
 /// Use `ferry::transfer::defaults::current()` for the process-wide values (read from the
 /// environment once, on first use) or `ferry::transfer::defaults::load(lookup)` to read
@@ -56,7 +57,7 @@ inline std::uint64_t default_kernel_block_bytes() { return 64 * KiB; }
 inline std::uint64_t default_kernel_ctas() { return 16; }
 }  // namespace detail
 
-/// @brief The transfer table. Row `i` describes `static_cast<knob>(i)`.
+/// @brief The transfer table. Row `i` describes `static_cast<knob>(i)` (checked at compile time).
 inline constexpr std::array<knob_spec, knob_count> table{{
     {knob::chunk_bytes, "chunk_bytes", "FERRY_CHUNK_BYTES", unit::bytes, &detail::default_chunk_bytes, 4 * KiB, 1 * GiB,
      4 * KiB,
@@ -77,72 +78,55 @@ inline constexpr std::array<knob_spec, knob_count> table{{
      "the ~55 GB/s of a PCIe 5 x16 link needs at ~2 us of read latency."},
 }};
 
-static_assert(ferry::defaults::rows_in_knob_order(table),
-              "ferry::transfer::defaults::table rows must be in ferry::transfer::defaults::knob order");
-
-/// @brief The row of a knob.
-[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return table[static_cast<std::size_t>(k)]; }
-
 /// @brief The resolved values of every knob of the transfer table.
-struct settings {
+/// `get` and `set` come from `ferry::defaults::knob_settings`, through `fields`.
+struct settings : ferry::defaults::knob_settings<settings, knob> {
   std::size_t chunk_bytes = 0;         ///< bytes per device<->host chunk
   std::size_t kernel_block_bytes = 0;  ///< largest mean piece of a block move copied by the kernel (0: never)
   std::size_t kernel_ctas = 0;         ///< thread blocks of the block-copy kernel
 
-  /// @brief The value of one knob.
-  [[nodiscard]] std::size_t get(knob k) const noexcept {
-    switch (k) {
-      case knob::chunk_bytes: return chunk_bytes;
-      case knob::kernel_block_bytes: return kernel_block_bytes;
-      case knob::kernel_ctas: return kernel_ctas;
-    }
-    return 0;
-  }
-
-  /// @brief Sets one knob (no validation; `load` validates what it reads).
-  void set(knob k, std::size_t value) noexcept {
-    switch (k) {
-      case knob::chunk_bytes: chunk_bytes = value; break;
-      case knob::kernel_block_bytes: kernel_block_bytes = value; break;
-      case knob::kernel_ctas: kernel_ctas = value; break;
-    }
-  }
+  /// @brief The member of each knob, in knob order (what `get` and `set` address).
+  static constexpr std::array<std::size_t settings::*, knob_count> fields{
+      &settings::chunk_bytes, &settings::kernel_block_bytes, &settings::kernel_ctas};
 
   friend bool operator==(const settings&, const settings&) = default;
 };
+
+namespace detail {
+/// The functions of the table, from its rows and its settings (core/knobs.hpp).
+using functions = ferry::defaults::knob_table<table, settings>;
+}  // namespace detail
+
+/// @brief The row of a knob.
+[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return detail::functions::spec(k); }
 
 /// @brief Parses and validates a value for a knob of the transfer table.
 /// @param k     the knob (its unit, limits and variable name come from the table)
 /// @param text  the value as written, e.g. "4MiB"
 /// @return the value in the knob's unit (bytes)
 /// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
-[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) {
-  return ferry::defaults::parse(spec(k), text);
-}
+[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) { return detail::functions::parse(k, text); }
 
 /// @brief The built-in defaults, ignoring the environment.
-[[nodiscard]] inline settings builtin() { return ferry::defaults::builtin_settings<settings>(table); }
+[[nodiscard]] inline settings builtin() { return detail::functions::builtin(); }
 
 /// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
 /// @param lookup a `ferry::defaults::knob_lookup`
 /// @throws ferry::config_error for the first malformed value, naming variable and value
 template <knob_lookup Lookup>
 [[nodiscard]] settings load(Lookup&& lookup) {
-  return ferry::defaults::load_settings<settings>(table, lookup);
+  return detail::functions::load(lookup);
 }
 
 /// @brief Resolves every knob from the process environment, now.
 /// @throws ferry::config_error for the first malformed value
-[[nodiscard]] inline settings from_environment() { return load(&ferry::defaults::environment_variable); }
+[[nodiscard]] inline settings from_environment() { return detail::functions::from_environment(); }
 
 /// @brief The process-wide settings: read from the environment on the first call and
 /// kept for the life of the process. Thread-safe.
 /// @throws ferry::config_error if `FERRY_CHUNK_BYTES`, `FERRY_KERNEL_BLOCK_BYTES` or
-///         `FERRY_KERNEL_CTAS` is malformed (each later call
-///         tries again, so a fixed environment is picked up)
-[[nodiscard]] inline const settings& current() {
-  static const settings values = from_environment();
-  return values;
-}
+///         `FERRY_KERNEL_CTAS` is malformed (each later call tries again, so a fixed
+///         environment is picked up)
+[[nodiscard]] inline const settings& current() { return detail::functions::current(); }
 
 }  // namespace ferry::transfer::defaults
