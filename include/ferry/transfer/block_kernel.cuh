@@ -64,6 +64,10 @@ struct copy_kernel_params {
 };
 static_assert(sizeof(copy_kernel_params) <= 32764, "a kernel parameter is at most 32,764 bytes (CUDA 12.1+)");
 
+// A template so that every translation unit may include this header: a plain `__global__`
+// function defined here would be defined once per translation unit, and the program
+// would not link (templates are merged, as inline functions are).
+template <int = 0>
 __global__ void __launch_bounds__(copy_kernel_threads)
     copy_blocks_kernel(const __grid_constant__ copy_kernel_params p) {
   constexpr unsigned T = copy_kernel_threads;
@@ -111,9 +115,12 @@ inline cudaError_t launch_copy_blocks(void* const* dsts, const void* const* srcs
                           sizes[k + j]};
     }
     const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(n, ctas));
-    copy_blocks_kernel<<<grid, copy_kernel_threads, 0, s>>>(params);
-    const cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess) return rc;
+    copy_blocks_kernel<><<<grid, copy_kernel_threads, 0, s>>>(params);
+    const cudaError_t rc = cudaPeekAtLastError();  // a launch's error; an older sticky one shows too
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      return rc;
+    }
   }
   return cudaSuccess;
 }

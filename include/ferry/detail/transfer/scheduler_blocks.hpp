@@ -154,7 +154,9 @@ template <class Backend>
 block_engine basic_scheduler<Backend>::choose_engine(std::size_t pieces, std::size_t bytes, host_mapping host) {
   if (pieces == 0) return block_engine::none;
   const std::size_t limit = *options_.kernel_block_bytes;
-  if (host != host_mapping::mapped || limit == 0 || bytes / pieces > limit) return block_engine::batched;
+  // The mean, rounded up, against the limit (no product that could overflow).
+  const bool above = bytes / pieces > limit || (bytes / pieces == limit && bytes % pieces != 0);
+  if (host != host_mapping::mapped || limit == 0 || above) return block_engine::batched;
   return core_->backend().has_copy_kernel() ? block_engine::kernel : block_engine::batched;
 }
 
