@@ -16,6 +16,7 @@
 
 #include "backend_harness.hpp"
 #include "io_test_support.hpp"
+#include "pipeline_rig.hpp"
 
 namespace {
 
@@ -106,17 +107,12 @@ void serve(Cache& cache, const std::vector<kv_token>& tokens, Stream& s, bool de
 
 TEMPLATE_TEST_CASE("kv_cache: blocks spill across three tiers and come back bit for bit", "[pipeline][kv]",
                    FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  scratch_path path(ferry_test::disk_dir);
-  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType, ferry::nvme_tier> rig({.sched = small_chunks(64 * 1024)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
     using cache_t = kv_of<TestType, ferry::nvme_tier>;
-    cache_t cache(sched, tier_set(sched, device, pool, tier), shape(4, 4, 12));
+    cache_t cache(sched, rig.tiers(), shape(4, 4, 12));
     constexpr int requests = 8;  // 16 blocks: 4 on the device, 4 pinned, 8 on NVMe
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
@@ -139,20 +135,15 @@ TEMPLATE_TEST_CASE("kv_cache: blocks spill across three tiers and come back bit 
     CHECK(cache.stats().read_back > 0);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: requests share the blocks of a common prefix", "[pipeline][kv]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(8, 8));
+    kv_of<TestType> cache(sched, rig.tiers(), shape(8, 8));
     const auto a = tokens_of(0, 3);
     auto first = cache.admit(a);
     CHECK(first.cached_tokens() == 0);
@@ -176,20 +167,16 @@ TEMPLATE_TEST_CASE("kv_cache: requests share the blocks of a common prefix", "[p
     CHECK(cache.stats().cached_tokens == 2 * bt);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: when every device block is held, admit throws out_of_capacity and holds nothing",
                    "[pipeline][kv]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(3, 4));
+    kv_of<TestType> cache(sched, rig.tiers(), shape(3, 4));
     const auto a = tokens_of(0, 2);
     auto first = cache.admit(a);
     prefill(cache, first, a, compute);
@@ -206,21 +193,17 @@ TEMPLATE_TEST_CASE("kv_cache: when every device block is held, admit throws out_
     CHECK(cache.lookup(a).tokens == 2 * bt);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wrote it", "[pipeline][kv]",
                    FERRY_MODEL_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  auto& compute = dev.stream();
-  auto& writer = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024), .streams = 2});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
+  auto& writer = rig.stream(1);
   {
-    kv_of<TestType> cache(sched, tier_set(sched, device, pool), shape(2, 8));
+    kv_of<TestType> cache(sched, rig.tiers(), shape(2, 8));
     const auto a = tokens_of(0, 2);
     {  // the kernel on `writer` sleeps before it writes; commit, and release on another stream, at once
       auto seq = cache.admit(a);
@@ -237,23 +220,17 @@ TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wr
     writer.synchronize();
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a failed read loses no other block",
                    "[pipeline][kv][faults]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
-  scratch_path path(ferry_test::disk_dir);
-  faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType, faulty_tier> rig({.sched = small_chunks(64 * 1024)}, ferry::io::faulty_syscalls<>(plan));
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<TestType, faulty_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 8));
+    kv_of<TestType, faulty_tier> cache(sched, rig.tiers(), shape(2, 2, 8));
     for (int r = 0; r < 4; ++r) serve(cache, tokens_of(r, 1), compute);  // 2 on the device, 2 pinned
     plan->add({.call = ferry::io::syscall_kind::pwrite, .error = ENOSPC, .times = ferry::io::fault::forever});
     // One more block needs room in pinned memory: the spill to the full disk fails, and
@@ -299,23 +276,18 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a fa
     CHECK(cache.stats().dropped == 0);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its blocks; one outliving the cache is inert",
                    "[pipeline][kv]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   using cache_t = kv_of<TestType>;
   typename cache_t::sequence_type survivor;
   {
-    cache_t cache(sched, tier_set(sched, device, pool), shape(2, 4));
+    cache_t cache(sched, rig.tiers(), shape(2, 4));
     const auto a = tokens_of(0, 2);
     {
       auto seq = cache.admit(a);
@@ -333,24 +305,18 @@ TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its bl
     settle(sched, compute);
   }  // the cache goes first
   CHECK(survivor.active());  // inert: destroying it touches nothing
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: a second sequence sharing a block whose NVMe read is in flight waits for that read",
                    "[pipeline][kv][nvme]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   // Found by a breaker: the second sequence found the block "on the device" (the plan had
   // fetched it for the first) and got no wait on the read still landing in its slot.
-  scratch_path path(ferry_test::disk_dir);
-  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType, ferry::nvme_tier> rig({.sched = small_chunks(64 * 1024)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<TestType, ferry::nvme_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 64));
+    kv_of<TestType, ferry::nvme_tier> cache(sched, rig.tiers(), shape(2, 2, 64));
     for (int round = 0; round < 8; ++round) {
       INFO("round " << round);
       const int base = round * 10;
@@ -366,24 +332,17 @@ TEMPLATE_TEST_CASE("kv_cache: a second sequence sharing a block whose NVMe read 
     }
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing the block, never garbage",
                    "[pipeline][kv][nvme][faults]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   auto plan = std::make_shared<ferry::io::fault_plan>();
-  scratch_path path(ferry_test::disk_dir);
-  faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType, faulty_tier> rig({.sched = small_chunks(64 * 1024)}, ferry::io::faulty_syscalls<>(plan));
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<TestType, faulty_tier> cache(sched, tier_set(sched, device, pool, tier), shape(2, 2, 64));
+    kv_of<TestType, faulty_tier> cache(sched, rig.tiers(), shape(2, 2, 64));
     for (int r = 0; r < 5; ++r) serve(cache, tokens_of(r, 1), compute);
     const auto t = tokens_of(0, 1);
     REQUIRE(cache.lookup(t).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
@@ -403,20 +362,15 @@ TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing 
     CHECK(cache.lookup(t).tokens == 0);      // discarded, not served again
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEST_CASE("kv_cache: release of a sequence through another cache is refused and changes nothing", "[pipeline][kv]") {
-  host_device dev;
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks(64 * 1024));
-  auto& device = dev.memory(64 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<host_device> rig({.sched = small_chunks(64 * 1024)});
+  auto [compute, sched] = rig.parts();
   {
-    kv_of<host_device> c1(sched, tier_set(sched, device, pool), shape(2, 4));
-    kv_of<host_device> c2(sched, tier_set(sched, device, pool), shape(2, 4));
+    kv_of<host_device> c1(sched, rig.tiers(), shape(2, 4));
+    kv_of<host_device> c2(sched, rig.tiers(), shape(2, 4));
     auto other = c2.admit(tokens_of(5, 1));
     auto seq = c1.admit(tokens_of(0, 2));
     CHECK_THROWS_AS(c2.release(seq, compute), ferry::logic_error);
@@ -427,28 +381,24 @@ TEST_CASE("kv_cache: release of a sequence through another cache is refused and 
     c1.release(seq, compute);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("kv_cache: over a pinned tier mapped for the device, blocks move through the block-copy kernel",
                    "[pipeline][kv][kernel]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
-  auto& compute = dev.stream();
   auto o = small_chunks(64 * 1024);
   o.kernel_block_bytes = lbb;  // the cache's pieces (one layer of one block: 4 KiB) go to the kernel
-  auto& sched = dev.scheduler(compute, o);
-  auto& device = dev.memory(64 * MiB);
   auto po = unpinned(8 * MiB);
   po.pin = true;  // "pinned and mapped" as the model's registration says
   po.hooks.register_chunk = [](void*, std::size_t) { return 0; };
   po.hooks.unregister_chunk = [](void*, std::size_t) {};
   po.hooks.maps_for_device = true;
-  ferry::pinned_pool pool(po);
+  pipeline_rig<TestType> rig({.sched = o, .pool = po});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
     using cache_t = kv_of<TestType>;
-    cache_t cache(sched, tier_set(sched, device, pool), shape(4, 12));
+    cache_t cache(sched, rig.tiers(), shape(4, 12));
     constexpr int requests = 6;  // 12 blocks: 4 on the device, 8 pinned
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 8);
@@ -467,6 +417,5 @@ TEMPLATE_TEST_CASE("kv_cache: over a pinned tier mapped for the device, blocks m
     CHECK(st.batches == 0);  // every move of this cache is small pieces over mapped memory
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }

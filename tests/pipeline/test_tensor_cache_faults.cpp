@@ -21,11 +21,11 @@
 
 #include "backend_harness.hpp"
 #include "io_test_support.hpp"
+#include "pipeline_rig.hpp"
 
 namespace {
 
 using ferry::MiB;
-using ferry_test::scratch_path;
 using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
 using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
@@ -102,21 +102,17 @@ bool same_on(Compute& compute, const void* p, const std::vector<float>& want) {
 
 TEMPLATE_TEST_CASE("tensor_cache faults: with a codec, a failed NVMe read-back throws from get and keeps the NVMe copy",
                    "[pipeline][tensor_cache][nvme][faults]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   // Defect: with a codec the cache waited only for the decode after the copy; a decode
   // runs (on garbage) after a failed copy, so get returned wrong bytes and freed the
   // NVMe copy, the tensor's only one.
   auto plan = std::make_shared<ferry::io::fault_plan>();
-  scratch_path path(ferry_test::disk_dir);
-  faulty_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), ferry::io::faulty_syscalls<>(plan));
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks());
-  auto& device = dev.memory(256 * MiB);
-  ferry::pinned_pool pool(unpinned(4 * MiB));
+  pipeline_rig<TestType, faulty_tier> rig({.device_bytes = 256 * MiB, .pool = unpinned(4 * MiB)},
+                                          ferry::io::faulty_syscalls<>(plan));
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   constexpr std::size_t bytes = 2 * MiB;  // 1 MiB encoded
   {
-    cache_on<TestType, lru_nvme_bf16, faulty_tier> cache(sched, tier_set(sched, device, pool, tier), {.keep_last = 0});
+    cache_on<TestType, lru_nvme_bf16, faulty_tier> cache(sched, rig.tiers(), {.keep_last = 0});
     for (int i = 0; i < 6; ++i) cache.store(i, make_floats(cache, compute, i, bytes), bytes, compute);
     REQUIRE(cache.tier_of(0) == ferry::tier_kind::nvme);
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
@@ -131,28 +127,21 @@ TEMPLATE_TEST_CASE("tensor_cache faults: with a codec, a failed NVMe read-back t
     }
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("tensor_cache faults: a get of a tensor whose NVMe prefetch is in flight reports the read's failure",
                    "[pipeline][tensor_cache][nvme][faults]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   // Defect: a get during an NVMe prefetch only made the consumer stream wait for the
   // ticket; a failed read releases the stream too, so the consumer read garbage and no
   // error reached the caller.
   gated_syscalls sys;
   auto gate = sys.gate;
-  scratch_path path(ferry_test::disk_dir);
-  gated_tier tier(ferry_test::small_options({path.path()}, 64 * MiB), sys);
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks());
-  auto& device = dev.memory(256 * MiB);
-  ferry::pinned_pool pool(unpinned(8 * MiB));
+  pipeline_rig<TestType, gated_tier> rig({.device_bytes = 256 * MiB, .pool = unpinned(8 * MiB)}, sys);
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    cache_on<TestType, lru_nvme, gated_tier> cache(sched, tier_set(sched, device, pool, tier), {.keep_last = 0});
+    cache_on<TestType, lru_nvme, gated_tier> cache(sched, rig.tiers(), {.keep_last = 0});
     producer prod{compute};
     for (int i = 0; i < 4; ++i)
       cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
@@ -180,23 +169,18 @@ TEMPLATE_TEST_CASE("tensor_cache faults: a get of a tensor whose NVMe prefetch i
     }
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(tier.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("tensor_cache faults: a tensor handed out by get stays on the device until it is erased",
                    "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   // Defect: a tensor read while still in the window of the last stored was demoted by the
   // next store, freeing the memory a consumer was still given.
-  auto& compute = dev.stream();
-  auto& sched = dev.scheduler(compute, small_chunks());
-  auto& device = dev.memory(256 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  pipeline_rig<TestType> rig({.device_bytes = 256 * MiB, .pool = unpinned(64 * MiB)});
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
   {
-    cache_on<TestType, recipe<int, false>> cache(sched, tier_set(sched, device, pool), {.keep_last = 1});
+    cache_on<TestType, recipe<int, false>> cache(sched, rig.tiers(), {.keep_last = 1});
     producer prod{compute};
     cache.store(0, prod.make(cache, 2 * MiB, 0), 2 * MiB, compute);
     const void* p = cache.get(0, compute);
@@ -209,23 +193,19 @@ TEMPLATE_TEST_CASE("tensor_cache faults: a tensor handed out by get stays on the
     for (int i = 0; i < 4; ++i) cache.erase(i, compute);
     settle(sched, compute);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
 
 TEMPLATE_TEST_CASE("tensor_cache faults: one buffer stored by two producers is offloaded after both",
                    "[pipeline][tensor_cache]", FERRY_MODEL_DEVICES) {
-  TestType dev;
-  INFO(dev.name());
   // Defect: the offload of a buffer stored under two keys waited only for the first
   // producer; the copy read it while the second was still writing.
-  auto& first = dev.stream();
-  auto& second = dev.stream();
-  auto& sched = dev.scheduler(first, small_chunks());
-  auto& device = dev.memory(256 * MiB);
-  ferry::pinned_pool pool(unpinned(64 * MiB));
+  pipeline_rig<TestType> rig({.device_bytes = 256 * MiB, .pool = unpinned(64 * MiB), .streams = 2});
+  INFO(rig.dev.name());
+  auto [first, sched] = rig.parts();
+  auto& second = rig.stream(1);
   {
-    cache_on<TestType, recipe<int, false>> cache(sched, tier_set(sched, device, pool), {.keep_last = 1});
+    cache_on<TestType, recipe<int, false>> cache(sched, rig.tiers(), {.keep_last = 1});
     void* p = cache.allocate(2 * MiB, first);
     produce(first, p, 2 * MiB, 1);
     cache.store(0, p, 2 * MiB, first);
@@ -242,6 +222,5 @@ TEMPLATE_TEST_CASE("tensor_cache faults: one buffer stored by two producers is o
     second.synchronize();
     settle(sched, first);
   }
-  CHECK(pool.used() == 0);
-  CHECK(device.used() == 0);
+  rig.check_nothing_leaked();
 }
