@@ -25,8 +25,8 @@
 //   ferry-micro-schedule [--benchmark_filter=noop] [--benchmark_min_time=0.1]
 #include <ferry/core/config.hpp>
 #include <ferry/core/error.hpp>
-#include <ferry/memory/pinned_pool.hpp>
 #include <ferry/cuda/device_runtime.hpp>
+#include <ferry/memory/pinned_pool.hpp>
 #include <ferry/transfer/device_backend.hpp>
 #include <ferry/transfer/host_executor.hpp>
 #include <ferry/transfer/scheduler.hpp>
@@ -244,6 +244,11 @@ struct noop_runtime {
   }
   noop_status memcpy_batch_async(void* const* dsts, const void* const* /*srcs*/, const std::size_t* /*sizes*/,
                                  std::size_t /*count*/, ferry::copy_direction /*d*/, stream_handle /*s*/) const {
+    return opaque(dsts);
+  }
+  bool copy_kernel_available() const { return false; }  // block moves measured here are batched copies
+  noop_status copy_kernel_async(void* const* dsts, const void* const* /*srcs*/, const std::size_t* /*sizes*/,
+                                std::size_t /*count*/, unsigned /*ctas*/, stream_handle /*s*/) const {
     return opaque(dsts);
   }
   noop_status event_create(event_handle* e) const {
