@@ -15,7 +15,10 @@
 //                memory, batched copies of <= 1024 pieces otherwise);
 //   batched, kernel: the same move with each engine forced (host memory declared
 //                `host_mapping::unknown`; a second scheduler whose kernel_block_bytes
-//                takes every size) — the figures that set `FERRY_KERNEL_BLOCK_BYTES`;
+//                takes every size) — the figures that set `FERRY_KERNEL_BLOCK_BYTES`.
+//                On the CPU model the host slots are plain memory, so "ferry" takes
+//                batched copies there, and the forced kernel is the model's (each copy
+//                in two halves, for adversarial order: not a performance model);
 //   per-block:   one `memcpy_async` of the device runtime per block on one stream, then a
 //                stream synchronize — on a GPU one cudaMemcpyAsync per block, what vLLM's
 //                `swap_blocks` does;
@@ -122,9 +125,10 @@ struct rig {
   ferry::pinned_pool bounce;
   scheduler_type sched;
   scheduler_type kernel_sched;  // every block size to the kernel (where the runtime has one)
-  ferry::host_mapping mapping = ferry::host_mapping::unknown;  // what the host slots are
-  std::byte* pool = nullptr;                                   // 2N device slots
-  std::byte* host = nullptr;                                   // N host slots
+  ferry::host_mapping mapping = ferry::host_mapping::unknown;         // what the host slots are
+  ferry::host_mapping kernel_mapping = ferry::host_mapping::unknown;  // what the forced kernel is told
+  std::byte* pool = nullptr;                                          // 2N device slots
+  std::byte* host = nullptr;                                          // N host slots
   std::vector<ferry::block_copy> d2h, h2d;
 
   static ferry::pinned_pool_options host_options(std::size_t bytes, bool pin) {
@@ -143,15 +147,18 @@ struct rig {
         ref(rt),
         host_pool(host_options(n * block_bytes + ferry::MiB, pin)),
         arena(2 * n * block_bytes + ferry::MiB, ferry::device_arena_options{}, rt),
-        bounce(
-            host_options(ferry::transfer::defaults::current().chunk_bytes + ferry::MiB, pin)),  // the ring: one chunk
+        bounce(host_options(2 * (ferry::transfer::defaults::current().chunk_bytes + ferry::MiB),
+                            pin)),  // two schedulers' rings of one chunk each
         sched(producer.ref(), with_bounce(scheduler_options(), bounce), rt),
         kernel_sched(producer.ref(), all_to_kernel(with_bounce(scheduler_options(), bounce)), rt) {
     pool = static_cast<std::byte*>(arena.allocate(2 * n * block, producer.ref()));
     producer.synchronize();
     host = static_cast<std::byte*>(host_pool.allocate(n * block));
-    // Pinned and mapped on a GPU; on the CPU model the "kernel" needs no mapping.
-    mapping = host_pool.is_device_mapped(host) || !pin ? ferry::host_mapping::mapped : ferry::host_mapping::unknown;
+    // What the host slots are (pinned and mapped on a GPU, unless pinning was refused; plain
+    // memory on the CPU model, where the library then chooses batched copies). The forced
+    // kernel is told "mapped" only where that holds, or on the model (which needs no mapping).
+    mapping = host_pool.is_device_mapped(host) ? ferry::host_mapping::mapped : ferry::host_mapping::unknown;
+    kernel_mapping = pin ? mapping : ferry::host_mapping::mapped;
     std::vector<std::size_t> perm(2 * n);
     std::iota(perm.begin(), perm.end(), std::size_t{0});
     std::mt19937_64 rng(42);
@@ -196,10 +203,11 @@ struct rig {
     }
     std::vector<std::byte> want(host, host + blocks * block);
     for (scheduler_type* sc : {&sched, &kernel_sched}) {
+      const ferry::host_mapping m = sc == &sched ? mapping : kernel_mapping;
       std::memcpy(host, want.data(), want.size());
-      sc->to_device_blocks(h2d, mapping).wait();
+      sc->to_device_blocks(h2d, m).wait();
       std::memset(host, 0, blocks * block);
-      sc->to_host_blocks(d2h, producer.ref(), mapping).wait();
+      sc->to_host_blocks(d2h, producer.ref(), m).wait();
       if (std::memcmp(want.data(), host, want.size()) != 0) {
         throw std::runtime_error("kv: a round trip of " + std::to_string(blocks) + " blocks of " +
                                  std::to_string(block) + " bytes through the block moves (" +
@@ -207,7 +215,9 @@ struct rig {
       }
     }
   }
-  [[nodiscard]] bool has_kernel() { return kernel_sched.engine_for(d2h, mapping) == ferry::block_engine::kernel; }
+  [[nodiscard]] bool has_kernel() {
+    return kernel_sched.engine_for(d2h, kernel_mapping) == ferry::block_engine::kernel;
+  }
   [[nodiscard]] const char* engine() {
     return sched.engine_for(d2h, mapping) == ferry::block_engine::kernel ? "kernel" : "batched";
   }
@@ -223,7 +233,7 @@ struct rig {
   }
   double ferry_once(bool to_host) { return move_once(sched, mapping, to_host); }
   double batched_once(bool to_host) { return move_once(sched, ferry::host_mapping::unknown, to_host); }
-  double kernel_once(bool to_host) { return move_once(kernel_sched, mapping, to_host); }
+  double kernel_once(bool to_host) { return move_once(kernel_sched, kernel_mapping, to_host); }
   double per_block_once(bool to_host) {
     const auto dir = to_host ? ferry::copy_direction::device_to_host : ferry::copy_direction::host_to_device;
     const auto& list = to_host ? d2h : h2d;
@@ -289,10 +299,10 @@ std::vector<row> run_on(const R& rt, const flavour& f, bool pin, std::size_t tot
           {"engine", r.engine()},
           {"kernel_block_bytes", r.sched.kernel_block_bytes()},
           {"runs_per_move", moves > 0 ? static_cast<double>(after.block_runs - before.block_runs) / moves : 0.0},
-          {"batches_per_move",
-           moves > 0 ? static_cast<double>(after.batches + after.kernel_batches - before.batches - before.kernel_batches) /
-                           moves
-                     : 0.0}};
+          {"batches_per_move", moves > 0 ? static_cast<double>(after.batches + after.kernel_batches - before.batches -
+                                                               before.kernel_batches) /
+                                               moves
+                                         : 0.0}};
       const auto add = [&](const char* vs, std::size_t ferry_index, std::size_t ref_index, const char* ref_name) {
         nlohmann::json p = params;
         p["variant"] = std::string("vs ") + vs;
