@@ -32,7 +32,8 @@ using kv_of = ferry::kv_cache<std::conditional_t<
     ferry::tiers<ferry::basic_device_tier<typename Device::backend_type::runtime_type>, ferry::pinned_tier>,
     ferry::tiers<ferry::basic_device_tier<typename Device::backend_type::runtime_type>, ferry::pinned_tier, Nvme...>>>;
 
-ferry::kv_cache_options shape(std::size_t device_blocks, std::size_t pinned_blocks, std::size_t nvme_blocks = 0) {
+inline ferry::kv_cache_options shape(std::size_t device_blocks, std::size_t pinned_blocks,
+                                     std::size_t nvme_blocks = 0) {
   return {.layers = layers,
           .block_tokens = bt,
           .layer_block_bytes = lbb,
@@ -43,7 +44,7 @@ ferry::kv_cache_options shape(std::size_t device_blocks, std::size_t pinned_bloc
 
 // The tokens of request `r`: `blocks` full blocks, distinct per request unless `shared`
 // leading blocks come from request 0.
-std::vector<kv_token> tokens_of(int r, std::size_t blocks, std::size_t shared = 0) {
+inline std::vector<kv_token> tokens_of(int r, std::size_t blocks, std::size_t shared = 0) {
   std::vector<kv_token> t(blocks * bt);
   for (std::size_t i = 0; i < t.size(); ++i) {
     const int owner = i / bt < shared ? 0 : r;
@@ -54,7 +55,7 @@ std::vector<kv_token> tokens_of(int r, std::size_t blocks, std::size_t shared = 
 
 // The KV bytes of block `i` of `tokens`, layer `l`, are a pattern seeded by the block's
 // hash: any block with the same prefix has the same bytes.
-std::uint64_t seed_of(const std::vector<kv_token>& tokens, std::size_t i, std::size_t l) {
+inline std::uint64_t seed_of(const std::vector<kv_token>& tokens, std::size_t i, std::size_t l) {
   return ferry::kv_block_hashes(tokens, bt)[i] ^ (l * 0x9e3779b97f4a7c15ULL);
 }
 
