@@ -288,6 +288,7 @@ struct noop_runtime {
     *capturing = false;
     return opaque(s);
   }
+  noop_status relax_capture_mode() const { return noop_status::success; }
 };
 
 static_assert(ferry::device_runtime<noop_runtime>, "the no-op runtime must model ferry::device_runtime");

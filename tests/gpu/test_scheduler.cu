@@ -113,7 +113,11 @@ TEST_CASE("stream_scheduler: device -> pinned -> NVMe -> pinned -> device at odd
     auto* again = static_cast<unsigned char*>(arena.allocate(n, compute));
     compute.synchronize();
     sched.device_to_nvme(tier, r, 0, dst, n, compute).wait();
-    auto in = sched.nvme_to_device(tier, r, 0, again, n);
+    // After compute, where `again` was allocated: the H2D copies are issued by the I/O
+    // thread on a stream of the move's own, which needs an edge after the allocation
+    // (memcheck's use-before-alloc on the H200 without it, even after the synchronize
+    // above on this thread; tests/cuda/test_cpu_strict.cpp reproduces it on the model).
+    auto in = sched.nvme_to_device(tier, r, 0, again, n, compute);
     in.enqueue_wait(compute);  // a stream wait on a disk move (flag or host function)
     unsigned long long* sum = nullptr;
     FERRY_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&sum), sizeof *sum, compute.get()));

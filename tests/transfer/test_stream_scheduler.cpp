@@ -251,6 +251,7 @@ struct fake_api {
     *capturing = false;
     return fake_status::success;
   }
+  fake_status relax_capture_mode() const { return fake_status::success; }
   fake_status wait_value32(stream_handle s, void* /*address*/, std::uint32_t value) const {
     if (!st->wait_value_supported) return fake_status::not_supported;
     st->add({.op = "wait_value", .stream = s, .value = value});

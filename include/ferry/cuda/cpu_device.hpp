@@ -25,6 +25,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -41,9 +42,44 @@ enum class cpu_errc : int {
   invalid_device = 101,           ///< no such device (cudaErrorInvalidDevice)
   invalid_resource_handle = 400,  ///< an event recorded on another device's stream (cudaErrorInvalidResourceHandle)
   not_ready = 600,                ///< an event's work is pending (cudaErrorNotReady)
+  host_memory_already_registered = 712,  ///< a registration overlapping another (cudaErrorHostMemoryAlreadyRegistered)
+  host_memory_not_registered = 713,      ///< unregistering what is not a registration (cudaErrorHostMemoryNotRegistered)
   stream_failed = 719,            ///< a kernel of the stream threw; the status carries it (cudaErrorLaunchFailure)
   not_permitted = 800,            ///< a runtime call from inside a host function (cudaErrorNotPermitted)
   not_supported = 801,            ///< a feature turned off (cudaErrorNotSupported)
+  capture_unsupported = 900,      ///< a call a capture forbids on this thread (cudaErrorStreamCaptureUnsupported)
+  capture_invalidated = 901,      ///< `end_capture` of a capture an unsafe call broke (cudaErrorStreamCaptureInvalidated)
+  /// An access to a stream-ordered allocation from a stream with no edge after the
+  /// allocation, or after its free (no CUDA code: what compute-sanitizer's memcheck reports
+  /// as "use-before-alloc" / "use-after-free"; the model refuses it, and the status
+  /// carries a `ferry::device_error` naming the pointer, the block and the streams).
+  unordered_access = 1000,
+};
+
+/// @brief How a `cpu_device` times its operations.
+enum class cpu_timing : std::uint8_t {
+  /// Read `FERRY_CPU_TIMING` when the device is made: `instant`, `slow` or `adversarial`
+  /// (unset or empty: `adversarial`; anything else: `ferry::config_error`). So a test
+  /// binary runs its pipeline tests under each timing without a line changed (CTest
+  /// registers them three times: tests/CMakeLists.txt).
+  environment,
+  /// The seeded random delays of `cpu_options::seed` (none without a seed).
+  adversarial,
+  /// A device faster than the host: every operation has run before the call that
+  /// enqueued it returns, unless it waits for something (another stream, a flag, a held
+  /// gate) — then the call returns once it waits. Queries see finished work at once.
+  instant,
+  /// A device 10-100x slower than the host: every operation costs `slow_op_us`, a copy
+  /// its bytes at `slow_bytes_per_us` more; the host runs far ahead of the device.
+  slow,
+};
+
+/// @brief A thread's capture interaction mode (`cudaStreamCaptureMode`): which of its
+/// calls a graph capture in progress forbids. Per thread, global by default, as CUDA's.
+enum class cpu_capture_mode : int {
+  global = 0,      ///< forbidden while any global capture runs, or one of this thread's (cudaStreamCaptureModeGlobal)
+  per_thread = 1,  ///< forbidden while a capture this thread began runs (cudaStreamCaptureModeThreadLocal)
+  relaxed = 2,     ///< never forbidden (cudaStreamCaptureModeRelaxed)
 };
 
 /// @brief What every `cpu_runtime` call returns: a code, and for `stream_failed` the
@@ -66,6 +102,13 @@ struct cpu_options {
   std::uint32_t max_delay_us = 300;  ///< the longest delay before an operation runs, microseconds
   int devices = 1;                   ///< devices 0 .. devices-1
   bool copy_kernel = true;           ///< whether the model has the block-copy kernel (`copy_kernel_available`)
+  cpu_timing timing = cpu_timing::environment;  ///< how operations are timed (see `cpu_timing`)
+  std::uint32_t slow_op_us = 50;                ///< `cpu_timing::slow`: what every operation costs, microseconds
+  std::uint32_t slow_bytes_per_us = 1000;       ///< `cpu_timing::slow`: a copy's rate, bytes per microsecond (1 GB/s)
+  /// Refuse an access to a stream-ordered allocation from a stream with no edge after its
+  /// allocation (`cpu_errc::unordered_access`, counted either way; one enqueued after its
+  /// free has run is refused always).
+  bool check_stream_order = true;
 };
 
 /// @brief The CPU model of a GPU and its runtime (see cuda/cpu_runtime.hpp's file comment): streams, events,
@@ -217,14 +260,34 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     std::lock_guard lock(pool_mutex_);
     return device_bytes_;
   }
-  /// @brief Marks `s` as capturing into a graph (until `end_capture`).
-  void begin_capture(stream_t s) {
-    std::lock_guard lock(s->mutex);
-    s->capturing = true;
-    s->capture_origin = s;
+  /// @brief Marks `s` as capturing into a graph (until `end_capture`), begun by the
+  /// calling thread in `mode` (`cudaStreamBeginCapture`): while it runs, a call CUDA
+  /// deems unsafe during a capture (`event_query`, `event_synchronize`,
+  /// `stream_synchronize`, `host_alloc_mapped`, `free_host`, `host_register`,
+  /// `host_unregister`) from a thread whose own mode forbids it (`cpu_capture_mode`)
+  /// fails with `capture_unsupported` and invalidates the capture, as CUDA does.
+  void begin_capture(stream_t s, cpu_capture_mode mode = cpu_capture_mode::global);
+  /// @brief Ends the capture begun on `s`, for `s` and every stream that joined it;
+  /// `capture_invalidated` when an unsafe call broke it meanwhile (counted in
+  /// `invalidated_captures`), else success.
+  status end_capture(stream_t s);
+  /// @brief Swaps the calling thread's capture interaction mode with `*mode`
+  /// (`cudaThreadExchangeStreamCaptureMode`); per thread, `global` until changed.
+  status exchange_capture_mode(cpu_capture_mode* mode) {
+    std::swap(thread_capture_mode(), *mode);
+    return {};
   }
-  /// @brief Ends the capture begun on `s`, for `s` and every stream that joined it.
-  void end_capture(stream_t s);
+
+  /// @brief Registers `[p, p + n)` as pinned host memory (`cudaHostRegister`): a copy
+  /// whose host range lies in two registrations at once fails with `invalid_value`
+  /// (counted in `registration_spans`), as the H200 answers it (gpu-runs of 2026-12-04,
+  /// `regspan`); inside one registration, in unregistered (pageable) memory, or partly
+  /// registered and partly pageable, it runs. `host_memory_already_registered` for a
+  /// range overlapping a registration, `invalid_value` for null or 0 bytes.
+  status host_register(void* p, std::size_t n);
+  /// @brief Ends the registration that begins at `p` (`cudaHostUnregister`);
+  /// `host_memory_not_registered` when none begins there.
+  status host_unregister(void* p);
   /// @brief Stops every stream but `keep` (null: all) before its next operation, until
   /// `release_streams`. Streams made while held are held too.
   void hold_streams_except(stream_t keep);
@@ -263,6 +326,33 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   [[nodiscard]] int use_after_free() const { return use_after_free_.load(); }
   /// @brief Host functions launched.
   [[nodiscard]] int host_funcs() const { return host_funcs_.load(); }
+  /// @brief Copies refused because their host range lay in two registrations.
+  [[nodiscard]] int registration_spans() const { return registration_spans_.load(); }
+  /// @brief Copies refused because their device range ran past the end of its
+  /// stream-ordered allocation (`cudaErrorInvalidValue` on CUDA).
+  [[nodiscard]] int out_of_bounds() const { return out_of_bounds_.load(); }
+  /// @brief Accesses to a stream-ordered allocation from a stream with no edge after the
+  /// allocation (memcheck's "use-before-alloc").
+  [[nodiscard]] int use_before_alloc() const { return use_before_alloc_.load(); }
+  /// @brief Accesses to a stream-ordered allocation enqueued after its free has run
+  /// (memcheck's "use-after-free"; a free still queued may be ordered after the access).
+  [[nodiscard]] int use_after_free_access() const { return use_after_free_access_.load(); }
+  /// @brief Calls refused because a capture in progress forbade them on their thread.
+  [[nodiscard]] int capture_violations() const { return capture_violations_.load(); }
+  /// @brief Captures that an unsafe call invalidated.
+  [[nodiscard]] int invalidated_captures() const { return invalidated_captures_.load(); }
+  /// @brief What the first refused access was (empty when none): the model's memcheck report.
+  [[nodiscard]] std::string first_violation() {
+    std::lock_guard lock(report_mutex_);
+    return first_violation_;
+  }
+  /// @brief Bytes registered now (`host_register`).
+  [[nodiscard]] std::size_t registered_bytes() {
+    std::lock_guard lock(reg_mutex_);
+    std::size_t total = 0;
+    for (const auto& [p, n] : registrations_) total += n;
+    return total;
+  }
   /// @brief Streams alive now.
   [[nodiscard]] std::size_t live_streams() {
     std::lock_guard lock(mutex_);
@@ -289,6 +379,47 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     thread_local bool inside = false;
     return inside;
   }
+  // Instant timing: the calling thread does not wait for what it enqueues meanwhile
+  // (it holds a lock the stream's earlier work needs).
+  static int& settle_paused() {
+    thread_local int depth = 0;
+    return depth;
+  }
+  struct settle_pause {
+    settle_pause() noexcept { ++settle_paused(); }
+    settle_pause(const settle_pause&) = delete;
+    settle_pause& operator=(const settle_pause&) = delete;
+    ~settle_pause() { --settle_paused(); }
+  };
+  static cpu_capture_mode& thread_capture_mode() {
+    thread_local cpu_capture_mode mode = cpu_capture_mode::global;
+    return mode;
+  }
+  // A call CUDA deems unsafe while a capture runs: refused (and the captures it concerns
+  // invalidated) when the calling thread's mode forbids it.
+  bool capture_forbids();
+  // The checks of a copy's range when it is enqueued on `s` (under no lock): the host
+  // range inside one registration, the device range inside one allocation, and the
+  // allocation ordered before `s` reaches the copy. Success or the refusal.
+  status check_access(const void* p, std::size_t n, stream_t s, const char* role);
+  status check_copy(const void* dst, const void* src, std::size_t n, stream_t s) {
+    status st = check_access(dst, n, s, "destination");
+    if (st == cpu_errc::success) st = check_access(src, n, s, "source");
+    return st;
+  }
+  status refuse(std::atomic<int>& counter, cpu_errc code, std::string what);
+  // The stream order the calling thread has seen complete (its event and stream
+  // synchronisations on this device): what it enqueues from then on comes after it. Per
+  // thread, as compute-sanitizer tracks it: a host synchronisation on one thread does not
+  // order the copies another thread issues (memcheck reported exactly that on the H200).
+  detail::cpu_clock& thread_clock() {
+    thread_local std::vector<std::pair<std::uint64_t, detail::cpu_clock>> clocks;
+    for (auto& [serial, c] : clocks) {
+      if (serial == serial_) return c;
+    }
+    return clocks.emplace_back(serial_, detail::cpu_clock{}).second;
+  }
+  void host_saw(const detail::cpu_clock& c) { thread_clock().merge(c); }
   // A stream of another device object, or none: refused (as CUDA refuses a handle of
   // another context).
   bool foreign(stream_t s) {
@@ -297,6 +428,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     return true;
   }
   static cpu_options checked(cpu_options o);
+  static cpu_timing timing_of(cpu_timing t);
   static status of(std::exception_ptr e) {
     if (!e) return {};
     return {cpu_errc::stream_failed, std::move(e)};
@@ -326,10 +458,20 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   status insert_wait(stream_t s, stream_t on);
   bool live_host(const void* p);
 
+  // Queues `f` on `r` (a copy of `bytes`), after the stream order `after` (a stream
+  // wait's event); `snapshot` gets `r`'s clock with `f` in it (an event record's).
   template <class F>
-  void enqueue(stream_t r, F&& f);
+  void enqueue(stream_t r, F&& f, std::size_t bytes = 0, const detail::cpu_clock* after = nullptr,
+               detail::cpu_clock* snapshot = nullptr);
+  // The allocation of `b` on `s` becomes a point of `s`'s order (under pool_mutex_).
+  void mark_allocation(detail::cpu_block& b, stream_t s);
+  // Under instant timing: waits until `r` has run its operation `position`, or waits itself.
+  void settle(stream_t r, std::uint64_t position);
+  // Marks `r`'s worker as waiting (instant timing: the enqueuer stops waiting for it).
+  void set_blocked(stream_t r, bool on);
 
   void delay(std::mt19937_64& rng) const;
+  void charge(std::size_t bytes) const;
 
   void run_stream(stream_t r);
 
@@ -370,6 +512,26 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::atomic<int> captured_{0};
   std::atomic<int> use_after_free_{0};
   std::atomic<int> host_funcs_{0};
+  std::atomic<int> registration_spans_{0};
+  std::atomic<int> out_of_bounds_{0};
+  std::atomic<int> use_before_alloc_{0};
+  std::atomic<int> use_after_free_access_{0};
+  std::atomic<int> capture_violations_{0};
+  std::atomic<int> invalidated_captures_{0};
+  std::atomic<int> global_captures_{0};  // captures in progress begun in global mode
+  std::atomic<int> active_captures_{0};  // captures in progress
+  std::mutex reg_mutex_;
+  std::map<std::uintptr_t, std::size_t> registrations_;  // host_register: base -> bytes
+  std::atomic<std::size_t> registration_count_{0};
+  std::mutex report_mutex_;
+  std::string first_violation_;
+  std::mutex host_clock_mutex_;
+  detail::cpu_clock retired_;  // the order of destroyed streams: all of it has run
+  const std::uint64_t serial_ = next_serial();  // tells thread clocks of devices apart
+  static std::uint64_t next_serial() {
+    static std::atomic<std::uint64_t> serials{0};
+    return ++serials;
+  }
   std::mutex cb_mutex_;
   std::condition_variable cb_cv_;
   std::deque<std::function<void()>> cb_queue_;
@@ -380,4 +542,5 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
 }  // namespace ferry
 
 #include "ferry/detail/cuda/cpu_batch.hpp"
+#include "ferry/detail/cuda/cpu_checks.hpp"
 #include "ferry/detail/cuda/cpu_device.hpp"

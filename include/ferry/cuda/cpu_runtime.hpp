@@ -69,6 +69,28 @@
 ///   in use whatever the sizes. A device-memory limit
 ///   (`set_device_memory_limit`) makes allocations past it fail with
 ///   `cpu_errc::memory_allocation`.
+/// - **Pinned registrations** (`host_register`, `host_unregister`; `cpu_pinning_hooks` in
+///   memory/cpu_pinning.hpp makes a `pinned_pool` pin with them): a copy whose host range
+///   lies in two registrations fails with `invalid_value`, whatever its direction or kind,
+///   as the H200 answers it; inside one registration, from pageable memory, or partly
+///   registered and partly pageable, it runs. The block-copy kernel is exempt (it loads
+///   through the device's mapping).
+/// - **Stream-ordered allocations are checked as memcheck checks them**: a copy whose
+///   device range runs past the end of its allocation fails with `invalid_value`; one from
+///   a stream with no edge after the allocation (the same stream, an event waited for, or
+///   a synchronisation by the enqueuing thread itself) is refused with `unordered_access`
+///   ("use-before-alloc"), as is one enqueued after the block's free has run
+///   ("use-after-free"). The edges are vector clocks of stream order.
+/// - **Capture modes across threads**: a thread's capture interaction mode
+///   (`exchange_capture_mode`, global by default) decides which captures its unsafe calls
+///   (event query and synchronize, stream synchronize, mapped allocation and free,
+///   registration) break: in global mode any global capture, in any mode but relaxed its
+///   own thread's; such a call fails with `capture_unsupported` and `end_capture` then
+///   reports `capture_invalidated`, as CUDA does. ferry's own threads relax their mode.
+/// - **Timing modes** (`cpu_options::timing`, or `FERRY_CPU_TIMING`): `instant` (the
+///   device has run what a call enqueued before the call returns), `slow` (every operation
+///   costs `slow_op_us`, a copy its bytes at `slow_bytes_per_us` more), `adversarial`
+///   (below). CTest runs the pipeline, scheduler and model tests under all three.
 /// - **Adversarial timing**: with a seed (`cpu_options::seed`), every operation of every
 ///   stream, and every host function, is delayed by a random 0..`max_delay_us` before it
 ///   runs, so independent streams run in any order and a missing wait shows up as wrong
@@ -179,7 +201,7 @@ class cpu_runtime {
       try {
         std::rethrow_exception(s.error);
       } catch (const std::exception& e) {
-        text += ": a kernel of the stream threw: ";
+        text += s.code == cpu_errc::stream_failed ? ": a kernel of the stream threw: " : ": ";
         text += e.what();
       } catch (...) {
         text += ": a kernel of the stream threw a non-standard exception";
@@ -190,8 +212,8 @@ class cpu_runtime {
   /// @brief Rethrows the exception a failed stream carries, as it is; otherwise throws
   /// `ferry::device_error` with `message` and the code.
   [[noreturn]] static void raise(const cpu_status& s, const std::string& message, source_site site) {
-    if (s.error) std::rethrow_exception(s.error);
-    throw device_error(message, static_cast<int>(s.code), site);
+    if (s.error && s.code == cpu_errc::stream_failed) std::rethrow_exception(s.error);
+    throw device_error(message, static_cast<int>(s.code), site);  // a refusal's report is in the message
   }
   /// @brief `s.get()`.
   static stream_handle handle(host_stream_ref s) noexcept { return s.get(); }
@@ -258,6 +280,15 @@ class cpu_runtime {
   cpu_status stream_is_capturing(stream_handle s, bool* capturing) const {
     return device_->stream_is_capturing(s, capturing);
   }
+  /// @brief Makes the calling thread's capture mode relaxed (`cpu_device::exchange_capture_mode`).
+  cpu_status relax_capture_mode() const {
+    cpu_capture_mode mode = cpu_capture_mode::relaxed;
+    return device_->exchange_capture_mode(&mode);
+  }
+  /// @brief Registers `[p, p + n)` as pinned host memory (`cpu_device::host_register`).
+  cpu_status host_register(void* p, std::size_t n) const { return device_->host_register(p, n); }
+  /// @brief Ends the registration beginning at `p` (`cpu_device::host_unregister`).
+  cpu_status host_unregister(void* p) const { return device_->host_unregister(p); }
   /// @brief Whether device `d` has stream-ordered memory pools.
   cpu_status memory_pools_supported(int d, bool* supported) const {
     return device_->memory_pools_supported(d, supported);
@@ -288,6 +319,11 @@ class cpu_runtime {
       case cpu_errc::stream_failed: return "stream_failed";
       case cpu_errc::not_permitted: return "not_permitted";
       case cpu_errc::not_supported: return "not_supported";
+      case cpu_errc::host_memory_already_registered: return "host_memory_already_registered";
+      case cpu_errc::host_memory_not_registered: return "host_memory_not_registered";
+      case cpu_errc::capture_unsupported: return "capture_unsupported";
+      case cpu_errc::capture_invalidated: return "capture_invalidated";
+      case cpu_errc::unordered_access: return "unordered_access";
     }
     return "unknown";
   }

@@ -225,6 +225,13 @@ struct cuda_runtime {
     *capturing = status != cudaStreamCaptureStatusNone;
     return rc;
   }
+  /// @brief `cudaThreadExchangeStreamCaptureMode` to relaxed: the calling thread's
+  /// event queries and synchronizations no longer invalidate a global-mode capture that
+  /// another thread (the user's) has in progress. ferry's own threads call it first.
+  cudaError_t relax_capture_mode() const {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    return cudaThreadExchangeStreamCaptureMode(&mode);
+  }
   /// @brief `cuStreamWaitValue32(s, address, value, CU_STREAM_WAIT_VALUE_GEQ)` through
   /// the driver entry point; `cudaErrorNotSupported` where it is unavailable.
   cudaError_t wait_value32(cudaStream_t s, void* device_address, std::uint32_t value) const {

@@ -26,7 +26,10 @@
 /// destroy, record, query, synchronize, a stream waiting for one), streams (create with a
 /// priority, destroy, synchronize), mapped pinned memory for stream-wait flags
 /// (allocate, free, its device address), the current device (get, set), the stream
-/// wait-on-value (32-bit, >=) and graph-capture status.
+/// wait-on-value (32-bit, >=), graph-capture status, and relaxing the calling thread's
+/// capture mode (`relax_capture_mode`: a thread of ferry's own that queries events must
+/// not invalidate a global-mode capture the user has in progress on another thread, as
+/// `cudaThreadExchangeStreamCaptureMode` allows).
 ///
 /// ## Semantics a model must keep
 /// (CUDA Runtime API, "Stream Management", "Event Management", "Stream Ordered Memory
@@ -148,6 +151,7 @@ concept device_runtime =
       { r.set_device(i) } -> std::same_as<typename R::status_type>;
       { r.wait_value32(s, p, v) } -> std::same_as<typename R::status_type>;
       { r.stream_is_capturing(s, pb) } -> std::same_as<typename R::status_type>;
+      { r.relax_capture_mode() } -> std::same_as<typename R::status_type>;
     };
 
 /// @brief The runtime calls of the stream-ordered device arena

@@ -24,6 +24,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/memory/defaults.hpp"
+#include "ferry/detail/memory/registrations.hpp"
 #include "ferry/memory/extent_allocator.hpp"
 
 #include <atomic>
@@ -418,6 +419,7 @@ class pinned_pool {
       const std::size_t n = std::min(chunk, s.bytes - done);
       const int rc = options_.hooks.register_chunk ? options_.hooks.register_chunk(base + done, n)
                                                    : default_register(base + done, n);
+      if (rc == 0) detail::pinned_registrations().add(base + done, n);  // copies are split at its edges
       if (rc != 0) {
         for (std::size_t undo = 0; undo < done; undo += chunk) {
           unregister(base + undo, std::min(chunk, s.bytes - undo));
@@ -437,6 +439,7 @@ class pinned_pool {
   }
 
   void unregister(std::byte* p, std::size_t n) noexcept {
+    detail::pinned_registrations().remove(p);
     if (options_.hooks.unregister_chunk) {
       options_.hooks.unregister_chunk(p, n);
     } else {

@@ -526,6 +526,10 @@ class basic_scheduler {
 
   void issue(slot* sl) noexcept;
 
+  // One copy of a bounce slot's chunk, in pieces that end at the edges of pinned
+  // registrations (detail/memory/registrations.hpp).
+  void copy_within_registrations(stream_type s, std::byte* dst, const std::byte* src, std::size_t n,
+                                 copy_direction d);
   // D2H of a chunk landed in its bounce buffer: write it to the disk.
   static void after_d2h(void* context, std::exception_ptr e) noexcept;
 

@@ -47,9 +47,10 @@ inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, s
                                                   stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  if (status st = check_copy(dst, src, n, s); !(st == cpu_errc::success)) return st;
   if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
   if (fail_copies_after_.load() > 0) --fail_copies_after_;
-  enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); });
+  enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); }, n);
   return {};
 }
 
@@ -59,11 +60,16 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
+  if (height > 0 && width > 0) {  // the footprints: first row to the end of the last
+    status st = check_access(dst, (height - 1) * dpitch + width, s, "destination");
+    if (st == cpu_errc::success) st = check_access(src, (height - 1) * spitch + width, s, "source");
+    if (!(st == cpu_errc::success)) return st;
+  }
   enqueue(s, [=] {
     for (std::size_t i = 0; i < height; ++i) {
       std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
     }
-  });
+  }, width * height);
   return {};
 }
 
@@ -94,7 +100,10 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
     ev->captured.clear();  // only the latest record is ever waited for from now on
     if (origin != nullptr) ev->captured[gen] = origin;
   }
-  enqueue(s, [this, ev, gen, s] {
+  detail::cpu_clock snapshot;
+  enqueue(
+      s,
+      [this, ev, gen, s] {
     std::exception_ptr error;
     {
       std::lock_guard lock(s->mutex);
@@ -106,19 +115,32 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
       if (error) ev->failed[gen] = error;
     }
     events_cv_.notify_all();
-  });
+      },
+      0, nullptr, &snapshot);
+  {
+    std::lock_guard lock(events_mutex_);
+    if (ev->recorded == gen) ev->clock = std::move(snapshot);
+  }
   return {};
 }
 
 inline cpu_device::status cpu_device::event_query(event_t e) {
   if (refused()) return {cpu_errc::not_permitted};
-  std::lock_guard lock(events_mutex_);
-  if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
-  return of(e->error_of(e->recorded));
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
+  detail::cpu_clock seen;
+  {
+    std::lock_guard lock(events_mutex_);
+    if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
+    if (std::exception_ptr error = e->error_of(e->recorded)) return of(std::move(error));
+    seen = e->clock;
+  }
+  host_saw(seen);
+  return {};
 }
 
 inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (refused()) return {cpu_errc::not_permitted};
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
   std::unique_lock lock(events_mutex_);
   const std::uint64_t target = e->recorded;
   const detail::cpu_stream* on = e->pending_on(target);
@@ -126,7 +148,12 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
   events_cv_.wait(lock, [&] { return e->passed(target); });
-  return of(e->error_of(target));
+  if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
+  if (e->recorded != target) return {};  // recorded again meanwhile: its clock is of a later record
+  detail::cpu_clock seen = e->clock;
+  lock.unlock();
+  host_saw(seen);
+  return {};
 }
 
 inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
@@ -135,9 +162,11 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   std::shared_ptr<detail::cpu_event> ev = shared(e);
   std::uint64_t target = 0;
   const detail::cpu_stream* joins = nullptr;
+  detail::cpu_clock after;
   {
     std::lock_guard lock(events_mutex_);
     target = ev->recorded;  // the record before this call; none: complete at once
+    after = ev->clock;
     auto c = ev->captured.find(target);
     if (c != ev->captured.end()) joins = c->second;
   }
@@ -146,15 +175,24 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
     s->capturing = true;
     s->capture_origin = joins;
   }
-  enqueue(s, [this, ev, target, s] {
-    std::exception_ptr error;
-    {
-      std::unique_lock lock(events_mutex_);
-      events_cv_.wait(lock, [&] { return ev->passed(target); });
-      error = ev->error_of(target);
-    }
-    if (error) fail(s, error);  // the error spreads along the wait
-  });
+  enqueue(
+      s,
+      [this, ev, target, s] {
+        std::exception_ptr error;
+        {
+          std::unique_lock lock(events_mutex_);
+          if (!ev->passed(target)) {
+            set_blocked(s, true);
+            events_cv_.wait(lock, [&] { return ev->passed(target); });
+            lock.unlock();
+            set_blocked(s, false);
+            lock.lock();
+          }
+          error = ev->error_of(target);
+        }
+        if (error) fail(s, error);  // the error spreads along the wait
+      },
+      0, &after);
   return {};
 }
 
@@ -168,6 +206,7 @@ inline cpu_device::status cpu_device::stream_create(stream_t* out, int priority)
   {
     std::lock_guard lock(mutex_);
     r->rng.seed(options_.seed * 0x9E3779B97F4A7C15ull + ++streams_made_);
+    r->id = streams_made_;
     try {
       streams_.insert(r);
     } catch (...) {
@@ -195,8 +234,12 @@ inline cpu_device::status cpu_device::stream_destroy(stream_t s) {
     std::lock_guard lock(mutex_);
     if (streams_.erase(s) == 0) return {cpu_errc::invalid_value};
   }
-  end_capture(s);  // a capture begun on it ends with it (no one keeps its address)
+  (void)end_capture(s);  // a capture begun on it ends with it (no one keeps its address)
   stop(s);  // CUDA lets queued work finish first
+  {
+    std::lock_guard lock(host_clock_mutex_);  // all its work has run: what it allocated is ready for every stream
+    retired_.merge(s->clock);
+  }
   delete s;
   return {};
 }
@@ -205,16 +248,21 @@ inline cpu_device::status cpu_device::stream_synchronize(stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (worker_of() == s) return {cpu_errc::not_permitted};  // from its own kernel: it would wait for itself
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
   std::unique_lock lock(s->mutex);
   s->idle_cv.wait(lock, [&] { return s->queue.empty() && !s->busy; });
-  return of(s->error);
+  if (s->error) return of(s->error);
+  detail::cpu_clock seen = s->clock;
+  lock.unlock();
+  host_saw(seen);
+  return {};
 }
 
 inline cpu_device::status cpu_device::launch_host_func(stream_t s, void (*fn)(void*), void* data) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   host_funcs_.fetch_add(1);
-  enqueue(s, [this, fn, data] {
+  enqueue(s, [this, s, fn, data] {
     // The stream waits for its host function, which runs on the callback thread.
     auto done = std::make_shared<std::atomic<bool>>(false);
     {
@@ -226,13 +274,18 @@ inline cpu_device::status cpu_device::launch_host_func(stream_t s, void (*fn)(vo
       });
     }
     cb_cv_.notify_one();
-    while (!done->load()) done->wait(false);
+    if (!done->load()) {
+      set_blocked(s, true);
+      while (!done->load()) done->wait(false);
+      set_blocked(s, false);
+    }
   });
   return {};
 }
 
 inline cpu_device::status cpu_device::host_alloc_mapped(void** p, std::size_t n) {
   if (refused()) return {cpu_errc::not_permitted};
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
   if (n > ~std::size_t{0} - 4095) return {cpu_errc::memory_allocation};
   *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);  // NOLINT(cppcoreguidelines-no-malloc)
   if (*p == nullptr) return {cpu_errc::memory_allocation};
@@ -242,6 +295,7 @@ inline cpu_device::status cpu_device::host_alloc_mapped(void** p, std::size_t n)
 }
 
 inline cpu_device::status cpu_device::free_host(void* p) {
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
   {
     std::lock_guard lock(mutex_);
     if (live_host_.erase(p) == 0) return {cpu_errc::invalid_value};
@@ -255,15 +309,18 @@ inline cpu_device::status cpu_device::wait_value32(stream_t s, void* address, st
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (!wait_value_supported_.load()) return {cpu_errc::not_supported};
   auto* word = static_cast<std::uint32_t*>(address);
-  enqueue(s, [this, word, value] {
+  enqueue(s, [this, s, word, value] {
+    bool blocked = false;
     for (;;) {
       if (!live_host(word)) {  // the flag's memory was freed before the stream got here
         use_after_free_.fetch_add(1);
-        return;
+        break;
       }
-      if (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) >= value) return;
+      if (std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) >= value) break;
+      if (!blocked) set_blocked(s, blocked = true);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+    if (blocked) set_blocked(s, false);
   });
   return {};
 }
@@ -308,11 +365,13 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
   for (auto& [p, b] : pool->blocks) {
     if (b.state == detail::cpu_block::live || b.bytes != n) continue;
     if (b.state == detail::cpu_block::free_pending && b.freed_on != s) {  // the driver's inserted wait
+      const settle_pause no_settle;  // instant timing: the free it waits behind needs pool_mutex_
       const status st = insert_wait(s, const_cast<detail::cpu_stream*>(b.freed_on));
       if (!(st == cpu_errc::success)) return st;
     }
     b.state = detail::cpu_block::live;
     ++b.generation;
+    mark_allocation(b, s);
     device_bytes_ += n;
     ++pool_reused_;
     *out = p;
@@ -333,7 +392,8 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
   }
   void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
   if (p == nullptr) return {cpu_errc::memory_allocation};
-  pool->blocks.emplace(p, detail::cpu_block{n});
+  detail::cpu_block& made = pool->blocks.emplace(p, detail::cpu_block{n}).first->second;
+  mark_allocation(made, s);
   owner_of_[p] = pool;
   device_bytes_ += n;
   *out = p;
@@ -390,30 +450,6 @@ inline std::size_t cpu_device::pooled_bytes() {
   return total;
 }
 
-inline void cpu_device::end_capture(stream_t s) {
-  std::lock_guard lock(mutex_);
-  for (auto* r : streams_) {
-    std::lock_guard stream_lock(r->mutex);
-    if (r->capture_origin == s) {
-      r->capturing = false;
-      r->capture_origin = nullptr;
-    }
-  }
-  {
-    std::lock_guard stream_lock(s->mutex);  // s itself, also when it is being destroyed
-    if (s->capture_origin == s) {
-      s->capturing = false;
-      s->capture_origin = nullptr;
-    }
-  }
-  std::lock_guard events_lock(events_mutex_);  // its records no longer join anyone to it
-  for (auto& [p, ev] : events_) {
-    for (auto it = ev->captured.begin(); it != ev->captured.end();) {
-      it = it->second == s ? ev->captured.erase(it) : std::next(it);
-    }
-  }
-}
-
 inline void cpu_device::hold_streams_except(stream_t keep) {
   {
     std::lock_guard lock(gate_mutex_);
@@ -437,6 +473,10 @@ inline cpu_options cpu_device::checked(cpu_options o) {
                 ferry::named("devices", o.devices));
   FERRY_EXPECTS(o.max_delay_us <= 1000000, "the adversarial delay is at most 1 s (1000000 us)",
                 ferry::named("max_delay_us", o.max_delay_us));
+  FERRY_EXPECTS(o.slow_bytes_per_us > 0 && o.slow_op_us <= 1000000,
+                "a slow device copies at least 1 byte per microsecond and costs at most 1 s per operation",
+                ferry::named("slow_bytes_per_us", o.slow_bytes_per_us), ferry::named("slow_op_us", o.slow_op_us));
+  o.timing = timing_of(o.timing);
   return o;
 }
 
@@ -460,6 +500,14 @@ inline cpu_device::status cpu_device::insert_wait(stream_t s, stream_t on) {
   return st;
 }
 
+inline void cpu_device::mark_allocation(detail::cpu_block& b, stream_t s) {
+  std::lock_guard lock(s->mutex);  // under pool_mutex_: the allocation is a point of s's order
+  const std::uint64_t point = s->clock.at(s->id) + 1;
+  s->clock.set(s->id, point);
+  b.alloc_stream = s->id;
+  b.alloc_seq = point;
+}
+
 inline bool cpu_device::live_host(const void* p) {
   std::lock_guard lock(mutex_);
   auto it = live_host_.upper_bound(p);
@@ -469,18 +517,28 @@ inline bool cpu_device::live_host(const void* p) {
 }
 
 template <class F>
-void cpu_device::enqueue(stream_t r, F&& f) {
+void cpu_device::enqueue(stream_t r, F&& f, std::size_t bytes, const detail::cpu_clock* after,
+                         detail::cpu_clock* snapshot) {
   detail::cpu_op op(std::forward<F>(f));  // made outside the lock (it may allocate)
+  op.bytes = bytes;
+  const detail::cpu_clock& mine = thread_clock();
+  std::uint64_t position = 0;
   {
     std::lock_guard lock(r->mutex);
     if (r->capturing) captured_.fetch_add(1);
+    if (after != nullptr) r->clock.merge(*after);
+    r->clock.merge(mine);  // what this thread has seen complete comes before
+    r->clock.set(r->id, r->clock.at(r->id) + 1);
+    if (snapshot != nullptr) *snapshot = r->clock;
     r->queue.push_back(std::move(op));
+    position = ++r->enqueued;
   }
   r->cv.notify_one();
+  settle(r, position);
 }
 
 inline void cpu_device::delay(std::mt19937_64& rng) const {
-  if (options_.seed == 0 || options_.max_delay_us == 0) return;
+  if (options_.seed == 0 || options_.max_delay_us == 0 || options_.timing == cpu_timing::instant) return;
   std::uniform_int_distribution<std::uint32_t> d(0, options_.max_delay_us);
   const std::uint32_t us = d(rng);
   if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
@@ -498,14 +556,23 @@ inline void cpu_device::run_stream(stream_t r) {
     lock.unlock();
     {
       std::unique_lock gate(gate_mutex_);
-      gate_cv_.wait(gate, [&] { return !held_ || keep_ == r; });
+      if (held_ && keep_ != r) {
+        gate.unlock();
+        set_blocked(r, true);
+        gate.lock();
+        gate_cv_.wait(gate, [&] { return !held_ || keep_ == r; });
+        gate.unlock();
+        set_blocked(r, false);
+      }
     }
     delay(r->rng);
+    charge(op.bytes);
     op();
     op.reset();  // destroy captures outside the lock
     lock.lock();
     r->busy = false;
-    if (r->queue.empty()) r->idle_cv.notify_all();
+    ++r->completed;
+    if (r->queue.empty() || options_.timing == cpu_timing::instant) r->idle_cv.notify_all();
   }
   r->idle_cv.notify_all();
 }

@@ -4,6 +4,7 @@
 /// whose addresses are the `cpu_runtime` handles.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -43,13 +44,14 @@ class cpu_op {
       ops_ = &heap_ops<T>;
     }
   }
-  cpu_op(cpu_op&& o) noexcept : ops_(o.ops_) {
+  cpu_op(cpu_op&& o) noexcept : bytes(o.bytes), ops_(o.ops_) {
     if (ops_ != nullptr) ops_->move(buf_, o.buf_);
     o.ops_ = nullptr;
   }
   cpu_op& operator=(cpu_op&& o) noexcept {
     if (this != &o) {
       reset();
+      bytes = o.bytes;
       ops_ = o.ops_;
       if (ops_ != nullptr) ops_->move(buf_, o.buf_);
       o.ops_ = nullptr;
@@ -60,6 +62,9 @@ class cpu_op {
   cpu_op& operator=(const cpu_op&) = delete;
   ~cpu_op() { reset(); }
   void operator()() { ops_->call(buf_); }
+  // Bytes the operation moves (a copy's size; 0 for the rest): what a timed device
+  // charges it (`cpu_timing::slow`).
+  std::size_t bytes = 0;
   void reset() noexcept {
     if (ops_ != nullptr) ops_->destroy(buf_);
     ops_ = nullptr;
@@ -122,6 +127,54 @@ class cpu_op_queue {
   std::size_t count_ = 0;
 };
 
+// A vector clock of stream order: for each stream (by id), the last of its operations
+// known to come before the point the clock describes. Sorted by id; sparse (a stream
+// knows only the streams it waited for, directly or not).
+class cpu_clock {
+ public:
+  [[nodiscard]] std::uint64_t at(std::uint64_t stream) const noexcept {
+    for (const auto& [id, seq] : entries_) {
+      if (id == stream) return seq;
+      if (id > stream) break;
+    }
+    return 0;
+  }
+  void set(std::uint64_t stream, std::uint64_t seq) {
+    auto it = entries_.begin();
+    while (it != entries_.end() && it->first < stream) ++it;
+    if (it != entries_.end() && it->first == stream) {
+      it->second = std::max(it->second, seq);
+    } else {
+      entries_.insert(it, {stream, seq});
+    }
+  }
+  void merge(const cpu_clock& o) {
+    if (o.entries_.empty()) return;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    out.reserve(entries_.size() + o.entries_.size());
+    auto a = entries_.begin();
+    auto b = o.entries_.begin();
+    while (a != entries_.end() || b != o.entries_.end()) {
+      if (b == o.entries_.end() || (a != entries_.end() && a->first < b->first)) {
+        out.push_back(*a++);
+      } else if (a == entries_.end() || b->first < a->first) {
+        out.push_back(*b++);
+      } else {
+        out.emplace_back(a->first, std::max(a->second, b->second));
+        ++a;
+        ++b;
+      }
+    }
+    entries_ = std::move(out);
+  }
+  void forget(std::uint64_t stream) {
+    std::erase_if(entries_, [stream](const auto& e) { return e.first == stream; });
+  }
+
+ private:
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> entries_;
+};
+
 // A stream of a cpu_device. Its address is the stream handle.
 struct cpu_stream {
   cpu_device* owner = nullptr;
@@ -131,10 +184,18 @@ struct cpu_stream {
   std::condition_variable cv;       // work or stopping
   std::condition_variable idle_cv;  // queue drained
   cpu_op_queue queue;
+  std::uint64_t id = 0;         // the stream's number on its device (1, 2, ...), in clocks
+  std::uint64_t enqueued = 0;   // operations enqueued so far (their positions 1..enqueued)
+  std::uint64_t completed = 0;  // operations run so far
+  cpu_clock clock;              // what work enqueued now comes after (clock.at(id) == enqueued)
+  bool blocked = false;         // the worker waits for another stream, a flag or the gate
   bool busy = false;
   bool stopping = false;
   bool capturing = false;
   const cpu_stream* capture_origin = nullptr;  // the stream whose capture this one is in
+  int capture_mode = 0;                        // of a capture begun on it (cpu_capture_mode)
+  std::thread::id capture_thread;              // the thread that began it
+  bool capture_invalidated = false;            // an unsafe call broke it (end_capture says so)
   std::exception_ptr error;                    // the first error (sticky)
   std::mt19937_64 rng;
   std::thread worker;
@@ -149,6 +210,7 @@ struct cpu_event {
   // Records made on a capturing stream, and the capture's origin: until that capture
   // ends (whether or not the stream has passed them), a wait for one joins the capture.
   std::map<std::uint64_t, const cpu_stream*> captured;
+  cpu_clock clock;  // the stream order the latest record comes after
   [[nodiscard]] const cpu_stream* pending_on(std::uint64_t gen) const {
     for (const auto& [g, s] : pending) {
       if (g == gen) return s;
@@ -167,6 +229,8 @@ struct cpu_block {
   state_type state = live;
   const cpu_stream* freed_on = nullptr;
   std::uint64_t generation = 0;
+  std::uint64_t alloc_stream = 0;  // the id of the stream the allocation is ordered on
+  std::uint64_t alloc_seq = 0;     // its position there: work ordered after it may use the block
 };
 // A stream-ordered memory pool. Its address is the pool handle.
 struct cpu_pool : std::enable_shared_from_this<cpu_pool> {

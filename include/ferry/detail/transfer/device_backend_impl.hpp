@@ -38,6 +38,11 @@ auto device_backend<Api>::acquire_event() -> event_handle {
 template <device_runtime Api>
 auto device_backend<Api>::complete(queue& q) noexcept -> void {
   (void)api_.set_device(device_);
+  // ferry's own thread: its event queries must not invalidate a global-mode graph
+  // capture the user has in progress on another thread (they would under CUDA's default
+  // mode: cudaErrorStreamCaptureUnsupported here, cudaErrorStreamCaptureInvalidated at
+  // the user's end of capture; gpu-runs 2026-12-04, G2b).
+  (void)api_.relax_capture_mode();
   std::unique_lock lock(q.mutex);
   auto backoff = std::chrono::microseconds(10);
   for (;;) {
@@ -69,7 +74,9 @@ auto device_backend<Api>::complete(queue& q) noexcept -> void {
     lock.unlock();
     std::exception_ptr error;
     try {
-      if (!q.lane) status = api_.event_synchronize(it.marker.event);
+      // A query that failed says nothing about whether the copy has landed (a capture
+      // rule, a lost context): only the event's own completion, or its error, ends it.
+      if (!q.lane || !Api::ok(status)) status = api_.event_synchronize(it.marker.event);
       FERRY_RUNTIME_TRY(Api, status);
     } catch (...) {
       error = std::current_exception();

@@ -5,6 +5,8 @@
 /// `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
+#include "ferry/detail/memory/registrations.hpp"
+
 #include "ferry/core/error.hpp"
 #include "ferry/transfer/block_copy.hpp"
 #include "ferry/transfer/scheduler.hpp"
@@ -123,10 +125,16 @@ inline void plan_block_move(std::span<const block_copy> blocks, std::size_t chun
   // Runs: in source order, a block that starts where the run ends on both sides joins it.
   const auto emit = [&](std::uintptr_t d, std::uintptr_t s, std::size_t n) {
     ++plan.runs;
-    for (std::size_t off = 0; off < n; off += chunk_bytes) {
-      plan.dsts.push_back(reinterpret_cast<void*>(d + off));        // NOLINT(performance-no-int-to-ptr)
-      plan.srcs.push_back(reinterpret_cast<const void*>(s + off));  // NOLINT(performance-no-int-to-ptr)
-      plan.sizes.push_back(std::min(chunk_bytes, n - off));
+    for (std::size_t off = 0; off < n;) {
+      auto* pd = reinterpret_cast<void*>(d + off);        // NOLINT(performance-no-int-to-ptr)
+      auto* ps = reinterpret_cast<const void*>(s + off);  // NOLINT(performance-no-int-to-ptr)
+      // Each piece ends at the next edge of a pinned registration (a run merged across two
+      // slabs, or a block over two registrations: CUDA refuses one copy over two).
+      const std::size_t piece = piece_within_registrations(pd, ps, std::min(chunk_bytes, n - off));
+      plan.dsts.push_back(pd);
+      plan.srcs.push_back(ps);
+      plan.sizes.push_back(piece);
+      off += piece;
     }
   };
   std::uintptr_t run_dst = dst(plan.order[0]);

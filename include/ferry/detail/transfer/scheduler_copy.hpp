@@ -65,11 +65,16 @@ template <class Backend>
 auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std::size_t bytes, copy_direction direction,
                                          const stream_type* after) -> ticket_type {
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
-    for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
-      const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
-      b.copy(lane_stream, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
+    for (std::size_t off = 0; off < bytes;) {
+      // A chunk ends at the next edge of a pinned registration on either side: CUDA
+      // refuses one copy over two registrations (detail/memory/registrations.hpp).
+      void* d = static_cast<std::byte*>(dst) + off;
+      const void* from = static_cast<const std::byte*>(src) + off;
+      const std::size_t n = detail::piece_within_registrations(d, from, std::min(options_.chunk_bytes, bytes - off));
+      b.copy(lane_stream, d, from, n, direction);
       count_chunk(l, n);
       ++issued;
+      off += n;
     }
   });
 }
@@ -82,10 +87,30 @@ auto basic_scheduler<Backend>::pitched_move(lane l, void* dst, std::size_t dst_p
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
     for (std::size_t row = 0; row < rows; row += rows_per_chunk) {
       const std::size_t k = std::min(rows_per_chunk, rows - row);
-      b.copy_2d(lane_stream, static_cast<std::byte*>(dst) + row * dst_pitch, dst_pitch,
-                static_cast<const std::byte*>(src) + row * src_pitch, src_pitch, row_bytes, k, direction);
-      count_chunk(l, k * row_bytes);
-      ++issued;
+      auto* d = static_cast<std::byte*>(dst) + row * dst_pitch;
+      const auto* from = static_cast<const std::byte*>(src) + row * src_pitch;
+      const std::size_t d_span = (k - 1) * dst_pitch + row_bytes;
+      const std::size_t s_span = (k - 1) * src_pitch + row_bytes;
+      if (detail::pinned_registrations().until_edge(d) >= d_span &&
+          detail::pinned_registrations().until_edge(from) >= s_span) {
+        b.copy_2d(lane_stream, d, dst_pitch, from, src_pitch, row_bytes, k, direction);
+        count_chunk(l, k * row_bytes);
+        ++issued;
+        continue;
+      }
+      // The chunk's footprint crosses an edge of a pinned registration (CUDA refuses one
+      // copy over two): row by row, each row in pieces that end at the edges.
+      for (std::size_t i = 0; i < k; ++i) {
+        for (std::size_t off = 0; off < row_bytes;) {
+          std::byte* rd = d + i * dst_pitch + off;
+          const std::byte* rs = from + i * src_pitch + off;
+          const std::size_t n = detail::piece_within_registrations(rd, rs, row_bytes - off);
+          b.copy(lane_stream, rd, rs, n, direction);
+          count_chunk(l, n);
+          ++issued;
+          off += n;
+        }
+      }
     }
   });
 }

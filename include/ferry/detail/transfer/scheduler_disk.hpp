@@ -198,6 +198,17 @@ auto basic_scheduler<Backend>::start_chunk(state* s, slot* sl) noexcept -> bool 
 }
 
 template <class Backend>
+auto basic_scheduler<Backend>::copy_within_registrations(stream_type s, std::byte* dst, const std::byte* src,
+                                                         std::size_t n, copy_direction d) -> void {
+  auto& b = core_->backend();
+  for (std::size_t off = 0; off < n;) {  // a bounce slot of a lent pool may lie over a registration's edge
+    const std::size_t piece = detail::piece_within_registrations(dst + off, src + off, n - off);
+    b.copy(s, dst + off, src + off, piece, d);
+    off += piece;
+  }
+}
+
+template <class Backend>
 auto basic_scheduler<Backend>::take_slot(state* s) noexcept -> slot* {
   std::lock_guard lock(ring_mutex_);
   const std::size_t free_index = ring_->take();
@@ -256,7 +267,7 @@ auto basic_scheduler<Backend>::issue(slot* sl) noexcept -> void {
     const stream_type own = *s->stream;
     bool enqueued = false;
     try {
-      b.copy(own, sl->memory, s->memory + sl->offset, sl->bytes, copy_direction::device_to_host);
+      copy_within_registrations(own, sl->memory, s->memory + sl->offset, sl->bytes, copy_direction::device_to_host);
       enqueued = true;
       count_chunk(lane::d2h, sl->bytes);
       b.notify(own, lane::d2h, &after_d2h, sl);
@@ -314,7 +325,7 @@ auto basic_scheduler<Backend>::after_read(void* context, std::exception_ptr e) n
   const stream_type own = *s->stream;
   bool enqueued = false;
   try {
-    b.copy(own, s->memory + sl->offset, sl->memory, sl->bytes, copy_direction::host_to_device);
+    self.copy_within_registrations(own, s->memory + sl->offset, sl->memory, sl->bytes, copy_direction::host_to_device);
     enqueued = true;
     self.count_chunk(lane::h2d, sl->bytes);
     b.notify(own, lane::h2d, &after_h2d, sl);

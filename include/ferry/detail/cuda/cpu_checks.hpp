@@ -1,0 +1,234 @@
+/// @file
+/// @brief The bodies of `ferry::cpu_device`'s CUDA rules that a friendlier model would
+/// let pass (private to ferry; included by cuda/cpu_device.hpp, which declares and
+/// documents them): pinned registrations and the copies that span two of them, device
+/// ranges inside their stream-ordered allocation and ordered after it, graph captures
+/// and the calls they forbid on each thread, and the timing modes.
+///
+/// Each rule is one CUDA failure found on hardware first (shared/gpu-runs/2026-12-04-h200):
+/// `regspan` (a copy over two `cudaHostRegister` ranges: `cudaErrorInvalidValue`),
+/// memcheck's use-before-alloc, and a completion thread's event query invalidating a
+/// user's global capture.
+#pragma once
+
+#include "ferry/core/error.hpp"
+#include "ferry/cuda/cpu_device.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <iterator>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+namespace ferry {
+
+inline cpu_device::status cpu_device::host_register(void* p, std::size_t n) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
+  if (p == nullptr || n == 0) return {cpu_errc::invalid_value};
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (n > ~std::uintptr_t{0} - a) return {cpu_errc::invalid_value};
+  std::lock_guard lock(reg_mutex_);
+  auto it = registrations_.upper_bound(a);
+  if (it != registrations_.end() && it->first < a + n) return {cpu_errc::host_memory_already_registered};
+  if (it != registrations_.begin() && std::prev(it)->first + std::prev(it)->second > a) {
+    return {cpu_errc::host_memory_already_registered};
+  }
+  registrations_.emplace(a, n);
+  registration_count_.store(registrations_.size());
+  return {};
+}
+
+inline cpu_device::status cpu_device::host_unregister(void* p) {
+  if (refused()) return {cpu_errc::not_permitted};
+  if (capture_forbids()) return {cpu_errc::capture_unsupported};
+  std::lock_guard lock(reg_mutex_);
+  if (registrations_.erase(reinterpret_cast<std::uintptr_t>(p)) == 0) return {cpu_errc::host_memory_not_registered};
+  registration_count_.store(registrations_.size());
+  return {};
+}
+
+inline cpu_device::status cpu_device::refuse(std::atomic<int>& counter, cpu_errc code, std::string what) {
+  counter.fetch_add(1);
+  {
+    std::lock_guard lock(report_mutex_);
+    if (first_violation_.empty()) first_violation_ = what;
+  }
+  return {code, std::make_exception_ptr(device_error("cpu_device: " + what, static_cast<int>(code),
+                                                     source_site{__FILE__, __LINE__, __func__}))};
+}
+
+inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role) {
+  if (p == nullptr || n == 0) return {};
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t end = n > ~std::uintptr_t{0} - a ? ~std::uintptr_t{0} : a + n;
+  const auto describe = [&](std::string_view rule) {
+    std::ostringstream os;
+    os << rule << " [" << role << " = " << p << ", n = " << n << ", stream " << s->id << "]";
+    return std::move(os).str();
+  };
+  if (registration_count_.load() != 0) {
+    std::lock_guard lock(reg_mutex_);
+    auto it = registrations_.upper_bound(a);
+    if (it != registrations_.begin() && std::prev(it)->first + std::prev(it)->second > a) --it;
+    if (it != registrations_.end() && it->first < end) {
+      const auto first = *it;
+      if (++it != registrations_.end() && it->first < end) {
+        std::ostringstream os;
+        os << "a copy whose host range lies in two pinned registrations ([" << reinterpret_cast<void*>(first.first)
+           << ", +" << first.second << ") and [" << reinterpret_cast<void*>(it->first) << ", +" << it->second
+           << ")): CUDA refuses it with cudaErrorInvalidValue";
+        return refuse(registration_spans_, cpu_errc::invalid_value, describe(os.str()));
+      }
+    }
+  }
+  std::lock_guard lock(pool_mutex_);
+  if (owner_of_.empty()) return {};
+  auto o = owner_of_.upper_bound(const_cast<void*>(p));
+  if (o == owner_of_.begin()) return {};
+  --o;
+  const auto base = reinterpret_cast<std::uintptr_t>(o->first);
+  const detail::cpu_block& b = o->second->blocks.at(o->first);
+  if (a >= base + b.bytes) return {};  // not device memory of a pool
+  if (end > base + b.bytes) {
+    std::ostringstream os;
+    os << "a copy past the end of its stream-ordered allocation (" << b.bytes << " bytes at " << o->first
+       << "): CUDA refuses it with cudaErrorInvalidValue";
+    return refuse(out_of_bounds_, cpu_errc::invalid_value, describe(os.str()));
+  }
+  // A free still queued may come after this access in stream order (a wait on the
+  // access's completion before it): only a free that has run rules the access out.
+  if (b.state == detail::cpu_block::free_done) {
+    std::ostringstream os;
+    os << "use-after-free: an access enqueued after the free of its stream-ordered allocation ran (" << b.bytes
+       << " bytes at " << o->first << ")";
+    return refuse(use_after_free_access_, cpu_errc::unordered_access, describe(os.str()));
+  }
+  if (!options_.check_stream_order || b.alloc_stream == s->id) return {};
+  std::uint64_t seen = thread_clock().at(b.alloc_stream);
+  {
+    std::lock_guard stream_lock(s->mutex);
+    seen = std::max(seen, s->clock.at(b.alloc_stream));
+  }
+  {
+    std::lock_guard clock_lock(host_clock_mutex_);
+    seen = std::max(seen, retired_.at(b.alloc_stream));
+  }
+  if (seen >= b.alloc_seq) return {};
+  std::ostringstream os;
+  os << "use-before-alloc: an access from a stream with no edge after the allocation (" << b.bytes << " bytes at "
+     << o->first << ", allocated on stream " << b.alloc_stream << " at its operation " << b.alloc_seq
+     << "; this stream has waited up to operation " << seen << " of it): record an event after the allocation and "
+     << "make this stream wait for it";
+  return refuse(use_before_alloc_, cpu_errc::unordered_access, describe(os.str()));
+}
+
+inline void cpu_device::begin_capture(stream_t s, cpu_capture_mode mode) {
+  std::lock_guard lock(s->mutex);
+  if (s->capturing) return;
+  s->capturing = true;
+  s->capture_origin = s;
+  s->capture_mode = static_cast<int>(mode);
+  s->capture_thread = std::this_thread::get_id();
+  s->capture_invalidated = false;
+  active_captures_.fetch_add(1);
+  if (mode == cpu_capture_mode::global) global_captures_.fetch_add(1);
+}
+
+inline bool cpu_device::capture_forbids() {
+  if (active_captures_.load() == 0) return false;
+  const cpu_capture_mode mode = thread_capture_mode();
+  if (mode == cpu_capture_mode::relaxed) return false;
+  const std::thread::id me = std::this_thread::get_id();
+  bool forbidden = false;
+  std::lock_guard lock(mutex_);
+  for (auto* r : streams_) {
+    std::lock_guard stream_lock(r->mutex);
+    if (!r->capturing || r->capture_origin != r) continue;
+    const auto began = static_cast<cpu_capture_mode>(r->capture_mode);
+    const bool mine = r->capture_thread == me && began != cpu_capture_mode::relaxed;
+    const bool global = mode == cpu_capture_mode::global && began == cpu_capture_mode::global;
+    if (mine || global) {
+      r->capture_invalidated = true;
+      forbidden = true;
+    }
+  }
+  if (forbidden) capture_violations_.fetch_add(1);
+  return forbidden;
+}
+
+inline cpu_device::status cpu_device::end_capture(stream_t s) {
+  bool invalidated = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto* r : streams_) {
+      if (r == s) continue;
+      std::lock_guard stream_lock(r->mutex);
+      if (r->capture_origin == s) {
+        r->capturing = false;
+        r->capture_origin = nullptr;
+      }
+    }
+    std::lock_guard stream_lock(s->mutex);  // s itself, also when it is being destroyed
+    if (s->capture_origin == s) {
+      s->capturing = false;
+      s->capture_origin = nullptr;
+      invalidated = s->capture_invalidated;
+      s->capture_invalidated = false;
+      active_captures_.fetch_sub(1);
+      if (static_cast<cpu_capture_mode>(s->capture_mode) == cpu_capture_mode::global) global_captures_.fetch_sub(1);
+    }
+  }
+  {
+    std::lock_guard events_lock(events_mutex_);  // its records no longer join anyone to it
+    for (auto& [p, ev] : events_) {
+      for (auto it = ev->captured.begin(); it != ev->captured.end();) {
+        it = it->second == s ? ev->captured.erase(it) : std::next(it);
+      }
+    }
+  }
+  if (!invalidated) return {};
+  invalidated_captures_.fetch_add(1);
+  return {cpu_errc::capture_invalidated};
+}
+
+inline cpu_timing cpu_device::timing_of(cpu_timing t) {
+  if (t != cpu_timing::environment) return t;
+  const char* value = std::getenv("FERRY_CPU_TIMING");
+  const std::string_view v = value == nullptr ? std::string_view{} : std::string_view{value};
+  if (v.empty() || v == "adversarial") return cpu_timing::adversarial;
+  if (v == "instant") return cpu_timing::instant;
+  if (v == "slow") return cpu_timing::slow;
+  throw config_error("FERRY_CPU_TIMING='" + std::string(v) +
+                         "' is not a timing of the CPU model: give instant, slow or adversarial (or leave it unset)",
+                     "FERRY_CPU_TIMING", std::string(v), source_site{__FILE__, __LINE__, __func__});
+}
+
+inline void cpu_device::charge(std::size_t bytes) const {
+  if (options_.timing != cpu_timing::slow) return;
+  const std::uint64_t us = options_.slow_op_us + bytes / options_.slow_bytes_per_us;
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+inline void cpu_device::settle(stream_t r, std::uint64_t position) {
+  if (options_.timing != cpu_timing::instant || worker_of() == r || in_callback() || settle_paused() != 0) return;
+  std::unique_lock lock(r->mutex);
+  r->idle_cv.wait(lock, [&] { return r->completed >= position || r->blocked || r->stopping; });
+}
+
+inline void cpu_device::set_blocked(stream_t r, bool on) {
+  {
+    std::lock_guard lock(r->mutex);
+    r->blocked = on;
+  }
+  if (on) r->idle_cv.notify_all();
+}
+
+}  // namespace ferry
