@@ -383,8 +383,8 @@ memcheck_suite() {
   local listed
   listed=$("$bin/ferry-tests-gpu" --list-test-names-only "$memcheck_cases" 2>&1 | grep -v '^ *$')
   echo "memcheck cases ($memcheck_cases): $(echo "$listed" | grep -c .)"
-  echo "$listed" | sed 's/^/  case: /'
   [[ -n $listed ]] || { echo "memcheck: '$memcheck_cases' selects no test case"; return 1; }
+  echo "$listed" | sed 's/^/  case: /'
   sanitizer --tool memcheck --leak-check full --report-api-errors no \
     --track-stream-ordered-races all --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact --durations yes "$memcheck_cases"
 }
