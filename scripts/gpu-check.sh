@@ -3,9 +3,10 @@
 #   gpu-check.sh OUT            (build/gpu-carry/gpu-check.sh OUT, or scripts/gpu-check.sh OUT)
 #
 # Every step runs under its own `timeout` (SIGTERM at its limit, SIGKILL 2 s later); the
-# limits plus those 2 s per step add up to at most 320 s (under 6 minutes on an H200, so that a
-# second run fits in the 15 minutes a task may hold the machine). In order, so that the
-# most important verdicts come first:
+# limits plus those 2 s per step add up to at most 300 s (5 minutes on an H200, so that a
+# second run fits in the 15 minutes a task may hold the machine). Each limit is about twice
+# the step's time on the H200 of 2026-12-04 (docs/gpu-runs.md, "The steps and their
+# limits"). In order, so that the most important verdicts come first:
 #   carry              the carry folder is whole (MANIFEST's sha256) and every binary loads
 #   machine            nvidia-smi (GPU, PCIe link now and at most, memory, driver), CPU, RAM,
 #                      ferry-bench probe (machine.json)
@@ -18,13 +19,19 @@
 #   bench-overlap      ferry-bench --quick overlap (bench-overlap.json)
 #   bench-device-nvme  ferry-bench --quick device-nvme (fio as the disk reference where it is
 #                      installed, else the tier's own host I/O) (bench-device-nvme.json)
-#   memcheck           compute-sanitizer memcheck over the GPU tests, with the leak check and
-#                      the races of stream-ordered allocations (use before alloc, use after
-#                      free on another stream) tracked. CUDA API errors are not counted:
-#                      tests provoke them on purpose (a copy from a null pointer,
-#                      cudaSetDevice(1) on a one-GPU machine) and check each themselves
+#   memcheck           compute-sanitizer memcheck over the GPU test cases of every pipeline
+#                      and every NVMe path (memcheck_cases below: tensor_cache, kv_cache,
+#                      layer_streamer, the scheduler with its NVMe staging, block moves,
+#                      pinned pool, device arena; not the codec kernel sweeps, which
+#                      racecheck runs, nor the device_tier size sweep: the whole suite
+#                      needs well over 60 s under memcheck), with the leak check and the
+#                      races of stream-ordered allocations (use before alloc, use after
+#                      free on another stream) tracked; the log lists the cases first and
+#                      each case's time. CUDA API errors are not counted: tests provoke
+#                      them on purpose (a copy from a null pointer, cudaSetDevice(1) on a
+#                      one-GPU machine) and check each themselves
 #   racecheck          compute-sanitizer racecheck over the codec kernel tests (the kernels
-#                      with shared memory)
+#                      with shared memory), each case's time in the log
 #   micro              ferry-micro-schedule (host cost per scheduled move) and
 #                      ferry-micro-memory (pinned allocation per call) (micro-*.json)
 # OUT gets summary.md (one line per step: passed / failed / timed out / skipped /
@@ -51,6 +58,9 @@
 #                            for a machine slower than the GPU machine (the dry run in CI,
 #                            2 busy cores); the budget check and the summary's limit column
 #                            keep the GPU machine's limits
+#   FERRY_GPU_CHECK_MEMCHECK_CASES  the Catch2 test spec memcheck runs (default: memcheck_cases
+#                            below; '*' for the whole suite, which took over 60 s on the
+#                            H200: raise memcheck's limit with it, FERRY_GPU_CHECK_LIMITS)
 #   FERRY_GPU_CHECK_MODE     gpu or dry-run (default: gpu where a GPU is seen)
 #   FERRY_GPU_CHECK_SCRATCH  folder for the tests' files (default: the first of $TMPDIR,
 #                            /var/tmp, /tmp that exists; a folder of its own in it, removed
@@ -64,15 +74,21 @@ case $1 in -*) echo "gpu-check: OUT '$1' looks like an option; give a folder (./
 # --- the steps and their limits (seconds) ---------------------------------------------
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
        example-kv_offload bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+# Set from the H200 run of 2026-12-04 (seconds there -> limit; docs/gpu-runs.md): carry
+# 0.2 -> 10 (the CI dry run's busy cores need it), machine 1.2 -> 8, gpu-tests 15.1 -> 30,
+# the examples 1.1-1.4 -> 8 and activation_offload ~13 -> 30, bench-suite 3.8 to its
+# failure in the 4th of 5 scenarios (offload and stream took 1-3 s each alone) -> 30,
+# bench-overlap 0.8 -> 8, bench-device-nvme 5.6 -> 15, racecheck 20.0 -> 40, micro 3.5 ->
+# 10; memcheck, over memcheck_cases rather than the whole suite (which passed 60 s), 65.
 declare -A limit=(
-  [carry]=10 [machine]=8 [gpu-tests]=40
-  [example-stream_ordering]=10 [example-activation_offload]=15 [example-layer_streaming]=15 [example-kv_offload]=12
-  [bench-suite]=60 [bench-overlap]=10 [bench-device-nvme]=15
-  [memcheck]=60 [racecheck]=20 [micro]=12
+  [carry]=10 [machine]=8 [gpu-tests]=30
+  [example-stream_ordering]=8 [example-activation_offload]=30 [example-layer_streaming]=8 [example-kv_offload]=8
+  [bench-suite]=30 [bench-overlap]=8 [bench-device-nvme]=15
+  [memcheck]=65 [racecheck]=40 [micro]=10
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
-budget=${FERRY_GPU_CHECK_BUDGET_S:-320}
+budget=${FERRY_GPU_CHECK_BUDGET_S:-300}
 number "$budget" || { echo "gpu-check: FERRY_GPU_CHECK_BUDGET_S '$budget' is not a number of seconds (1-99999)" >&2; exit 2; }
 IFS=',' read -r -a overrides <<<"${FERRY_GPU_CHECK_LIMITS:-}"
 for o in "${overrides[@]}"; do
@@ -354,6 +370,25 @@ sanitizer() {
   return $rc
 }
 
+# The GPU test cases memcheck runs (a Catch2 test spec: tags and names, comma = or): each
+# pipeline with its NVMe path ([tensor_cache] with its NVMe spill and FP8 codec cases,
+# [kv] spilling to pinned memory and NVMe, [layer_streamer]), the scheduler's moves
+# ([scheduler]: the device -> pinned -> NVMe staging, capture, 2D; [blocks]: batched and
+# kernel block moves), the pinned pool and the device arena's stream-ordered allocations.
+memcheck_cases=${FERRY_GPU_CHECK_MEMCHECK_CASES:-'[tensor_cache],[kv],[layer_streamer],[scheduler],[blocks],[pinned_pool],device_arena:*'}
+
+# memcheck over memcheck_cases: first the cases it selects (listing needs no GPU, so the
+# dry run shows them too; none selected is a failure), then the sanitizer.
+memcheck_suite() {
+  local listed
+  listed=$("$bin/ferry-tests-gpu" --list-test-names-only "$memcheck_cases" 2>&1 | grep -v '^ *$')
+  echo "memcheck cases ($memcheck_cases): $(echo "$listed" | grep -c .)"
+  [[ -n $listed ]] || { echo "memcheck: '$memcheck_cases' selects no test case"; return 1; }
+  echo "$listed" | sed 's/^/  case: /'
+  sanitizer --tool memcheck --leak-check full --report-api-errors no \
+    --track-stream-ordered-races all --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact --durations yes "$memcheck_cases"
+}
+
 micro() {
   local rc=0
   "$bin/ferry-micro-schedule" --benchmark_min_time=0.05 --benchmark_format=json \
@@ -363,8 +398,8 @@ micro() {
   return $rc
 }
 
-export carry bin out scratch mode
-export -f step_carry step_machine sanitizer micro
+export carry bin out scratch mode memcheck_cases
+export -f step_carry step_machine sanitizer memcheck_suite micro
 plots=()
 command -v gnuplot >/dev/null 2>&1 || plots=(--no-plots)
 
@@ -378,9 +413,8 @@ run_step example-kv_offload "$bin/kv_offload" "$scratch"
 run_step bench-suite "$bin/ferry-bench" --quick --suite gpu --json "$out/bench.json" --out "$out/suite" "${plots[@]}"
 run_step bench-overlap "$bin/ferry-bench" --quick --json "$out/bench-overlap.json" overlap
 run_step bench-device-nvme "$bin/ferry-bench" --quick --json "$out/bench-device-nvme.json" device-nvme
-run_step memcheck sanitizer --tool memcheck --leak-check full --report-api-errors no \
-  --track-stream-ordered-races all --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact
-run_step racecheck sanitizer --tool racecheck --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact "codec kernels*"
+run_step memcheck memcheck_suite
+run_step racecheck sanitizer --tool racecheck --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact --durations yes "codec kernels*"
 run_step micro micro
 
 write_summary done

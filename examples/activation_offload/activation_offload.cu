@@ -209,6 +209,9 @@ void report(const char* name, const run_result& r, const Cache& cache) {
 }  // namespace
 
 int main() {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (ferry::device_count() == 0) {
     std::puts("activation_offload: no CUDA device here; nothing to run");
     return 0;

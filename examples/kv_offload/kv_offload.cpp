@@ -118,6 +118,9 @@ class cuda_map {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (ferry::device_count() == 0) {
     std::puts("kv_offload: no CUDA device here; nothing to run (kv_offload_cpu runs the same on the CPU model)");
     return 0;

@@ -115,6 +115,9 @@ class cpu_map {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::uint64_t seed = 0;
   if (argc >= 3 && std::strcmp(argv[1], "--seed") == 0) {
     char* end = nullptr;

@@ -186,6 +186,9 @@ struct streamed_weights {
 }  // namespace
 
 int main() {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (ferry::device_count() == 0) {
     std::puts("layer_streaming: no CUDA device here; nothing to run");
     return 0;

@@ -25,6 +25,9 @@ float target(std::size_t g, std::size_t i) { return std::sin(0.001f * static_cas
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     const std::filesystem::path folder = argc > 1 ? std::filesystem::path(argv[1]) : std::filesystem::temp_directory_path();
     const std::vector<std::size_t> sizes(8, 100'000);  // elements per group: 1.2 MB of states each

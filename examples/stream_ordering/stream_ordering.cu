@@ -25,6 +25,9 @@ float expected(std::size_t i, int step) { return static_cast<float>(i % 1024) + 
 }  // namespace
 
 int main() {
+  // Line-buffered even into a file or pipe: a run stopped at a time limit still shows
+  // how far it got (gpu-check logs each example to a file).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (ferry::device_count() == 0) {
     std::puts("stream_ordering: no CUDA device here; nothing to run");
     return 0;

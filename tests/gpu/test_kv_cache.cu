@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -59,6 +60,15 @@ std::uint64_t seed_of(const std::vector<ferry::kv_token>& t, std::size_t i, std:
 
 using three_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier, ferry::nvme_tier>;
 
+// The NVMe tier's backing file: a file, not a folder (`nvme_options::paths` names files;
+// a folder is refused with EISDIR), in $FERRY_TEST_SCRATCH (gpu-check's scratch folder)
+// or /tmp. The tier removes it when it closes (`remove_on_close`).
+std::filesystem::path scratch_file(const char* stem) {
+  const char* dir = std::getenv("FERRY_TEST_SCRATCH");
+  return std::filesystem::path(dir != nullptr ? dir : "/tmp") /
+         (std::string(stem) + "-" + std::to_string(::getpid()) + ".bin");
+}
+
 }  // namespace
 
 TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bit for bit", "[gpu][kv]") {
@@ -69,12 +79,11 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
   po.budget_bytes = 8 * layers * lbb;
   po.slab_bytes = po.budget_bytes;
   ferry::pinned_pool pool(po);
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-gpu-kv-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto file = scratch_file("ferry-gpu-kv");
   unsigned* bad = nullptr;
   FERRY_CUDA_TRY(cudaMallocManaged(&bad, sizeof(unsigned)));
   {
-    ferry::nvme_tier disk(ferry::nvme_options{.paths = {dir}, .capacity = 64ull << 20});
+    ferry::nvme_tier disk(ferry::nvme_options{.paths = {file}, .capacity = 64ull << 20});
     ferry::kv_cache<three_tiers> cache(sched,
                                        three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), disk),
                                        {.layers = layers,
@@ -121,5 +130,5 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
     sched.synchronize();
   }
   cudaFree(bad);
-  std::filesystem::remove_all(dir);
+  CHECK_FALSE(std::filesystem::exists(file));  // removed by the tier when it closed
 }

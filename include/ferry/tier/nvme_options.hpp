@@ -22,7 +22,10 @@ enum class file_sizing : std::uint8_t {
 
 /// @brief Construction settings of an `nvme_tier`. Zero means "from ferry::io::defaults".
 struct nvme_options {
-  /// Backing files, one per drive; several are striped like RAID-0. At least one.
+  /// Backing files, one per drive; several are striped like RAID-0. At least one. Each
+  /// names a file (made where missing), not a folder: a folder is refused with a
+  /// `ferry::io_error` of EISDIR ("Is a directory") naming the path; for a folder on a
+  /// drive, give a file in it (`folder / "ferry.bin"`).
   std::vector<std::filesystem::path> paths;
   /// Logical capacity in bytes (rounded down to the alignment); > 0.
   std::uint64_t capacity = 0;
