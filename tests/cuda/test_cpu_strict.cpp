@@ -120,12 +120,12 @@ TEST_CASE("CPU model: moves over a pool registered in pieces never put one copy 
   std::memcpy(host, want.data(), n);
   sched.to_device(dev.data(), host, n).wait();
   std::memset(host, 0, n);
-  sched.to_host(host, dev.data(), n).wait();
+  sched.to_host(host, dev.data(), n, ref(compute)).wait();
   CHECK(checksum(std::span<const std::byte>(host, n)) == checksum(want));
   // Pitched: 96 rows of 5000 bytes, 8192 apart, over the same edges.
   sched.to_device_2d(dev.data(), 8192, host, 8192, 5000, 90).wait();
   std::memset(host, 0, 90 * 8192);
-  sched.to_host_2d(host, 8192, dev.data(), 8192, 5000, 90).wait();
+  sched.to_host_2d(host, 8192, dev.data(), 8192, 5000, 90, ref(compute)).wait();
   for (std::size_t r = 0; r < 90; ++r) {
     CHECK(std::memcmp(host + r * 8192, want.data() + r * 8192, 5000) == 0);
   }
@@ -215,7 +215,7 @@ TEST_CASE("CPU model: an NVMe read into memory allocated on another stream needs
   void* fresh = arena.allocate(n, ref(compute));
   sched.nvme_to_device(tier, r, 0, fresh, n, ref(compute)).wait();  // after the allocating stream
   std::vector<std::byte> got(n);
-  sched.to_host(got.data(), fresh, n).wait();
+  sched.to_host(got.data(), fresh, n, ref(compute)).wait();
   CHECK(checksum(got) == checksum(want));
   sched.synchronize();
   arena.deallocate(again, n, ref(compute));

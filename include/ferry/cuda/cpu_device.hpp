@@ -401,10 +401,11 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   // The checks of a copy's range when it is enqueued on `s` (under no lock): the host
   // range inside one registration, the device range inside one allocation, and the
   // allocation ordered before `s` reaches the copy. Success or the refusal.
-  status check_access(const void* p, std::size_t n, stream_t s, const char* role);
-  status check_copy(const void* dst, const void* src, std::size_t n, stream_t s) {
-    status st = check_access(dst, n, s, "destination");
-    if (st == cpu_errc::success) st = check_access(src, n, s, "source");
+  // `registrations`: false for the block-copy kernel (it loads through the mapping).
+  status check_access(const void* p, std::size_t n, stream_t s, const char* role, bool registrations = true);
+  status check_copy(const void* dst, const void* src, std::size_t n, stream_t s, bool registrations = true) {
+    status st = check_access(dst, n, s, "destination", registrations);
+    if (st == cpu_errc::success) st = check_access(src, n, s, "source", registrations);
     return st;
   }
   status refuse(std::atomic<int>& counter, cpu_errc code, std::string what);

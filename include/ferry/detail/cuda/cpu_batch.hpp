@@ -64,6 +64,9 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
   } catch (const std::bad_alloc&) {
     return {cpu_errc::memory_allocation};
   }
+  for (const piece& p : pieces) {  // CUDA's rules, piece by piece (the kernel loads through the mapping)
+    if (status st = check_copy(p.dst, p.src, p.n, s, !kernel); !(st == cpu_errc::success)) return st;
+  }
   if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
   if (fail_copies_after_.load() > 0) --fail_copies_after_;
   int left = fail_batches_after_.load();
@@ -82,6 +85,8 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
     batches_.fetch_add(1);
     batched_copies_.fetch_add(count);
   }
+  std::size_t total = 0;
+  for (const piece& p : pieces) total += p.n;
   enqueue(s, [this, s, pieces = std::move(pieces), fails, kernel]() mutable {
     // On the stream's worker, the only user of its generator.
     std::mt19937_64& rng = s->rng;
@@ -117,7 +122,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
                                    std::to_string(pieces.size()) + " copies ran",
                                static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
     }
-  });
+  }, total);
   return {};
 }
 

@@ -65,7 +65,8 @@ inline cpu_device::status cpu_device::refuse(std::atomic<int>& counter, cpu_errc
                                                      source_site{__FILE__, __LINE__, __func__}))};
 }
 
-inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role) {
+inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role,
+                                                   bool registrations) {
   if (p == nullptr || n == 0) return {};
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t end = n > ~std::uintptr_t{0} - a ? ~std::uintptr_t{0} : a + n;
@@ -74,7 +75,7 @@ inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n,
     os << rule << " [" << role << " = " << p << ", n = " << n << ", stream " << s->id << "]";
     return std::move(os).str();
   };
-  if (registration_count_.load() != 0) {
+  if (registrations && registration_count_.load() != 0) {
     std::lock_guard lock(reg_mutex_);
     auto it = registrations_.upper_bound(a);
     if (it != registrations_.begin() && std::prev(it)->first + std::prev(it)->second > a) --it;
