@@ -461,12 +461,15 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
 
   // Queues `f` on `r` (a copy of `bytes`), after the stream order `after` (a stream
   // wait's event); `snapshot` gets `r`'s clock with `f` in it (an event record's).
+  // `kernel`: the caller's own work (`launch`), which may wait for the host: under
+  // instant timing no one waits for it, nor for what is queued behind it.
   template <class F>
   void enqueue(stream_t r, F&& f, std::size_t bytes = 0, const detail::cpu_clock* after = nullptr,
-               detail::cpu_clock* snapshot = nullptr);
+               detail::cpu_clock* snapshot = nullptr, bool kernel = false);
   // The allocation of `b` on `s` becomes a point of `s`'s order (under pool_mutex_).
   void mark_allocation(detail::cpu_block& b, stream_t s);
-  // Under instant timing: waits until `r` has run its operation `position`, or waits itself.
+  // Under instant timing: waits until `r` has run its operation `position`, or waits
+  // itself, unless a kernel of the caller's is queued or running ahead of it.
   void settle(stream_t r, std::uint64_t position);
   // Marks `r`'s worker as waiting (instant timing: the enqueuer stops waiting for it).
   void set_blocked(stream_t r, bool on);

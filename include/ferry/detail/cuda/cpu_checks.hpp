@@ -221,7 +221,10 @@ inline void cpu_device::charge(std::size_t bytes) const {
 inline void cpu_device::settle(stream_t r, std::uint64_t position) {
   if (options_.timing != cpu_timing::instant || worker_of() == r || in_callback() || settle_paused() != 0) return;
   std::unique_lock lock(r->mutex);
-  r->idle_cv.wait(lock, [&] { return r->completed >= position || r->blocked || r->stopping; });
+  // A kernel of the caller's ahead (or this one) may wait for the host: no one waits for it.
+  r->idle_cv.wait(lock, [&] {
+    return r->completed >= position || r->blocked || r->stopping || r->completed < r->kernel_at;
+  });
 }
 
 inline void cpu_device::set_blocked(stream_t r, bool on) {

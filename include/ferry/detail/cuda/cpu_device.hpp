@@ -432,13 +432,16 @@ requires std::is_invocable_v<std::decay_t<F>&>
 void cpu_device::launch(stream_t s, F&& f) {
   FERRY_EXPECTS(s != nullptr && s->owner == this, "a kernel launched on a null stream or one of another cpu_device",
                 ferry::named("stream", static_cast<const void*>(s)));
-  enqueue(s, [this, s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
-    try {
-      f();
-    } catch (...) {
-      fail(s, std::current_exception());
-    }
-  });
+  enqueue(
+      s,
+      [this, s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
+        try {
+          f();
+        } catch (...) {
+          fail(s, std::current_exception());
+        }
+      },
+      0, nullptr, nullptr, true);
 }
 
 inline std::size_t cpu_device::pooled_bytes() {
@@ -518,7 +521,7 @@ inline bool cpu_device::live_host(const void* p) {
 
 template <class F>
 void cpu_device::enqueue(stream_t r, F&& f, std::size_t bytes, const detail::cpu_clock* after,
-                         detail::cpu_clock* snapshot) {
+                         detail::cpu_clock* snapshot, bool kernel) {
   detail::cpu_op op(std::forward<F>(f));  // made outside the lock (it may allocate)
   op.bytes = bytes;
   const detail::cpu_clock& mine = thread_clock();
@@ -532,6 +535,7 @@ void cpu_device::enqueue(stream_t r, F&& f, std::size_t bytes, const detail::cpu
     if (snapshot != nullptr) *snapshot = r->clock;
     r->queue.push_back(std::move(op));
     position = ++r->enqueued;
+    if (kernel) r->kernel_at = position;
   }
   r->cv.notify_one();
   settle(r, position);

@@ -187,6 +187,7 @@ struct cpu_stream {
   std::uint64_t id = 0;         // the stream's number on its device (1, 2, ...), in clocks
   std::uint64_t enqueued = 0;   // operations enqueued so far (their positions 1..enqueued)
   std::uint64_t completed = 0;  // operations run so far
+  std::uint64_t kernel_at = 0;  // the position of the latest kernel (`launch`) enqueued
   cpu_clock clock;              // what work enqueued now comes after (clock.at(id) == enqueued)
   bool blocked = false;         // the worker waits for another stream, a flag or the gate
   bool busy = false;
