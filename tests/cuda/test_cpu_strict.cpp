@@ -224,6 +224,48 @@ TEST_CASE("CPU model: an NVMe read into memory allocated on another stream needs
   tier.deallocate(r);
 }
 
+// Item 4b of the GPU run: after a staged move failed in a chunk (here the copy the model
+// refuses, while other chunks are still reading), dropping its ticket unwaited and destroying
+// the scheduler ends; the bounce ring and the tier are whole again.
+TEST_CASE("scheduler: destruction ends after a staged move failed with chunks in flight", "[cpu_runtime][strict][scheduler]") {
+  const ferry_test::watchdog dog("destruction after a failed staged move", 60);
+  ferry_test::scratch_path path(ferry_test::disk_dir, "ferry-strict-fail");
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
+  auto m = std::make_shared<cpu_device>();
+  const cpu_runtime rt{m};
+  const stream_t compute = model_stream(*m);
+  ferry::pinned_pool_options po;
+  po.pin = false;
+  po.budget_bytes = 8 * MiB;
+  ferry::pinned_pool bounce(po);
+  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  const std::size_t n = 1 * MiB + 4097;  // 17 chunks through 3 slots
+  std::vector<std::byte> want(n);
+  fill(want, 11);
+  const auto r = tier.allocate(n);
+  for (int round = 0; round < 3; ++round) {
+    ferry::scheduler_options so;
+    so.chunk_bytes = 64 * KiB;
+    so.bounce_slots = 3;
+    so.bounce_pool = &bounce;
+    void* dst = nullptr;
+    {
+      ferry::host_executor sched(ref(compute), so, rt);
+      sched.host_to_nvme(tier, r, 0, want).wait();
+      dst = arena.allocate(n, ref(compute));
+      auto failed = sched.nvme_to_device(tier, r, 0, dst, n);  // no edge: its copies are refused
+      if (round == 1) CHECK_THROWS_WITH(failed.wait(), Catch::Contains("use-before-alloc"));
+      // round 0 and 2: the ticket is dropped unwaited, the scheduler destroyed at once
+    }
+    CHECK(bounce.used() == 0);
+    arena.deallocate(dst, n, ref(compute));
+    REQUIRE(ok(m->stream_synchronize(compute)));
+  }
+  CHECK(m->use_before_alloc() >= 3);
+  tier.deallocate(r);
+  CHECK(tier.used() == 0);
+}
+
 // --- graph capture across threads ----------------------------------------------------------
 
 TEST_CASE("CPU model: an event query from a thread in global mode invalidates another thread's global capture",
