@@ -190,6 +190,26 @@ TEST_CASE("pinned_pool deferred: a block of an odd size counts as used() counts 
   CHECK(pool.used() == 0);
 }
 
+TEST_CASE("pinned_pool deferred: reclaim gives back the oldest blocks whose moves are over, and never waits",
+          "[memory][pinned_pool][deferred]") {
+  ferry::pinned_pool pool(eight_blocks());
+  std::vector<void*> blocks = fill_pool(pool);
+  REQUIRE(blocks.size() == 8);
+  std::vector<fake_move> moves(3);
+  for (std::size_t i = 0; i < 3; ++i) pool.deallocate_after(blocks[i], MiB, moves[i]);
+  moves[1].finish();
+  CHECK(pool.reclaim() == 0);  // the oldest still runs: looked at first, nothing waited for
+  moves[0].finish();
+  CHECK(pool.reclaim() == 2);  // blocks 0 and 1; block 2's move still runs
+  CHECK(pool.deferred_bytes() == MiB);
+  CHECK(pool.used() == 6 * MiB);
+  for (const auto& m : moves) CHECK(m.s->waits == 0);
+  moves[2].finish();
+  CHECK(pool.reclaim() == 1);
+  for (std::size_t i = 3; i < 8; ++i) pool.deallocate(blocks[i], MiB);
+  CHECK(pool.used() == 0);
+}
+
 TEST_CASE("pinned_pool deferred: threads allocating while others' blocks wait behind moves are never refused",
           "[memory][pinned_pool][deferred][threads]") {
   // Four threads, each with two blocks live at a time, hand them back behind moves that a

@@ -277,7 +277,9 @@ class pinned_pool {
   }
 
   /// @brief Gives back the blocks handed back with `deallocate_after` whose moves are
-  /// over; never blocks (nothing, when another thread is giving blocks back).
+  /// over, oldest first up to the first whose moves still run (moves mostly end in the
+  /// order they were issued; a refused allocation looks at all). Never blocks (nothing,
+  /// when another thread is giving blocks back).
   /// @return how many blocks it gave back
   std::size_t reclaim() noexcept { return deferred_.empty() ? 0 : deferred_.reap(giver{this}); }
 
