@@ -23,11 +23,13 @@
 #include "ferry/core/config.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/detail/memory/pinned_pool_parts.hpp"
 #include "ferry/memory/defaults.hpp"
 #include "ferry/detail/memory/registrations.hpp"
 #include "ferry/memory/extent_allocator.hpp"
 
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -136,6 +139,17 @@ struct pinned_pool_options {
   pinned_pool_hooks hooks;
 };
 
+/// @brief What `pinned_pool::deallocate_after` waits on before a block goes back: the
+/// completion of the moves still using it. `ready()` says, without blocking, whether they
+/// are over (successfully or not); `wait()` blocks until they are (what it throws is
+/// dropped); moving it does not throw. A scheduler's ticket models it, and so does a
+/// struct of several.
+template <class Done>
+concept release_condition = std::is_nothrow_move_constructible_v<Done> && requires(const Done& d) {
+  { d.ready() } noexcept -> std::convertible_to<bool>;
+  d.wait();
+};
+
 /// @brief A thread-safe pool of pinned host memory under an exact byte budget.
 ///
 /// - **Accounting** (exact, bytes): a request of N bytes costs `round_up(N, alignment())`.
@@ -188,28 +202,28 @@ class pinned_pool {
   ///
   /// Served from a slab already held when one has room (no system call); otherwise a
   /// new slab is mapped and pinned (slow: about 47 ms per GiB pinned on the H200 host).
+  /// When neither can be done, the blocks handed back with `deallocate_after` are given
+  /// back first: at once those whose moves are over, then, oldest first, each after a
+  /// wait for its moves; the request is refused only when none is left.
   /// @param bytes > 0
   /// @return a pointer to `bytes` writable bytes (pinned unless `state()` says otherwise)
   /// @throws ferry::out_of_capacity ("pinned_pool", rounded request, `used()`, `budget()`)
   ///         when no slab has room and a new one would pass the budget; also for a
   ///         request past the budget that is too large even to round (up to SIZE_MAX),
-  ///         with the request as asked
+  ///         with the request as asked; "pinned_pool (mmap failed)" with the slab's bytes
+  ///         when a slab cannot be mapped
   /// @throws ferry::logic_error for 0 bytes
   [[nodiscard]] void* allocate(std::size_t bytes) {
-    FERRY_EXPECTS(bytes > 0, "an allocation of zero bytes", bytes);
-    if (bytes > budget_ || bytes > ~std::size_t{0} - (options_.alignment - 1)) {
-      FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", bytes, used(), budget_);
-    }
-    const std::size_t cost = cost_of(bytes);
-    std::optional<pinning_failure> report;
-    void* result = nullptr;
-    {
-      const std::lock_guard lock(mutex_);
-      result = allocate_locked(cost, report);
-    }
-    notify(report);
-    return result;
+    const attempt a = allocate_or_refuse(bytes);
+    if (a.p != nullptr) return a.p;
+    if (a.why == refusal::mapping) FERRY_THROW_OUT_OF_CAPACITY("pinned_pool (mmap failed)", a.bytes, used(), budget_);
+    FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", a.bytes, used(), budget_);
   }
+
+  /// @brief `allocate`, with the refusal as a value: null where `allocate` throws
+  /// `out_of_capacity` (after the same giving back of deferred blocks and waits).
+  /// @throws ferry::logic_error for 0 bytes
+  [[nodiscard]] void* try_allocate(std::size_t bytes) { return allocate_or_refuse(bytes).p; }
 
   /// @brief Returns an allocation to the pool. Never throws.
   /// @param p     a pointer `allocate` returned and not yet freed
@@ -236,6 +250,51 @@ class pinned_pool {
       slabs_.erase(it);
     }
   }
+
+  /// @brief Returns an allocation to the pool once the moves that still use it are over
+  /// (`done.ready()`, asked without blocking by later `deallocate_after` and `reclaim`
+  /// calls); an allocation the pool would refuse waits for them instead (`done.wait()`,
+  /// oldest block first). Until then the block counts in `used()` and `deferred_bytes()`.
+  /// Where a pipeline would free a block behind copies still in flight, so that it comes
+  /// back in time for anyone sharing the pool, not only when that pipeline is called
+  /// again (issue 28: `ferry-bench offload` was refused its second step while another
+  /// cache's blocks waited so). Never throws: with no memory to keep the block, it waits
+  /// for `done` here and frees the block.
+  /// @param p     a pointer `allocate` returned and not yet freed
+  /// @param bytes the size it was allocated with
+  /// @param done  the moves' completion (e.g. the scheduler's tickets, moved in); what
+  ///              its `wait()` throws is dropped (a failed move no longer uses the block).
+  ///              It must complete without further calls into this pool, and what it
+  ///              refers to (a scheduler's ticket states) must outlive it: see
+  ///              `settle_deferred`
+  /// @param owner a tag for `settle_deferred` (the pipeline, say); may be null
+  template <release_condition Done>
+  void deallocate_after(void* p, std::size_t bytes, Done done, const void* owner = nullptr) noexcept {
+    if (done.ready() || !deferred_.try_add(p, cost_of_noexcept(bytes), owner, done)) {
+      detail::wait_quietly(done);  // over, or no memory to keep the block: it goes now
+      deallocate(p, bytes);
+    }
+    (void)reclaim();  // the earlier ones that are over
+  }
+
+  /// @brief Gives back the blocks handed back with `deallocate_after` whose moves are
+  /// over, oldest first up to the first whose moves still run (moves mostly end in the
+  /// order they were issued; a refused allocation looks at all). Never blocks (nothing,
+  /// when another thread is giving blocks back).
+  /// @return how many blocks it gave back
+  std::size_t reclaim() noexcept { return deferred_.empty() ? 0 : deferred_.reap(giver{this}); }
+
+  /// @brief Waits for the moves of every block `owner` handed back with
+  /// `deallocate_after` and returns those blocks. Call it before what the conditions
+  /// refer to goes (a pipeline's destructor, before its scheduler's). Never throws.
+  void settle_deferred(const void* owner) noexcept { deferred_.settle(owner, giver{this}); }
+
+  /// @brief Bytes of blocks handed back with `deallocate_after` whose moves the pool has
+  /// not seen complete yet (part of `used()`; each rounded up to `alignment()`).
+  [[nodiscard]] std::size_t deferred_bytes() const noexcept { return deferred_.bytes(); }
+  /// @brief How many times an allocation waited for the moves of a deferred block
+  /// (rather than be refused) since the pool was made.
+  [[nodiscard]] std::uint64_t deferred_waits() const noexcept { return deferred_.waits(); }
 
   /// @brief Maps and pins ahead of time (off the hot path) so that one allocation of up
   /// to `bytes` bytes maps nothing; then `reserved() >= bytes`.
@@ -265,7 +324,8 @@ class pinned_pool {
           if (cost > left || round_up(cost, page_) > left) {  // `cost > left` first: no overflow in round_up
             FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", cost, used(), budget_);
           }
-          make_slab(std::min(std::max(round_up(cost, page_), slab_bytes_), left), report);
+          const std::size_t n = std::min(std::max(round_up(cost, page_), slab_bytes_), left);
+          if (make_slab(n, report) == nullptr) FERRY_THROW_OUT_OF_CAPACITY("pinned_pool (mmap failed)", n, used(), budget_);
         }
       } catch (...) {
         error = std::current_exception();
@@ -363,31 +423,56 @@ class pinned_pool {
     return round_up(bytes, options_.alignment);  // callers refuse a size that would wrap
   }
 
-  void* allocate_locked(std::size_t cost, std::optional<pinning_failure>& report) {
+  using attempt = detail::pool_attempt;
+  using refusal = detail::pool_refusal;
+  struct giver {  // gives a deferred block back (`detail::deferred_releases`)
+    pinned_pool* pool;
+    void operator()(void* q, std::size_t n) const noexcept { pool->deallocate(q, n); }
+  };
+
+  // `allocate` and `try_allocate`: serves the request, giving back deferred blocks while
+  // the pool refuses it (`detail::deferred_releases::make_room`).
+  attempt allocate_or_refuse(std::size_t bytes) {
+    FERRY_EXPECTS(bytes > 0, "an allocation of zero bytes", bytes);
+    if (bytes > budget_ || bytes > ~std::size_t{0} - (options_.alignment - 1)) return {nullptr, refusal::budget, bytes};
+    const std::size_t cost = cost_of(bytes);
+    for (;;) {
+      const std::uint64_t seen = deferred_.given_back();
+      std::optional<pinning_failure> report;
+      attempt a;
+      {
+        const std::lock_guard lock(mutex_);
+        a = allocate_locked(cost, report);
+      }
+      notify(report);
+      if (a.p != nullptr || deferred_.empty() || !deferred_.make_room(giver{this}, seen)) return a;
+    }
+  }
+
+  attempt allocate_locked(std::size_t cost, std::optional<pinning_failure>& report) {
     // The slab that served the last request first (usually has room), then the others.
     if (last_ != nullptr) {
       if (auto e = last_->extents.try_allocate(cost)) {
-        return hand_out(*last_, *e);
+        return {hand_out(*last_, *e)};
       }
     }
     for (auto& [base, s] : slabs_) {
       if (s.get() != last_ && s->extents.largest_free() >= cost) {
         if (auto e = s->extents.try_allocate(cost)) {
           last_ = s.get();
-          return hand_out(*s, *e);
+          return {hand_out(*s, *e)};
         }
       }
     }
     const std::size_t held = reserved_.load(std::memory_order_relaxed);
     const std::size_t left = budget_ >= held ? (budget_ - held) / page_ * page_ : 0;
     // `cost > left` first: round_up of a cost near SIZE_MAX would wrap to 0.
-    if (cost > left || round_up(cost, page_) > left) {
-      FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", cost, used(), budget_);
-    }
-    const std::size_t need = round_up(cost, page_);
-    slab& s = make_slab(std::min(std::max(need, slab_bytes_), left), report);
-    last_ = &s;
-    return hand_out(s, s.extents.allocate(cost));
+    if (cost > left || round_up(cost, page_) > left) return {nullptr, refusal::budget, cost};
+    const std::size_t need = std::min(std::max(round_up(cost, page_), slab_bytes_), left);
+    slab* s = make_slab(need, report);
+    if (s == nullptr) return {nullptr, refusal::mapping, need};
+    last_ = s;
+    return {hand_out(*s, s->extents.allocate(cost))};
   }
 
   void* hand_out(slab& s, extent e) noexcept {
@@ -395,17 +480,16 @@ class pinned_pool {
     return static_cast<std::byte*>(s.base) + e.offset;
   }
 
-  // Maps and (if pinning) registers a slab of `bytes` (a multiple of the page size).
-  slab& make_slab(std::size_t bytes, std::optional<pinning_failure>& report) {
-    void* base = options_.hooks.map ? options_.hooks.map(bytes) : default_map(bytes, options_.huge_pages);
-    if (base == nullptr) {
-      FERRY_THROW_OUT_OF_CAPACITY("pinned_pool (mmap failed)", bytes, used(), budget_);
-    }
+  // Maps and (if pinning) registers a slab of `bytes` (a multiple of the page size);
+  // null when it cannot be mapped.
+  slab* make_slab(std::size_t bytes, std::optional<pinning_failure>& report) {
+    void* base = options_.hooks.map ? options_.hooks.map(bytes) : detail::map_slab(bytes, options_.huge_pages);
+    if (base == nullptr) return nullptr;
     auto s = std::make_unique<slab>(base, bytes, options_.alignment);
     if (pinning_ && state_.load(std::memory_order_relaxed) == pinning_state::pinned) {
       s->pinned = register_slab(*s, report);
     }
-    slab& ref = *s;
+    slab* ref = s.get();
     slabs_.emplace(reinterpret_cast<std::uintptr_t>(base), std::move(s));
     reserved_.fetch_add(bytes, std::memory_order_relaxed);
     return ref;
@@ -481,21 +565,6 @@ class pinned_pool {
                  report->description.c_str(), report->slab_bytes);
   }
 
-  static void* default_map(std::size_t bytes, bool huge_pages) noexcept {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {  // NOLINT(performance-no-int-to-ptr)
-      return nullptr;
-    }
-#ifdef MADV_HUGEPAGE
-    if (huge_pages) {
-      ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only; failure is harmless
-    }
-#else
-    (void)huge_pages;
-#endif
-    return p;
-  }
-
   static int default_register([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) noexcept {
 #if FERRY_HAS_CUDA
     return static_cast<int>(cuda_runtime{}.host_register(p, n));
@@ -524,6 +593,7 @@ class pinned_pool {
   std::atomic<std::size_t> used_{0};
   std::atomic<std::size_t> reserved_{0};
   std::atomic<pinning_state> state_{pinning_state::pinned};
+  detail::deferred_releases deferred_;  // blocks handed back behind moves (`deallocate_after`)
 };
 
 }  // namespace ferry

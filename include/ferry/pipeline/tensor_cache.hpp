@@ -71,7 +71,9 @@
 ///   freed. A tensor larger than the whole pinned tier goes from the device to NVMe
 ///   through the scheduler's bounce buffers. When the pool refuses a block the plan's
 ///   count allowed (fragmentation, a pool shared with others), the plan spills one more
-///   tensor and the offload is tried again.
+///   tensor and the offload is tried again. The pool refuses only once the blocks of
+///   erased tensors still behind their copies (this cache's and those of any other user
+///   of the pool) are back: it waits for those copies first (`erase`).
 /// - **Back on the device**: `get` (or a prefetch) allocates device memory on the H2D
 ///   stream, copies the encoded bytes there — H2D from pinned memory after the D2H that
 ///   filled them, or from NVMe through the bounce buffers — decodes them on the H2D
@@ -94,7 +96,9 @@
 ///
 /// ## Errors and guarantees
 /// Nothing is lost: a tensor stays where it was until its new copy is confirmed. If no
-/// pinned block can be had and nothing can spill, `store` throws `out_of_capacity`
+/// pinned block can be had (after the pool has waited for the copies of blocks erased
+/// tensors left behind, and the cache for its landed fetches) and nothing can spill,
+/// `store` throws `out_of_capacity`
 /// and the tensor stays on the device, still owned by the cache (retrievable with `get`,
 /// freed by `erase`). A failed spill write leaves the tensor in pinned memory. A failed
 /// D2H surfaces from the spill or the `get` that reads it; a failed H2D or NVMe read
@@ -286,8 +290,12 @@ class tensor_cache {
   /// @brief Forgets `key`; when it was the buffer's last key, frees the device copy on
   /// `last_user` (after the work enqueued on it so far, and after the H2D copy that
   /// filled it: a wait on the stream, not on the host), the pinned block and the NVMe
-  /// extent once no move uses them — at once, or from a later call of the cache (or its
-  /// destructor) when a move is still in flight. Never waits on the host.
+  /// extent once no move uses them. A pinned block a copy still uses is handed back to
+  /// the pool behind that copy (`pinned_pool::deallocate_after`): the pool gives it back
+  /// as soon as anyone sharing it needs room and the copy is over, and an allocation
+  /// there waits for the copy rather than be refused (issue 28). An NVMe extent a move
+  /// still uses is freed from a later call of the cache (or its destructor). Never
+  /// waits on the host.
   /// @throws ferry::logic_error for an unknown key, or the legacy default stream (nothing
   ///         is erased)
   void erase(const key_type& key, stream_type last_user) { engine_.erase(key, last_user); }

@@ -63,6 +63,7 @@ class tensor_cache_engine {
       const bool stored_buffer = r->produced.has_value();  // never offloaded: freed after its producer
       release_all(*r, stored_buffer ? *r->producer : sched_->h2d());
     }
+    host_->settle_deferred(this);  // the blocks left behind copies hold tickets of the scheduler: before it goes
     sched_->synchronize();
   }
 
@@ -171,8 +172,12 @@ class tensor_cache_engine {
     if (plan_.tier_of(rec->key)) plan_.erase(rec->key, mover());
     if (auto p = by_pointer_.find(rec->device); p != by_pointer_.end() && p->second == rec) by_pointer_.erase(p);
     release_device(*rec, last_user);
+    // A pinned block still read or written by a copy goes back to the pool behind that
+    // copy: the pool gives it back (or waits for it) when anyone sharing it needs room,
+    // not only when this cache is called again.
+    if (rec->host != nullptr && !rec->disk && in_flight(*rec)) release_behind_moves(*rec);
     if (in_flight(*rec)) {
-      erased_.push_back(rec);  // its pinned block and NVMe extent go once its moves are done
+      erased_.push_back(rec);  // its NVMe extent goes once its moves are done
     } else {
       release_all(*rec, last_user);
     }
@@ -342,18 +347,16 @@ class tensor_cache_engine {
     }
   }
 
-  // A pinned block of `bytes`; while the pool refuses, the blocks of erased tensors and
-  // of fetched copies that have landed are freed first. Throws the pool's
-  // `out_of_capacity` when that is not enough, marking it as the pool's (`demote`).
+  // A pinned block of `bytes`. The pool itself gives back (or waits for) the blocks left
+  // behind copies, this cache's and others'; while it still refuses, the sources of this
+  // cache's fetched copies are freed as those land. Throws the pool's `out_of_capacity`
+  // when that is not enough, marking it as the pool's (`demote`).
   std::byte* take_host_block(std::size_t bytes) {
     for (;;) {
-      try {
-        return static_cast<std::byte*>(host_->allocate(bytes));
-      } catch (const out_of_capacity&) {
-        if (!settle_one()) {
-          pool_refused_ = true;
-          throw;
-        }
+      if (void* p = host_->try_allocate(bytes)) return static_cast<std::byte*>(p);
+      if (!settle_one()) {
+        pool_refused_ = true;
+        FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", host_->cost_of(bytes), host_->used(), host_->budget());
       }
     }
   }
@@ -452,8 +455,9 @@ class tensor_cache_engine {
   }
 
   // Settles fetched copies that have landed, quietly (a failed prefetch leaves the tensor
-  // where its source is: its own get tries again and reports), and frees what erased
-  // tensors kept for moves that are done. Never blocks.
+  // where its source is: its own get tries again and reports), frees what erased
+  // tensors kept for moves that are done, and has the pool give back the blocks left
+  // behind copies that are over. Never blocks.
   void reap() noexcept {
     for (auto it = retiring_.begin(); it != retiring_.end();) {
       record& r = **it;
@@ -480,16 +484,18 @@ class tensor_cache_engine {
       release_all(**it, sched_->h2d());
       it = erased_.erase(it);
     }
+    (void)host_->reclaim();
   }
 
-  // Waits for the oldest move whose end frees pinned memory (an erased tensor's, or a
-  // fetch whose source is a pinned block); false when there is none. Runs inside a move
-  // of the plan (a mover), so it never changes the plan: a fetch that failed is left to
-  // `reap`, which puts its tensor back where its source is.
+  // Waits for the oldest move whose end frees pinned memory (an erased tensor's that
+  // still holds a block, or a fetch whose source is a pinned block); false when there is
+  // none. Runs inside a move of the plan (a mover), so it never changes the plan: a fetch
+  // that failed is left to `reap`, which puts its tensor back where its source is.
   bool settle_one() noexcept {
-    if (!erased_.empty()) {
-      auto rec = erased_.front();
-      erased_.erase(erased_.begin());
+    const auto holding = std::find_if(erased_.begin(), erased_.end(), [](const auto& r) { return r->host != nullptr; });
+    if (holding != erased_.end()) {
+      auto rec = *holding;
+      erased_.erase(holding);
       quiesce(*rec);
       release_all(*rec, sched_->h2d());
       return true;
@@ -507,6 +513,15 @@ class tensor_cache_engine {
       return true;
     }
     return false;
+  }
+
+  // Hands an erased tensor's pinned block to the pool with the tickets of the copies
+  // that still use it (the pool frees it once they are over); the record keeps neither.
+  void release_behind_moves(record& r) noexcept {
+    host_->deallocate_after(r.host, r.encoded, block_moves<ticket_type>{std::move(r.out), std::move(r.in),
+                                                                       std::move(r.in_copy)},
+                            this);
+    r.host = nullptr;
   }
 
   void release_all(record& r, stream_type last_user) noexcept {

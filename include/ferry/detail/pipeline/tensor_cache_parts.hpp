@@ -111,6 +111,22 @@ void quiesce(Record& r) noexcept {
   }
 }
 
+// The copies that still use a pinned block an erased tensor leaves (its D2H, its H2D
+// and the copy before a decode): the `release_condition` the pool frees it behind.
+template <class Ticket>
+struct block_moves {
+  Ticket out, in, in_copy;
+  [[nodiscard]] bool ready() const noexcept { return out.ready() && in.ready() && in_copy.ready(); }
+  void wait() const noexcept {
+    for (const Ticket* t : {&out, &in_copy, &in}) {
+      try {
+        t->wait();
+      } catch (...) {  // failed: over all the same
+      }
+    }
+  }
+};
+
 // A move of a tensor still in flight (its pinned block or NVMe extent in use).
 template <class Record>
 [[nodiscard]] bool in_flight(const Record& r) noexcept {
