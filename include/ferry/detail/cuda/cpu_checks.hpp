@@ -3,7 +3,7 @@
 /// let pass (private to ferry; included by cuda/cpu_device.hpp, which declares and
 /// documents them): pinned registrations and the copies that span two of them, device
 /// ranges inside their stream-ordered allocation and ordered after it, graph captures
-/// and the calls they forbid on each thread, and the timing modes.
+/// and the calls they forbid on each thread, the timing modes and held streams.
 ///
 /// Each rule is one CUDA failure found on hardware first (shared/gpu-runs/2026-12-04-h200):
 /// `regspan` (a copy over two `cudaHostRegister` ranges: `cudaErrorInvalidValue`),
@@ -233,6 +233,32 @@ inline void cpu_device::set_blocked(stream_t r, bool on) {
     r->blocked = on;
   }
   if (on) r->idle_cv.notify_all();
+}
+
+inline void cpu_device::mark_allocation(detail::cpu_block& b, stream_t s) {
+  std::lock_guard lock(s->mutex);  // under pool_mutex_: the allocation is a point of s's order
+  const std::uint64_t point = s->clock.at(s->id) + 1;
+  s->clock.set(s->id, point);
+  b.alloc_stream = s->id;
+  b.alloc_seq = point;
+}
+
+inline void cpu_device::hold_streams_except(stream_t keep) {
+  {
+    std::lock_guard lock(gate_mutex_);
+    held_ = true;
+    keep_ = keep;
+  }
+  gate_cv_.notify_all();
+}
+
+inline void cpu_device::release_streams() {
+  {
+    std::lock_guard lock(gate_mutex_);
+    held_ = false;
+    keep_ = nullptr;
+  }
+  gate_cv_.notify_all();
 }
 
 }  // namespace ferry

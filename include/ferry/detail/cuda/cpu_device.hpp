@@ -453,24 +453,6 @@ inline std::size_t cpu_device::pooled_bytes() {
   return total;
 }
 
-inline void cpu_device::hold_streams_except(stream_t keep) {
-  {
-    std::lock_guard lock(gate_mutex_);
-    held_ = true;
-    keep_ = keep;
-  }
-  gate_cv_.notify_all();
-}
-
-inline void cpu_device::release_streams() {
-  {
-    std::lock_guard lock(gate_mutex_);
-    held_ = false;
-    keep_ = nullptr;
-  }
-  gate_cv_.notify_all();
-}
-
 inline cpu_options cpu_device::checked(cpu_options o) {
   FERRY_EXPECTS(o.devices >= 1 && o.devices <= 64, "a cpu_device has 1 to 64 devices",
                 ferry::named("devices", o.devices));
@@ -501,14 +483,6 @@ inline cpu_device::status cpu_device::insert_wait(stream_t s, stream_t on) {
   if (st == cpu_errc::success) st = stream_wait_event(s, e);
   if (e != nullptr) (void)event_destroy(e);
   return st;
-}
-
-inline void cpu_device::mark_allocation(detail::cpu_block& b, stream_t s) {
-  std::lock_guard lock(s->mutex);  // under pool_mutex_: the allocation is a point of s's order
-  const std::uint64_t point = s->clock.at(s->id) + 1;
-  s->clock.set(s->id, point);
-  b.alloc_stream = s->id;
-  b.alloc_seq = point;
 }
 
 inline bool cpu_device::live_host(const void* p) {

@@ -58,10 +58,8 @@ class kv_cache_engine {
         nvme_slots_ = plan_.options().nvme_bytes / block_bytes_;
         region_.emplace(nvme_->allocate(nvme_slots_ * block_bytes_));
       }
-      // The pool is allocated on the H2D stream: the D2H stream (blocks leave and NVMe
-      // reads land from there) and the compute stream (the model writes blocks there) get
-      // an edge after the allocation (memcheck's use-before-alloc otherwise; the CPU model
-      // refuses such copies: tests/cuda/test_cpu_strict.cpp).
+      // The pool is allocated on H2D: D2H (moves, NVMe reads) and compute (the model's
+      // writes) get an edge after it (memcheck's use-before-alloc otherwise).
       const ticket_type allocated = sched_->mark(lane::h2d);
       allocated.enqueue_wait(sched_->d2h());
       allocated.enqueue_wait(sched_->compute());
