@@ -142,11 +142,12 @@ TEST_CASE("schedule_replay never exceeds its budget (random schedules, refusing 
       }
       REQUIRE(window == p.window_bytes());
       // It issued exactly the reads entering the window, in order (plus the refused
-      // one), except reads of a value written earlier in the window.
+      // one), except reads of a value written earlier in the window (a write of the key
+      // anywhere in the window before the read, reads of it in between or not).
       const auto produced_ahead = [&](std::size_t q) {
         for (std::size_t r = q; r-- > p.position();) {
-          if (s.key_at(r % n) == s.key_at(q % n)) {
-            return s.kind_at(r % n) == ferry::access_kind::write;
+          if (s.key_at(r % n) == s.key_at(q % n) && s.kind_at(r % n) == ferry::access_kind::write) {
+            return true;
           }
         }
         return false;
@@ -186,6 +187,29 @@ TEST_CASE("prefetch skips reads of values written earlier in the window", "[poli
   // Once the write is behind the position, the read of 20 is fetched.
   ahead.advance_to(2);
   CHECK(issued(ahead, 10, 1000) == std::vector<int>{30, 20, 40, 10});
+}
+
+TEST_CASE("prefetch skips a read of a value written in the window, past reads of it in between",
+          "[policy][prefetch]") {
+  // Entries: 0 read w, 1 write a, 2 read a, 3 read a, 4 read y. The read at 3 reads what
+  // the write at 1 produces, as the read at 2 does (issue 28: it was issued, fetching
+  // the key's earlier value).
+  ferry::access_schedule<int> s;
+  s.record(10, 10);
+  s.record(20, 10, ferry::access_kind::write);
+  s.record(20, 10);
+  s.record(20, 10);
+  s.record(40, 10);
+  ferry::schedule_replay<int> replay(s);
+  ferry::lookahead<int, 4> ahead(s);
+  replay.on_access(10);
+  ahead.on_access(10);
+  CHECK(issued(replay, 10, 1000) == std::vector<int>{40, 10});
+  CHECK(issued(ahead, 10, 1000) == std::vector<int>{40});
+  // Once the write is behind the position, both reads are fetched (the owner skips a
+  // key already resident).
+  ahead.advance_to(2);
+  CHECK(issued(ahead, 10, 1000) == std::vector<int>{20, 20, 40, 10});
 }
 
 TEST_CASE("backward passes are replayed in reverse order", "[policy][prefetch]") {

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 namespace ferry {
 
@@ -27,7 +28,8 @@ namespace ferry {
 /// - `prefetch(k, budget_bytes, sink)`: while the next position after the window fits
 ///   (`window_bytes() + its bytes <= budget_bytes`) and lies less than one iteration
 ///   ahead, calls `sink(key)` for it if it is a read (and the value it reads is not
-///   written earlier in the window: then the program produces it and there is nothing
+///   written earlier in the window, by a write of its key anywhere before it there, with
+///   reads of it in between or not: then the program produces it and there is nothing
 ///   to fetch), and extends the window over it.
 ///   It stops at the first position that does not fit, or whose key the sink refuses
 ///   (`false`); that position is tried again on the next call. Amortised O(1) per
@@ -51,6 +53,9 @@ namespace ferry {
 /// order is replayed in reverse layer order.
 ///
 /// Lifetime: holds a pointer to the schedule, which must outlive it and not change.
+/// Memory: 8 bytes a key of the schedule (the last write of each key the window has
+/// passed, which tells a read of a value produced in the window in O(1)), taken at the
+/// first `prefetch`.
 ///
 /// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
 /// (`ferry::schedule_id_rebindable_policy`), which `ferry::simulate` runs on.
@@ -80,7 +85,7 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
   /// @brief The same policy over the schedule's key ids: a `schedule_replay` following
   /// `ferry::schedule_ids` of the same schedule, at the same position, with the same
   /// window (`ferry::schedule_id_rebindable_policy`; `Self` must be this class, so a
-  /// class derived from it does not model the concept). O(1).
+  /// class derived from it does not model the concept). O(keys of the schedule).
   template <class Self = schedule_replay>
     requires std::same_as<Self, schedule_replay> && (!detail::is_schedule_ids<Schedule>)
   [[nodiscard]] auto rebind_ids() const {
@@ -89,6 +94,7 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
                                                                                                   this->position_);
     r.cursor_ = cursor_;
     r.window_bytes_ = window_bytes_;
+    r.last_write_ = last_write_;
     return r;
   }
 
@@ -132,9 +138,14 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
       if (bytes > budget_bytes || window_bytes_ > budget_bytes - bytes) {
         return;
       }
-      if (s.kind_at(e) == access_kind::read && !this->produced_ahead(cursor_) &&
-          !this->issue(s.key_at(e), cursor_, sink)) {
-        return;
+      const std::size_t id = s.id_at(e);
+      if (id >= last_write_.size()) {
+        last_write_.resize(s.key_count(), 0);
+      }
+      if (s.kind_at(e) == access_kind::write) {
+        last_write_[id] = cursor_ + 1;
+      } else if (last_write_[id] <= this->position_ && !this->issue(s.key_at(e), cursor_, sink)) {
+        return;  // (a read whose value a write in the window produces is not issued)
       }
       window_bytes_ += bytes;
       ++cursor_;
@@ -155,6 +166,12 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
 
   std::size_t cursor_;
   std::size_t window_bytes_ = 0;
+  // By key id: 1 + the absolute position of the last write the cursor passed (0: none).
+  // A read at the cursor reads a value produced in the window when that write is at or
+  // after position(): every position in [position(), cursor()) was passed, so it is the
+  // last write before the read. O(1), where a walk over the key's uses would cost the
+  // reads of it in the window.
+  std::vector<std::size_t> last_write_;
 };
 
 }  // namespace ferry
