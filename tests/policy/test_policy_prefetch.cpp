@@ -212,6 +212,67 @@ TEST_CASE("prefetch skips a read of a value written in the window, past reads of
   CHECK(issued(ahead, 10, 1000) == std::vector<int>{20, 20, 40, 10});
 }
 
+TEST_CASE("schedule_replay issues a read again when its owner demotes the key", "[policy][prefetch]") {
+  // An activation pattern: 0 write a, 1 write b, 2 read b, 3 read a.
+  ferry::access_schedule<int> s;
+  s.record(1, 10, ferry::access_kind::write);
+  s.record(2, 10, ferry::access_kind::write);
+  s.record(2, 10);
+  s.record(1, 10);
+  STATIC_REQUIRE(ferry::demotion_aware_prefetch_policy<ferry::schedule_replay<int>, int>);
+  STATIC_REQUIRE_FALSE(ferry::demotion_aware_prefetch_policy<ferry::lookahead<int, 2>, int>);
+  ferry::schedule_replay<int> p(s);
+  p.on_access(1);
+  // The window takes the whole iteration: the read of b is produced ahead (skipped), the
+  // read of a is issued while a is on the device (the owner has nothing to fetch).
+  CHECK(issued(p, 1, 1000) == std::vector<int>{1});
+  CHECK(p.cursor() == 5);
+  p.on_access(2);  // position 2
+  // The owner demotes a, then b: both reads are in the window, issued again in order.
+  p.on_demote(1);
+  p.on_demote(2);
+  p.on_demote(2);   // noted once
+  p.on_demote(99);  // a key the schedule lacks: nothing
+  CHECK(std::vector<std::size_t>(p.reissues().begin(), p.reissues().end()) == std::vector<std::size_t>{2, 3});
+  const auto on_ids = p.rebind_ids();
+  CHECK(std::vector<std::size_t>(on_ids.reissues().begin(), on_ids.reissues().end()) ==
+        std::vector<std::size_t>{2, 3});
+  CHECK(issued(p, 2, 0).empty());  // a budget the window exceeds issues nothing, not even these
+  // A refusing sink keeps the read for the next call.
+  std::vector<int> got;
+  p.prefetch(2, 1000, [&](const int& k) {
+    got.push_back(k);
+    return false;
+  });
+  CHECK(got == std::vector<int>{2});
+  CHECK(p.reissues().size() == 2);
+  CHECK(issued(p, 2, 1000) == std::vector<int>{2, 1});
+  CHECK(p.reissues().empty());
+  CHECK(p.cursor() == 6);
+  CHECK(p.window_bytes() == 40);  // positions 2 to 5: the reads issued again are counted once
+  // A read the position passes is dropped; so is one whose next use is a write.
+  p.on_demote(1);
+  p.on_access(2);
+  p.on_access(1);  // position 4: the read of a at 3 is behind
+  CHECK(p.reissues().empty());
+  p.on_demote(1);  // its next use, at 4, is a write
+  CHECK(p.reissues().empty());
+  // A read not yet in the window is not noted: the window issues it when it gets there.
+  ferry::schedule_replay<int> q(s);
+  q.on_access(1);
+  CHECK(issued(q, 1, 10).empty());  // the window holds the write of b only
+  q.on_demote(1);
+  CHECK(q.reissues().empty());
+  // advance_to past the window forgets what was noted.
+  p.on_access(1);
+  p.on_access(2);                                       // position 6: the writes of the next iteration are done
+  CHECK(issued(p, 2, 1000) == std::vector<int>{2, 1});  // its reads
+  p.on_demote(2);
+  CHECK(p.reissues().size() == 1);
+  p.advance_to(100);
+  CHECK(p.reissues().empty());
+}
+
 TEST_CASE("backward passes are replayed in reverse order", "[policy][prefetch]") {
   ferry::access_schedule<int> s;
   s.begin_phase(ferry::phase::forward);

@@ -85,7 +85,16 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::access
     }
   }
 
-  prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
+  run_prefetch(key, prefetch_budget_bytes, mover);
+  return out;
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+template <class Mover>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::run_prefetch(const Key& accessed,
+                                                                                       std::size_t budget_bytes,
+                                                                                       Mover& mover) -> void {
+  prefetch_.prefetch(accessed, budget_bytes, [&](const Key& ahead) -> bool {
     const detail::node_id aid = find_node(ahead);
     if (aid == detail::no_node || where_[aid].tier == 0) {
       return true;  // not produced yet, or already resident: nothing to fetch
@@ -97,7 +106,38 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::access
     }
     return prefetch_node(aid, src, mover);
   });
-  return out;
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+template <class Mover>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::prefetch_ahead(const Key& accessed,
+                                                                                         std::size_t budget_bytes,
+                                                                                         Mover&& mover) -> void {
+  if constexpr (schedule_aware_policy<Prefetch>) {
+    if (prefetch_.position() < clock_) {
+      prefetch_.advance_to(clock_);
+    }
+  }
+  run_prefetch(accessed, budget_bytes, mover);
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::tell_demoted(const Key& key) -> void {
+  if constexpr (demotion_aware_prefetch_policy<Prefetch, Key>) {
+    if constexpr (schedule_aware_policy<Prefetch>) {
+      if (prefetch_.position() < clock_) {
+        prefetch_.advance_to(clock_);
+      }
+    }
+    try {
+      prefetch_.on_demote(key);
+    } catch (const std::bad_alloc&) {
+      // Nothing noted: the read is fetched on demand instead of prefetched, and the
+      // demotion, committed already, stands.
+    }
+  } else {
+    (void)key;
+  }
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
@@ -120,6 +160,9 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
     make_room(to, bytes, false, mover);
   }
   move_down(id, from, to, mover);
+  if (from == 0) {
+    tell_demoted(key);
+  }
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>

@@ -8,9 +8,11 @@
 #include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <functional>
+#include <span>
 #include <vector>
 
 namespace ferry {
@@ -34,9 +36,17 @@ namespace ferry {
 ///   It stops at the first position that does not fit, or whose key the sink refuses
 ///   (`false`); that position is tried again on the next call. Amortised O(1) per
 ///   access: each position enters and leaves the window once per iteration.
+/// - `on_demote(k)`: the owner moved `k` out of tier 0 by a rule of its own
+///   (`ferry::placement::demote`; `ferry::demotion_aware_prefetch_policy`). A read is
+///   issued once, so a read of `k` the window holds already was taken care of on the
+///   belief that `k` stays where it was: issued while `k` was resident (the owner's
+///   sink had nothing to fetch), or skipped because `k` was written earlier in the
+///   window. If the next use of `k` is such a read, the next `prefetch` call issues it
+///   again, before it extends the window (its bytes are in the window already). O(log
+///   u + r), `r` the reads waiting to be issued again.
 ///
-/// Budget: the bytes issued by one call, and the bytes of the whole window at any
-/// time, never exceed `budget_bytes` (with a budget that does not shrink between
+/// Budget: the bytes issued by one call (reads issued again included), and the bytes
+/// of the whole window at any time, never exceed `budget_bytes` (with a budget that does not shrink between
 /// calls; after it shrinks, nothing is issued until the window drains below it). So
 /// "as far ahead as the budget allows" is literal: with the budget set to the bytes a
 /// tier may spend on upcoming data, the window is exactly what fits.
@@ -55,7 +65,7 @@ namespace ferry {
 /// Lifetime: holds a pointer to the schedule, which must outlive it and not change.
 /// Memory: 8 bytes a key of the schedule (the last write of each key the window has
 /// passed, which tells a read of a value produced in the window in O(1)), taken at the
-/// first `prefetch`.
+/// first `prefetch`, plus 8 bytes a read waiting to be issued again.
 ///
 /// On key ids: `rebind_ids()` gives the same policy over the schedule's key ids
 /// (`ferry::schedule_id_rebindable_policy`), which `ferry::simulate` runs on.
@@ -94,6 +104,7 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
                                                                                                   this->position_);
     r.cursor_ = cursor_;
     r.window_bytes_ = window_bytes_;
+    r.reissue_ = reissue_;
     r.last_write_ = last_write_;
     return r;
   }
@@ -102,6 +113,9 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
   [[nodiscard]] std::size_t cursor() const noexcept { return cursor_; }
   /// @brief Bytes of the window `[position(), cursor())`.
   [[nodiscard]] std::size_t window_bytes() const noexcept { return window_bytes_; }
+  /// @brief The absolute positions of the reads the next `prefetch` call issues again
+  /// (`on_demote`), ascending, each in `[position(), cursor())`.
+  [[nodiscard]] std::span<const std::size_t> reissues() const noexcept { return reissue_; }
 
   /// @brief The access at `position()` happened: it leaves the window; the position
   /// advances by one. O(1).
@@ -116,6 +130,7 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
       this->position_ = pos;
       cursor_ = pos;
       window_bytes_ = 0;
+      reissue_.clear();
       return;
     }
     while (this->position_ < pos) {
@@ -123,14 +138,42 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
     }
   }
 
-  /// @brief Extends the window as far as `budget_bytes` allows, calling `sink(key)`
-  /// for each read entering it (see the class comment). Amortised O(1) per access.
+  /// @brief `key` left tier 0 by its owner's rule: its next use, if it is a read in
+  /// the window, is issued again by the next `prefetch` call (see the class comment).
+  /// O(log u + r).
+  /// @throws std::bad_alloc (nothing changes; `ferry::placement` then lets the read be
+  ///         fetched on demand)
+  void on_demote(const Key& key) {
+    const schedule_type& s = this->schedule_.get();
+    if (s.empty()) {
+      return;
+    }
+    const std::size_t next = s.next_use(key, this->position_);  // `never` for a key it lacks
+    if (next >= cursor_ || s.kind_at(next % s.size()) != access_kind::read) {
+      return;  // not issued yet (issued when the window reaches it), or a write
+    }
+    const auto it = std::lower_bound(reissue_.begin(), reissue_.end(), next);
+    if (it == reissue_.end() || *it != next) {
+      reissue_.insert(it, next);
+    }
+  }
+
+  /// @brief Issues the reads waiting to be issued again (`on_demote`), then extends the
+  /// window as far as `budget_bytes` allows, calling `sink(key)` for each read entering
+  /// it (see the class comment). Amortised O(1) per access.
   template <class Sink>
   void prefetch(const Key& /*key*/, std::size_t budget_bytes, Sink&& sink) {
     const schedule_type& s = this->schedule_.get();
     const std::size_t n = s.size();
     if (n == 0) {
       return;
+    }
+    while (!reissue_.empty() && window_bytes_ <= budget_bytes) {  // most urgent first
+      const std::size_t at = reissue_.front();
+      if (!this->issue(s.key_at(at % n), at, sink)) {
+        return;  // tried again on the next call
+      }
+      reissue_.erase(reissue_.begin());
     }
     while (cursor_ - this->position_ < n) {
       const std::size_t e = cursor_ % n;
@@ -162,10 +205,14 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
     if (cursor_ < this->position_) {
       cursor_ = this->position_;
     }
+    if (!reissue_.empty() && reissue_.front() < this->position_) {  // passed: one a step at most
+      reissue_.erase(reissue_.begin());
+    }
   }
 
   std::size_t cursor_;
   std::size_t window_bytes_ = 0;
+  std::vector<std::size_t> reissue_;  // positions of reads to issue again, ascending, in the window
   // By key id: 1 + the absolute position of the last write the cursor passed (0: none).
   // A read at the cursor reads a value produced in the window when that write is at or
   // after position(): every position in [position(), cursor()) was passed, so it is the
@@ -178,5 +225,6 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
 
 static_assert(ferry::check_prefetch_policy<ferry::schedule_replay<int>, int>());
 static_assert(ferry::guarded_prefetch_policy<ferry::schedule_replay<int>, int>);
+static_assert(ferry::demotion_aware_prefetch_policy<ferry::schedule_replay<int>, int>);
 static_assert(ferry::schedule_aware_policy<ferry::schedule_replay<int>>);
 static_assert(ferry::schedule_id_rebindable_policy<ferry::schedule_replay<int>>);
