@@ -51,6 +51,16 @@ namespace ferry {
 /// "as far ahead as the budget allows" is literal: with the budget set to the bytes a
 /// tier may spend on upcoming data, the window is exactly what fits.
 ///
+/// Activation offload (`ferry::offload_plan`, what `ferry::tensor_cache` and
+/// `ferry::simulate_offload` run): a tensor is stored, offloaded when it leaves the
+/// window of the last stored, and read back later. With a budget that holds the store
+/// and the read at once, the read enters the window while the tensor is still to be
+/// written or still on the device; the plan's demotion (`on_demote`) has the read
+/// issued again, so the tensor is prefetched right after it is offloaded. Every
+/// offloaded tensor read back is thus prefetched whenever the budget holds its bytes,
+/// and a larger budget only prefetches earlier (tests/policy/test_policy_offload_prefetch.cpp;
+/// before, a budget that held a whole iteration prefetched nothing: issue 28).
+///
 /// Never evict a key needed sooner: models `ferry::guarded_prefetch_policy`. During
 /// `sink(key)` for the access at absolute position `p`, `may_evict(v)` is `true` only
 /// when `schedule.next_use(v, position()) > p`. An owner (`ferry::placement`) asks it
