@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -466,4 +468,61 @@ TEST_CASE("schedule_replay with belady streams layers with few misses", "[policy
   CHECK(replay.misses < plain.misses);
   CHECK(replay.misses == 1);  // only the very first access: everything else arrives ahead
   CHECK(replay.peak_bytes[0] <= 400);
+}
+
+// --- a demotion told to the prefetch policy ----------------------------------------
+
+namespace {
+
+// A demotion-aware prefetch policy that records what the placement tells it (in a
+// state the test keeps, the placement holding a copy of the policy) and issues nothing.
+struct demotion_probe {
+  struct state {
+    std::vector<int> demoted;
+    std::vector<std::size_t> budgets;  // of each prefetch call
+    bool fail = false;                 // on_demote throws std::bad_alloc
+  };
+  std::shared_ptr<state> st = std::make_shared<state>();
+
+  void on_access(const int& /*key*/) {}
+  template <class Sink>
+  void prefetch(const int& /*key*/, std::size_t budget_bytes, Sink&& /*sink*/) {
+    st->budgets.push_back(budget_bytes);
+  }
+  void on_demote(const int& key) {
+    if (st->fail) throw std::bad_alloc();
+    st->demoted.push_back(key);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("placement tells a demotion out of tier 0 to the prefetch policy, before the move",
+          "[policy][prefetch][placement]") {
+  STATIC_REQUIRE(ferry::demotion_aware_prefetch_policy<demotion_probe, int>);
+  const std::size_t caps[] = {100, 100, ferry::unlimited_bytes};
+  demotion_probe probe;
+  const auto st = probe.st;
+  ferry::placement<int, ferry::lru<int>, demotion_probe> p(caps, ferry::lru<int>{}, probe);
+  std::vector<ferry::move_kind> moves;
+  const auto mover = [&](const ferry::move_event<int>& e) { moves.push_back(e.kind); };
+  p.place(1, 10, 0);
+  p.place(2, 10, 0);
+  p.demote(1, mover);
+  CHECK(p.tier_of(1) == std::size_t{1});
+  CHECK(st->demoted == std::vector<int>{1});
+  p.demote(1, mover);  // tier 1 to 2: not out of tier 0, nothing told
+  CHECK(p.tier_of(1) == std::size_t{2});
+  CHECK(st->demoted == std::vector<int>{1});
+  // A policy that cannot note it fails the demotion before anything moves.
+  st->fail = true;
+  moves.clear();
+  CHECK_THROWS_AS(p.demote(2, mover), std::bad_alloc);
+  CHECK(p.tier_of(2) == std::size_t{0});
+  CHECK(moves.empty());
+  st->fail = false;
+  // prefetch_ahead runs the policy's prefetch with the budget given, as access does.
+  (void)p.access(2, 10, ferry::access_kind::read, 0, mover);
+  p.prefetch_ahead(2, 123, mover);
+  CHECK(st->budgets == std::vector<std::size_t>{0, 123});
 }

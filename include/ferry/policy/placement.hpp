@@ -20,7 +20,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -318,14 +317,16 @@ class placement {
   /// device), making room there by evicting as `access` does; reported as
   /// `move_kind::evict` from `t`. The key is pinned in `t` while room is made, and the
   /// mover is told the move before it is committed: a mover that throws leaves the key
-  /// in `t` (evictions made for it stay made). Once a key has left tier 0, a
-  /// `ferry::demotion_aware_prefetch_policy` is told (`on_demote(key)`), so that a read
-  /// of it the policy issued already is issued again by its next `prefetch` call
-  /// (`prefetch_ahead`, or the next access's); a policy that cannot note it
-  /// (`std::bad_alloc`) loses that prefetch only, and the demotion stands.
+  /// in `t` (evictions made for it stay made). A key leaving tier 0 is told to a
+  /// `ferry::demotion_aware_prefetch_policy` first (`on_demote(key)`), so that a read of
+  /// it the policy issued already is issued again by its next `prefetch` call
+  /// (`prefetch_ahead`, or the next access's); if the demotion then fails, that read
+  /// finds the key in tier 0 (nothing to fetch).
   /// @throws ferry::logic_error if `key` is not placed, is in the last tier, or is
   ///         pinned (`pin`: in use where it is; nothing moves)
   /// @throws ferry::out_of_capacity if no lower tier can make room (nothing moves)
+  /// @throws what the prefetch policy's `on_demote` throws (`std::bad_alloc`; nothing
+  ///         moves)
   template <class Mover>
   void demote(const Key& key, Mover&& mover);
 

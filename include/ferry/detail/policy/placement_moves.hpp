@@ -129,12 +129,7 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::tell_d
         prefetch_.advance_to(clock_);
       }
     }
-    try {
-      prefetch_.on_demote(key);
-    } catch (const std::bad_alloc&) {
-      // Nothing noted: the read is fetched on demand instead of prefetched, and the
-      // demotion, committed already, stands.
-    }
+    prefetch_.on_demote(key);
   } else {
     (void)key;
   }
@@ -149,6 +144,12 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
   const std::size_t from = where_[id].tier;
   FERRY_EXPECTS(from < home_, "demote of a key in the last tier", key, from);
   FERRY_EXPECTS(where_[id].pins == 0, "demote of a pinned key (in use in its tier)", key, from, where_[id].pins);
+  if (from == 0) {
+    // Told first: a policy that cannot note it (bad_alloc) fails the demotion before
+    // anything moves; a demotion that fails after it leaves the key in tier 0, where
+    // the read issued again finds it (nothing to fetch).
+    tell_demoted(key);
+  }
   const std::size_t bytes = where_[id].bytes;
   std::size_t to = from + 1;
   if (bytes > tiers_[to].capacity) {
@@ -160,9 +161,6 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
     make_room(to, bytes, false, mover);
   }
   move_down(id, from, to, mover);
-  if (from == 0) {
-    tell_demoted(key);
-  }
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>

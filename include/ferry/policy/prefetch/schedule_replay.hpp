@@ -151,8 +151,8 @@ class schedule_replay : public detail::schedule_follower<Key, Schedule> {
   /// @brief `key` left tier 0 by its owner's rule: its next use, if it is a read in
   /// the window, is issued again by the next `prefetch` call (see the class comment).
   /// O(log u + r).
-  /// @throws std::bad_alloc (nothing changes; `ferry::placement` then lets the read be
-  ///         fetched on demand)
+  /// @throws std::bad_alloc (nothing changes; `ferry::placement::demote` then moves
+  ///         nothing)
   void on_demote(const Key& key) {
     const schedule_type& s = this->schedule_.get();
     if (s.empty()) {
