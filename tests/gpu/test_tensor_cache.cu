@@ -192,7 +192,8 @@ TEST_CASE("tensor_cache on a GPU: forward/backward with the cache equals the one
   constexpr int layers = 4;
   plain_store plain{compute, {}};
   {
-    identity_pinned cache(sched, two_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool)), {.keep_last = 1});
+    identity_pinned cache(sched, two_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool)),
+                          {.keep_last = 1});
     cache_store<decltype(cache)> cached{compute, cache};
     for (unsigned it = 0; it < 3; ++it) {
       const step_result want = step(plain, compute, layers, 10 * it);
@@ -225,7 +226,7 @@ TEST_CASE("tensor_cache on a GPU: a small pinned budget spills to NVMe and resul
   plain_store plain{compute, {}};
   {
     identity_nvme cache(sched, three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), tier),
-                                             {.keep_last = 1, .prefetch_budget_bytes = 12 * MiB});
+                        {.keep_last = 1, .prefetch_budget_bytes = 12 * MiB});
     cache_store<decltype(cache)> cached{compute, cache};
     for (unsigned it = 0; it < 3; ++it) {
       const step_result want = step(plain, compute, layers, 100 + it);
@@ -250,8 +251,7 @@ TEMPLATE_TEST_CASE("tensor_cache on a GPU: with an FP8 codec every fetched tenso
                    (ferry::fp8_e4m3<ferry::bfloat16, ferry::per_block<128>>)) {
   using codec = TestType;
   using T = typename codec::value_type;
-  using pipeline = ferry::tensor_cache<int, three_tiers, ferry::automatic,
-                                        ferry::automatic, codec>;
+  using pipeline = ferry::tensor_cache<int, three_tiers, ferry::automatic, ferry::automatic, codec>;
   ferry::stream compute;
   ferry::stream_scheduler sched(compute, small_chunks());
   ferry::device_arena arena(256 * MiB);
@@ -261,7 +261,8 @@ TEMPLATE_TEST_CASE("tensor_cache on a GPU: with an FP8 codec every fetched tenso
   const std::size_t bytes = n * sizeof(T);
   constexpr int tensors = 8;
   {
-    pipeline cache(sched, three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), tier), {.keep_last = 0, .prefetch_budget_bytes = 12 * MiB});
+    pipeline cache(sched, three_tiers(ferry::device_tier(arena, compute), ferry::pinned_tier(pool), tier),
+                   {.keep_last = 0, .prefetch_budget_bytes = 12 * MiB});
     for (unsigned it = 0; it < 3; ++it) {
       std::vector<std::vector<T>> oracle;
       for (int k = 0; k < tensors; ++k) {

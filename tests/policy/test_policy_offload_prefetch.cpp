@@ -74,7 +74,8 @@ std::size_t demand_fetches(const ferry::simulation_result& r) {
 // A training step: `layers` activations stored forward and read backward, each once.
 schedule training_step(const std::vector<std::size_t>& bytes) {
   schedule s;
-  for (std::size_t i = 0; i < bytes.size(); ++i) (void)s.record(static_cast<int>(i), bytes[i], ferry::access_kind::write);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    (void)s.record(static_cast<int>(i), bytes[i], ferry::access_kind::write);
   for (std::size_t i = bytes.size(); i-- > 0;) (void)s.record(static_cast<int>(i), bytes[i], ferry::access_kind::read);
   return s;
 }
@@ -108,8 +109,9 @@ struct budget_run {
 
 // simulate_offload of `s` under `rules` at each budget (ascending), `iterations` times.
 template <class Eviction>
-std::vector<budget_run> at_budgets(const schedule& s, ferry::offload_rules rules, const std::vector<std::size_t>& budgets,
-                                   std::size_t pinned, std::size_t iterations) {
+std::vector<budget_run> at_budgets(const schedule& s, ferry::offload_rules rules,
+                                   const std::vector<std::size_t>& budgets, std::size_t pinned,
+                                   std::size_t iterations) {
   std::vector<budget_run> out;
   for (const std::size_t b : budgets) {
     rules.prefetch_budget_bytes = b;
@@ -143,7 +145,7 @@ TEST_CASE("simulate_offload: 8 tensors of 1 MiB, each offloaded tensor is prefet
           "[policy][simulate][offload][prefetch]") {
   // The new user's try from issue 28: it prefetched 7 / 5 / 3 / 0 / 0.
   const schedule s = training_step(std::vector<std::size_t>(8, MiB));
-  const ferry::offload_rules rules{};  // the defaults: keep_last 1, tensors from 1 MiB offloaded
+  const ferry::offload_rules rules{};               // the defaults: keep_last 1, tensors from 1 MiB offloaded
   REQUIRE(reads_off_device(s, rules).size() == 7);  // all but the last stored
   const std::vector<std::size_t> budgets = {MiB, 4 * MiB, 8 * MiB, 16 * MiB, 1024 * MiB};
   const auto runs = at_budgets<ferry::belady<int>>(s, rules, budgets, ferry::unlimited_bytes, 1);

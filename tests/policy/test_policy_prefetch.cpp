@@ -191,8 +191,7 @@ TEST_CASE("prefetch skips reads of values written earlier in the window", "[poli
   CHECK(issued(ahead, 10, 1000) == std::vector<int>{30, 20, 40, 10});
 }
 
-TEST_CASE("prefetch skips a read of a value written in the window, past reads of it in between",
-          "[policy][prefetch]") {
+TEST_CASE("prefetch skips a read of a value written in the window, past reads of it in between", "[policy][prefetch]") {
   // Entries: 0 read w, 1 write a, 2 read a, 3 read a, 4 read y. The read at 3 reads what
   // the write at 1 produces, as the read at 2 does (issue 28: it was issued, fetching
   // the key's earlier value).
@@ -237,8 +236,7 @@ TEST_CASE("schedule_replay issues a read again when its owner demotes the key", 
   p.on_demote(99);  // a key the schedule lacks: nothing
   CHECK(std::vector<std::size_t>(p.reissues().begin(), p.reissues().end()) == std::vector<std::size_t>{2, 3});
   const auto on_ids = p.rebind_ids();
-  CHECK(std::vector<std::size_t>(on_ids.reissues().begin(), on_ids.reissues().end()) ==
-        std::vector<std::size_t>{2, 3});
+  CHECK(std::vector<std::size_t>(on_ids.reissues().begin(), on_ids.reissues().end()) == std::vector<std::size_t>{2, 3});
   CHECK(issued(p, 2, 0).empty());  // a budget the window exceeds issues nothing, not even these
   // A refusing sink keeps the read for the next call.
   std::vector<int> got;
@@ -340,7 +338,11 @@ struct watched {
   void on_access(const int& k) { inner.on_access(k); }
   [[nodiscard]] std::size_t position() const noexcept { return inner.position(); }
   void advance_to(std::size_t pos) { inner.advance_to(pos); }
-  [[nodiscard]] bool may_evict(const int& v) const requires Guarded { return inner.may_evict(v); }
+  [[nodiscard]] bool may_evict(const int& v) const
+    requires Guarded
+  {
+    return inner.may_evict(v);
+  }
   template <class Sink>
   void prefetch(const int& k, std::size_t budget, Sink&& sink) {
     inner.prefetch(k, budget, [&](const int& j) {

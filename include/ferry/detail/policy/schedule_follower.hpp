@@ -58,7 +58,7 @@ class schedule_follower {
     const std::size_t n = s.size();
     const std::size_t e = at % n;
     const std::span<const std::size_t> uses = s.uses(s.id_at(e));
-    std::size_t base = at - e;  // the absolute position of the iteration's entry 0
+    std::size_t base = at - e;                                // the absolute position of the iteration's entry 0
     auto it = std::lower_bound(uses.begin(), uses.end(), e);  // the uses before `it` come before `at`
     for (std::size_t walked = 0; walked < uses.size(); ++walked) {
       if (it == uses.begin()) {

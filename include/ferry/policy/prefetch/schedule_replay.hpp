@@ -4,8 +4,8 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/detail/policy/schedule_follower.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/detail/policy/schedule_follower.hpp"
 #include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>
@@ -36,20 +36,21 @@ namespace ferry {
 ///   It stops at the first position that does not fit, or whose key the sink refuses
 ///   (`false`); that position is tried again on the next call. Amortised O(1) per
 ///   access: each position enters and leaves the window once per iteration.
-/// - `on_demote(k)`: the owner moved `k` out of tier 0 by a rule of its own
-///   (`ferry::placement::demote`; `ferry::demotion_aware_prefetch_policy`). A read is
-///   issued once, so a read of `k` the window holds already was taken care of on the
-///   belief that `k` stays where it was: issued while `k` was resident (the owner's
-///   sink had nothing to fetch), or skipped because `k` was written earlier in the
-///   window. If the next use of `k` is such a read, the next `prefetch` call issues it
-///   again, before it extends the window (its bytes are in the window already). O(log
-///   u + r), `r` the reads waiting to be issued again.
+/// - `on_demote(k)`: the owner moves `k` out of tier 0 by a rule of its own
+///   (`ferry::placement::demote`, which tells it before the move;
+///   `ferry::demotion_aware_prefetch_policy`). A read is issued once, so a read of `k`
+///   the window holds already was taken care of on the belief that `k` stays where it
+///   was: issued while `k` was resident (the owner's sink had nothing to fetch), or
+///   skipped because `k` was written earlier in the window. If the next use of `k` is
+///   such a read, the next `prefetch` call issues it again, before it extends the window
+///   (its bytes are in the window already). O(log u + r), `r` the reads waiting to be
+///   issued again.
 ///
 /// Budget: the bytes issued by one call (reads issued again included), and the bytes
-/// of the whole window at any time, never exceed `budget_bytes` (with a budget that does not shrink between
-/// calls; after it shrinks, nothing is issued until the window drains below it). So
-/// "as far ahead as the budget allows" is literal: with the budget set to the bytes a
-/// tier may spend on upcoming data, the window is exactly what fits.
+/// of the whole window at any time, never exceed `budget_bytes` (with a budget that
+/// does not shrink between calls; after it shrinks, nothing is issued until the window
+/// drains below it). So "as far ahead as the budget allows" is literal: with the budget
+/// set to the bytes a tier may spend on upcoming data, the window is exactly what fits.
 ///
 /// Activation offload (`ferry::offload_plan`, what `ferry::tensor_cache` and
 /// `ferry::simulate_offload` run): a tensor is stored, offloaded when it leaves the
