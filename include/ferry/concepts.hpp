@@ -14,9 +14,9 @@
 /// @endcode
 ///
 /// Optional refinements extend these without breaking the types that model them:
-/// `cost_aware_eviction_policy`, `schedule_aware_policy` and `guarded_prefetch_policy`
-/// (prefetch sinks return `bool`), and `device_codec` (encode and decode on a CUDA
-/// stream; with `FERRY_HAS_CUDA`).
+/// `cost_aware_eviction_policy`, `schedule_aware_policy`, `guarded_prefetch_policy`
+/// (prefetch sinks return `bool`) and `demotion_aware_prefetch_policy`, and
+/// `device_codec` (encode and decode on a CUDA stream; with `FERRY_HAS_CUDA`).
 #pragma once
 
 #include "ferry/core/config.hpp"
@@ -307,6 +307,22 @@ template <class P, class Key>
 concept guarded_prefetch_policy = prefetch_policy<P, Key> && requires(const P& cp, const Key& v) {
   { cp.may_evict(v) } -> std::same_as<bool>;
 };
+
+/// @brief A prefetch policy told when its owner moves a key out of tier 0 by a rule of
+/// its own (not to make room).
+///
+/// `p.on_demote(k)`: key `k`, resident in tier 0, is being moved down by its owner
+/// (`ferry::placement::demote`: an activation leaving the window of tensors a
+/// `ferry::offload_plan` keeps on the device), after the access it follows and before
+/// the prefetch call of that access. A policy that issues each read once (a read issued
+/// while its key was resident is done) issues the next read of `k` again if it has
+/// issued it already, so that the demotion does not turn it into a demand fetch. It is
+/// told before the move: if the move fails, `k` stays in tier 0 (a read issued again
+/// then has nothing to fetch), and a policy that throws (`std::bad_alloc`) fails the
+/// demotion before anything moves. `ferry::schedule_replay` models it; a policy that
+/// issues its reads on every call (`ferry::lookahead`) needs nothing.
+template <class P, class Key>
+concept demotion_aware_prefetch_policy = prefetch_policy<P, Key> && requires(P& p, const Key& k) { p.on_demote(k); };
 
 // ---------------------------------------------------------------------------------
 // codec

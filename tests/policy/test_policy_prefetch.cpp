@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -142,11 +144,12 @@ TEST_CASE("schedule_replay never exceeds its budget (random schedules, refusing 
       }
       REQUIRE(window == p.window_bytes());
       // It issued exactly the reads entering the window, in order (plus the refused
-      // one), except reads of a value written earlier in the window.
+      // one), except reads of a value written earlier in the window (a write of the key
+      // anywhere in the window before the read, reads of it in between or not).
       const auto produced_ahead = [&](std::size_t q) {
         for (std::size_t r = q; r-- > p.position();) {
-          if (s.key_at(r % n) == s.key_at(q % n)) {
-            return s.kind_at(r % n) == ferry::access_kind::write;
+          if (s.key_at(r % n) == s.key_at(q % n) && s.kind_at(r % n) == ferry::access_kind::write) {
+            return true;
           }
         }
         return false;
@@ -186,6 +189,88 @@ TEST_CASE("prefetch skips reads of values written earlier in the window", "[poli
   // Once the write is behind the position, the read of 20 is fetched.
   ahead.advance_to(2);
   CHECK(issued(ahead, 10, 1000) == std::vector<int>{30, 20, 40, 10});
+}
+
+TEST_CASE("prefetch skips a read of a value written in the window, past reads of it in between", "[policy][prefetch]") {
+  // Entries: 0 read w, 1 write a, 2 read a, 3 read a, 4 read y. The read at 3 reads what
+  // the write at 1 produces, as the read at 2 does (issue 28: it was issued, fetching
+  // the key's earlier value).
+  ferry::access_schedule<int> s;
+  s.record(10, 10);
+  s.record(20, 10, ferry::access_kind::write);
+  s.record(20, 10);
+  s.record(20, 10);
+  s.record(40, 10);
+  ferry::schedule_replay<int> replay(s);
+  ferry::lookahead<int, 4> ahead(s);
+  replay.on_access(10);
+  ahead.on_access(10);
+  CHECK(issued(replay, 10, 1000) == std::vector<int>{40, 10});
+  CHECK(issued(ahead, 10, 1000) == std::vector<int>{40});
+  // Once the write is behind the position, both reads are fetched (the owner skips a
+  // key already resident).
+  ahead.advance_to(2);
+  CHECK(issued(ahead, 10, 1000) == std::vector<int>{20, 20, 40, 10});
+}
+
+TEST_CASE("schedule_replay issues a read again when its owner demotes the key", "[policy][prefetch]") {
+  // An activation pattern: 0 write a, 1 write b, 2 read b, 3 read a.
+  ferry::access_schedule<int> s;
+  s.record(1, 10, ferry::access_kind::write);
+  s.record(2, 10, ferry::access_kind::write);
+  s.record(2, 10);
+  s.record(1, 10);
+  STATIC_REQUIRE(ferry::demotion_aware_prefetch_policy<ferry::schedule_replay<int>, int>);
+  STATIC_REQUIRE_FALSE(ferry::demotion_aware_prefetch_policy<ferry::lookahead<int, 2>, int>);
+  ferry::schedule_replay<int> p(s);
+  p.on_access(1);
+  // The window takes the whole iteration: the read of b is produced ahead (skipped), the
+  // read of a is issued while a is on the device (the owner has nothing to fetch).
+  CHECK(issued(p, 1, 1000) == std::vector<int>{1});
+  CHECK(p.cursor() == 5);
+  p.on_access(2);  // position 2
+  // The owner demotes a, then b: both reads are in the window, issued again in order.
+  p.on_demote(1);
+  p.on_demote(2);
+  p.on_demote(2);   // noted once
+  p.on_demote(99);  // a key the schedule lacks: nothing
+  CHECK(std::vector<std::size_t>(p.reissues().begin(), p.reissues().end()) == std::vector<std::size_t>{2, 3});
+  const auto on_ids = p.rebind_ids();
+  CHECK(std::vector<std::size_t>(on_ids.reissues().begin(), on_ids.reissues().end()) == std::vector<std::size_t>{2, 3});
+  CHECK(issued(p, 2, 0).empty());  // a budget the window exceeds issues nothing, not even these
+  // A refusing sink keeps the read for the next call.
+  std::vector<int> got;
+  p.prefetch(2, 1000, [&](const int& k) {
+    got.push_back(k);
+    return false;
+  });
+  CHECK(got == std::vector<int>{2});
+  CHECK(p.reissues().size() == 2);
+  CHECK(issued(p, 2, 1000) == std::vector<int>{2, 1});
+  CHECK(p.reissues().empty());
+  CHECK(p.cursor() == 6);
+  CHECK(p.window_bytes() == 40);  // positions 2 to 5: the reads issued again are counted once
+  // A read the position passes is dropped; so is one whose next use is a write.
+  p.on_demote(1);
+  p.on_access(2);
+  p.on_access(1);  // position 4: the read of a at 3 is behind
+  CHECK(p.reissues().empty());
+  p.on_demote(1);  // its next use, at 4, is a write
+  CHECK(p.reissues().empty());
+  // A read not yet in the window is not noted: the window issues it when it gets there.
+  ferry::schedule_replay<int> q(s);
+  q.on_access(1);
+  CHECK(issued(q, 1, 10).empty());  // the window holds the write of b only
+  q.on_demote(1);
+  CHECK(q.reissues().empty());
+  // advance_to past the window forgets what was noted.
+  p.on_access(1);
+  p.on_access(2);                                       // position 6: the writes of the next iteration are done
+  CHECK(issued(p, 2, 1000) == std::vector<int>{2, 1});  // its reads
+  p.on_demote(2);
+  CHECK(p.reissues().size() == 1);
+  p.advance_to(100);
+  CHECK(p.reissues().empty());
 }
 
 TEST_CASE("backward passes are replayed in reverse order", "[policy][prefetch]") {
@@ -253,7 +338,11 @@ struct watched {
   void on_access(const int& k) { inner.on_access(k); }
   [[nodiscard]] std::size_t position() const noexcept { return inner.position(); }
   void advance_to(std::size_t pos) { inner.advance_to(pos); }
-  [[nodiscard]] bool may_evict(const int& v) const requires Guarded { return inner.may_evict(v); }
+  [[nodiscard]] bool may_evict(const int& v) const
+    requires Guarded
+  {
+    return inner.may_evict(v);
+  }
   template <class Sink>
   void prefetch(const int& k, std::size_t budget, Sink&& sink) {
     inner.prefetch(k, budget, [&](const int& j) {
@@ -381,4 +470,61 @@ TEST_CASE("schedule_replay with belady streams layers with few misses", "[policy
   CHECK(replay.misses < plain.misses);
   CHECK(replay.misses == 1);  // only the very first access: everything else arrives ahead
   CHECK(replay.peak_bytes[0] <= 400);
+}
+
+// --- a demotion told to the prefetch policy ----------------------------------------
+
+namespace {
+
+// A demotion-aware prefetch policy that records what the placement tells it (in a
+// state the test keeps, the placement holding a copy of the policy) and issues nothing.
+struct demotion_probe {
+  struct state {
+    std::vector<int> demoted;
+    std::vector<std::size_t> budgets;  // of each prefetch call
+    bool fail = false;                 // on_demote throws std::bad_alloc
+  };
+  std::shared_ptr<state> st = std::make_shared<state>();
+
+  void on_access(const int& /*key*/) {}
+  template <class Sink>
+  void prefetch(const int& /*key*/, std::size_t budget_bytes, Sink&& /*sink*/) {
+    st->budgets.push_back(budget_bytes);
+  }
+  void on_demote(const int& key) {
+    if (st->fail) throw std::bad_alloc();
+    st->demoted.push_back(key);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("placement tells a demotion out of tier 0 to the prefetch policy, before the move",
+          "[policy][prefetch][placement]") {
+  STATIC_REQUIRE(ferry::demotion_aware_prefetch_policy<demotion_probe, int>);
+  const std::size_t caps[] = {100, 100, ferry::unlimited_bytes};
+  demotion_probe probe;
+  const auto st = probe.st;
+  ferry::placement<int, ferry::lru<int>, demotion_probe> p(caps, ferry::lru<int>{}, probe);
+  std::vector<ferry::move_kind> moves;
+  const auto mover = [&](const ferry::move_event<int>& e) { moves.push_back(e.kind); };
+  p.place(1, 10, 0);
+  p.place(2, 10, 0);
+  p.demote(1, mover);
+  CHECK(p.tier_of(1) == std::size_t{1});
+  CHECK(st->demoted == std::vector<int>{1});
+  p.demote(1, mover);  // tier 1 to 2: not out of tier 0, nothing told
+  CHECK(p.tier_of(1) == std::size_t{2});
+  CHECK(st->demoted == std::vector<int>{1});
+  // A policy that cannot note it fails the demotion before anything moves.
+  st->fail = true;
+  moves.clear();
+  CHECK_THROWS_AS(p.demote(2, mover), std::bad_alloc);
+  CHECK(p.tier_of(2) == std::size_t{0});
+  CHECK(moves.empty());
+  st->fail = false;
+  // prefetch_ahead runs the policy's prefetch with the budget given, as access does.
+  (void)p.access(2, 10, ferry::access_kind::read, 0, mover);
+  p.prefetch_ahead(2, 123, mover);
+  CHECK(st->budgets == std::vector<std::size_t>{0, 123});
 }

@@ -22,6 +22,15 @@
 /// - **Get** (a read access): a key in tier 1 or 2 is fetched to tier 0; then the
 ///   prefetch policy brings keys ahead within `prefetch_budget_bytes` (as after every
 ///   access, also a store).
+/// - **Prefetch after a store** runs after the demotion of the tensor leaving the window
+///   (at the end of `demote`; at the end of `store` when none leaves), and the placement
+///   tells the prefetch policy of each demotion (`ferry::demotion_aware_prefetch_policy`):
+///   a read the policy issued while the tensor was still to be written or still on the
+///   device is issued again, and the tensor comes back by a prefetch. So every tensor
+///   offloaded and read back is prefetched when the budget holds its bytes, and a larger
+///   budget only brings it back earlier (issue 28: with `schedule_replay`, a budget that
+///   held a tensor's store and its read at once prefetched nothing; the default, 1 GiB,
+///   prefetched nothing in a small model).
 /// - **Iterations**: the first iteration is recorded; at its end schedule-driven
 ///   policies (`ferry::schedule_driven`) are made from it and every later iteration
 ///   starts at the next multiple of its size.
@@ -128,39 +137,51 @@ class offload_plan {
   /// @brief A store of `key` (`raw_bytes`): created in tier 0 (every move, of the
   /// prefetch that follows too, goes to `mover`). Returns the tensor that left the
   /// window of the last `keep_last` stored, if one did and it is still in tier 0: the
-  /// caller demotes it next (`demote`).
+  /// caller demotes it next (`demote`), and the prefetch of this store runs then, after
+  /// the demotion; when none leaves, it runs here.
   /// @throws ferry::logic_error if `key` is placed; what the mover throws
   template <class Mover>
   [[nodiscard]] std::optional<Key> store(const Key& key, std::size_t raw_bytes, Mover&& mover) {
     FERRY_EXPECTS(bytes_.find(key) == bytes_.end(), "the key is stored already", key);
     const std::size_t at = next_position(key, raw_bytes, access_kind::write);
     const std::size_t encoded = offloaded_bytes(raw_bytes);
+    prefetch_owed_.reset();
     placement_->advance_to(at);
-    (void)placement_->access(key, encoded, access_kind::write, rules_.prefetch_budget_bytes, mover);
+    (void)placement_->access(key, encoded, access_kind::write, 0, mover);  // its prefetch below, or in demote
     bytes_.emplace(key, encoded);
-    if (raw_bytes < rules_.resident_below_bytes) {
-      return std::nullopt;
-    }
-    window_.push_back(key);
     std::optional<Key> out;
-    while (window_.size() > rules_.keep_last) {
-      const Key leaving = window_.front();
-      window_.pop_front();
-      if (placement_->tier_of(leaving) == std::optional<std::size_t>(offload_tier::device)) {
-        out = leaving;
+    if (raw_bytes >= rules_.resident_below_bytes) {
+      window_.push_back(key);
+      while (window_.size() > rules_.keep_last) {
+        const Key leaving = window_.front();
+        window_.pop_front();
+        if (placement_->tier_of(leaving) == std::optional<std::size_t>(offload_tier::device)) {
+          out = leaving;
+        }
       }
+    }
+    if (out) {
+      prefetch_owed_ = key;
+    } else {
+      placement_->prefetch_ahead(key, rules_.prefetch_budget_bytes, mover);
     }
     return out;
   }
 
   /// @brief Demotes `placed_as` from tier 0 to pinned memory (to NVMe when it is larger
   /// than the pinned tier), spilling pinned tensors to NVMe to make room
-  /// (`placement::demote`).
+  /// (`placement::demote`); then, for the tensor a `store` returned, the prefetch of that
+  /// store runs (its moves to `mover` too).
   /// @throws ferry::out_of_capacity when no room can be made (the tensor stays in tier
-  ///         0); what the mover throws (likewise)
+  ///         0, and the prefetch is still owed: a `demote` that succeeds later runs it);
+  ///         what the mover throws (likewise)
   template <class Mover>
   void demote(const Key& placed_as, Mover&& mover) {
     placement_->demote(placed_as, mover);
+    if (prefetch_owed_) {
+      const Key stored = *std::exchange(prefetch_owed_, std::nullopt);
+      placement_->prefetch_ahead(stored, rules_.prefetch_budget_bytes, mover);
+    }
   }
 
   /// @brief A get of `key` (`raw_bytes`, recorded under `key`) of the tensor placed as
@@ -175,6 +196,7 @@ class offload_plan {
     const std::size_t at = next_position(key, raw_bytes, access_kind::read);
     const auto it = bytes_.find(placed_as);
     FERRY_EXPECTS(it != bytes_.end(), "get of a key that is not stored", placed_as);
+    prefetch_owed_.reset();  // a store's demotion that never came: this access prefetches
     placement_->advance_to(at);
     const access_outcome out =
         placement_->access(placed_as, it->second, access_kind::read, rules_.prefetch_budget_bytes, mover);
@@ -313,6 +335,7 @@ class offload_plan {
   std::optional<placement_type> placement_;     // made again when the recording ends
   std::unordered_map<Key, std::size_t> bytes_;  // offloaded bytes of each stored tensor
   std::deque<Key> window_;                      // the last stored, kept on the device
+  std::optional<Key> prefetch_owed_;            // the store whose prefetch waits for its demotion
 };
 
 }  // namespace ferry

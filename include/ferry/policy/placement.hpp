@@ -152,7 +152,10 @@ struct placement_table<dense_keys, Key, Payload, Hash, KeyEqual> {
 /// larger than tier 0, no victim is left (all pinned), a lower tier is full, or, for a
 /// `ferry::guarded_prefetch_policy`, the victim is needed before the key fetched
 /// (`may_evict` is asked before every eviction from tier 0 made for a prefetch).
-/// Prefetch never throws `out_of_capacity`.
+/// Prefetch never throws `out_of_capacity`. A `ferry::demotion_aware_prefetch_policy`
+/// is told each key `demote` moves out of tier 0 (`on_demote`); an owner that demotes
+/// after an access passes 0 bytes to `access` and calls `prefetch_ahead` after the
+/// demotion, so that the policy's fetches for that access see the key gone.
 ///
 /// Swaps: a key fetched from tier `j` still occupies tier `j` while tier 0 makes room
 /// (its victims may go to tier `j`), so tier `j` needs room for both at once; a home
@@ -314,10 +317,16 @@ class placement {
   /// device), making room there by evicting as `access` does; reported as
   /// `move_kind::evict` from `t`. The key is pinned in `t` while room is made, and the
   /// mover is told the move before it is committed: a mover that throws leaves the key
-  /// in `t` (evictions made for it stay made).
+  /// in `t` (evictions made for it stay made). A key leaving tier 0 is told to a
+  /// `ferry::demotion_aware_prefetch_policy` first (`on_demote(key)`), so that a read of
+  /// it the policy issued already is issued again by its next `prefetch` call
+  /// (`prefetch_ahead`, or the next access's); if the demotion then fails, that read
+  /// finds the key in tier 0 (nothing to fetch).
   /// @throws ferry::logic_error if `key` is not placed, is in the last tier, or is
   ///         pinned (`pin`: in use where it is; nothing moves)
   /// @throws ferry::out_of_capacity if no lower tier can make room (nothing moves)
+  /// @throws what the prefetch policy's `on_demote` throws (`std::bad_alloc`; nothing
+  ///         moves)
   template <class Mover>
   void demote(const Key& key, Mover&& mover);
 
@@ -329,6 +338,18 @@ class placement {
   /// @throws ferry::logic_error if `i` is out of range; what making room below throws
   template <class Mover>
   bool evict_one(std::size_t i, Mover&& mover);
+
+  /// @brief Runs the prefetch policy as after an access of `accessed`:
+  /// `prefetch(accessed, budget_bytes, sink)` with the sink `access` gives it (moves
+  /// reported as `move_kind::prefetch`; never throws for want of room or a mover's
+  /// failure). For an owner that moves keys by a rule of its own between an access and
+  /// its prefetch: `ferry::offload_plan` passes 0 bytes to the `access` of a store,
+  /// demotes the tensor leaving its window, then calls this with its budget, so that the
+  /// policy sees that tensor off tier 0 (with 0 bytes, `access` issues nothing that has
+  /// bytes: the built-in policies stop at the first position that does not fit).
+  /// @throws what the policy throws (`std::bad_alloc`)
+  template <class Mover>
+  void prefetch_ahead(const Key& accessed, std::size_t budget_bytes, Mover&& mover);
 
   /// @brief Brings `key` to tier 0 ahead of its use, as the prefetch policy's sink does
   /// (`move_kind::prefetch`), evicting from tier 0 as needed. Never throws for want of
@@ -503,6 +524,13 @@ class placement {
   // propagates.
   template <class Mover>
   bool prefetch_node(detail::node_id aid, std::size_t src, Mover& mover);
+
+  // The prefetch policy's call after the access of `accessed`, with the sink of `access`.
+  template <class Mover>
+  FERRY_ALWAYS_INLINE void run_prefetch(const Key& accessed, std::size_t budget_bytes, Mover& mover);
+
+  // The prefetch policy told that `key` left tier 0 by demote (a demotion-aware policy).
+  void tell_demoted(const Key& key);
 
   // make_room for a tier below the one evicting (the recursion, out of line).
   template <class Mover>

@@ -85,7 +85,16 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::access
     }
   }
 
-  prefetch_.prefetch(key, prefetch_budget_bytes, [&](const Key& ahead) -> bool {
+  run_prefetch(key, prefetch_budget_bytes, mover);
+  return out;
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+template <class Mover>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::run_prefetch(const Key& accessed,
+                                                                                       std::size_t budget_bytes,
+                                                                                       Mover& mover) -> void {
+  prefetch_.prefetch(accessed, budget_bytes, [&](const Key& ahead) -> bool {
     const detail::node_id aid = find_node(ahead);
     if (aid == detail::no_node || where_[aid].tier == 0) {
       return true;  // not produced yet, or already resident: nothing to fetch
@@ -97,7 +106,33 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::access
     }
     return prefetch_node(aid, src, mover);
   });
-  return out;
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+template <class Mover>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::prefetch_ahead(const Key& accessed,
+                                                                                         std::size_t budget_bytes,
+                                                                                         Mover&& mover) -> void {
+  if constexpr (schedule_aware_policy<Prefetch>) {
+    if (prefetch_.position() < clock_) {
+      prefetch_.advance_to(clock_);
+    }
+  }
+  run_prefetch(accessed, budget_bytes, mover);
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::tell_demoted(const Key& key) -> void {
+  if constexpr (demotion_aware_prefetch_policy<Prefetch, Key>) {
+    if constexpr (schedule_aware_policy<Prefetch>) {
+      if (prefetch_.position() < clock_) {
+        prefetch_.advance_to(clock_);
+      }
+    }
+    prefetch_.on_demote(key);
+  } else {
+    (void)key;
+  }
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
@@ -109,6 +144,12 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
   const std::size_t from = where_[id].tier;
   FERRY_EXPECTS(from < home_, "demote of a key in the last tier", key, from);
   FERRY_EXPECTS(where_[id].pins == 0, "demote of a pinned key (in use in its tier)", key, from, where_[id].pins);
+  if (from == 0) {
+    // Told first: a policy that cannot note it (bad_alloc) fails the demotion before
+    // anything moves; a demotion that fails after it leaves the key in tier 0, where
+    // the read issued again finds it (nothing to fetch).
+    tell_demoted(key);
+  }
   const std::size_t bytes = where_[id].bytes;
   std::size_t to = from + 1;
   if (bytes > tiers_[to].capacity) {

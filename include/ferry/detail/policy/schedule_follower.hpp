@@ -45,23 +45,38 @@ class schedule_follower {
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
 
   // Whether the read at absolute position `at` (> position_) reads a value written at
-  // or after position_: the previous use of its key is a write inside the window, so
-  // there is nothing to fetch (the write produces it). O(log u).
+  // or after position_: a write of its key lies in [position_, at), so the program
+  // produces the value and there is nothing to fetch. The write is looked for past the
+  // reads in between (W k, R k, R k: the second read reads what the write produces
+  // too; before, only the previous use was looked at, and a window that reached the
+  // second read fetched the key's earlier value: issue 28). Walks back over the key's
+  // uses from `at` down to position_: O(log u + r), r the key's uses in [position_, at)
+  // (at most N for lookahead<N>; schedule_replay, whose window is long, keeps the last
+  // write of each key it has passed instead, O(1)).
   [[nodiscard]] bool produced_ahead(std::size_t at) const noexcept {
     const schedule_type& s = schedule_.get();
     const std::size_t n = s.size();
     const std::size_t e = at % n;
     const std::span<const std::size_t> uses = s.uses(s.id_at(e));
-    const auto it = std::lower_bound(uses.begin(), uses.end(), e);
-    std::size_t previous;
-    if (it != uses.begin()) {
-      previous = at - e + *(it - 1);
-    } else if (at - e >= n) {
-      previous = at - e - n + uses.back();
-    } else {
-      return false;
+    std::size_t base = at - e;                                // the absolute position of the iteration's entry 0
+    auto it = std::lower_bound(uses.begin(), uses.end(), e);  // the uses before `it` come before `at`
+    for (std::size_t walked = 0; walked < uses.size(); ++walked) {
+      if (it == uses.begin()) {
+        if (base < n) {
+          return false;  // nothing before the first iteration
+        }
+        base -= n;
+        it = uses.end();
+      }
+      --it;
+      if (base + *it < position_) {
+        return false;
+      }
+      if (s.kind_at(*it) == access_kind::write) {
+        return true;
+      }
     }
-    return previous >= position_ && s.kind_at(previous % n) == access_kind::write;
+    return false;
   }
 
   // Calls sink(key) for the key used at absolute position `at`, with the guard set to
