@@ -21,6 +21,11 @@ show_failures() {
   if [[ -n $found ]]; then echo "$found"; else tail -n 60 "$1"; fi  # no failed test named: CTest's own end
 }
 
+# stage NAME: a line that says where the run is and how long it has taken, so that CI's
+# output shows where its time goes.
+stage() { echo "== $1 ($((SECONDS / 60)) min $((SECONDS % 60)) s in)"; }
+
+stage "dependencies"
 bash scripts/deps.sh
 if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then
   export PATH="/usr/local/cuda/bin:$PATH"
@@ -33,35 +38,39 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASH
 # The GPU machine's binaries (release, sm_90), packed into build/gpu-carry: CTest's
 # "gpu-check: dry run" runs scripts/gpu-check.sh from it, as the GPU machine would.
 if command -v nvcc >/dev/null 2>&1; then
+  stage "the GPU machine's binaries (scripts/gpu-build.sh)"
   bash scripts/gpu-build.sh
   export FERRY_REQUIRE_GPU_CARRY=1
 fi
 
 preset=${FERRY_TEST_PRESET:-ci}
+stage "the $preset build"
 cmake --preset "$preset"
 cmake --build --preset "$preset"
 
 # The host suite once more under each sanitizer preset (host code, no CUDA): ASan with
 # UBSan, then ThreadSanitizer, and under TSan the concurrent suites (pipelines,
-# scheduler, pinned pool, I/O engines) again, twice over with more jobs than
+# scheduler, pinned pool, I/O engines) once more with more jobs than
 # cores, so that they run under load. FERRY_SANITIZERS=0 skips this (a quicker local
 # run); CI runs it. A sanitizer report fails the test (halt_on_error, abort_on_error).
+# The tests whose code no sanitizer sees (compile-fail, docs, packages, the GPU check's
+# dry run) and the timing-mode runs are the ci preset's alone (CMakePresets.json).
 if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}  # three builds' objects stay cached
   for sanitizer in asan tsan; do
-    echo "== host tests under the $sanitizer preset"
+    stage "host tests under the $sanitizer preset"
     cmake --preset "$sanitizer" >/dev/null
     cmake --build --preset "$sanitizer"
     ctest --preset "$sanitizer" --no-label-summary --quiet --output-log "build/$sanitizer/ctest.log" ||
       { show_failures "build/$sanitizer/ctest.log"; exit 1; }
     echo "   all passed (log: build/$sanitizer/ctest.log)"
   done
-  echo "== concurrent suites under ThreadSanitizer, 2 repeats, 4 jobs on $(nproc) cores"
+  stage "concurrent suites under ThreadSanitizer once more, 4 jobs on $(nproc) cores"
   ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
-    -R "tensor_cache|layer_streamer|scheduler|host_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" \
-    --repeat until-fail:2 ||
+    -R "tensor_cache|layer_streamer|scheduler|host_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" ||
     { show_failures build/tsan/ctest-repeat.log; exit 1; }
   echo "   all passed (log: build/tsan/ctest-repeat.log)"
 fi
 
+stage "every test (the $preset preset)"
 ctest --preset "$preset" --no-label-summary

@@ -172,7 +172,8 @@ TEST_CASE("CPU model: an allocation used from a stream with no edge after it is 
   // A third stream after this thread synchronised the allocating one: ordered.
   const stream_t c = model_stream(*m);
   REQUIRE(ok(m->stream_synchronize(a)));
-  CHECK(ok(m->memcpy_async(host.data(), p, 64 * KiB, copy_direction::device_to_host, c)));
+  std::vector<std::byte> other(64 * KiB);  // b may still write host: c writes elsewhere
+  CHECK(ok(m->memcpy_async(other.data(), p, 64 * KiB, copy_direction::device_to_host, c)));
   REQUIRE(ok(m->stream_synchronize(b)));
   REQUIRE(ok(m->stream_synchronize(c)));
   // After its free has run: use-after-free.
@@ -181,6 +182,46 @@ TEST_CASE("CPU model: an allocation used from a stream with no edge after it is 
   CHECK(m->memcpy_async(host.data(), p, 4096, copy_direction::device_to_host, a) == cpu_errc::unordered_access);
   CHECK(m->use_after_free_access() == 1);
   REQUIRE(ok(rt.event_destroy(e)));
+}
+
+TEST_CASE("CPU model: a pointer to memory given back to the device, a destroyed stream's allocation and a "
+          "wrapping 2D footprint are refused",
+          "[cpu_runtime][strict]") {
+  auto m = std::make_shared<cpu_device>();
+  const stream_t a = model_stream(*m);
+  const stream_t b = model_stream(*m);
+  cpu_runtime::pool_handle pool{};
+  REQUIRE(ok(m->mem_pool_create(&pool, 0)));
+  std::vector<std::byte> host(64 * KiB);
+  // A block freed and synchronised, then trimmed by an allocation of another size: its
+  // memory went back, and a copy through the stale pointer is a use-after-free.
+  void* p = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&p, 64 * KiB, pool, a)));
+  REQUIRE(ok(m->free_async(p, a)));
+  REQUIRE(ok(m->stream_synchronize(a)));
+  void* q = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&q, 128 * KiB, pool, a)));
+  CHECK(q != p);
+  CHECK(m->memcpy_async(p, host.data(), 4096, copy_direction::host_to_device, a) == cpu_errc::unordered_access);
+  CHECK(m->memcpy_async(host.data(), static_cast<std::byte*>(p) + 60 * KiB, 4096, copy_direction::device_to_host,
+                        a) == cpu_errc::unordered_access);
+  CHECK(m->use_after_free_access() == 2);
+  // A stream destroyed after allocating orders nothing after it (CUDA's cudaStreamDestroy
+  // returns at once): another stream needs its own edge.
+  const stream_t c = model_stream(*m);
+  void* r = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&r, 128 * KiB, pool, c)));
+  REQUIRE(ok(m->stream_destroy(c)));
+  CHECK(m->memcpy_async(host.data(), r, 4096, copy_direction::device_to_host, b) == cpu_errc::unordered_access);
+  CHECK(m->use_before_alloc() == 1);
+  // A pitched footprint that wraps around the address space: invalid value, nothing runs.
+  CHECK(m->memcpy2d_async(q, ~std::size_t{0} / 2, host.data(), ~std::size_t{0} / 2, 16, 4,
+                          copy_direction::host_to_device, a) == cpu_errc::invalid_value);
+  REQUIRE(ok(m->free_async(q, a)));
+  REQUIRE(ok(m->free_async(r, a)));
+  REQUIRE(ok(m->stream_synchronize(a)));
+  REQUIRE(ok(m->stream_synchronize(b)));
+  REQUIRE(ok(m->mem_pool_destroy(pool)));
 }
 
 // The GPU run's memcheck report, on the model: a staged NVMe read's H2D copies are issued by

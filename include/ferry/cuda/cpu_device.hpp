@@ -491,6 +491,13 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::size_t device_limit_ = ~std::size_t{0};
   std::size_t pool_reused_ = 0;
   std::size_t leaked_blocks_ = 0;
+  // Blocks given back to the host, kept (poisoned, still allocated) until more than
+  // quarantine_limit bytes wait: an access to one is refused as a use-after-free, and no
+  // host allocation can take its address meanwhile (as AddressSanitizer's quarantine).
+  std::map<void*, std::size_t> quarantine_;
+  std::deque<void*> quarantine_order_;
+  std::size_t quarantine_bytes_ = 0;
+  static constexpr std::size_t quarantine_limit = std::size_t{64} << 20;
   std::atomic<bool> pools_supported_{true};
   std::mutex gate_mutex_;  // held_, keep_
   std::condition_variable gate_cv_;
@@ -529,8 +536,6 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::atomic<std::size_t> registration_count_{0};
   std::mutex report_mutex_;
   std::string first_violation_;
-  std::mutex host_clock_mutex_;
-  detail::cpu_clock retired_;  // the order of destroyed streams: all of it has run
   const std::uint64_t serial_ = next_serial();  // tells thread clocks of devices apart
   static std::uint64_t next_serial() {
     static std::atomic<std::uint64_t> serials{0};

@@ -66,7 +66,8 @@
 ///   there. When a free runs, the block is poisoned (0xDB; all of it up to 64 MiB, its
 ///   first and last 16 MiB above); blocks whose free has run go back to the host before a
 ///   block of a new size is made, so the footprint (`pooled_bytes`) stays near the peak
-///   in use whatever the sizes. A device-memory limit
+///   in use whatever the sizes; they stay allocated (poisoned) until 64 MiB of such blocks
+///   wait, so a stale pointer to one is refused as a use-after-free. A device-memory limit
 ///   (`set_device_memory_limit`) makes allocations past it fail with
 ///   `cpu_errc::memory_allocation`.
 /// - **Pinned registrations** (`host_register`, `host_unregister`; `cpu_pinning_hooks` in
@@ -86,9 +87,15 @@
 ///   (event query and synchronize, stream synchronize, mapped allocation and free,
 ///   registration) break: in global mode any global capture, in any mode but relaxed its
 ///   own thread's; such a call fails with `capture_unsupported` and `end_capture` then
-///   reports `capture_invalidated`, as CUDA does. ferry's own threads relax their mode.
+///   reports `capture_invalidated`, as CUDA does. The scheduler's completion threads (the
+///   ones that query events) relax their mode; a failed staged NVMe read drains its stream
+///   from the I/O thread in the default mode, and so breaks a global capture, as CUDA would.
+/// - **Flag waits** (`wait_value32`, the disk-move tickets) carry no stream order: a stream
+///   that waited for a flag is not ordered after the allocations of the flag's writer.
 /// - **Timing modes** (`cpu_options::timing`, or `FERRY_CPU_TIMING`): `instant` (the
-///   device has run what a call enqueued before the call returns), `slow` (every operation
+///   device has run what a call enqueued before the call returns, except when a kernel
+///   of the caller's is ahead on that stream, from a stream's own worker or a host
+///   function, and inside an allocation's inserted wait), `slow` (every operation
 ///   costs `slow_op_us`, a copy its bytes at `slow_bytes_per_us` more), `adversarial`
 ///   (below). CTest runs the pipeline, scheduler and model tests under all three.
 /// - **Adversarial timing**: with a seed (`cpu_options::seed`), every operation of every

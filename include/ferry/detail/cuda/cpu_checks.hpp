@@ -91,6 +91,16 @@ inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n,
     }
   }
   std::lock_guard lock(pool_mutex_);
+  if (!quarantine_.empty()) {  // a block given back to the host: its pointer is stale
+    auto q = quarantine_.upper_bound(const_cast<void*>(p));
+    if (q != quarantine_.begin() && a < reinterpret_cast<std::uintptr_t>(std::prev(q)->first) + std::prev(q)->second) {
+      --q;
+      std::ostringstream os;
+      os << "use-after-free: an access to a stream-ordered allocation whose memory went back to the device ("
+         << q->second << " bytes at " << q->first << ")";
+      return refuse(use_after_free_access_, cpu_errc::unordered_access, describe(os.str()));
+    }
+  }
   if (owner_of_.empty()) return {};
   auto o = owner_of_.upper_bound(const_cast<void*>(p));
   if (o == owner_of_.begin()) return {};
@@ -117,10 +127,6 @@ inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n,
   {
     std::lock_guard stream_lock(s->mutex);
     seen = std::max(seen, s->clock.at(b.alloc_stream));
-  }
-  {
-    std::lock_guard clock_lock(host_clock_mutex_);
-    seen = std::max(seen, retired_.at(b.alloc_stream));
   }
   if (seen >= b.alloc_seq) return {};
   std::ostringstream os;
@@ -187,9 +193,15 @@ inline cpu_device::status cpu_device::end_capture(stream_t s) {
       if (static_cast<cpu_capture_mode>(s->capture_mode) == cpu_capture_mode::global) global_captures_.fetch_sub(1);
     }
   }
+  std::vector<std::shared_ptr<detail::cpu_event>> events;  // events_ is guarded by mutex_
+  {
+    std::lock_guard lock(mutex_);
+    events.reserve(events_.size());
+    for (const auto& [p, ev] : events_) events.push_back(ev);
+  }
   {
     std::lock_guard events_lock(events_mutex_);  // its records no longer join anyone to it
-    for (auto& [p, ev] : events_) {
+    for (const auto& ev : events) {
       for (auto it = ev->captured.begin(); it != ev->captured.end();) {
         it = it->second == s ? ev->captured.erase(it) : std::next(it);
       }

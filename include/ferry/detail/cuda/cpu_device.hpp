@@ -40,6 +40,7 @@ inline cpu_device::~cpu_device() {
   cb_cv_.notify_all();
   callbacks_.join();
   for (auto* s : streams) delete s;
+  for (auto& [p, n] : quarantine_) ::operator delete (p, std::align_val_t{256});
   for (auto& [p, n] : live_host_) std::free(const_cast<void*>(p));  // NOLINT(cppcoreguidelines-no-malloc)
 }
 
@@ -61,6 +62,8 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
   if (height > 0 && width > 0) {  // the footprints: first row to the end of the last
+    const std::size_t most = ~std::size_t{0};
+    if (height - 1 > (most - width) / std::max(dpitch, spitch)) return {cpu_errc::invalid_value};  // wraps around
     status st = check_access(dst, (height - 1) * dpitch + width, s, "destination");
     if (st == cpu_errc::success) st = check_access(src, (height - 1) * spitch + width, s, "source");
     if (!(st == cpu_errc::success)) return st;
@@ -119,7 +122,10 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
       0, nullptr, &snapshot);
   {
     std::lock_guard lock(events_mutex_);
-    if (ev->recorded == gen) ev->clock = std::move(snapshot);
+    if (ev->recorded == gen) {
+      ev->clock = std::move(snapshot);
+      ev->clock_of = gen;
+    }
   }
   return {};
 }
@@ -132,7 +138,7 @@ inline cpu_device::status cpu_device::event_query(event_t e) {
     std::lock_guard lock(events_mutex_);
     if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
     if (std::exception_ptr error = e->error_of(e->recorded)) return of(std::move(error));
-    seen = e->clock;
+    if (e->clock_of == e->recorded) seen = e->clock;  // else its record is still being made: no order
   }
   host_saw(seen);
   return {};
@@ -147,11 +153,19 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (on != nullptr && on == worker_of()) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
+  // The order the awaited record comes after, kept before the wait: a record made
+  // meanwhile replaces the event's clock with its own.
+  detail::cpu_clock seen;
+  bool known = e->clock_of == target;
+  if (known) seen = e->clock;
   events_cv_.wait(lock, [&] { return e->passed(target); });
   if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
-  if (e->recorded != target) return {};  // recorded again meanwhile: its clock is of a later record
-  detail::cpu_clock seen = e->clock;
+  if (!known && e->clock_of == target) {  // set while this thread waited
+    seen = e->clock;
+    known = true;
+  }
   lock.unlock();
+  if (!known) return {};  // re-recorded before its clock was set: no order claimed (stricter, never wrong)
   host_saw(seen);
   return {};
 }
@@ -166,7 +180,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   {
     std::lock_guard lock(events_mutex_);
     target = ev->recorded;  // the record before this call; none: complete at once
-    after = ev->clock;
+    if (ev->clock_of == target) after = ev->clock;  // else being recorded on another thread: no order
     auto c = ev->captured.find(target);
     if (c != ev->captured.end()) joins = c->second;
   }
@@ -235,11 +249,9 @@ inline cpu_device::status cpu_device::stream_destroy(stream_t s) {
     if (streams_.erase(s) == 0) return {cpu_errc::invalid_value};
   }
   (void)end_capture(s);  // a capture begun on it ends with it (no one keeps its address)
-  stop(s);  // CUDA lets queued work finish first
-  {
-    std::lock_guard lock(host_clock_mutex_);  // all its work has run: what it allocated is ready for every stream
-    retired_.merge(s->clock);
-  }
+  // CUDA lets queued work finish first, and orders nothing after it: a stream destroyed
+  // gives no other stream (nor the host) an edge after its allocations.
+  stop(s);
   delete s;
   return {};
 }
@@ -387,8 +399,17 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
       continue;
     }
     owner_of_.erase(it->first);
-    ::operator delete (it->first, std::align_val_t{256});
+    quarantine_.emplace(it->first, it->second.bytes);
+    quarantine_order_.push_back(it->first);
+    quarantine_bytes_ += it->second.bytes;
     it = pool->blocks.erase(it);
+  }
+  while (quarantine_bytes_ > quarantine_limit) {  // the oldest go back for real
+    void* old = quarantine_order_.front();
+    quarantine_order_.pop_front();
+    quarantine_bytes_ -= quarantine_.at(old);
+    quarantine_.erase(old);
+    ::operator delete (old, std::align_val_t{256});
   }
   void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
   if (p == nullptr) return {cpu_errc::memory_allocation};

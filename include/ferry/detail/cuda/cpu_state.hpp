@@ -211,7 +211,8 @@ struct cpu_event {
   // Records made on a capturing stream, and the capture's origin: until that capture
   // ends (whether or not the stream has passed them), a wait for one joins the capture.
   std::map<std::uint64_t, const cpu_stream*> captured;
-  cpu_clock clock;  // the stream order the latest record comes after
+  cpu_clock clock;  // the stream order the record numbered clock_of comes after
+  std::uint64_t clock_of = 0;
   [[nodiscard]] const cpu_stream* pending_on(std::uint64_t gen) const {
     for (const auto& [g, s] : pending) {
       if (g == gen) return s;
