@@ -1,19 +1,22 @@
 // The I/O engines on raw requests: batches, submission from completion callbacks,
 // the syscalls hook, (io_uring) registered buffers and SQPOLL, and the default engine's
 // fallback to the thread pool where io_uring is refused.
-#include "io_test_support.hpp"
-
 #include <ferry/io/direct_file.hpp>
 #include <ferry/io/request.hpp>
+#include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <string>
+#include <system_error>
 #include <vector>
+
+#include "io_test_support.hpp"
 
 using ferry::io::compat_mode;
 using ferry::io::direct_file;
@@ -166,7 +169,9 @@ TEST_CASE("uring_engine uses registered files and buffers", "[io][uring]") {
   o.buffer_slots = 4;
   ferry::io::uring_engine<> engine(sys, std::span<const int>(&fd, 1), o);
   CHECK(engine.fixed_files());
-  REQUIRE(engine.fixed_buffers());  // Linux 5.19+; this machine runs 6.x
+  REQUIRE(engine.buffer_table());       // Linux 5.19+; this machine runs 6.x
+  CHECK_FALSE(engine.fixed_buffers());  // a table, but nothing in it: requests are not fixed
+  CHECK(engine.registered_bytes() == 0);
   CHECK(engine.queue_depth() == 8);
   ferry::io::aligned_buffer memory(16 * 4096, 4096);
 
@@ -175,12 +180,18 @@ TEST_CASE("uring_engine uses registered files and buffers", "[io][uring]") {
   CHECK(engine.stats().submit_calls >= 1);
 
   REQUIRE(engine.register_buffer(memory.span()));
+  CHECK(engine.fixed_buffers());
+  CHECK(engine.registered_bytes() == 16 * 4096);
   run_batches(engine, memory.span(), 4096, 3);
   CHECK(engine.stats().fixed_buffer == 32);  // every request inside the registered range
 
   engine.unregister_buffer(memory.span());
+  CHECK_FALSE(engine.fixed_buffers());
+  CHECK(engine.registered_bytes() == 0);
   run_batches(engine, memory.span(), 4096, 4);
   CHECK(engine.stats().fixed_buffer == 32);
+  CHECK(engine.buffer_refusals() == 0);
+  CHECK(engine.buffer_refusal_reason().empty());
 
   // The table has 4 slots: a fifth registration is refused, and I/O still works.
   std::vector<ferry::io::aligned_buffer> more;
@@ -189,8 +200,60 @@ TEST_CASE("uring_engine uses registered files and buffers", "[io][uring]") {
     CHECK(engine.register_buffer(more.back().span()));
   }
   CHECK_FALSE(engine.register_buffer(memory.span()));
+  CHECK(engine.buffer_refusals() == 1);
+  CHECK(engine.buffer_refusal_reason() == "the table's 4 slots are full");
+  CHECK(engine.registered_bytes() == 4 * 4096);
   run_batches(engine, memory.span(), 4096, 5);
   for (auto& m : more) engine.unregister_buffer(m.span());
+  CHECK_FALSE(engine.fixed_buffers());
+}
+
+TEST_CASE(
+    "uring_engine: registrations the kernel refuses (RLIMIT_MEMLOCK's ENOMEM) leave fixed_buffers() false, "
+    "say why, and I/O works",
+    "[io][uring][faults]") {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  // What the kernel answers an unprivileged process past RLIMIT_MEMLOCK (64 KiB by default).
+  const std::size_t rule = plan->add(
+      {.call = ferry::io::syscall_kind::uring_register_buffer, .error = ENOMEM, .times = ferry::io::fault::forever});
+  ferry::io::faulty_syscalls<> sys(plan);
+  scratch_path path(ferry_test::disk_dir);
+  direct_file file(sys, path.str(), {.mode = compat_mode::direct});
+  const int fd = file.fd();
+  ferry::io::engine_options o;
+  o.queue_depth = 8;
+  o.buffer_slots = 4;
+  ferry::io::uring_engine<ferry::io::faulty_syscalls<>> engine(sys, std::span<const int>(&fd, 1), o);
+  REQUIRE(engine.buffer_table());
+  ferry::io::aligned_buffer memory(16 * 4096, 4096);
+  CHECK_FALSE(engine.register_buffer(memory.span()));
+  CHECK(plan->fired(rule) == 1);
+  CHECK_FALSE(engine.fixed_buffers());
+  CHECK(engine.registered_bytes() == 0);
+  CHECK(engine.buffer_refusals() == 1);
+  CHECK(engine.buffer_refusal_reason() ==
+        "io_uring_register_buffers_update: " + std::generic_category().message(ENOMEM) + " (ENOMEM)");
+  run_batches(engine, memory.span(), 4096, 6);
+  CHECK(engine.stats().fixed_buffer == 0);  // every request took the page-pinning path
+
+  // The same through a tier: its staging blocks stay unregistered, and it says so.
+  plan->clear();
+  plan->add(
+      {.call = ferry::io::syscall_kind::uring_register_buffer, .error = ENOMEM, .times = ferry::io::fault::forever});
+  scratch_path tier_path(ferry_test::disk_dir);
+  ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::uring_engine> tier(
+      ferry_test::small_options({tier_path.path()}, 8 * ferry::MiB), ferry::io::faulty_syscalls<>(plan));
+  CHECK_FALSE(tier.staging_registered());
+  CHECK_FALSE(tier.engine().fixed_buffers());
+  CHECK(tier.engine().buffer_table());
+  CHECK(tier.engine().buffer_refusal_reason().find("ENOMEM") != std::string::npos);
+  auto r = tier.allocate(1 * ferry::MiB + 100);  // a tail: through a staging block
+  std::vector<std::byte> out(1 * ferry::MiB + 100), back(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>(i * 13 + 5);
+  tier.write(r, out);
+  tier.read(r, back);
+  CHECK(ferry_test::checksum(back) == ferry_test::checksum(out));
+  tier.deallocate(r);
 }
 
 TEST_CASE("uring_engine with submissions coalesced over a whole batch of completions", "[io][uring]") {

@@ -2,8 +2,6 @@
 // right exception with the right path, offset, size and errno; retried errors are
 // retried; the data stored before reads back intact; a failed store frees its extent;
 // the source is untouched. And real ones: EFBIG under RLIMIT_FSIZE.
-#include "io_test_support.hpp"
-
 #include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>
@@ -13,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "io_test_support.hpp"
 #include <sys/resource.h>
 
 using ferry::MiB;
@@ -88,7 +87,7 @@ TEMPLATE_TEST_CASE("a failed store (ENOSPC) frees its extent and names file, off
     CHECK(std::string(e.what()).find(f.path.str()) != std::string::npos);
   }
   CHECK(f.plan->fired(rule) == 1);
-  CHECK(f.tier->used() == used_before);  // the extent of the failed store is free again
+  CHECK(f.tier->used() == used_before);            // the extent of the failed store is free again
   CHECK(ferry_test::checksum(src.span()) == sum);  // the source is untouched
   CHECK(src.guards_intact());
   CHECK(f.tier->stats().failed == 1);
@@ -161,8 +160,7 @@ TEMPLATE_TEST_CASE("a failure in a staged tail releases its staging block", "[fa
   f.check_before_intact();
 }
 
-TEMPLATE_TEST_CASE("short transfers: continued, or an io_error when nothing moves", "[faults]",
-                   FERRY_TEST_ENGINES) {
+TEMPLATE_TEST_CASE("short transfers: continued, or an io_error when nothing moves", "[faults]", FERRY_TEST_ENGINES) {
   fixture<typename TestType::template tier<faulty_syscalls<>>> f;
   guarded_buffer src(3 * block + 4096 + 1, 0);
   ferry_test::fill(src.span(), 5);
@@ -170,8 +168,8 @@ TEMPLATE_TEST_CASE("short transfers: continued, or an io_error when nothing move
   const std::uint64_t target = f.next_offset() + block;
 
   SECTION("a short write is continued from where it stopped") {
-    const auto rule = f.plan->add(fault{.call = syscall_kind::pwrite, .short_bytes = 4096, .min_offset = target,
-                                        .max_offset = target + 1});
+    const auto rule = f.plan->add(
+        fault{.call = syscall_kind::pwrite, .short_bytes = 4096, .min_offset = target, .max_offset = target + 1});
     const auto r = f.tier->store(src.span());
     CHECK(f.plan->fired(rule) == 1);
     CHECK(f.tier->stats().continued == 1);
@@ -181,15 +179,16 @@ TEMPLATE_TEST_CASE("short transfers: continued, or an io_error when nothing move
   }
   SECTION("a short read is continued from where it stopped") {
     const auto r = f.tier->store(src.span());
-    const auto rule = f.plan->add(fault{.call = syscall_kind::pread, .short_bytes = 8192, .min_offset = target,
-                                        .max_offset = target + 1});
+    const auto rule = f.plan->add(
+        fault{.call = syscall_kind::pread, .short_bytes = 8192, .min_offset = target, .max_offset = target + 1});
     guarded_buffer back(r.size(), 3);
     f.tier->read(r, back.span());
     CHECK(f.plan->fired(rule) == 1);
     CHECK(ferry_test::checksum(back.span()) == sum);
   }
   SECTION("a short write followed by ENOSPC reports the continuation") {
-    f.plan->add(fault{.call = syscall_kind::pwrite, .short_bytes = 4096, .min_offset = target, .max_offset = target + 1});
+    f.plan->add(
+        fault{.call = syscall_kind::pwrite, .short_bytes = 4096, .min_offset = target, .max_offset = target + 1});
     f.plan->add(at(syscall_kind::pwrite, target + 4096, ENOSPC));
     try {
       (void)f.tier->store(src.span());
@@ -287,6 +286,60 @@ TEMPLATE_TEST_CASE("failures while opening: ftruncate EFBIG, fallocate ENOSPC, f
   plan->add({.call = syscall_kind::fsync, .error = EIO});
   CHECK_THROWS_AS(tier.sync(), ferry::io_error);
   tier.sync();
+}
+
+TEMPLATE_TEST_CASE(
+    "a file system without fallocate: preallocation falls back to a sparse file, reported; "
+    "ENOSPC stays an error",
+    "[faults]", FERRY_TEST_ENGINES) {
+  using tier_t = typename TestType::template tier<faulty_syscalls<>>;
+  auto plan = std::make_shared<fault_plan>();
+  scratch_path a(ferry_test::disk_dir), b(ferry_test::disk_dir);
+  auto o = ferry_test::small_options({a.path(), b.path()}, 8 * MiB);
+  o.sizing = ferry::file_sizing::preallocate;
+  const int unsupported = GENERATE(EOPNOTSUPP, ENOSYS);
+  // Only the second file's file system lacks fallocate.
+  plan->add({.call = syscall_kind::fallocate, .error = unsupported, .path_contains = b.str()});
+  {
+    tier_t tier(o, faulty_syscalls<>(plan));
+    CHECK(tier.sizing_fell_back());
+    const std::string& why = tier.sizing_fallback_reason();
+    CHECK(why.find(b.str()) != std::string::npos);
+    CHECK(why.find(a.str()) == std::string::npos);
+    CHECK(why.find("fallocate") != std::string::npos);
+    CHECK(why.find(unsupported == ENOSYS ? "ENOSYS" : "EOPNOTSUPP") != std::string::npos);
+    const auto files = tier.files();
+    REQUIRE(files.size() == 2);
+    CHECK_FALSE(files[0].sized_sparse);
+    CHECK(files[1].sized_sparse);
+    // Sized all the same: the whole capacity round-trips across both files.
+    CHECK(std::filesystem::file_size(b.path()) == files[1].size);
+    auto r = tier.allocate(8 * MiB);
+    guarded_buffer out(8 * MiB), back(8 * MiB);
+    for (std::size_t i = 0; i < out.span().size(); ++i) out.span()[i] = static_cast<std::byte>(i * 7 + i / 4096);
+    tier.write(r, out.span());
+    tier.read(r, back.span());
+    CHECK(ferry_test::checksum(back.span()) == ferry_test::checksum(out.span()));
+    tier.deallocate(r);
+  }
+  // Without the fault: nothing to report.
+  plan->clear();
+  {
+    tier_t tier(o, faulty_syscalls<>(plan));
+    CHECK_FALSE(tier.sizing_fell_back());
+    CHECK(tier.sizing_fallback_reason().empty());
+    CHECK_FALSE(tier.files()[1].sized_sparse);
+  }
+  // A full disk is not a missing feature: ENOSPC still refuses the tier, with its values.
+  plan->add({.call = syscall_kind::fallocate, .error = ENOSPC, .path_contains = b.str()});
+  try {
+    tier_t tier(o, faulty_syscalls<>(plan));
+    FAIL("constructed");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.code().value() == ENOSPC);
+    CHECK(e.path() == b.str());
+    CHECK(std::string(e.what()).find("fallocate") != std::string::npos);
+  }
 }
 
 TEMPLATE_TEST_CASE("real EFBIG: a write past RLIMIT_FSIZE fails cleanly and earlier data survives", "[faults]",

@@ -179,9 +179,28 @@ class auto_engine {
   [[nodiscard]] bool fixed_files() const noexcept {
     return kind_ == engine_kind::uring && engines_.uring.fixed_files();
   }
-  /// @brief Whether the ring has a registered-buffer table (false on the thread pool).
+  /// @brief Whether requests use registered buffers now: memory is registered with the
+  /// ring (false on the thread pool; see `uring_engine::fixed_buffers`).
   [[nodiscard]] bool fixed_buffers() const noexcept {
     return kind_ == engine_kind::uring && engines_.uring.fixed_buffers();
+  }
+  /// @brief Whether the ring has a registered-buffer table (false on the thread pool).
+  [[nodiscard]] bool buffer_table() const noexcept {
+    return kind_ == engine_kind::uring && engines_.uring.buffer_table();
+  }
+  /// @brief Bytes registered with the ring now (0 on the thread pool).
+  [[nodiscard]] std::size_t registered_bytes() const noexcept {
+    return kind_ == engine_kind::uring ? engines_.uring.registered_bytes() : 0;
+  }
+  /// @brief Calls of `register_buffer` the ring refused (0 on the thread pool, which
+  /// registers nothing and needs nothing registered).
+  [[nodiscard]] std::uint64_t buffer_refusals() const noexcept {
+    return kind_ == engine_kind::uring ? engines_.uring.buffer_refusals() : 0;
+  }
+  /// @brief Why the ring refused the last refused `register_buffer` ("" if none was, and
+  /// on the thread pool).
+  [[nodiscard]] std::string buffer_refusal_reason() const {
+    return kind_ == engine_kind::uring ? engines_.uring.buffer_refusal_reason() : std::string{};
   }
   /// @brief Whether the ring runs with SQPOLL (false on the thread pool).
   [[nodiscard]] bool sqpoll() const noexcept { return kind_ == engine_kind::uring && engines_.uring.sqpoll(); }

@@ -17,15 +17,21 @@
 /// | `int fallocate(int fd, int mode, std::uint64_t off, std::uint64_t len)` | `fallocate(2)`      |
 /// | `int ftruncate(int fd, std::uint64_t length)`         | `ftruncate(2)`                 |
 /// | `int fsync(int fd)`                                   | `fsync(2)`                     |
-/// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result of an io_uring request, which a policy may replace (identity for the real one) |
+/// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result
+/// of an io_uring request, which a policy may replace (identity for the real one) |
 ///
 /// Three more members are optional (a policy without them gets the real call):
 ///
 /// | member                                                | wraps                          |
 /// |-------------------------------------------------------|--------------------------------|
-/// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with it) |
-/// | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it) |
-/// | `int uring_submit_and_wait(io_uring* ring, unsigned wait_nr)` | liburing's `io_uring_submit_and_wait`: >= 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` probes io_uring_enter with one NOP at setup) |
+/// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with
+/// it) | | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's
+/// `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it)
+/// | | `int uring_submit_and_wait(io_uring* ring, unsigned wait_nr)` | liburing's `io_uring_submit_and_wait`: >= 0 or
+/// -errno (only with `FERRY_HAS_URING`; `io::uring_engine` probes io_uring_enter with one NOP at setup) | | `int
+/// uring_register_buffer(io_uring* ring, unsigned slot, const iovec* iov)` | liburing's
+/// `io_uring_register_buffers_update_tag` for one slot: 1 or -errno (only with `FERRY_HAS_URING`;
+/// `io::uring_engine::register_buffer`) |
 ///
 /// io_uring requests do not pass through `pread`/`pwrite` (the kernel executes them),
 /// so `completed` is the hook where a test policy rewrites their results; the thread
@@ -116,7 +122,16 @@ struct posix_syscalls {
     return io_uring_queue_init_params(entries, ring, params);
   }
   /// @brief liburing's `io_uring_submit_and_wait` (>= 0 or `-errno`).
-  int uring_submit_and_wait(io_uring* ring, unsigned wait_nr) noexcept { return io_uring_submit_and_wait(ring, wait_nr); }
+  int uring_submit_and_wait(io_uring* ring, unsigned wait_nr) noexcept {
+    return io_uring_submit_and_wait(ring, wait_nr);
+  }
+  /// @brief liburing's `io_uring_register_buffers_update_tag` for one slot: puts `iov` in
+  /// slot `slot` of the ring's registered-buffer table (the kernel pins its pages; an
+  /// empty `iov` clears the slot). 1 (the slots updated) or `-errno`.
+  int uring_register_buffer(io_uring* ring, unsigned slot, const iovec* iov) noexcept {
+    const __u64 tag = 0;
+    return io_uring_register_buffers_update_tag(ring, slot, iov, &tag, 1);
+  }
 #endif
 };
 
@@ -125,7 +140,9 @@ namespace detail {
 /// `sys.flock(fd, operation)` where the policy has it, else the real `flock(2)`.
 template <class S>
 int flock_via(S& sys, int fd, int operation) noexcept {
-  if constexpr (requires { { sys.flock(fd, operation) } -> std::convertible_to<int>; }) {
+  if constexpr (requires {
+                  { sys.flock(fd, operation) } -> std::convertible_to<int>;
+                }) {
     return sys.flock(fd, operation);
   } else {
     return ::flock(fd, operation) == 0 ? 0 : -errno;
@@ -136,16 +153,33 @@ int flock_via(S& sys, int fd, int operation) noexcept {
 /// `sys.uring_submit_and_wait(ring, n)` where the policy has it, else liburing's call.
 template <class S>
 int uring_submit_and_wait_via(S& sys, io_uring* ring, unsigned wait_nr) noexcept {
-  if constexpr (requires { { sys.uring_submit_and_wait(ring, wait_nr) } -> std::convertible_to<int>; }) {
+  if constexpr (requires {
+                  { sys.uring_submit_and_wait(ring, wait_nr) } -> std::convertible_to<int>;
+                }) {
     return sys.uring_submit_and_wait(ring, wait_nr);
   } else {
     return io_uring_submit_and_wait(ring, wait_nr);
   }
 }
+/// `sys.uring_register_buffer(ring, slot, iov)` where the policy has it, else liburing's
+/// `io_uring_register_buffers_update_tag` for one slot.
+template <class S>
+int uring_register_buffer_via(S& sys, io_uring* ring, unsigned slot, const iovec* iov) noexcept {
+  if constexpr (requires {
+                  { sys.uring_register_buffer(ring, slot, iov) } -> std::convertible_to<int>;
+                }) {
+    return sys.uring_register_buffer(ring, slot, iov);
+  } else {
+    const __u64 tag = 0;
+    return io_uring_register_buffers_update_tag(ring, slot, iov, &tag, 1);
+  }
+}
 /// `sys.uring_queue_init(...)` where the policy has it, else liburing's call.
 template <class S>
 int uring_queue_init_via(S& sys, unsigned entries, io_uring* ring, io_uring_params* params) noexcept {
-  if constexpr (requires { { sys.uring_queue_init(entries, ring, params) } -> std::convertible_to<int>; }) {
+  if constexpr (requires {
+                  { sys.uring_queue_init(entries, ring, params) } -> std::convertible_to<int>;
+                }) {
     return sys.uring_queue_init(entries, ring, params);
   } else {
     return io_uring_queue_init_params(entries, ring, params);
@@ -167,21 +201,24 @@ enum class syscall_kind : std::uint8_t {
   flock,             ///< `flock(2)` (the tier's lock on each backing file)
   uring_queue_init,  ///< the io_uring ring's setup (path "io_uring"; only with `FERRY_HAS_URING`)
   uring_enter,       ///< the io_uring engine's probe of io_uring_enter at setup (path "io_uring")
+  /// the io_uring engine's registration of a buffer in its table (path "io_uring"; a
+  /// clearing of a slot never fails); e.g. ENOMEM as RLIMIT_MEMLOCK answers it
+  uring_register_buffer,
 };
 
 /// @brief One scripted failure (see the file comment).
 struct fault {
-  syscall_kind call = syscall_kind::pwrite;      ///< the call it applies to (pread/pwrite cover io_uring requests too)
-  int error = 0;                       ///< errno to fail with; 0 with `short_bytes` set: a short transfer
+  syscall_kind call = syscall_kind::pwrite;  ///< the call it applies to (pread/pwrite cover io_uring requests too)
+  int error = 0;                             ///< errno to fail with; 0 with `short_bytes` set: a short transfer
   std::optional<std::size_t> short_bytes{};  ///< pread/pwrite: move only this many bytes and report that count
-  std::string path_contains{};         ///< only files whose path contains this ("" = any)
-  std::uint64_t min_offset = 0;        ///< pread/pwrite/fallocate: only at offsets >= this
+  std::string path_contains{};               ///< only files whose path contains this ("" = any)
+  std::uint64_t min_offset = 0;              ///< pread/pwrite/fallocate: only at offsets >= this
   std::uint64_t max_offset = std::numeric_limits<std::uint64_t>::max();  ///< ... and < this
   /// Only when the call's flags contain all of these: open's (e.g. O_DIRECT), flock's
   /// operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL).
   int open_flags = 0;
-  std::size_t skip = 0;                ///< matching calls to let pass before firing
-  std::size_t times = 1;               ///< matching calls to fire on (`forever` = no limit)
+  std::size_t skip = 0;   ///< matching calls to let pass before firing
+  std::size_t times = 1;  ///< matching calls to fire on (`forever` = no limit)
 
   /// @brief `times` value for a fault that never runs out.
   static constexpr std::size_t forever = std::numeric_limits<std::size_t>::max();
@@ -210,7 +247,8 @@ class fault_plan {
 
   /// @brief What a call should do: nothing (`std::nullopt`), or the fault that fires.
   /// Counts the match. Used by `faulty_syscalls`.
-  [[nodiscard]] std::optional<fault> match(syscall_kind call, const std::string& path, std::uint64_t offset, int flags) {
+  [[nodiscard]] std::optional<fault> match(syscall_kind call, const std::string& path, std::uint64_t offset,
+                                           int flags) {
     std::lock_guard lock(mutex_);
     for (rule& r : rules_) {
       const fault& f = r.what;
@@ -328,13 +366,24 @@ class faulty_syscalls {
     if (const auto f = fire(syscall_kind::uring_enter, "io_uring", 0, 0); f && f->error != 0) return -f->error;
     return detail::uring_submit_and_wait_via(base_, ring, wait_nr);
   }
+  /// @brief The engine's registration of a buffer in slot `slot`, unless a
+  /// `uring_register_buffer` fault fires (path "io_uring"): then `-error` and nothing is
+  /// registered. Clearing a slot (an empty `iov`) is never failed.
+  int uring_register_buffer(io_uring* ring, unsigned slot, const iovec* iov) noexcept {
+    if (iov->iov_base != nullptr) {
+      if (const auto f = fire(syscall_kind::uring_register_buffer, "io_uring", 0, 0); f && f->error != 0) {
+        return -f->error;
+      }
+    }
+    return detail::uring_register_buffer_via(base_, ring, slot, iov);
+  }
 #endif
   /// @brief io_uring results: a pread/pwrite fault turns the real result into `-error`,
   /// or caps it at `short_bytes` (the kernel moved more; the caller moves the rest again).
-  std::int64_t completed(op_kind kind, int fd, std::uint64_t offset, std::size_t bytes,
-                         std::int64_t result) noexcept {
+  std::int64_t completed(op_kind kind, int fd, std::uint64_t offset, std::size_t bytes, std::int64_t result) noexcept {
     result = base_.completed(kind, fd, offset, bytes, result);
-    if (const auto f = fire(kind == op_kind::read ? syscall_kind::pread : syscall_kind::pwrite, path_of(fd), offset, 0)) {
+    if (const auto f =
+            fire(kind == op_kind::read ? syscall_kind::pread : syscall_kind::pwrite, path_of(fd), offset, 0)) {
       if (f->error != 0) return -f->error;
       if (f->short_bytes && result >= 0) {
         return std::min<std::int64_t>(result, static_cast<std::int64_t>(*f->short_bytes));

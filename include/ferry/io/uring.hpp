@@ -35,7 +35,9 @@
 /// - **SQPOLL** (`engine_options::sqpoll`): a kernel thread polls the SQ; submitting then
 ///   costs no system call while that thread is awake (it burns a CPU while busy).
 /// Where the kernel refuses registration (old kernels, RLIMIT_MEMLOCK for unprivileged
-/// users), the engine works without it: `fixed_files()` / `fixed_buffers()` say so.
+/// users), the engine works without it and says what is in effect: `fixed_files()`,
+/// `buffer_table()` (a table was given), `fixed_buffers()` (memory is registered now),
+/// `registered_bytes()`, `buffer_refusals()` and `buffer_refusal_reason()`.
 /// Needs Linux 5.19+ for the sparse buffer table (older kernels run without fixed
 /// buffers).
 #pragma once
@@ -44,13 +46,13 @@
 
 #if FERRY_HAS_URING
 
-#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
-#include "ferry/detail/io/request_fifo.hpp"
-#include "ferry/io/request.hpp"
-#include "ferry/io/uring_error.hpp"
-#include "ferry/io/syscalls.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/detail/io/request_fifo.hpp"
+#include "ferry/io/defaults.hpp"
+#include "ferry/io/request.hpp"
+#include "ferry/io/syscalls.hpp"
+#include "ferry/io/uring_error.hpp"
 
 #include <liburing.h>
 
@@ -70,6 +72,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -185,7 +188,9 @@ class uring_engine {
   ///         table is missing or full or the kernel refused; I/O works either way
   bool register_buffer(std::span<std::byte> memory) noexcept {
     if (memory.empty()) return false;
-    return control(command::register_buffer, memory);
+    const bool ok = control(command::register_buffer, memory);
+    if (!ok) buffer_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return ok;
   }
 
   /// @brief Unregisters every registered range inside `memory`; blocks until done. No
@@ -194,8 +199,36 @@ class uring_engine {
 
   /// @brief Whether the files are registered (requests use IOSQE_FIXED_FILE).
   [[nodiscard]] bool fixed_files() const noexcept { return fixed_files_; }
-  /// @brief Whether the kernel gave a registered-buffer table.
-  [[nodiscard]] bool fixed_buffers() const noexcept { return fixed_buffers_; }
+  /// @brief Whether requests use registered buffers now: some memory is registered
+  /// (`register_buffer` succeeded and was not undone), so requests inside it go as
+  /// READ_FIXED / WRITE_FIXED. False when the kernel gave no table, and when every
+  /// registration was refused (e.g. ENOMEM under a small RLIMIT_MEMLOCK without
+  /// CAP_IPC_LOCK: see `buffer_refusal_reason()`). Thread-safe.
+  [[nodiscard]] bool fixed_buffers() const noexcept { return registered_ranges_.load(std::memory_order_acquire) > 0; }
+  /// @brief Whether the kernel gave a registered-buffer table at setup (Linux 5.19+ and
+  /// `engine_options::buffer_slots` > 0): registrations can be tried at all.
+  [[nodiscard]] bool buffer_table() const noexcept { return fixed_buffers_; }
+  /// @brief Bytes registered now (the sum of the registered ranges). Thread-safe.
+  [[nodiscard]] std::size_t registered_bytes() const noexcept {
+    return registered_bytes_.load(std::memory_order_acquire);
+  }
+  /// @brief Calls of `register_buffer` that registered nothing. Thread-safe.
+  [[nodiscard]] std::uint64_t buffer_refusals() const noexcept {
+    return buffer_refusals_.load(std::memory_order_relaxed);
+  }
+  /// @brief Why the last refused `register_buffer` registered nothing: "" if none was
+  /// refused; else "no registered-buffer table", "the table's N slots are full" or the
+  /// kernel's answer, e.g. "io_uring_register_buffers_update: Cannot allocate memory
+  /// (ENOMEM)" (RLIMIT_MEMLOCK). Requests on that memory go through the page-pinning
+  /// path and work all the same.
+  [[nodiscard]] std::string buffer_refusal_reason() const {
+    const int e = last_refusal_.load(std::memory_order_relaxed);
+    if (e == 0) return {};
+    if (e == refusal_no_table) return "no registered-buffer table";
+    if (e == refusal_full) return "the table's " + std::to_string(slot_count_) + " slots are full";
+    return "io_uring_register_buffers_update: " + std::generic_category().message(e) + " (" + detail::errno_name(e) +
+           ")";
+  }
   /// @brief Whether the ring runs with SQPOLL.
   [[nodiscard]] bool sqpoll() const noexcept { return sqpoll_; }
   /// @brief Whether completions are deferred to the ring thread (IORING_SETUP_DEFER_TASKRUN).
@@ -276,9 +309,15 @@ class uring_engine {
       const auto hi = lo + memory.size();
       for (auto it = by_address_.lower_bound(lo); it != by_address_.end() && it->first < hi;) {
         clear_slot(it->second.slot);
+        registered_bytes_.fetch_sub(it->second.bytes, std::memory_order_release);
+        registered_ranges_.fetch_sub(1, std::memory_order_release);
         it = by_address_.erase(it);
       }
       return true;
+    }
+    if (slots_.empty()) {
+      last_refusal_.store(refusal_no_table, std::memory_order_relaxed);
+      return false;
     }
     const std::size_t chunks = div_round_up(memory.size(), max_registered_bytes);
     std::vector<unsigned> chosen;
@@ -287,15 +326,20 @@ class uring_engine {
         if (!slots_[i]) chosen.push_back(i);
       }
     } catch (...) {
+      last_refusal_.store(ENOMEM, std::memory_order_relaxed);
       return false;
     }
-    if (chosen.size() < chunks) return false;
+    if (chosen.size() < chunks) {
+      last_refusal_.store(refusal_full, std::memory_order_relaxed);
+      return false;
+    }
     for (std::size_t c = 0; c < chunks; ++c) {
       std::byte* base = memory.data() + c * max_registered_bytes;
       const std::size_t len = std::min(max_registered_bytes, memory.size() - c * max_registered_bytes);
       iovec iov{base, len};
-      const __u64 tag = 0;
-      bool ok = io_uring_register_buffers_update_tag(&ring_, chosen[c], &iov, &tag, 1) == 1;
+      const int answer = detail::uring_register_buffer_via(*sys_, &ring_, chosen[c], &iov);
+      bool ok = answer == 1;
+      if (!ok) last_refusal_.store(answer < 0 ? -answer : EINVAL, std::memory_order_relaxed);
       if (ok) {
         try {
           by_address_[reinterpret_cast<std::uintptr_t>(base)] = {len, chosen[c]};
@@ -313,13 +357,14 @@ class uring_engine {
         return false;
       }
     }
+    registered_bytes_.fetch_add(memory.size(), std::memory_order_release);
+    registered_ranges_.fetch_add(chunks, std::memory_order_release);
     return true;
   }
 
   void clear_slot(unsigned slot) noexcept {
     iovec iov{nullptr, 0};
-    const __u64 tag = 0;
-    (void)io_uring_register_buffers_update_tag(&ring_, slot, &iov, &tag, 1);
+    (void)detail::uring_register_buffer_via(*sys_, &ring_, slot, &iov);
     slots_[slot] = false;
   }
 
@@ -346,8 +391,8 @@ class uring_engine {
       init_sqpoll_ = true;
     } else {
       // Newest first; a kernel that does not know a flag answers EINVAL.
-      const unsigned flag_sets[] = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-                                    IORING_SETUP_COOP_TASKRUN, 0};
+      const unsigned flag_sets[] = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN, IORING_SETUP_COOP_TASKRUN,
+                                    0};
       for (const unsigned flags : flag_sets) {
         params = io_uring_params{};
         params.flags = IORING_SETUP_CLAMP | flags;
@@ -375,6 +420,7 @@ class uring_engine {
     if (options.buffer_slots > 0 && io_uring_register_buffers_sparse(&ring_, options.buffer_slots) == 0) {
       try {
         slots_.assign(options.buffer_slots, false);
+        slot_count_ = slots_.size();
         fixed_buffers_ = true;
       } catch (...) {
         (void)io_uring_unregister_buffers(&ring_);
@@ -553,7 +599,16 @@ class uring_engine {
   bool defer_taskrun_ = false;
   bool fixed_files_ = false;
   bool fixed_buffers_ = false;
-  std::vector<bool> slots_;  // registered-buffer slots in use (ring thread)
+  std::vector<bool> slots_;     // registered-buffer slots in use (ring thread)
+  std::size_t slot_count_ = 0;  // slots_.size(), for other threads
+
+  // The registration status, written by the ring thread, read by any.
+  static constexpr int refusal_no_table = -1;
+  static constexpr int refusal_full = -2;
+  std::atomic<std::size_t> registered_ranges_{0};
+  std::atomic<std::size_t> registered_bytes_{0};
+  std::atomic<std::uint64_t> buffer_refusals_{0};
+  std::atomic<int> last_refusal_{0};  // errno, refusal_no_table, refusal_full; 0: none
 
   // The ring thread's own.
   io_uring ring_{};

@@ -28,7 +28,8 @@ namespace ferry::io {
 
 namespace detail {
 
-/// The symbolic name of the errno values ring setup answers ("EPERM"), else "errno N".
+/// The symbolic name of the errno values ring setup and file sizing answer ("EPERM"), else
+/// "errno N".
 [[nodiscard]] inline std::string errno_name(int e) {
   switch (e) {
     case EPERM: return "EPERM";
@@ -41,6 +42,7 @@ namespace detail {
     case ENFILE: return "ENFILE";
     case EBUSY: return "EBUSY";
     case ENODEV: return "ENODEV";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
     default: return "errno " + std::to_string(e);
   }
 }
@@ -52,8 +54,8 @@ namespace detail {
 ///
 /// `path()` is "io_uring", `offset()` is `io_error::no_offset`, `bytes()` is 0, `code()`
 /// the errno. `operation()` is "io_uring_queue_init", "io_uring_queue_init (SQPOLL)",
-/// "io_uring_enter" (the NOP probe at setup) or "eventfd"; `refused()` tells a refusal of io_uring itself (`is_uring_refusal`) from
-/// other failures (ENOMEM, EINVAL for unknown setup flags, ...).
+/// "io_uring_enter" (the NOP probe at setup) or "eventfd"; `refused()` tells a refusal of io_uring itself
+/// (`is_uring_refusal`) from other failures (ENOMEM, EINVAL for unknown setup flags, ...).
 class uring_setup_error : public ferry::io_error {
  public:
   /// @param errno_value the errno (positive)

@@ -45,6 +45,12 @@
 /// is thrown. An explicit `io::uring_engine` never falls back; `io::thread_pool_engine`
 /// never tries io_uring. A build without liburing runs the thread pool.
 ///
+/// Sizing falls back the same way: with `file_sizing::preallocate`, a file on a file
+/// system without `fallocate` (EOPNOTSUPP; ENOSYS from the kernel) is sized sparse with
+/// `ftruncate` instead, and the tier says so: `sizing_fell_back()`,
+/// `sizing_fallback_reason()`, `files()[i].sized_sparse`. ENOSPC (and any other errno)
+/// stays an `io_error` with the path, offset and length.
+///
 /// ## One tier per file
 /// The tier holds an exclusive `flock` on each backing file from before it empties or
 /// sizes the file until its destructor: a second tier (in this process or another) on a
@@ -81,9 +87,9 @@
 /// | tier/nvme_region.hpp  | `nvme_region`, the handle of allocated bytes |
 /// | tier/nvme_options.hpp | `nvme_options`, `file_sizing`, `nvme_file_info`, `nvme_stats` |
 /// | tier/nvme_engine.hpp  | `io::default_engine` |
-/// | tier/ticket.hpp       | `io_ticket`, the ticket of an asynchronous transfer (its drop rule: neither waits nor cancels) |
-/// | tier/nvme_tier.hpp    | `basic_nvme_tier`, `nvme_tier` |
-/// | detail/tier/nvme_transfer.hpp | the transfer state machine |
+/// | tier/ticket.hpp       | `io_ticket`, the ticket of an asynchronous transfer (its drop rule: neither waits nor
+/// cancels) | | tier/nvme_tier.hpp    | `basic_nvme_tier`, `nvme_tier` | | detail/tier/nvme_transfer.hpp | the transfer
+/// state machine |
 #pragma once
 
 #include "ferry/tier/nvme_engine.hpp"

@@ -15,9 +15,12 @@ namespace ferry {
 
 /// @brief How the tier sizes its files when it opens them.
 enum class file_sizing : std::uint8_t {
-  sparse,       ///< `ftruncate` each file to its full size (no blocks reserved; reads of unwritten bytes give zeros)
-  preallocate,  ///< `fallocate` the full size (ENOSPC at construction rather than on a write)
-  grow,         ///< leave the files as they are; they grow as regions are written
+  sparse,  ///< `ftruncate` each file to its full size (no blocks reserved; reads of unwritten bytes give zeros)
+  /// `fallocate` the full size (ENOSPC at construction rather than on a write); where the
+  /// file system has no `fallocate` (EOPNOTSUPP) the file is sized sparse instead, and the
+  /// tier reports it (`basic_nvme_tier::sizing_fell_back()`)
+  preallocate,
+  grow,  ///< leave the files as they are; they grow as regions are written
 };
 
 /// @brief Construction settings of an `nvme_tier`. Zero means "from ferry::io::defaults".
@@ -77,6 +80,9 @@ struct nvme_file_info {
   std::string fallback_reason;  ///< why `compat_mode::automatic` chose buffered ("" if it did not)
   std::uint64_t size;           ///< bytes of the file the tier may use
   bool locked = false;          ///< whether the tier holds the file's `flock` (false where the file system has none)
+  /// whether `file_sizing::preallocate` fell back to a sparse `ftruncate` for this file
+  /// (its file system has no `fallocate`; see `basic_nvme_tier::sizing_fallback_reason`)
+  bool sized_sparse = false;
 };
 
 /// @brief Counters of an `nvme_tier` (monotonic; relaxed reads).

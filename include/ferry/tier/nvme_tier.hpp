@@ -5,16 +5,16 @@
 #pragma once
 
 #include "ferry/concepts.hpp"
-#include "ferry/io/defaults.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/detail/tier/nvme_files.hpp"
 #include "ferry/detail/tier/nvme_transfer.hpp"
+#include "ferry/io/defaults.hpp"
 #include "ferry/io/direct_file.hpp"
-#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/memory/buffer_ring.hpp"
+#include "ferry/memory/extent_allocator.hpp"
 #include "ferry/tier/nvme_engine.hpp"
 #include "ferry/tier/nvme_options.hpp"
 #include "ferry/tier/nvme_region.hpp"
@@ -81,7 +81,8 @@ class basic_nvme_tier {
   /// @param sys     the syscalls object (copied into the tier)
   /// @throws ferry::io_error when a file cannot be opened (e.g. ENOENT in a missing
   ///         folder, EISDIR for a folder) or sized (e.g. EFBIG, ENOSPC with
-  ///         `file_sizing::preallocate`); EWOULDBLOCK ("flock", the path) when a file is
+  ///         `file_sizing::preallocate`; a file system without `fallocate` is not an
+  ///         error: see `sizing_fell_back()`); EWOULDBLOCK ("flock", the path) when a file is
   ///         in use by another tier (its lock is held); when O_DIRECT is refused in
   ///         `compat_mode::direct`; or when the engine cannot start: with the default
   ///         engine only for other reasons than a refusal of io_uring (ENOMEM, EINVAL:
@@ -93,7 +94,7 @@ class basic_nvme_tier {
   ///         malformed FERRY_* variable
   explicit basic_nvme_tier(nvme_options options, S sys = S{}) : options_(std::move(options)), sys_(std::move(sys)) {
     const io::defaults::settings* knobs = nullptr;
-    const auto knob = [&](std::size_t given, std::size_t io::defaults::settings::*field) {
+    const auto knob = [&](std::size_t given, std::size_t io::defaults::settings::* field) {
       if (given != 0) return given;
       if (knobs == nullptr) knobs = &io::defaults::current();
       return knobs->*field;
@@ -154,7 +155,7 @@ class basic_nvme_tier {
         if (options_.sizing == file_sizing::sparse) {
           f.truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
-          f.preallocate(0, file_bytes_);
+          preallocate_or_size(f);
         }
       }
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
@@ -308,7 +309,7 @@ class basic_nvme_tier {
   /// (null on success), on an engine thread; `done` may start more transfers, must not
   /// block on them, and must not throw.
   template <class F>
-  requires std::is_invocable_v<F&, std::exception_ptr>
+    requires std::is_invocable_v<F&, std::exception_ptr>
   void submit_write(const region_type& r, std::uint64_t offset, std::span<const std::byte> src, F&& done) {
     check_write(r, offset, src.size());
     detail::drop_ref(start(io::op_kind::write, r, offset, const_cast<std::byte*>(src.data()), src.size(),  // NOLINT
@@ -317,7 +318,7 @@ class basic_nvme_tier {
   /// @brief Starts a read and calls `done(std::exception_ptr)` when it completes; see
   /// the write overload.
   template <class F>
-  requires std::is_invocable_v<F&, std::exception_ptr>
+    requires std::is_invocable_v<F&, std::exception_ptr>
   void submit_read(const region_type& r, std::uint64_t offset, std::span<std::byte> dst, F&& done) {
     check_read(r, offset, dst.size());
     detail::drop_ref(start(io::op_kind::read, r, offset, dst.data(), dst.size(), std::forward<F>(done)));
@@ -353,7 +354,9 @@ class basic_nvme_tier {
     std::vector<nvme_file_info> out;
     for (std::size_t i = 0; i < files_.size(); ++i) {
       const auto& f = files_[i];
-      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0});
+      const bool sized_sparse = std::find(sizing_fell_back_files_.begin(), sizing_fell_back_files_.end(), f.path()) !=
+                                sizing_fell_back_files_.end();
+      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0, sized_sparse});
     }
     return out;
   }
@@ -362,6 +365,17 @@ class basic_nvme_tier {
   [[nodiscard]] bool fell_back() const noexcept {
     return std::any_of(files_.begin(), files_.end(), [](const auto& f) { return f.fell_back(); });
   }
+  /// @brief Whether `file_sizing::preallocate` was asked and some file could not be
+  /// preallocated because its file system has no `fallocate` (EOPNOTSUPP, or ENOSYS from
+  /// the kernel): that file was sized with `ftruncate` instead, sparse, with no disk blocks
+  /// reserved, so a full disk shows as ENOSPC on a later write rather than at
+  /// construction. Which files: `files()[i].sized_sparse`.
+  [[nodiscard]] bool sizing_fell_back() const noexcept { return !sizing_fallback_reason_.empty(); }
+  /// @brief Why, per file that fell back ("; "-separated): the path, the refused call,
+  /// the errno's description and name, and what was done instead, e.g.
+  /// "/mnt/x/ferry.bin: fallocate: Operation not supported (EOPNOTSUPP); sized with
+  /// ftruncate instead (...)"; "" when none did.
+  [[nodiscard]] const std::string& sizing_fallback_reason() const noexcept { return sizing_fallback_reason_; }
   /// @brief The engine that runs the tier's I/O: "io_uring" or "thread_pool" (with the
   /// default engine: the one it ended up with).
   [[nodiscard]] std::string_view engine_name() const noexcept {
@@ -509,6 +523,26 @@ class basic_nvme_tier {
     }
   }
 
+  // `file_sizing::preallocate` of one file: `fallocate` its full size; where the file
+  // system has no `fallocate` (EOPNOTSUPP: tmpfs before 2.6.x, FUSE and network file
+  // systems; ENOSYS: a kernel without it) sizes it with `ftruncate` instead, sparse, and
+  // keeps the reason (`sizing_fallback_reason()`). Any other failure (ENOSPC, EFBIG)
+  // throws with its values, as before.
+  void preallocate_or_size(io::direct_file<S>& f) {
+    try {
+      f.preallocate(0, file_bytes_);
+    } catch (const io_error& e) {
+      const int code = e.code().value();
+      if (code != EOPNOTSUPP && code != ENOSYS) throw;
+      f.truncate(file_bytes_);
+      if (!sizing_fallback_reason_.empty()) sizing_fallback_reason_ += "; ";
+      sizing_fallback_reason_ += f.path() + ": fallocate: " + std::generic_category().message(code) + " (" +
+                                 io::detail::errno_name(code) + "); sized with ftruncate instead (sparse, no blocks " +
+                                 "reserved: a full disk shows as ENOSPC on a write)";
+      sizing_fell_back_files_.push_back(f.path());
+    }
+  }
+
   // Closes the files; with remove_on_close first removes the path of each, if it still
   // names the file held (not a file made there after the tier's was unlinked) — while
   // the lock is held, so the file removed cannot be one another tier has begun to use.
@@ -557,6 +591,8 @@ class basic_nvme_tier {
   std::size_t block_ = 0;
   std::size_t stripe_ = 0;
   std::uint64_t file_bytes_ = 0;
+  std::string sizing_fallback_reason_;               // "" unless preallocation fell back
+  std::vector<std::string> sizing_fell_back_files_;  // the paths it fell back for
   mutable std::mutex allocator_mutex_;
   std::optional<extent_allocator> allocator_;
   std::atomic<std::uint64_t> used_{0};
@@ -566,8 +602,8 @@ class basic_nvme_tier {
   std::string_view read_operation_ = engine_type::read_operation;    // the running engine's names
   std::string_view write_operation_ = engine_type::write_operation;  // (set once it has started)
   io::aligned_buffer staging_memory_;
-  std::optional<staging_ring> staging_;  // the blocks of `staging_memory_`
-  std::mutex staging_mutex_;             // the ring's free list and the waiters
+  std::optional<staging_ring> staging_;    // the blocks of `staging_memory_`
+  std::mutex staging_mutex_;               // the ring's free list and the waiters
   std::deque<transfer*> staging_waiters_;  // each holds a reference
   bool staging_registered_ = false;
   std::mutex active_mutex_;
