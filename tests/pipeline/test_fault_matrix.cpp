@@ -5,9 +5,9 @@
 #include <ferry/memory/extent_allocator.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/transfer/host_executor.hpp>
 #include <ferry/tier/host_tier.hpp>
 #include <ferry/tier/nvme.hpp>
+#include <ferry/transfer/host_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -109,7 +109,6 @@ struct one_callback {
     return error;
   }
 };
-
 
 std::uint64_t fill_memory(void* p, std::size_t n, std::uint64_t seed) {
   const std::span<std::byte> s(static_cast<std::byte*>(p), n);
@@ -434,8 +433,7 @@ TEST_CASE(
     "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget; nothing changes",
     "[faults][tensor_cache]") {
   using two_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
-  using cache_type = ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic,
-                                 ferry::identity<float>>;
+  using cache_type = ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic, ferry::identity<float>>;
   ferry::host_stream compute;
   ferry::host_executor sched{ferry::host_stream_ref(compute)};
   ferry::host_device_arena device(MiB);
@@ -494,6 +492,207 @@ TEST_CASE(
   compute.synchronize();
   CHECK(device.used() == 0);
   CHECK(pool.used() == 0);
+}
+
+namespace {
+
+// A three-tier cache on the host runtime: 4 MiB pinned, `nvme_bytes` of NVMe, 64 MiB of
+// "device" memory; tensors of floats.
+using three_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier, ferry::nvme_tier>;
+using three_tier_cache =
+    ferry::tensor_cache<int, three_tiers, ferry::lru<int>, ferry::no_prefetch, ferry::identity<float>>;
+
+struct three_tier_rig {
+  ferry::host_stream compute;
+  ferry::host_executor sched{ferry::host_stream_ref(compute)};
+  ferry::host_device_arena device{64 * MiB};
+  ferry::pinned_pool pool;
+  scratch_path path{ferry_test::disk_dir};
+  ferry::nvme_tier tier;
+  ferry::host_stream_ref s{compute};
+
+  explicit three_tier_rig(std::uint64_t nvme_bytes)
+      : pool([] {
+          ferry::pinned_pool_options po;
+          po.pin = false;
+          po.budget_bytes = 4 * MiB;
+          po.slab_bytes = MiB;
+          return po;
+        }()),
+        tier(ferry_test::small_options({path.path()}, nvme_bytes)) {}
+
+  three_tiers tiers() {
+    return three_tiers(ferry::host_device_tier(device, sched.h2d()), ferry::pinned_tier(pool), tier);
+  }
+
+  // A tensor of `bytes` filled with a pattern of `seed`; its checksum.
+  std::pair<void*, std::uint64_t> make(three_tier_cache& cache, std::size_t bytes, std::uint8_t seed) {
+    void* p = cache.allocate(bytes, s);
+    const std::vector<std::byte> b = ferry_test::pattern(bytes, seed);
+    std::memcpy(p, b.data(), b.size());
+    return {p, ferry_test::checksum(b)};
+  }
+  std::uint64_t sum_of(const void* p, std::size_t bytes) {
+    std::uint64_t sum = 0;
+    compute.enqueue([&] { sum = sum_memory(p, bytes); });
+    compute.synchronize();
+    return sum;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "fault matrix: tensor_cache refuses a tensor no tier below can hold at its own store, naming the key; "
+    "nothing changes",
+    "[faults][tensor_cache][nvme]") {
+  // Issue 29 (6): with pinned 4 MiB and NVMe 8 MiB, store(1, 32 MiB) succeeded and the
+  // next store(2, 1 MiB) threw, naming neither key, with key 2 stored all the same.
+  three_tier_rig rig(8 * MiB);
+  {
+    three_tier_cache cache(rig.sched, rig.tiers(), {.keep_last = 1});
+    auto [big, big_sum] = rig.make(cache, 32 * MiB, 1);
+    try {
+      cache.store(1, big, 32 * MiB, rig.s);
+      FAIL("stored a tensor larger than every tier below the device");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("tensor_cache::store(key 1, 33554432 bytes)") &&
+                               Catch::Contains("pinned_pool of 4194304 bytes") &&
+                               Catch::Contains("nvme_tier of 8388608 bytes"));
+      CHECK(e.requested() == 32 * MiB);
+      CHECK(e.capacity() == 8 * MiB);
+      CHECK(std::string(e.resource()) == "nvme_tier");
+    }
+    CHECK_FALSE(cache.contains(1));
+    CHECK(cache.size() == 0);
+    CHECK(cache.stats().stored == 0);
+    CHECK(rig.sum_of(big, 32 * MiB) == big_sum);  // the caller's, untouched
+    rig.device.deallocate(big, 32 * MiB, rig.s);
+    // The next store is its own: it succeeds, and only it is stored.
+    auto [small, small_sum] = rig.make(cache, MiB, 2);
+    cache.store(2, small, MiB, rig.s);
+    auto [other, other_sum] = rig.make(cache, MiB, 3);
+    cache.store(3, other, MiB, rig.s);  // pushes key 2 out of the window: to pinned memory
+    CHECK(cache.tier_of(2) == ferry::tier_kind::pinned);
+    CHECK(rig.sum_of(cache.get(2, rig.s), MiB) == small_sum);
+    CHECK(rig.sum_of(cache.get(3, rig.s), MiB) == other_sum);
+    CHECK(cache.size() == 2);
+    cache.erase(2, rig.s);
+    cache.erase(3, rig.s);
+    rig.sched.synchronize();
+  }
+  rig.compute.synchronize();
+  CHECK(rig.device.used() == 0);
+  CHECK(rig.pool.used() == 0);
+  CHECK(rig.tier.used() == 0);
+}
+
+TEST_CASE(
+    "fault matrix: a store whose pushed-out tensor finds no room below throws naming both keys, and changes "
+    "nothing",
+    "[faults][tensor_cache][nvme]") {
+  // Pinned memory holds one 3 MiB tensor, NVMe two: the fifth store's demotion of the
+  // fourth tensor needs a spill the NVMe tier cannot take.
+  three_tier_rig rig(8 * MiB);
+  {
+    three_tier_cache cache(rig.sched, rig.tiers(), {.keep_last = 1});
+    std::vector<std::uint64_t> sums;
+    for (int k = 0; k < 4; ++k) {
+      auto [p, sum] = rig.make(cache, 3 * MiB, static_cast<std::uint8_t>(10 + k));
+      cache.store(k, p, 3 * MiB, rig.s);
+      sums.push_back(sum);
+    }
+    rig.sched.synchronize();
+    const auto before = cache.stats();
+    const std::size_t pool_used = rig.pool.used(), tier_used = rig.tier.used();
+    auto [p, sum] = rig.make(cache, 3 * MiB, 20);
+    try {
+      cache.store(4, p, 3 * MiB, rig.s);
+      FAIL("stored with no room below for the tensor it pushes out");
+    } catch (const ferry::out_of_capacity& e) {
+      CHECK_THAT(e.what(), Catch::Contains("tensor_cache::store(key 4)") && Catch::Contains("(key 3)") &&
+                               Catch::Contains("nothing stored, key 3 stays on the device") &&
+                               Catch::Contains("nvme_tier cannot hold"));
+    }
+    CHECK_FALSE(cache.contains(4));
+    CHECK(cache.size() == 4);
+    CHECK(cache.stats().stored == before.stored);
+    CHECK(cache.tier_of(3) == ferry::tier_kind::device);
+    CHECK(rig.pool.used() == pool_used);
+    CHECK(rig.tier.used() == tier_used);
+    CHECK(rig.sum_of(p, 3 * MiB) == sum);  // the caller's buffer, untouched
+    // Once there is room the same store succeeds, and key 3 leaves the window then.
+    cache.erase(0, rig.s);
+    rig.sched.synchronize();
+    cache.store(4, p, 3 * MiB, rig.s);
+    sums.push_back(sum);
+    CHECK(cache.tier_of(3) != ferry::tier_kind::device);
+    for (int k = 1; k < 5; ++k) {
+      INFO("key " << k);
+      CHECK(rig.sum_of(cache.get(k, rig.s), 3 * MiB) == sums[static_cast<std::size_t>(k)]);
+    }
+    for (int k = 1; k < 5; ++k) cache.erase(k, rig.s);
+    rig.sched.synchronize();
+  }
+  rig.compute.synchronize();
+  CHECK(rig.device.used() == 0);
+  CHECK(rig.pool.used() == 0);
+  CHECK(rig.tier.used() == 0);
+}
+
+TEST_CASE("fault matrix: tensor_cache's logic errors name the public call and the key", "[faults][tensor_cache]") {
+  three_tier_rig rig(8 * MiB);
+  three_tier_cache cache(rig.sched, rig.tiers(), {.keep_last = 1});
+  const auto message_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const ferry::logic_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(nothing thrown)");
+  };
+  CHECK_THAT(message_of([&] { (void)cache.get(42, rig.s); }),
+             Catch::Contains("tensor_cache::get: the cache does not hold this key") && Catch::Contains("key = 42"));
+  CHECK_THAT(message_of([&] { cache.prefetch(43); }),
+             Catch::Contains("tensor_cache::prefetch") && Catch::Contains("key = 43"));
+  CHECK_THAT(message_of([&] { cache.erase(44, rig.s); }),
+             Catch::Contains("tensor_cache::erase") && Catch::Contains("key = 44"));
+  CHECK_THAT(message_of([&] { (void)cache.tier_of(45); }),
+             Catch::Contains("tensor_cache::tier_of") && Catch::Contains("key = 45"));
+  auto [p, sum] = rig.make(cache, MiB, 5);
+  cache.store(7, p, MiB, rig.s);
+  CHECK_THAT(message_of([&] { cache.store(7, p, MiB, rig.s); }),
+             Catch::Contains("tensor_cache::store: this key is already stored") && Catch::Contains("key = 7"));
+  CHECK_THAT(message_of([&] { cache.store(8, nullptr, MiB, rig.s); }),
+             Catch::Contains("tensor_cache::store of a null") && Catch::Contains("key = 8"));
+  CHECK(rig.sum_of(cache.get(7, rig.s), MiB) == sum);
+  cache.erase(7, rig.s);
+  rig.sched.synchronize();
+}
+
+TEST_CASE(
+    "fault matrix: destroying the NVMe tier or the pinned pool under a live tensor_cache stops with one line "
+    "naming both",
+    "[faults][tensor_cache][nvme]") {
+  // Issue 29 (7): the tier destroyed first, a later get seemed to work, then
+  // ~tensor_cache crashed in extent_allocator::move_free.
+  const bool pool_first = GENERATE(false, true);
+  const auto [text, aborted] = in_child([pool_first] {
+    auto rig = std::make_unique<three_tier_rig>(8 * MiB);
+    auto cache = std::make_unique<three_tier_cache>(rig->sched, rig->tiers(), ferry::tensor_cache_options{});
+    auto [p, sum] = rig->make(*cache, MiB, 1);
+    cache->store(1, p, MiB, rig->s);
+    if (pool_first) {
+      std::destroy_at(&rig->pool);  // aborts
+    } else {
+      std::destroy_at(&rig->tier);  // aborts
+    }
+  });
+  CHECK(aborted);
+  const char* resource = pool_first ? "ferry: pinned_pool 0x" : "ferry: nvme_tier 0x";
+  CHECK_THAT(text,
+             Catch::Contains(resource) && Catch::Contains("destroyed while 1 object still uses it: tensor_cache 0x"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
 }
 
 TEST_CASE("fault matrix: host_device_arena sizes up to SIZE_MAX are out_of_capacity, nothing allocated",

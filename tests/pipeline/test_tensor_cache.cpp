@@ -155,7 +155,7 @@ TEMPLATE_TEST_CASE("tensor_cache: over the pinned budget, tensors spill to NVMe 
   CHECK(pool.used() == 0);
 }
 
-TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and the tensor stays retrievable",
+TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_capacity and changes nothing",
                    "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
   TestType dev;
   INFO(dev.name());
@@ -166,11 +166,21 @@ TEMPLATE_TEST_CASE("tensor_cache: with nothing to spill, store throws out_of_cap
   cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 0});
   producer prod{compute};
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);  // fits
-  CHECK_THROWS_AS(cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute), ferry::out_of_capacity);
-  CHECK(cache.contains(1));
-  CHECK(cache.tier_of(1) == ferry::tier_kind::device);  // still on the device, owned by the cache
-  CHECK(sum_on(compute, cache.get(1, compute), 3 * MiB) == expected_sum(3 * MiB, 1));
+  void* refused = prod.make(cache, 3 * MiB, 1);
+  try {
+    cache.store(1, refused, 3 * MiB, compute);
+    FAIL("stored with no room below the device");
+  } catch (const ferry::out_of_capacity& e) {
+    CHECK_THAT(e.what(), Catch::Contains("tensor_cache::store(key 1)") && Catch::Contains("nothing stored"));
+  }
+  CHECK_FALSE(cache.contains(1));  // a store that throws changes nothing
+  CHECK(cache.size() == 1);
+  CHECK(sum_on(compute, refused, 3 * MiB) == expected_sum(3 * MiB, 1));  // the caller's buffer, intact
+  device.deallocate(refused, 3 * MiB, compute);
   CHECK(sum_on(compute, cache.get(0, compute), 3 * MiB) == expected_sum(3 * MiB, 0));
+  cache.erase(0, compute);
+  settle(sched, compute);
+  CHECK(pool.used() == 0);
 }
 
 TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and every tensor stays retrievable",
@@ -191,8 +201,11 @@ TEMPLATE_TEST_CASE("tensor_cache: an ENOSPC while spilling raises the error and 
   cache.store(0, prod.make(cache, 3 * MiB, 0), 3 * MiB, compute);
   cache.store(1, prod.make(cache, 3 * MiB, 1), 3 * MiB, compute);
   plan->add({.call = ferry::io::syscall_kind::pwrite, .error = ENOSPC, .times = ferry::io::fault::forever});
-  CHECK_THROWS_AS(cache.store(2, prod.make(cache, 3 * MiB, 2), 3 * MiB, compute), ferry::io_error);
+  void* third = prod.make(cache, 3 * MiB, 2);
+  CHECK_THROWS_AS(cache.store(2, third, 3 * MiB, compute), ferry::io_error);
+  CHECK_FALSE(cache.contains(2));  // nothing changed: the buffer is the caller's again
   plan->clear();
+  cache.store(2, third, 3 * MiB, compute);  // once the disk has room, the same store succeeds
   for (int i = 0; i < 3; ++i) {
     CHECK(sum_on(compute, cache.get(i, compute), 3 * MiB) == expected_sum(3 * MiB, static_cast<std::uint64_t>(i)));
   }
@@ -362,9 +375,17 @@ TEMPLATE_TEST_CASE("tensor_cache: the two-statement form owns its device and pin
     CHECK(cache.stats().reserved_pinned_bytes == 16 * MiB);  // the whole budget of its own pool, pinned up front
     // Its arena has the budget given: past it, the device refuses.
     CHECK_THROWS_AS(static_cast<void>(cache.allocate(33 * MiB, compute)), ferry::out_of_capacity);
-    // Its pool has the budget given: a fifth tensor does not fit beside four (no NVMe).
-    CHECK_THROWS_AS(cache.store(4, prod.make(cache, 6 * MiB, 4), 6 * MiB, compute), ferry::out_of_capacity);
-    for (int i = 4; i >= 0; --i) {
+    // Its pool has the budget given: a fifth tensor does not fit beside four (no NVMe), and
+    // its store changes nothing.
+    void* fifth = prod.make(cache, 6 * MiB, 4);
+    CHECK_THROWS_AS(cache.store(4, fifth, 6 * MiB, compute), ferry::out_of_capacity);
+    CHECK_FALSE(cache.contains(4));
+    CHECK(sum_on(compute, fifth, 6 * MiB) == expected_sum(6 * MiB, 4));
+    cache.erase(0, compute);  // room for it now, in one piece
+    cache.erase(1, compute);
+    settle(sched, compute);
+    cache.store(4, fifth, 6 * MiB, compute);
+    for (int i = 4; i >= 2; --i) {
       const std::size_t bytes = i == 4 ? 6 * MiB : 3 * MiB;
       CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(i)));
       cache.erase(i, compute);

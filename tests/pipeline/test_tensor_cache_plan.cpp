@@ -222,9 +222,12 @@ TEST_CASE("tensor_cache plan: a cache without NVMe refuses what its pinned tier 
   producer prod{compute};
   cache.store(0, prod.make(cache, 4 * MiB, 0), 4 * MiB, compute);
   cache.store(1, prod.make(cache, 4 * MiB, 1), 4 * MiB, compute);
-  CHECK_THROWS_AS(cache.store(2, prod.make(cache, 4 * MiB, 2), 4 * MiB, compute), ferry::out_of_capacity);
-  CHECK(cache.tier_of(2) == ferry::tier_kind::device);  // kept, owned by the cache
-  for (int i = 0; i < 3; ++i) {
+  void* third = prod.make(cache, 4 * MiB, 2);
+  CHECK_THROWS_AS(cache.store(2, third, 4 * MiB, compute), ferry::out_of_capacity);
+  CHECK_FALSE(cache.contains(2));  // refused, nothing changed: the buffer is the caller's
+  CHECK(sum_on(compute, third, 4 * MiB) == expected_sum(4 * MiB, 2));
+  device.deallocate(third, 4 * MiB, compute);
+  for (int i = 0; i < 2; ++i) {
     CHECK(sum_on(compute, cache.get(i, compute), 4 * MiB) == expected_sum(4 * MiB, static_cast<std::uint64_t>(i)));
     cache.erase(i, compute);
   }

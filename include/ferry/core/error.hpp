@@ -215,10 +215,24 @@ class out_of_capacity : public std::bad_alloc, public error {
                   source_site site)
       : error(site),
         message_(describe(resource, requested, used, capacity, site)),  // NOLINT(bugprone-throw-keyword-missing)
+        resource_(std::string(resource)),
+        requested_(requested),
+        used_(used),
+        capacity_(capacity) {}
+  /// @brief The same, with a message of the caller's: what the call that failed was
+  /// (its key, the tiers involved), after the site.
+  /// @param message the text after "file:line (function): "
+  out_of_capacity(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
+                  source_site site, std::string_view message)
+      : error(site),
+        message_(with_site(message, site)),  // NOLINT(bugprone-throw-keyword-missing)
+        resource_(std::string(resource)),
         requested_(requested),
         used_(used),
         capacity_(capacity) {}
   [[nodiscard]] const char* what() const noexcept override { return message_.what(); }
+  /// @brief What ran out: "pinned_pool", "nvme_tier", a device arena's name, ...
+  [[nodiscard]] const char* resource() const noexcept { return resource_.what(); }
   /// @brief Bytes the refused request asked for.
   [[nodiscard]] std::size_t requested() const noexcept { return requested_; }
   /// @brief Bytes in use when the request was refused.
@@ -238,7 +252,14 @@ class out_of_capacity : public std::bad_alloc, public error {
     return std::move(os).str();
   }
 
-  std::runtime_error message_;  // reference-counted, so copying this exception cannot throw
+  static std::string with_site(std::string_view message, const source_site& site) {
+    std::ostringstream os;
+    os << site.file << ':' << site.line << " (" << site.function << "): " << message;
+    return std::move(os).str();
+  }
+
+  std::runtime_error message_;   // reference-counted, so copying this exception cannot throw
+  std::runtime_error resource_;  // likewise
   std::size_t requested_;
   std::size_t used_;
   std::size_t capacity_;
@@ -321,8 +342,8 @@ struct named_arg {
 ///              the check)
 /// @param value the value to show, written as the macros write any value
 template <class T>
-[[nodiscard]] constexpr named_arg<T> named(const char* name, T&& value) noexcept(
-    std::is_nothrow_constructible_v<T, T&&>) {
+[[nodiscard]] constexpr named_arg<T> named(const char* name,
+                                           T&& value) noexcept(std::is_nothrow_constructible_v<T, T&&>) {
   return named_arg<T>{name, std::forward<T>(value)};
 }
 
@@ -491,23 +512,23 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// @param call a call returning `R::status_type`
 /// @param ...  values to show in the message by name (evaluated only on failure;
 ///             `ferry::named` chooses the name, as for `FERRY_EXPECTS`)
-#define FERRY_RUNTIME_TRY(R, call, ...)                                                                 \
-  do {                                                                                                \
-    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {      \
-      ::ferry::detail::throw_runtime<R>(FERRY_DETAIL_SITE(), ferry_runtime_status_,                   \
-                                        #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));                  \
-    }                                                                                                 \
+#define FERRY_RUNTIME_TRY(R, call, ...)                                                          \
+  do {                                                                                           \
+    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] { \
+      ::ferry::detail::throw_runtime<R>(FERRY_DETAIL_SITE(), ferry_runtime_status_,              \
+                                        #call FERRY_DETAIL_NAMED_LIST(__VA_ARGS__));             \
+    }                                                                                            \
   } while (false)
 
 /// @brief Calls a member of device runtime `R` from a destructor or other `noexcept`
 /// code: never throws; a failure's message goes to the destructor error handler
 /// (`ferry::set_destructor_error_handler`), except what `R::ignorable_at_teardown` says
 /// is the runtime going away at process exit.
-#define FERRY_RUNTIME_ASSERT(R, call)                                                                        \
-  do {                                                                                                     \
-    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {           \
+#define FERRY_RUNTIME_ASSERT(R, call)                                                                         \
+  do {                                                                                                        \
+    if (const auto ferry_runtime_status_ = (call); !R::ok(ferry_runtime_status_)) [[unlikely]] {              \
       ::ferry::detail::report_destructor_runtime_error<R>(FERRY_DETAIL_SITE(), ferry_runtime_status_, #call); \
-    }                                                                                                      \
+    }                                                                                                         \
   } while (false)
 
 #if FERRY_HAS_CUDA

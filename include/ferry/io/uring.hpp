@@ -49,6 +49,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/detail/io/request_fifo.hpp"
+#include "ferry/detail/io/uring_buffers.hpp"
 #include "ferry/io/defaults.hpp"
 #include "ferry/io/request.hpp"
 #include "ferry/io/syscalls.hpp"
@@ -67,7 +68,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <span>
 #include <string>
@@ -100,7 +100,7 @@ class uring_engine {
   /// @copydoc read_operation
   static constexpr std::string_view write_operation = "io_uring write";
   /// @brief Most bytes one registered buffer may span (the kernel's limit per iovec).
-  static constexpr std::size_t max_registered_bytes = std::size_t{1} << 30;
+  static constexpr std::size_t max_registered_bytes = detail::uring_buffer_table::max_bytes;
 
   /// @brief Starts the ring thread, which creates the ring and registers the files and
   /// an empty buffer table.
@@ -188,9 +188,7 @@ class uring_engine {
   ///         table is missing or full or the kernel refused; I/O works either way
   bool register_buffer(std::span<std::byte> memory) noexcept {
     if (memory.empty()) return false;
-    const bool ok = control(command::register_buffer, memory);
-    if (!ok) buffer_refusals_.fetch_add(1, std::memory_order_relaxed);
-    return ok;
+    return control(command::register_buffer, memory);
   }
 
   /// @brief Unregisters every registered range inside `memory`; blocks until done. No
@@ -204,31 +202,20 @@ class uring_engine {
   /// READ_FIXED / WRITE_FIXED. False when the kernel gave no table, and when every
   /// registration was refused (e.g. ENOMEM under a small RLIMIT_MEMLOCK without
   /// CAP_IPC_LOCK: see `buffer_refusal_reason()`). Thread-safe.
-  [[nodiscard]] bool fixed_buffers() const noexcept { return registered_ranges_.load(std::memory_order_acquire) > 0; }
+  [[nodiscard]] bool fixed_buffers() const noexcept { return buffers_.registered(); }
   /// @brief Whether the kernel gave a registered-buffer table at setup (Linux 5.19+ and
   /// `engine_options::buffer_slots` > 0): registrations can be tried at all.
-  [[nodiscard]] bool buffer_table() const noexcept { return fixed_buffers_; }
+  [[nodiscard]] bool buffer_table() const noexcept { return buffers_.has_table(); }
   /// @brief Bytes registered now (the sum of the registered ranges). Thread-safe.
-  [[nodiscard]] std::size_t registered_bytes() const noexcept {
-    return registered_bytes_.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] std::size_t registered_bytes() const noexcept { return buffers_.bytes(); }
   /// @brief Calls of `register_buffer` that registered nothing. Thread-safe.
-  [[nodiscard]] std::uint64_t buffer_refusals() const noexcept {
-    return buffer_refusals_.load(std::memory_order_relaxed);
-  }
+  [[nodiscard]] std::uint64_t buffer_refusals() const noexcept { return buffers_.refusals(); }
   /// @brief Why the last refused `register_buffer` registered nothing: "" if none was
   /// refused; else "no registered-buffer table", "the table's N slots are full" or the
   /// kernel's answer, e.g. "io_uring_register_buffers_update: Cannot allocate memory
   /// (ENOMEM)" (RLIMIT_MEMLOCK). Requests on that memory go through the page-pinning
   /// path and work all the same.
-  [[nodiscard]] std::string buffer_refusal_reason() const {
-    const int e = last_refusal_.load(std::memory_order_relaxed);
-    if (e == 0) return {};
-    if (e == refusal_no_table) return "no registered-buffer table";
-    if (e == refusal_full) return "the table's " + std::to_string(slot_count_) + " slots are full";
-    return "io_uring_register_buffers_update: " + std::generic_category().message(e) + " (" + detail::errno_name(e) +
-           ")";
-  }
+  [[nodiscard]] std::string buffer_refusal_reason() const { return buffers_.refusal_reason(); }
   /// @brief Whether the ring runs with SQPOLL.
   [[nodiscard]] bool sqpoll() const noexcept { return sqpoll_; }
   /// @brief Whether completions are deferred to the ring thread (IORING_SETUP_DEFER_TASKRUN).
@@ -257,10 +244,6 @@ class uring_engine {
     std::span<std::byte> memory;
     bool done = false;
     bool result = false;
-  };
-  struct registered {
-    std::size_t bytes;
-    unsigned slot;
   };
 
   static const uring_engine*& current_ring_thread() noexcept {
@@ -305,77 +288,10 @@ class uring_engine {
 
   bool execute(command what, std::span<std::byte> memory) noexcept {
     if (what == command::unregister_buffer) {
-      const auto lo = reinterpret_cast<std::uintptr_t>(memory.data());
-      const auto hi = lo + memory.size();
-      for (auto it = by_address_.lower_bound(lo); it != by_address_.end() && it->first < hi;) {
-        clear_slot(it->second.slot);
-        registered_bytes_.fetch_sub(it->second.bytes, std::memory_order_release);
-        registered_ranges_.fetch_sub(1, std::memory_order_release);
-        it = by_address_.erase(it);
-      }
+      buffers_.remove(*sys_, ring_, memory);
       return true;
     }
-    if (slots_.empty()) {
-      last_refusal_.store(refusal_no_table, std::memory_order_relaxed);
-      return false;
-    }
-    const std::size_t chunks = div_round_up(memory.size(), max_registered_bytes);
-    std::vector<unsigned> chosen;
-    try {
-      for (unsigned i = 0; i < slots_.size() && chosen.size() < chunks; ++i) {
-        if (!slots_[i]) chosen.push_back(i);
-      }
-    } catch (...) {
-      last_refusal_.store(ENOMEM, std::memory_order_relaxed);
-      return false;
-    }
-    if (chosen.size() < chunks) {
-      last_refusal_.store(refusal_full, std::memory_order_relaxed);
-      return false;
-    }
-    for (std::size_t c = 0; c < chunks; ++c) {
-      std::byte* base = memory.data() + c * max_registered_bytes;
-      const std::size_t len = std::min(max_registered_bytes, memory.size() - c * max_registered_bytes);
-      iovec iov{base, len};
-      const int answer = detail::uring_register_buffer_via(*sys_, &ring_, chosen[c], &iov);
-      bool ok = answer == 1;
-      if (!ok) last_refusal_.store(answer < 0 ? -answer : EINVAL, std::memory_order_relaxed);
-      if (ok) {
-        try {
-          by_address_[reinterpret_cast<std::uintptr_t>(base)] = {len, chosen[c]};
-          slots_[chosen[c]] = true;
-        } catch (...) {
-          clear_slot(chosen[c]);
-          ok = false;
-        }
-      }
-      if (!ok) {
-        for (std::size_t undo = 0; undo < c; ++undo) {
-          clear_slot(chosen[undo]);
-          by_address_.erase(reinterpret_cast<std::uintptr_t>(memory.data() + undo * max_registered_bytes));
-        }
-        return false;
-      }
-    }
-    registered_bytes_.fetch_add(memory.size(), std::memory_order_release);
-    registered_ranges_.fetch_add(chunks, std::memory_order_release);
-    return true;
-  }
-
-  void clear_slot(unsigned slot) noexcept {
-    iovec iov{nullptr, 0};
-    (void)detail::uring_register_buffer_via(*sys_, &ring_, slot, &iov);
-    slots_[slot] = false;
-  }
-
-  // The slot of a registered range holding [p, p + n), or -1.
-  int slot_of(const std::byte* p, std::size_t n) const noexcept {
-    if (by_address_.empty()) return -1;
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    auto it = by_address_.upper_bound(a);
-    if (it == by_address_.begin()) return -1;
-    --it;
-    return a + n <= it->first + it->second.bytes ? static_cast<int>(it->second.slot) : -1;
+    return buffers_.add(*sys_, ring_, memory);
   }
 
   int setup(const engine_options& options) noexcept {
@@ -417,15 +333,7 @@ class uring_engine {
     if (!fds_.empty()) {
       fixed_files_ = io_uring_register_files(&ring_, fds_.data(), static_cast<unsigned>(fds_.size())) == 0;
     }
-    if (options.buffer_slots > 0 && io_uring_register_buffers_sparse(&ring_, options.buffer_slots) == 0) {
-      try {
-        slots_.assign(options.buffer_slots, false);
-        slot_count_ = slots_.size();
-        fixed_buffers_ = true;
-      } catch (...) {
-        (void)io_uring_unregister_buffers(&ring_);
-      }
-    }
+    (void)buffers_.open(ring_, options.buffer_slots);
     return 0;
   }
 
@@ -456,7 +364,7 @@ class uring_engine {
       io_request* r = local_.pop();
       const int fd = fixed_files_ ? static_cast<int>(r->file) : fds_[r->file];
       const auto n = static_cast<unsigned>(r->bytes);
-      const int slot = slot_of(r->buffer, r->bytes);
+      const int slot = buffers_.slot_of(r->buffer, r->bytes);
       if (r->kind == op_kind::read) {
         if (slot >= 0) {
           io_uring_prep_read_fixed(sqe, fd, r->buffer, n, r->offset, slot);
@@ -598,17 +506,7 @@ class uring_engine {
   bool sqpoll_ = false;
   bool defer_taskrun_ = false;
   bool fixed_files_ = false;
-  bool fixed_buffers_ = false;
-  std::vector<bool> slots_;     // registered-buffer slots in use (ring thread)
-  std::size_t slot_count_ = 0;  // slots_.size(), for other threads
-
-  // The registration status, written by the ring thread, read by any.
-  static constexpr int refusal_no_table = -1;
-  static constexpr int refusal_full = -2;
-  std::atomic<std::size_t> registered_ranges_{0};
-  std::atomic<std::size_t> registered_bytes_{0};
-  std::atomic<std::uint64_t> buffer_refusals_{0};
-  std::atomic<int> last_refusal_{0};  // errno, refusal_no_table, refusal_full; 0: none
+  detail::uring_buffer_table buffers_;  // the registered buffers (changed on the ring thread)
 
   // The ring thread's own.
   io_uring ring_{};
@@ -617,7 +515,6 @@ class uring_engine {
   std::size_t submit_batch_ = 1;
   std::size_t queued_since_submit_ = 0;  // requests callbacks queued since the last submission
   std::uint64_t wake_value_ = 0;
-  std::map<std::uintptr_t, registered> by_address_;  // base address -> registered range
 
   std::atomic<std::uint64_t> submitted_{0};
   std::atomic<std::uint64_t> completed_{0};

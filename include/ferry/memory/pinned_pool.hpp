@@ -23,9 +23,10 @@
 #include "ferry/core/config.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/detail/core/lifetime.hpp"
 #include "ferry/detail/memory/pinned_pool_parts.hpp"
-#include "ferry/memory/defaults.hpp"
 #include "ferry/detail/memory/registrations.hpp"
+#include "ferry/memory/defaults.hpp"
 #include "ferry/memory/extent_allocator.hpp"
 
 #include <atomic>
@@ -97,14 +98,6 @@ struct pinned_pool_hooks {
   /// Describes an error code of `register_chunk`; default: the CUDA error's name and text.
   std::function<std::string(int error_code)> describe;
 };
-
-namespace detail {
-// Whether the default fallback line was printed in this process (tests reset it).
-inline std::atomic<bool>& pinning_fallback_said() noexcept {
-  static std::atomic<bool> said{false};
-  return said;
-}
-}  // namespace detail
 
 /// @brief How a `pinned_pool` is set up. Sizes are bytes.
 struct pinned_pool_options {
@@ -193,6 +186,7 @@ class pinned_pool {
 
   /// @brief Unpins and unmaps every slab.
   ~pinned_pool() {
+    lifetime_.expect_no_users("pinned_pool", this);  // a cache left alive would crash later
     for (auto& [base, s] : slabs_) {
       release(*s);
     }
@@ -325,7 +319,8 @@ class pinned_pool {
             FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", cost, used(), budget_);
           }
           const std::size_t n = std::min(std::max(round_up(cost, page_), slab_bytes_), left);
-          if (make_slab(n, report) == nullptr) FERRY_THROW_OUT_OF_CAPACITY("pinned_pool (mmap failed)", n, used(), budget_);
+          if (make_slab(n, report) == nullptr)
+            FERRY_THROW_OUT_OF_CAPACITY("pinned_pool (mmap failed)", n, used(), budget_);
         }
       } catch (...) {
         error = std::current_exception();
@@ -405,6 +400,9 @@ class pinned_pool {
     const bool maps = options_.hooks.register_chunk ? options_.hooks.maps_for_device : has_cuda;
     return maps && is_pinned(p);
   }
+
+  /// @brief The caches using this pool (for ferry's pipelines: see detail/core/lifetime.hpp).
+  [[nodiscard]] detail::lifetime_anchor& lifetime_anchor() noexcept { return lifetime_; }
 
  private:
   struct slab {
@@ -588,6 +586,7 @@ class pinned_pool {
   bool pinning_ = false;
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, std::unique_ptr<slab>> slabs_;  // by base address
+  detail::lifetime_anchor lifetime_;
   slab* last_ = nullptr;
   std::optional<pinning_failure> failure_;
   std::atomic<std::size_t> used_{0};

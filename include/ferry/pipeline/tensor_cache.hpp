@@ -95,20 +95,37 @@
 /// the recorded one.
 ///
 /// ## Errors and guarantees
-/// Nothing is lost: a tensor stays where it was until its new copy is confirmed. If no
-/// pinned block can be had (after the pool has waited for the copies of blocks erased
-/// tensors left behind, and the cache for its landed fetches) and nothing can spill,
-/// `store` throws `out_of_capacity`
-/// and the tensor stays on the device, still owned by the cache (retrievable with `get`,
-/// freed by `erase`). A failed spill write leaves the tensor in pinned memory. A failed
+/// Nothing is lost: a tensor stays where it was until its new copy is confirmed. A `store`
+/// that throws changes nothing (the key is not stored, the buffer is the caller's again,
+/// and the tensor it would have pushed out of the window of the last stored stays on the
+/// device, in the window), and its error names the key:
+/// - a tensor larger than every tier below the device (the pinned pool's budget and the
+///   NVMe tier's capacity; tensors below `resident_below_bytes` excepted, they never
+///   leave) is refused at its own `store` with `out_of_capacity` ("tensor_cache::store(key
+///   1, 33554432 bytes): the tensor ... is larger than every tier below the device: ...");
+/// - when the tensor a store pushes out of the window cannot be demoted (no pinned block
+///   can be had after the pool has waited for the copies of blocks erased tensors left
+///   behind and the cache for its landed fetches, and nothing can spill), the store throws
+///   `out_of_capacity` naming both keys and the tier that is full. Tensors spilled from
+///   pinned memory to NVMe on the way stay there, whole.
+///
+/// A failed spill write leaves the tensor in pinned memory. A failed
 /// D2H surfaces from the spill or the `get` that reads it; a failed H2D or NVMe read
 /// from `get` (the ticket's error), and the copy it came from is kept and the tensor
 /// counted there again. A prefetch that fails (its read from NVMe, or no device memory
 /// for it) is dropped quietly: the tensor keeps its copy, and its own `get` tries again
 /// and throws the error if it persists; no other key's `get` sees it. Unknown keys, a
 /// null pointer, a size that is not a multiple of the element size: `ferry::logic_error`
-/// (a refused `store` leaves the buffer the caller's: free it with the device memory's
-/// `deallocate`).
+/// naming the public call and the key ("tensor_cache::get: the cache does not hold this
+/// key [key = 42]"; a refused `store` leaves the buffer the caller's: free it with the
+/// device memory's `deallocate`).
+///
+/// ## Lifetime
+/// The scheduler, the device arena, the pinned pool and the NVMe tier a cache borrows
+/// must outlive it. Destroying the pinned pool or the NVMe tier while a cache still uses
+/// it stops the process with one line on stderr naming both ("ferry: nvme_tier 0x...
+/// (/path) destroyed while 1 object still uses it: tensor_cache 0x...") rather than
+/// leaving the cache to crash in its own destructor.
 ///
 /// ## Threads
 /// A cache is used from one thread at a time (the training loop). Its moves run on the
@@ -263,8 +280,11 @@ class tensor_cache {
   /// enqueued on `producer`, allocated with `allocate`) under `key`; offloads it in the
   /// background unless it stays resident (see the file comment). Returns at once.
   /// @throws ferry::logic_error (a key already stored, null `p`, `bytes` not a multiple of
-  ///         the element size); ferry::out_of_capacity (nothing could make room: the
-  ///         tensor stays on the device, owned by the cache); the scheduler's errors
+  ///         the element size), naming the key; ferry::out_of_capacity for a tensor no
+  ///         tier below the device can ever hold, or when the tensor this store pushes out
+  ///         of the window cannot be demoted (both keys named); the scheduler's errors.
+  ///         Whatever it throws, nothing changed: the key is not stored and `p` is the
+  ///         caller's again
   void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
     engine_.store(key, p, bytes, producer);
   }

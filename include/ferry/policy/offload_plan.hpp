@@ -168,6 +168,23 @@ class offload_plan {
     return out;
   }
 
+  /// @brief Undoes the `store` of `key` just made, for a store the caller refuses after
+  /// all (its `demote` of the returned tensor failed, or a move threw): `key` is
+  /// forgotten (nothing moves: it was in tier 0), and `leaving` (what `store` returned),
+  /// while still in tier 0, is back at the front of the window of the last stored, as
+  /// before the store. The owed prefetch is dropped. The store stays counted as an access
+  /// of the recording (as `touch` counts one), so positions stay in step with it.
+  void undo_store(const Key& key, const std::optional<Key>& leaving) {
+    if (placement_->tier_of(key)) placement_->erase(key);
+    bytes_.erase(key);
+    window_.erase(std::remove(window_.begin(), window_.end(), key), window_.end());
+    if (leaving && placement_->tier_of(*leaving) == std::optional<std::size_t>(offload_tier::device) &&
+        std::find(window_.begin(), window_.end(), *leaving) == window_.end()) {
+      window_.push_front(*leaving);
+    }
+    prefetch_owed_.reset();
+  }
+
   /// @brief Demotes `placed_as` from tier 0 to pinned memory (to NVMe when it is larger
   /// than the pinned tier), spilling pinned tensors to NVMe to make room
   /// (`placement::demote`); then, for the tensor a `store` returned, the prefetch of that

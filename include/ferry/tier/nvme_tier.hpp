@@ -7,6 +7,7 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/detail/core/lifetime.hpp"
 #include "ferry/detail/tier/nvme_files.hpp"
 #include "ferry/detail/tier/nvme_transfer.hpp"
 #include "ferry/io/defaults.hpp"
@@ -155,7 +156,7 @@ class basic_nvme_tier {
         if (options_.sizing == file_sizing::sparse) {
           f.truncate(file_bytes_);
         } else if (options_.sizing == file_sizing::preallocate) {
-          preallocate_or_size(f);
+          sized_sparse_.push_back(detail::preallocate_or_size(f, file_bytes_, sizing_fallback_reason_) ? 1 : 0);
         }
       }
       staging_memory_ = io::aligned_buffer(block_ * options_.staging_blocks, std::max<std::size_t>(a, 4096));
@@ -187,6 +188,8 @@ class basic_nvme_tier {
   /// names its file (the file was unlinked or renamed, perhaps with another file made at
   /// the path since) is left alone.
   ~basic_nvme_tier() {
+    // A cache still holding regions here would crash later in its own destructor.
+    lifetime_.expect_no_users("nvme_tier", this, options_.paths.front().string());
     {
       std::unique_lock lock(active_mutex_);
       active_zero_.wait(lock, [&] { return active_ == 0; });
@@ -354,9 +357,8 @@ class basic_nvme_tier {
     std::vector<nvme_file_info> out;
     for (std::size_t i = 0; i < files_.size(); ++i) {
       const auto& f = files_[i];
-      const bool sized_sparse = std::find(sizing_fell_back_files_.begin(), sizing_fell_back_files_.end(), f.path()) !=
-                                sizing_fell_back_files_.end();
-      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0, sized_sparse});
+      const bool sparse = i < sized_sparse_.size() && sized_sparse_[i] != 0;
+      out.push_back({f.path(), f.mode(), f.fallback_reason(), file_bytes_, locked_[i] != 0, sparse});
     }
     return out;
   }
@@ -365,16 +367,11 @@ class basic_nvme_tier {
   [[nodiscard]] bool fell_back() const noexcept {
     return std::any_of(files_.begin(), files_.end(), [](const auto& f) { return f.fell_back(); });
   }
-  /// @brief Whether `file_sizing::preallocate` was asked and some file could not be
-  /// preallocated because its file system has no `fallocate` (EOPNOTSUPP, or ENOSYS from
-  /// the kernel): that file was sized with `ftruncate` instead, sparse, with no disk blocks
-  /// reserved, so a full disk shows as ENOSPC on a later write rather than at
-  /// construction. Which files: `files()[i].sized_sparse`.
+  /// @brief Whether `file_sizing::preallocate` sized some file sparse instead: its file
+  /// system has no `fallocate` (see tier/nvme.hpp, "Engine"; which: `files()[i].sized_sparse`).
   [[nodiscard]] bool sizing_fell_back() const noexcept { return !sizing_fallback_reason_.empty(); }
-  /// @brief Why, per file that fell back ("; "-separated): the path, the refused call,
-  /// the errno's description and name, and what was done instead, e.g.
-  /// "/mnt/x/ferry.bin: fallocate: Operation not supported (EOPNOTSUPP); sized with
-  /// ftruncate instead (...)"; "" when none did.
+  /// @brief Why, per file ("; "-separated): "PATH: fallocate: Operation not supported
+  /// (EOPNOTSUPP); sized with ftruncate instead (...)"; "" when none fell back.
   [[nodiscard]] const std::string& sizing_fallback_reason() const noexcept { return sizing_fallback_reason_; }
   /// @brief The engine that runs the tier's I/O: "io_uring" or "thread_pool" (with the
   /// default engine: the one it ended up with).
@@ -417,6 +414,8 @@ class basic_nvme_tier {
   [[nodiscard]] const engine_type& engine() const noexcept { return *engine_; }
   /// @brief Whether the staging blocks are registered with the engine.
   [[nodiscard]] bool staging_registered() const noexcept { return staging_registered_; }
+  /// @brief The caches using this tier (for ferry's pipelines: see detail/core/lifetime.hpp).
+  [[nodiscard]] detail::lifetime_anchor& lifetime_anchor() noexcept { return lifetime_; }
   /// @brief The tier's counters.
   [[nodiscard]] nvme_stats stats() const noexcept {
     nvme_stats s;
@@ -523,26 +522,6 @@ class basic_nvme_tier {
     }
   }
 
-  // `file_sizing::preallocate` of one file: `fallocate` its full size; where the file
-  // system has no `fallocate` (EOPNOTSUPP: tmpfs before 2.6.x, FUSE and network file
-  // systems; ENOSYS: a kernel without it) sizes it with `ftruncate` instead, sparse, and
-  // keeps the reason (`sizing_fallback_reason()`). Any other failure (ENOSPC, EFBIG)
-  // throws with its values, as before.
-  void preallocate_or_size(io::direct_file<S>& f) {
-    try {
-      f.preallocate(0, file_bytes_);
-    } catch (const io_error& e) {
-      const int code = e.code().value();
-      if (code != EOPNOTSUPP && code != ENOSYS) throw;
-      f.truncate(file_bytes_);
-      if (!sizing_fallback_reason_.empty()) sizing_fallback_reason_ += "; ";
-      sizing_fallback_reason_ += f.path() + ": fallocate: " + std::generic_category().message(code) + " (" +
-                                 io::detail::errno_name(code) + "); sized with ftruncate instead (sparse, no blocks " +
-                                 "reserved: a full disk shows as ENOSPC on a write)";
-      sizing_fell_back_files_.push_back(f.path());
-    }
-  }
-
   // Closes the files; with remove_on_close first removes the path of each, if it still
   // names the file held (not a file made there after the tier's was unlinked) — while
   // the lock is held, so the file removed cannot be one another tier has begun to use.
@@ -591,8 +570,9 @@ class basic_nvme_tier {
   std::size_t block_ = 0;
   std::size_t stripe_ = 0;
   std::uint64_t file_bytes_ = 0;
-  std::string sizing_fallback_reason_;               // "" unless preallocation fell back
-  std::vector<std::string> sizing_fell_back_files_;  // the paths it fell back for
+  detail::lifetime_anchor lifetime_;
+  std::string sizing_fallback_reason_;  // "" unless preallocation fell back
+  std::vector<char> sized_sparse_;      // per file (preallocate): sized with ftruncate instead
   mutable std::mutex allocator_mutex_;
   std::optional<extent_allocator> allocator_;
   std::atomic<std::uint64_t> used_{0};

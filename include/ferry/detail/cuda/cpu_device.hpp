@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -153,20 +154,15 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (on != nullptr && on == worker_of()) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
-  // The order the awaited record comes after, kept before the wait: a record made
-  // meanwhile replaces the event's clock with its own.
-  detail::cpu_clock seen;
-  bool known = e->clock_of == target;
-  if (known) seen = e->clock;
+  // The order the awaited record comes after, kept before the wait (a record made
+  // meanwhile replaces the event's clock), or set while this thread waited.
+  std::optional<detail::cpu_clock> seen;
+  if (e->clock_of == target) seen = e->clock;
   events_cv_.wait(lock, [&] { return e->passed(target); });
   if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
-  if (!known && e->clock_of == target) {  // set while this thread waited
-    seen = e->clock;
-    known = true;
-  }
+  if (!seen && e->clock_of == target) seen = e->clock;
   lock.unlock();
-  if (!known) return {};  // re-recorded before its clock was set: no order claimed (stricter, never wrong)
-  host_saw(seen);
+  if (seen) host_saw(*seen);  // else re-recorded before its clock was set: no order claimed (stricter)
   return {};
 }
 
@@ -390,23 +386,18 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
     return {};
   }
   if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return {cpu_errc::memory_allocation};
-  // Blocks whose free has run, of other sizes, go back to the host before a new one is
-  // made (a CUDA pool reuses freed memory of any size): the footprint stays near the peak
-  // in use, whatever the sizes.
-  for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
-    if (it->second.state != detail::cpu_block::free_done) {
-      ++it;
-      continue;
-    }
-    owner_of_.erase(it->first);
-    quarantine_.emplace(it->first, it->second.bytes);
-    quarantine_order_.push_back(it->first);
-    quarantine_bytes_ += it->second.bytes;
-    it = pool->blocks.erase(it);
-  }
-  while (quarantine_bytes_ > quarantine_limit) {  // the oldest go back for real
+  // Blocks whose free has run, of other sizes, leave the pool before a new one is made (a
+  // CUDA pool reuses freed memory of any size), into the quarantine; the oldest go back.
+  std::erase_if(pool->blocks, [&](const auto& e) {
+    if (e.second.state != detail::cpu_block::free_done) return false;
+    owner_of_.erase(e.first);
+    quarantine_.emplace(e.first, e.second.bytes);
+    quarantine_order_.push_back(e.first);
+    quarantine_bytes_ += e.second.bytes;
+    return true;
+  });
+  for (; quarantine_bytes_ > quarantine_limit; quarantine_order_.pop_front()) {
     void* old = quarantine_order_.front();
-    quarantine_order_.pop_front();
     quarantine_bytes_ -= quarantine_.at(old);
     quarantine_.erase(old);
     ::operator delete (old, std::align_val_t{256});
@@ -455,7 +446,7 @@ void cpu_device::launch(stream_t s, F&& f) {
                 ferry::named("stream", static_cast<const void*>(s)));
   enqueue(
       s,
-      [this, s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
+      [s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
         try {
           f();
         } catch (...) {

@@ -19,6 +19,13 @@
 
 namespace ferry::detail {
 
+// Whether the default fallback line of a `pinned_pool` was printed in this process
+// (tests reset it).
+inline std::atomic<bool>& pinning_fallback_said() noexcept {
+  static std::atomic<bool> said{false};
+  return said;
+}
+
 // Why a pool's request was not served.
 enum class pool_refusal : std::uint8_t { none, budget, mapping };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
+#include "ferry/detail/core/lifetime.hpp"
 #include "ferry/detail/pipeline/tensor_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
@@ -20,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -71,14 +73,18 @@ class tensor_cache_engine {
 
   void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
     reap();
-    FERRY_EXPECTS(p != nullptr && bytes > 0, "store of a null or empty tensor", p, bytes);
+    FERRY_EXPECTS(p != nullptr && bytes > 0, "tensor_cache::store of a null or empty tensor", key, p, bytes);
     FERRY_EXPECTS(bytes % sizeof(element_type) == 0,
-                  "the tensor's bytes must be a multiple of the codec's element size", bytes);
-    FERRY_EXPECTS(records_.find(key) == records_.end(), "this key is already stored (erase it first)");
+                  "tensor_cache::store: the tensor's bytes must be a multiple of the codec's element size", key, bytes,
+                  named("element_bytes", sizeof(element_type)));
+    FERRY_EXPECTS(records_.find(key) == records_.end(),
+                  "tensor_cache::store: this key is already stored (erase it first)", key);
     const auto same = by_pointer_.find(p);
     if (same != by_pointer_.end()) {
-      FERRY_EXPECTS(same->second->bytes == bytes, "the same buffer stored again with another size", bytes,
-                    same->second->bytes);
+      FERRY_EXPECTS(same->second->bytes == bytes, "tensor_cache::store: the same buffer stored again with another size",
+                    key, bytes, named("stored_bytes", same->second->bytes), named("stored_as", same->second->key));
+    } else {
+      refuse_unplaceable(plan_, key, bytes, *host_, HasNvme ? nvme_ : nullptr);  // tensor_cache_parts.hpp
     }
     // A tensor that stays on the device is handed out as it is: a `get` (or the free of
     // `erase`) on another stream waits for this marker, the end of the producer's work.
@@ -109,25 +115,25 @@ class tensor_cache_engine {
     rec->produced = produced.release();
     records_.emplace(key, rec);
     by_pointer_.emplace(p, rec);
+    // A store that throws changes nothing (`unstore`); a refused demotion names both keys.
     std::optional<key_type> leaving;
     try {
       leaving = plan_.store(key, bytes, mover());
-      if (bytes < plan_.rules().resident_below_bytes) ++stats_.kept_resident;
+      if (leaving) demote(*leaving);
+    } catch (const out_of_capacity& e) {
+      unstore(key, *rec, leaving);
+      if (leaving) throw_store_refused(key, *leaving, e);
+      throw;
     } catch (...) {
-      if (!plan_.tier_of(key)) {  // refused before it was placed: the buffer is the caller's again
-        by_pointer_.erase(p);
-        records_.erase(key);
-        rec->device = nullptr;
-        drop_produced(*rec);
-      }
-      throw;  // placed: it stays on the device, owned by the cache
+      unstore(key, *rec, leaving);
+      throw;
     }
-    if (leaving) demote(*leaving);
+    if (bytes < plan_.rules().resident_below_bytes) ++stats_.kept_resident;
   }
 
   [[nodiscard]] void* get(const key_type& key, stream_type consumer) {
     reap();
-    record& r = find(key);
+    record& r = find(key, "tensor_cache::get: the cache does not hold this key");
     (void)plan_.get(key, r.bytes, r.key, mover());
     if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, *r.produced);  // the stored buffer itself
     if (r.in.valid()) {
@@ -150,15 +156,17 @@ class tensor_cache_engine {
 
   void prefetch(const key_type& key) {
     reap();
-    record& r = find(key);
+    record& r = find(key, "tensor_cache::prefetch: the cache does not hold this key");
     (void)plan_.prefetch(r.key, mover());
   }
 
   void erase(const key_type& key, stream_type last_user) {
     auto it = records_.find(key);
-    FERRY_EXPECTS(it != records_.end(), "erase of a key the cache does not hold");
+    FERRY_EXPECTS(it != records_.end(), "tensor_cache::erase: the cache does not hold this key", key);
     FERRY_EXPECTS(!is_legacy(last_user),
-                  "erase on the legacy default stream: pass the stream of the tensor's last use (nothing erased)");
+                  "tensor_cache::erase on the legacy default stream: pass the stream of the tensor's last use (nothing "
+                  "erased)",
+                  key);
     auto rec = it->second;
     reap();
     if (rec->keys == 1 && rec->device != nullptr && rec->in.valid() && !rec->in.ready()) {
@@ -188,7 +196,7 @@ class tensor_cache_engine {
   [[nodiscard]] bool contains(const key_type& key) const { return records_.find(key) != records_.end(); }
   [[nodiscard]] std::size_t size() const noexcept { return records_.size(); }
   [[nodiscard]] std::size_t tier_of(const key_type& key) {
-    const record& r = find(key);
+    const record& r = find(key, "tensor_cache::tier_of: the cache does not hold this key");
     return plan_.tier_of(r.key).value_or(offload_tier::device);
   }
   [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return stats_; }
@@ -213,16 +221,6 @@ class tensor_cache_engine {
     std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
     bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
   };
-
-  // Whether the fetched copy (and its decode) has completed, failed or not.
-  static bool landed(const record& r) noexcept { return r.in.ready() && (!r.in_copy.valid() || r.in_copy.ready()); }
-
-  // Waits for the fetched copy and its decode; throws the copy's error first (a decode
-  // after a failed copy completes, on garbage).
-  static void wait_landed(const record& r) {
-    if (r.in_copy.valid()) r.in_copy.wait();
-    r.in.wait();
-  }
 
   // The mover the plan's decisions are carried out by.
   auto mover() {
@@ -257,7 +255,7 @@ class tensor_cache_engine {
         if (r->key == key) return r;
       }
     }
-    FERRY_EXPECTS(it != records_.end(), "the plan named a key the cache does not hold");
+    FERRY_EXPECTS(it != records_.end(), "tensor_cache: its plan named a key the cache does not hold (a bug)", key);
     return it->second;
   }
 
@@ -271,9 +269,22 @@ class tensor_cache_engine {
     }
   }
 
-  record& find(const key_type& key) {
+  // Undoes a store that threw: the key is not stored, the buffer is the caller's again
+  // (its producer's marker dropped), and the tensor that left the window for this store
+  // (`leaving`) is back in it, on the device. Tensors spilled from pinned memory to NVMe
+  // to make room stay where they went, whole.
+  void unstore(const key_type& key, record& rec, const std::optional<key_type>& leaving) noexcept {
+    plan_.undo_store(key, leaving);
+    by_pointer_.erase(rec.device);
+    records_.erase(key);
+    rec.device = nullptr;
+    drop_produced(rec);
+    --stats_.stored;
+  }
+
+  record& find(const key_type& key, const char* call) {
     auto it = records_.find(key);
-    FERRY_EXPECTS(it != records_.end(), "the cache does not hold this key");
+    FERRY_EXPECTS(it != records_.end(), call, key);
     return *it->second;
   }
 
@@ -518,9 +529,8 @@ class tensor_cache_engine {
   // Hands an erased tensor's pinned block to the pool with the tickets of the copies
   // that still use it (the pool frees it once they are over); the record keeps neither.
   void release_behind_moves(record& r) noexcept {
-    host_->deallocate_after(r.host, r.encoded, block_moves<ticket_type>{std::move(r.out), std::move(r.in),
-                                                                       std::move(r.in_copy)},
-                            this);
+    host_->deallocate_after(r.host, r.encoded,
+                            block_moves<ticket_type>{std::move(r.out), std::move(r.in), std::move(r.in_copy)}, this);
     r.host = nullptr;
   }
 
@@ -581,6 +591,9 @@ class tensor_cache_engine {
   observer_type observer_;
   tensor_cache_stats stats_;
   bool pool_refused_ = false;  // the last out_of_capacity came from the pinned pool
+  // Destroying the pool or the NVMe tier first stops the process (detail/core/lifetime.hpp).
+  lifetime_link pool_link_{anchor_of(host_), this, "tensor_cache"};
+  lifetime_link nvme_link_{anchor_of(nvme_), this, "tensor_cache"};
 };
 
 }  // namespace ferry::detail

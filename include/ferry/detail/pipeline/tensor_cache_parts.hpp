@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <utility>
 
 #if FERRY_HAS_CUDA
@@ -127,6 +128,20 @@ struct block_moves {
   }
 };
 
+// Whether the fetched copy of a tensor (and its decode) has completed, failed or not.
+template <class Record>
+[[nodiscard]] bool landed(const Record& r) noexcept {
+  return r.in.ready() && (!r.in_copy.valid() || r.in_copy.ready());
+}
+
+// Waits for the fetched copy and its decode; throws the copy's error first (a decode
+// after a failed copy completes, on garbage).
+template <class Record>
+void wait_landed(const Record& r) {
+  if (r.in_copy.valid()) r.in_copy.wait();
+  r.in.wait();
+}
+
 // A move of a tensor still in flight (its pinned block or NVMe extent in use).
 template <class Record>
 [[nodiscard]] bool in_flight(const Record& r) noexcept {
@@ -134,6 +149,50 @@ template <class Record>
     if (t->valid() && !t->ready()) return true;
   }
   return false;
+}
+
+// `tensor_cache::store(key, bytes)` of a tensor that will leave the device (not below
+// `resident_below_bytes`) but that no tier below can ever hold (the pinned pool's budget,
+// the NVMe tier's capacity): refused with `out_of_capacity` naming the key and the tiers,
+// before anything changes.
+template <class Plan, class Key, class Nvme>
+void refuse_unplaceable(const Plan& plan, const Key& key, std::size_t bytes, const pinned_pool& host,
+                        const Nvme* nvme) {
+  if (bytes < plan.rules().resident_below_bytes) return;
+  const std::size_t encoded = plan.offloaded_bytes(bytes);
+  if (encoded <= host.budget() || (nvme != nullptr && encoded <= static_cast<std::size_t>(nvme->capacity()))) return;
+  std::ostringstream os;
+  os << "tensor_cache::store(key ";
+  put_value(os, key);
+  os << ", " << bytes << " bytes): the tensor (" << encoded << " bytes offloaded) is larger than every tier below "
+     << "the device: pinned_pool of " << host.budget() << " bytes";
+  if (nvme != nullptr) os << ", nvme_tier of " << nvme->capacity() << " bytes";
+  os << "; nothing stored (keep it outside the cache, or give a tier the room)";
+  if (nvme != nullptr) {
+    throw out_of_capacity("nvme_tier", encoded, static_cast<std::size_t>(nvme->used()),
+                          static_cast<std::size_t>(nvme->capacity()), FERRY_DETAIL_SITE(), std::move(os).str());
+  }
+  throw out_of_capacity("pinned_pool", encoded, host.used(), host.budget(), FERRY_DETAIL_SITE(), std::move(os).str());
+}
+
+// A `tensor_cache::store(key)` undone because the tensor it pushes out of the window of
+// the last stored (`leaving`) found no room below (`e`): the same `out_of_capacity`,
+// naming both keys.
+template <class Key>
+[[noreturn]] void throw_store_refused(const Key& key, const Key& leaving, const out_of_capacity& e) {
+  std::ostringstream os;
+  os << "tensor_cache::store(key ";
+  put_value(os, key);
+  if (key == leaving) {  // keep_last 0: the stored tensor leaves the window at once
+    os << "): no room below the device for it: " << e.what() << "; nothing stored";
+  } else {
+    os << "): no room below the device for the tensor it pushes out of the window of the last stored (key ";
+    put_value(os, leaving);
+    os << "): " << e.what() << "; nothing stored, key ";
+    put_value(os, leaving);
+    os << " stays on the device";
+  }
+  throw out_of_capacity(e.resource(), e.requested(), e.used(), e.capacity(), FERRY_DETAIL_SITE(), std::move(os).str());
 }
 
 }  // namespace ferry::detail

@@ -5,10 +5,13 @@
 
 #include "ferry/core/error.hpp"
 #include "ferry/io/direct_file.hpp"
+#include "ferry/io/uring_error.hpp"
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -74,6 +77,27 @@ std::pair<io::direct_file<S>, bool> open_locked(S& sys, const std::filesystem::p
                          file.path(), io_error::no_offset, 0);
   }
   return {std::move(file), locked};
+}
+
+// `file_sizing::preallocate` of `f`: `fallocate` of `bytes`; where the file system has
+// no `fallocate` (EOPNOTSUPP: FUSE, network and older file systems; ENOSYS: a kernel
+// without it) the file is sized sparse with `ftruncate` instead, and why is appended to
+// `reason` ("; "-separated). Returns whether it fell back; any other failure (ENOSPC,
+// EFBIG) throws `io_error` with its values.
+template <class S>
+bool preallocate_or_size(io::direct_file<S>& f, std::uint64_t bytes, std::string& reason) {
+  try {
+    f.preallocate(0, bytes);
+    return false;
+  } catch (const io_error& e) {
+    const int code = e.code().value();
+    if (code != EOPNOTSUPP && code != ENOSYS) throw;
+    f.truncate(bytes);
+    if (!reason.empty()) reason += "; ";
+    reason += f.path() + ": fallocate: " + std::generic_category().message(code) + " (" + io::detail::errno_name(code) +
+              "); sized with ftruncate instead (sparse, no blocks reserved: a full disk shows as ENOSPC on a write)";
+    return true;
+  }
 }
 
 }  // namespace ferry::detail
