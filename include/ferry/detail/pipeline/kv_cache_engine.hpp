@@ -124,6 +124,7 @@ class kv_cache_engine {
     FERRY_EXPECTS(needed <= o_.device_blocks, "a sequence needs more blocks than the device pool has", needed,
                   o_.device_blocks);
     seq.reset(o_.layers);
+    seq.keys_ = keys;  // before any hold: a failed copy holds nothing
     round r(o_.layers, &seq);
     auto m = mover(r);
     try {
@@ -134,7 +135,6 @@ class kv_cache_engine {
     }
     seq.blocks_ = p.blocks;
     seq.published_ = p.blocks.size();
-    seq.keys_ = keys;
     seq.cached_tokens_ = p.tokens;
     try {
       grow(seq, needed, r);
