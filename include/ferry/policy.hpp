@@ -6,6 +6,7 @@
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/eviction.hpp"
 #include "ferry/policy/kv_hash.hpp"
+#include "ferry/policy/kv_keys.hpp"
 #include "ferry/policy/kv_plan.hpp"
 #include "ferry/policy/offload_plan.hpp"
 #include "ferry/policy/placement.hpp"

@@ -53,22 +53,24 @@ inline std::vector<kv_token> tokens_of(int r, std::size_t blocks, std::size_t sh
   return t;
 }
 
-// The KV bytes of block `i` of `tokens`, layer `l`, are a pattern seeded by the block's
-// hash: any block with the same prefix has the same bytes.
-inline std::uint64_t seed_of(const std::vector<kv_token>& tokens, std::size_t i, std::size_t l) {
-  return ferry::kv_block_hashes(tokens, bt)[i] ^ (l * 0x9e3779b97f4a7c15ULL);
+// The KV bytes of block `i` of `tokens` under extra keys `keys`, layer `l`, are a pattern
+// seeded by the block's hash: any block with the same prefix and keys has the same bytes.
+inline std::uint64_t seed_of(const std::vector<kv_token>& tokens, std::size_t i, std::size_t l,
+                             const ferry::kv_extra_keys& keys = {}) {
+  return ferry::kv_block_hashes(tokens, bt, keys)[i] ^ (l * 0x9e3779b97f4a7c15ULL);
 }
 
 // "Prefill": writes every block the sequence did not find cached, layer by layer, after
 // waiting for the layer (as kernels would), on `s`; with `delay`, the kernel first sleeps.
 template <class Cache, class Seq, class Stream>
-void prefill(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s, bool delay = false) {
+void prefill(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s, bool delay = false,
+             const ferry::kv_extra_keys& keys = {}) {
   if (delay) s.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
   for (std::size_t l = 0; l < layers; ++l) {
     seq.wait_layer(l, s);
     for (std::size_t i = seq.cached_tokens() / bt; i < tokens.size() / bt; ++i) {
       void* p = cache.block_address(seq.slots()[i], l);
-      const std::uint64_t seed = seed_of(tokens, i, l);
+      const std::uint64_t seed = seed_of(tokens, i, l, keys);
       s.enqueue([p, seed] { fill(std::span<std::byte>(static_cast<std::byte*>(p), lbb), seed); });
     }
   }
@@ -76,13 +78,14 @@ void prefill(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, 
 
 // Whether every block of the sequence holds its pattern (read on `s` after its layer's waits).
 template <class Cache, class Seq, class Stream>
-bool blocks_intact(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s) {
+bool blocks_intact(Cache& cache, const Seq& seq, const std::vector<kv_token>& tokens, Stream& s,
+                   const ferry::kv_extra_keys& keys = {}) {
   bool ok = true;
   for (std::size_t l = 0; l < layers; ++l) {
     seq.wait_layer(l, s);
     for (std::size_t i = 0; i < tokens.size() / bt; ++i) {
       const void* p = cache.block_address(seq.slots()[i], l);
-      const std::uint64_t want = expected_sum(lbb, seed_of(tokens, i, l));
+      const std::uint64_t want = expected_sum(lbb, seed_of(tokens, i, l, keys));
       s.enqueue([p, want, &ok] {
         if (checksum(std::span<const std::byte>(static_cast<const std::byte*>(p), lbb)) != want) ok = false;
       });
@@ -92,11 +95,12 @@ bool blocks_intact(Cache& cache, const Seq& seq, const std::vector<kv_token>& to
   return ok;
 }
 
-// Serves request `tokens` from scratch: admit, prefill, commit, release.
+// Serves request `tokens` under `keys`: admit, prefill (what was not cached), commit, release.
 template <class Cache, class Stream>
-void serve(Cache& cache, const std::vector<kv_token>& tokens, Stream& s, bool delay = false) {
-  auto seq = cache.admit(tokens);
-  prefill(cache, seq, tokens, s, delay);
+void serve(Cache& cache, const std::vector<kv_token>& tokens, Stream& s, bool delay = false,
+           const ferry::kv_extra_keys& keys = {}) {
+  auto seq = cache.admit(tokens, keys);
+  prefill(cache, seq, tokens, s, delay, keys);
   cache.commit(seq, tokens, s);
   cache.release(seq, s);
 }

@@ -22,9 +22,14 @@
 /// **Blocks and identity.** A block holds `block_tokens` tokens of every layer. Its
 /// identity is the chained hash of its tokens and of the prefix before it
 /// (policy/kv_hash.hpp), verified against the tokens and the parent block, so equal
-/// prefixes share blocks across requests and a collision never serves a wrong block. A
-/// salt (per tenant, model or adapter) keeps sequences apart. The decisions are
-/// `ferry::kv_plan`'s (policy/kv_plan.hpp); this class carries out its moves.
+/// prefixes share blocks across requests and a collision never serves a wrong block.
+/// Extra keys (`ferry::kv_extra_keys`, policy/kv_keys.hpp; vLLM's `extra_keys`) name
+/// what else made the KV bytes: per sequence an adapter (LoRA) id and a cache salt, which
+/// keep sequences apart entirely; per block the multimodal inputs inside it, which
+/// separate two prompts from the first block whose inputs differ on. They are hashed
+/// and compared like the tokens. The old `std::uint64_t salt` is a shorthand for
+/// `kv_extra_keys::from_salt(salt)`. The decisions are `ferry::kv_plan`'s
+/// (policy/kv_plan.hpp); this class carries out its moves.
 ///
 /// **Layout.** On the device, the blocks of layer `l` are one array of `device_blocks`
 /// slots of `layer_block_bytes` (`layer_pool(l)`, slot `s` at `s * layer_block_bytes`),
@@ -168,7 +173,7 @@ class basic_kv_sequence {
     std::swap(marker_waits_, o.marker_waits_);
     std::swap(published_, o.published_);
     std::swap(cached_tokens_, o.cached_tokens_);
-    std::swap(salt_, o.salt_);
+    std::swap(keys_, o.keys_);
     std::swap(active_, o.active_);
     std::swap(owner_, o.owner_);
     std::swap(end_, o.end_);
@@ -184,7 +189,7 @@ class basic_kv_sequence {
   std::vector<std::shared_ptr<detail::shared_marker<Backend>>> marker_waits_;  // producers of shared blocks
   std::size_t published_ = 0;
   std::size_t cached_tokens_ = 0;
-  std::uint64_t salt_ = 0;
+  kv_extra_keys keys_;  // the extra keys its blocks are published under
   bool active_ = false;
   void* owner_ = nullptr;
   void (*end_)(void*, basic_kv_sequence&) noexcept = nullptr;
@@ -281,22 +286,35 @@ class kv_cache {
   /// been released (or destroyed) before.
   ~kv_cache() = default;
 
-  /// @brief The longest cached prefix of `tokens` under `salt` (whole blocks), and where
-  /// each block lives. Changes nothing.
+  /// @brief The longest cached prefix of `tokens` under extra keys `keys` (whole blocks),
+  /// and where each block lives. Changes nothing.
+  /// @throws ferry::logic_error for a per-block key past the blocks of `tokens`
+  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, const kv_extra_keys& keys) const {
+    return engine_.lookup(tokens, keys);
+  }
+  /// @brief `lookup(tokens, kv_extra_keys::from_salt(salt))` (0: no keys).
   [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, std::uint64_t salt = 0) const {
-    return engine_.lookup(tokens, salt);
+    return engine_.lookup(tokens, kv_extra_keys::from_salt(salt));
   }
 
-  /// @brief Admits a request of `tokens` (its prompt) under `salt`: the blocks of its
-  /// longest cached prefix are held and brought to the device (loads issued per layer),
-  /// and new blocks are opened for the rest (`ceil(tokens / block_tokens)` blocks in all).
+  /// @brief Admits a request of `tokens` (its prompt) under extra keys `keys` (copied
+  /// into the sequence: `commit` publishes its blocks under them; blocks past the
+  /// prompt's, decoded ones, carry the per-sequence keys only): the blocks of its longest
+  /// cached prefix are held and brought to the device (loads issued per layer), and new
+  /// blocks are opened for the rest (`ceil(tokens / block_tokens)` blocks in all).
   /// @throws ferry::out_of_capacity when the device cannot hold the blocks (every other
   ///         slot held): nothing is held; ferry::logic_error for a sequence longer than
-  ///         the device pool; the scheduler's errors
-  [[nodiscard]] sequence_type admit(std::span<const kv_token> tokens, std::uint64_t salt = 0) {
+  ///         the device pool, or a per-block key past the prompt's blocks (nothing
+  ///         changes); the scheduler's errors
+  [[nodiscard]] sequence_type admit(std::span<const kv_token> tokens, const kv_extra_keys& keys) {
     sequence_type seq;
-    engine_.admit(seq, tokens, salt);
+    engine_.admit(seq, tokens, keys);
     return seq;
+  }
+  /// @brief `admit(tokens, kv_extra_keys::from_salt(salt))`: admits under `salt` (0: no keys).
+  /// @throws as the other `admit`
+  [[nodiscard]] sequence_type admit(std::span<const kv_token> tokens, std::uint64_t salt = 0) {
+    return admit(tokens, kv_extra_keys::from_salt(salt));
   }
 
   /// @brief Grows `seq` to hold `tokens` tokens (decode), opening blocks as needed.

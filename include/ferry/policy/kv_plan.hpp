@@ -8,9 +8,11 @@
 /// Blocks: each holds `block_tokens` tokens of every layer (`block_bytes` bytes in every
 /// tier). A block is *private* while a sequence fills it (`open`) and *published* once
 /// its tokens are final (`publish`): then it has an identity, the chained hash of its
-/// tokens and of its parent (policy/kv_hash.hpp), and any sequence with the same prefix
-/// finds it (`lookup`) and shares it (`hold`). A block in use is *held* (pinned in its
-/// tier): no eviction picks it. A published block nobody holds stays cached, and the
+/// tokens, its extra keys (`kv_extra_keys`: adapter, cache salt, multimodal inputs;
+/// policy/kv_keys.hpp) and its parent (policy/kv_hash.hpp), and any sequence with the
+/// same prefix and keys finds it (`lookup`) and shares it (`hold`). A hash match counts
+/// only when the tokens, the encoded keys and the parent are equal too. A block in use
+/// is *held* (pinned in its tier): no eviction picks it. A published block nobody holds stays cached, and the
 /// tier's eviction policy moves it down — device to pinned to NVMe — and finally drops it
 /// when the last tier is full (`move_kind::drop` from that tier): a cache loses blocks
 /// it can recompute, never one in use. The children of a dropped block can never be
@@ -26,6 +28,7 @@
 #include "ferry/core/units.hpp"
 #include "ferry/policy/eviction/lru.hpp"
 #include "ferry/policy/kv_hash.hpp"
+#include "ferry/policy/kv_keys.hpp"
 #include "ferry/policy/offload_plan.hpp"
 #include "ferry/policy/placement.hpp"
 
@@ -36,6 +39,8 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -81,20 +86,25 @@ struct kv_plan_stats {
   std::size_t fetched = 0;     ///< holds that fetched a block from pinned memory or NVMe
   std::size_t evicted = 0;     ///< moves down a tier
   std::size_t dropped = 0;     ///< published blocks dropped (the last tier full, or their prefix gone)
-  std::size_t collisions = 0;  ///< hash matches whose tokens or parent differed
+  std::size_t collisions = 0;  ///< publishes whose hash matched a block of other tokens, keys or parent
 };
 
 /// @brief The block decisions of a paged KV cache (see the file comment).
 /// @tparam Eviction the eviction policy of each tier, over `kv_block_id` (default LRU);
 ///                  it must not need a recorded schedule (a KV cache has none)
-template <class Eviction = lru<kv_block_id>>
+/// @tparam Hasher   the block hash (`kv_block_hasher`; default `kv_hasher`, the hashes of
+///                  `kv_block_hashes`); only an index: a colliding one (a test's) costs
+///                  comparisons, never a wrong block
+template <class Eviction = lru<kv_block_id>, class Hasher = kv_hasher>
 class kv_plan {
   static_assert(!schedule_driven<Eviction, kv_block_id>,
                 "ferry::kv_plan: Eviction must not need a recorded schedule (belady): a KV cache has none; use lru, "
                 "fifo, lfu or gdsf");
+  static_assert(kv_block_hasher<Hasher>, "ferry::kv_plan: Hasher must model ferry::kv_block_hasher");
 
  public:
   using eviction_type = Eviction;  ///< the eviction policy of each tier
+  using hasher_type = Hasher;      ///< the block hash
   /// @brief The placement of the blocks: the cache's tiers, then one unlimited tier that
   /// stands for "dropped" (a victim of the last real tier goes there, and is forgotten).
   using placement_type =
@@ -104,7 +114,8 @@ class kv_plan {
   /// and, when `o.nvme_bytes > 0`, an NVMe tier.
   /// @throws ferry::logic_error for 0 tokens or bytes per block, no device blocks, a
   ///         device pool whose bytes overflow, or a pinned tier smaller than one block
-  explicit kv_plan(const kv_plan_options& o, const Eviction& eviction = Eviction{}) : options_(o) {
+  explicit kv_plan(const kv_plan_options& o, const Eviction& eviction = Eviction{}, const Hasher& hasher = Hasher{})
+      : options_(o), hasher_(hasher) {
     FERRY_EXPECTS(o.block_tokens > 0 && o.block_bytes > 0, "a KV block needs tokens and bytes", o.block_tokens,
                   o.block_bytes);
     FERRY_EXPECTS(o.device_blocks > 0, "a KV cache needs at least one device block", o.device_blocks);
@@ -139,9 +150,16 @@ class kv_plan {
   [[nodiscard]] const placement_type& placement_state() const noexcept { return *placement_; }
 
   /// @brief The longest prefix of `tokens` (full blocks only) whose blocks are cached
-  /// under `salt`, each verified by its tokens and its parent, with their tiers.
-  /// Changes nothing (recency is counted by `hold`).
-  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, std::uint64_t salt = 0) const;
+  /// under extra keys `keys`, each verified by its tokens, its encoded keys and its
+  /// parent, with their tiers. Changes nothing (recency is counted by `hold`).
+  /// @throws ferry::logic_error for a per-block key past the `ceil(tokens / block_tokens)`
+  ///         blocks of `tokens` (`kv_extra_keys::expect_fits`)
+  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, const kv_extra_keys& keys) const;
+  /// @brief `lookup(tokens, kv_extra_keys::from_salt(salt))`: the prefix cached under
+  /// `salt` (0: no keys).
+  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, std::uint64_t salt = 0) const {
+    return lookup(tokens, kv_extra_keys::from_salt(salt));
+  }
 
   /// @brief A new private block on the device, held once (its slot is the caller's to
   /// fill). Tier 0 makes room by its eviction policy.
@@ -159,14 +177,28 @@ class kv_plan {
   template <class Mover>
   void hold(std::span<const kv_block_id> blocks, Mover&& mover);
 
-  /// @brief Publishes private block `b` (held) as the block of `tokens`
-  /// (`block_tokens` of them) after `parent` (a published block, or `no_kv_block` for a
-  /// sequence's first block, under `salt`). Returns the id the content is cached under:
-  /// `b`, or an equal block published before (then `b` stays private, to be released;
-  /// the caller may hold the one returned).
+  /// @brief Publishes private block `b` (held) as block `index` of a sequence with extra
+  /// keys `keys`: the block of `tokens` (`block_tokens` of them) after `parent` (a
+  /// published block, or `no_kv_block` for the sequence's first block, `index` 0). The
+  /// block carries `keys`' keys of block `index`, and the first block also the
+  /// per-sequence keys. Returns the id the content is cached under: `b`, or an equal
+  /// block (tokens, keys, parent) published before (then `b` stays private, to be
+  /// released; the caller may hold the one returned). A block after a parent whose
+  /// prefix was dropped stays private (returns `b`).
   /// @throws ferry::logic_error if `b` is not a held private block, `parent` is not a
-  ///         published block, or `tokens` is not one block long
-  kv_block_id publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens, std::uint64_t salt = 0);
+  ///         published block, `tokens` is not one block long, or `parent` is
+  ///         `no_kv_block` for an `index` other than 0 (or not for 0); nothing changes
+  kv_block_id publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens, const kv_extra_keys& keys,
+                      std::size_t index);
+  /// @brief Publishes `b` as the block of `tokens` after `parent` under `salt` (0: no
+  /// keys): the other `publish` with `kv_extra_keys::from_salt(salt)`, which has no
+  /// per-block keys (so `salt` counts only for a first block, `parent == no_kv_block`).
+  /// @throws ferry::logic_error if `b` is not a held private block, `parent` is not a
+  ///         published block, or `tokens` is not one block long; nothing changes
+  kv_block_id publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens, std::uint64_t salt = 0) {
+    const detail::kv_salt_encoding root(parent == no_kv_block ? salt : 0);
+    return publish_encoded(b, parent, tokens, root.view(), {});
+  }
 
   /// @brief One hold of `b` less. A private block (or one whose prefix was dropped)
   /// that nobody holds is dropped (`move_kind::drop`); a published one stays cached.
@@ -191,6 +223,14 @@ class kv_plan {
   [[nodiscard]] bool published(kv_block_id b) const noexcept { return valid(b) && meta_[b].st == state::published; }
   /// @brief The hash of published block `b` (0 otherwise).
   [[nodiscard]] std::uint64_t hash_of(kv_block_id b) const noexcept { return published(b) ? meta_[b].hash : 0; }
+  /// @brief The encoded extra keys published block `b` is compared by (a first block: its
+  /// sequence's keys, then its own; `kv_extra_keys`' encodings), empty otherwise. The
+  /// view lives until `b` is dropped or published again.
+  [[nodiscard]] std::string_view keys_of(kv_block_id b) const noexcept {
+    return published(b) ? std::string_view(meta_[b].keys) : std::string_view{};
+  }
+  /// @brief The hasher.
+  [[nodiscard]] const Hasher& hasher() const noexcept { return hasher_; }
 
  private:
   enum class state : std::uint8_t { free, held_private, published, orphan };
@@ -201,7 +241,7 @@ class kv_plan {
     std::uint64_t hash = 0;  // published: the chained hash
     kv_block_id parent = no_kv_block;
     std::uint32_t parent_gen = 0;
-    std::uint64_t salt = 0;             // root blocks: the salt
+    std::string keys;                   // published: the encoded extra keys (first blocks: sequence's, then own)
     std::vector<kv_token> tokens;       // published: the block's tokens (verification)
     std::vector<kv_block_id> children;  // published blocks whose parent this is
   };
@@ -217,10 +257,13 @@ class kv_plan {
   void collect(Mover& mover) noexcept;
   template <class Mover>
   void drop_subtree(kv_block_id b, Mover& mover);
-  [[nodiscard]] std::optional<kv_block_id> find(std::uint64_t hash, kv_block_id parent, std::uint64_t salt,
+  [[nodiscard]] std::optional<kv_block_id> find(std::uint64_t hash, kv_block_id parent, std::string_view keys,
                                                 std::span<const kv_token> tokens) const;
+  kv_block_id publish_encoded(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens,
+                              std::string_view sequence_keys, std::string_view block_keys);
 
   kv_plan_options options_;
+  [[no_unique_address]] Hasher hasher_;
   std::size_t tiers_ = 2;
   std::optional<placement_type> placement_;
   std::vector<meta> meta_;

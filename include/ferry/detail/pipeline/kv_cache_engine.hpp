@@ -111,18 +111,20 @@ class kv_cache_engine {
     return blocks_[b].slot;
   }
 
-  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, std::uint64_t salt) const {
-    return plan_.lookup(tokens, salt);
+  [[nodiscard]] kv_prefix lookup(std::span<const kv_token> tokens, const kv_extra_keys& keys) const {
+    return plan_.lookup(tokens, keys);
   }
 
-  void admit(sequence_type& seq, std::span<const kv_token> tokens, std::uint64_t salt) {
+  void admit(sequence_type& seq, std::span<const kv_token> tokens, const kv_extra_keys& keys) {
     FERRY_EXPECTS(!seq.active_, "admit into a sequence that holds blocks (release it first)");
+    keys.expect_fits(tokens.size(), o_.block_tokens);  // before anything changes
     reap();
-    const kv_prefix p = plan_.lookup(tokens, salt);
+    const kv_prefix p = plan_.lookup(tokens, keys);
     const std::size_t needed = (tokens.size() + o_.block_tokens - 1) / o_.block_tokens;
     FERRY_EXPECTS(needed <= o_.device_blocks, "a sequence needs more blocks than the device pool has", needed,
                   o_.device_blocks);
     seq.reset(o_.layers);
+    seq.keys_ = keys;  // before any hold: a failed copy holds nothing
     round r(o_.layers, &seq);
     auto m = mover(r);
     try {
@@ -133,7 +135,6 @@ class kv_cache_engine {
     }
     seq.blocks_ = p.blocks;
     seq.published_ = p.blocks.size();
-    seq.salt_ = salt;
     seq.cached_tokens_ = p.tokens;
     try {
       grow(seq, needed, r);
@@ -187,7 +188,7 @@ class kv_cache_engine {
       const kv_block_id mine = seq.blocks_[i];
       const kv_block_id parent = i == 0 ? no_kv_block : seq.blocks_[i - 1];
       const kv_block_id named =
-          plan_.publish(mine, parent, tokens.subspan(i * o_.block_tokens, o_.block_tokens), seq.salt_);
+          plan_.publish(mine, parent, tokens.subspan(i * o_.block_tokens, o_.block_tokens), seq.keys_, i);
       state_of(mine).produced = produced;
       if (named != mine) {  // an equal block was published first: share it, free this one
         plan_.hold(std::span(&named, 1), m);
@@ -411,9 +412,7 @@ class kv_cache_engine {
       ++stats_.spilled;
       (void)b;
     } else {
-      (void)r;
-      (void)b;
-      (void)s;
+      (void)r, (void)b, (void)s;
       FERRY_EXPECTS(false, "a KV plan without NVMe moved a block past pinned memory");
     }
   }

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace ferry {
 
-template <class Eviction>
-kv_block_id kv_plan<Eviction>::take_id() {
+template <class Eviction, class Hasher>
+kv_block_id kv_plan<Eviction, Hasher>::take_id() {
   if (!free_ids_.empty()) {
     const kv_block_id b = free_ids_.back();
     free_ids_.pop_back();
@@ -28,8 +30,8 @@ kv_block_id kv_plan<Eviction>::take_id() {
   return static_cast<kv_block_id>(meta_.size() - 1);
 }
 
-template <class Eviction>
-void kv_plan<Eviction>::forget(kv_block_id b) noexcept {
+template <class Eviction, class Hasher>
+void kv_plan<Eviction, Hasher>::forget(kv_block_id b) noexcept {
   meta& m = meta_[b];
   if (m.st == state::published) {
     auto [lo, hi] = index_.equal_range(m.hash);
@@ -50,15 +52,15 @@ void kv_plan<Eviction>::forget(kv_block_id b) noexcept {
   m.hash = 0;
   m.parent = no_kv_block;
   m.parent_gen = 0;
-  m.salt = 0;
+  m.keys.clear();
   m.tokens.clear();
   m.children.clear();
   free_ids_.push_back(b);
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-auto kv_plan<Eviction>::wrap(Mover& mover) {
+auto kv_plan<Eviction, Hasher>::wrap(Mover& mover) {
   return [this, &mover](const move_event<kv_block_id>& e) {
     if (e.kind == move_kind::evict && e.to == tiers_) {  // past the last tier: dropped
       mover(move_event<kv_block_id>{e.key, e.bytes, e.from, move_event<kv_block_id>::no_tier, move_kind::drop});
@@ -70,9 +72,9 @@ auto kv_plan<Eviction>::wrap(Mover& mover) {
   };
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-void kv_plan<Eviction>::drop_subtree(kv_block_id b, Mover& mover) {
+void kv_plan<Eviction, Hasher>::drop_subtree(kv_block_id b, Mover& mover) {
   // The children of a dropped block can never be found again: dropped too, unless held
   // (then orphans, dropped when released).
   const std::vector<kv_block_id> children = meta_[b].children;
@@ -105,9 +107,9 @@ void kv_plan<Eviction>::drop_subtree(kv_block_id b, Mover& mover) {
   }
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-void kv_plan<Eviction>::collect(Mover& mover) noexcept {
+void kv_plan<Eviction, Hasher>::collect(Mover& mover) noexcept {
   while (!gone_.empty()) {
     const kv_block_id b = gone_.back();
     gone_.pop_back();
@@ -121,30 +123,39 @@ void kv_plan<Eviction>::collect(Mover& mover) noexcept {
   }
 }
 
-template <class Eviction>
-std::optional<kv_block_id> kv_plan<Eviction>::find(std::uint64_t hash, kv_block_id parent, std::uint64_t salt,
-                                                   std::span<const kv_token> tokens) const {
+template <class Eviction, class Hasher>
+std::optional<kv_block_id> kv_plan<Eviction, Hasher>::find(std::uint64_t hash, kv_block_id parent,
+                                                           std::string_view keys,
+                                                           std::span<const kv_token> tokens) const {
+  // The hash only indexes: a match counts when the parent (with its generation, so a
+  // reused id never matches), the encoded extra keys and the tokens are equal too.
   auto [lo, hi] = index_.equal_range(hash);
   for (auto it = lo; it != hi; ++it) {
     const meta& m = meta_[it->second];
     if (m.parent != parent) continue;
-    if (parent == no_kv_block ? m.salt != salt : m.parent_gen != meta_[parent].gen) continue;
+    if (parent != no_kv_block && m.parent_gen != meta_[parent].gen) continue;
+    if (std::string_view(m.keys) != keys) continue;
     if (!std::equal(m.tokens.begin(), m.tokens.end(), tokens.begin(), tokens.end())) continue;
     return it->second;
   }
   return std::nullopt;
 }
 
-template <class Eviction>
-kv_prefix kv_plan<Eviction>::lookup(std::span<const kv_token> tokens, std::uint64_t salt) const {
-  kv_prefix out;
+template <class Eviction, class Hasher>
+kv_prefix kv_plan<Eviction, Hasher>::lookup(std::span<const kv_token> tokens, const kv_extra_keys& keys) const {
   const std::size_t bt = options_.block_tokens;
-  std::uint64_t h = kv_root_hash(salt);
+  keys.expect_fits(tokens.size(), bt);
+  kv_prefix out;
+  const std::string sequence_keys = keys.sequence_encoding();
+  std::uint64_t h = hasher_.root(sequence_keys);
   kv_block_id prev = no_kv_block;
+  std::string first;  // the first block's keys: the sequence's, then its own
   for (std::size_t i = 0; (i + 1) * bt <= tokens.size(); ++i) {
     const auto block = tokens.subspan(i * bt, bt);
-    h = kv_chain_hash(h, block);
-    const auto found = find(h, prev, salt, block);
+    const std::string own = keys.block_encoding(i);
+    h = hasher_.chain(h, block, own);
+    if (i == 0) first = sequence_keys + own;
+    const auto found = find(h, prev, i == 0 ? std::string_view(first) : std::string_view(own), block);
     if (!found) break;
     out.blocks.push_back(*found);
     out.tiers.push_back(*placement_->tier_of(*found));
@@ -155,9 +166,9 @@ kv_prefix kv_plan<Eviction>::lookup(std::span<const kv_token> tokens, std::uint6
   return out;
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-kv_block_id kv_plan<Eviction>::open(Mover&& mover) {
+kv_block_id kv_plan<Eviction, Hasher>::open(Mover&& mover) {
   const kv_block_id b = take_id();
   auto w = wrap(mover);
   try {
@@ -176,9 +187,9 @@ kv_block_id kv_plan<Eviction>::open(Mover&& mover) {
   return b;
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-void kv_plan<Eviction>::hold(std::span<const kv_block_id> blocks, Mover&& mover) {
+void kv_plan<Eviction, Hasher>::hold(std::span<const kv_block_id> blocks, Mover&& mover) {
   for (const kv_block_id b : blocks) {
     FERRY_EXPECTS(valid(b), "hold of a block that is not placed", b);
   }
@@ -218,9 +229,19 @@ void kv_plan<Eviction>::hold(std::span<const kv_block_id> blocks, Mover&& mover)
   collect(mover);
 }
 
-template <class Eviction>
-kv_block_id kv_plan<Eviction>::publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens,
-                                       std::uint64_t salt) {
+template <class Eviction, class Hasher>
+kv_block_id kv_plan<Eviction, Hasher>::publish(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens,
+                                               const kv_extra_keys& keys, std::size_t index) {
+  FERRY_EXPECTS((parent == no_kv_block) == (index == 0),
+                "a sequence's first block (index 0), and only it, is published with no parent", index, parent);
+  const std::string sequence_keys = index == 0 ? keys.sequence_encoding() : std::string();
+  return publish_encoded(b, parent, tokens, sequence_keys, keys.block_encoding(index));
+}
+
+template <class Eviction, class Hasher>
+kv_block_id kv_plan<Eviction, Hasher>::publish_encoded(kv_block_id b, kv_block_id parent,
+                                                       std::span<const kv_token> tokens, std::string_view sequence_keys,
+                                                       std::string_view block_keys) {
   FERRY_EXPECTS(valid(b) && meta_[b].st == state::held_private, "publish of a block that is not a held private block",
                 b);
   FERRY_EXPECTS(tokens.size() == options_.block_tokens, "a published block holds exactly block_tokens tokens",
@@ -229,8 +250,12 @@ kv_block_id kv_plan<Eviction>::publish(kv_block_id b, kv_block_id parent, std::s
                     (valid(parent) && (meta_[parent].st == state::published || meta_[parent].st == state::orphan)),
                 "the parent of a published block must be published", parent);
   if (parent != no_kv_block && meta_[parent].st == state::orphan) return b;  // its prefix is gone: stays private
-  const std::uint64_t h = kv_chain_hash(parent == no_kv_block ? kv_root_hash(salt) : meta_[parent].hash, tokens);
-  if (const auto same = find(h, parent, salt, tokens)) {
+  const std::uint64_t h =
+      hasher_.chain(parent == no_kv_block ? hasher_.root(sequence_keys) : meta_[parent].hash, tokens, block_keys);
+  std::string keys;  // a first block is compared by its sequence's keys, then its own
+  keys.reserve(sequence_keys.size() + block_keys.size());
+  keys.append(sequence_keys).append(block_keys);
+  if (const auto same = find(h, parent, keys, tokens)) {
     ++stats_.duplicates;
     return *same;
   }
@@ -240,7 +265,7 @@ kv_block_id kv_plan<Eviction>::publish(kv_block_id b, kv_block_id parent, std::s
   m.hash = h;
   m.parent = parent;
   m.parent_gen = parent == no_kv_block ? 0 : meta_[parent].gen;
-  m.salt = salt;
+  m.keys = std::move(keys);
   m.tokens.assign(tokens.begin(), tokens.end());
   index_.emplace(h, b);
   if (parent != no_kv_block) meta_[parent].children.push_back(b);
@@ -248,9 +273,9 @@ kv_block_id kv_plan<Eviction>::publish(kv_block_id b, kv_block_id parent, std::s
   return b;
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-void kv_plan<Eviction>::release(kv_block_id b, Mover&& mover) {
+void kv_plan<Eviction, Hasher>::release(kv_block_id b, Mover&& mover) {
   FERRY_EXPECTS(valid(b) && meta_[b].holds > 0, "release of a block that is not held", b);
   meta& m = meta_[b];
   placement_->unpin(b);
@@ -267,9 +292,9 @@ void kv_plan<Eviction>::release(kv_block_id b, Mover&& mover) {
   forget(b);
 }
 
-template <class Eviction>
+template <class Eviction, class Hasher>
 template <class Mover>
-void kv_plan<Eviction>::discard(kv_block_id b, Mover&& mover) {
+void kv_plan<Eviction, Hasher>::discard(kv_block_id b, Mover&& mover) {
   if (!valid(b)) return;
   meta& m = meta_[b];
   if (m.st == state::published) {
