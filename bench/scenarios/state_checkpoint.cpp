@@ -202,10 +202,10 @@ std::vector<row> run_state_checkpoint(const run_options& options) {
   const std::size_t copy = 3 * ((elements * sizeof(float) + 4095) / 4096 * 4096);
   // Two checkpoints at once (the new one before the exchange), fio's file, the tier's file.
   ferry::bench::check_free_space(
-      "state-checkpoint", options.scratch, 2 * bytes + bytes + (cfg.spilled ? 2 * groups * copy : 0),
+      "state-checkpoint", options.scratch, 2 * bytes + bytes + (cfg.spilled ? 4 * groups * copy : 0),
       "two checkpoints of the states (the new one is written before the old one goes), "
       "fio's file of the same bytes" +
-          std::string(cfg.spilled ? ", and the tier's file with two copies of each group" : ""),
+          std::string(cfg.spilled ? ", and the tier's file: two copies of each group, for two swappers" : ""),
       "--total-mib");
   const std::string fio = ferry::bench::find_fio("state-checkpoint", cfg.fio.empty() ? options.fio : cfg.fio);
   if (options.preflight_only) return {};
@@ -227,7 +227,7 @@ std::vector<row> run_state_checkpoint(const run_options& options) {
   if (cfg.spilled) {
     ferry::nvme_options o;
     o.paths = {tier_file};
-    o.capacity = groups * 2 * copy;
+    o.capacity = 2 * groups * 2 * copy;  // two swappers (saved, loaded into), two copies per group
     o.compat = ferry::io::compat_mode::direct;
     o.sizing = ferry::file_sizing::preallocate;
     ferry::nvme_tier tier(o);
