@@ -384,6 +384,15 @@ TEST_CASE("state_swapper: the step counter counts completed steps, resumed ones 
           [](const ferry::logic_error& e) { return std::string(e.what()).find("unfinished") != std::string::npos; },
           "names the pending step"));
   CHECK_THROWS_AS(s.set_completed_steps(7), ferry::logic_error);
+  {  // nor is a checkpoint loaded over a step that is half done (and nothing changes)
+    ferry::host_tier other_tier(16 * ferry::MiB);
+    ferry::state_swapper other(other_tier, groups);
+    initialize_all(other);
+    ferry::save_state_checkpoint(other, dir.path() / "other", hyper(), ferry::adamw_rounding::unfused);
+    CHECK_THROWS_AS(ferry::load_state_checkpoint(s, dir.path() / "other"), ferry::logic_error);
+    CHECK(s.step_pending());
+    CHECK(s.completed_steps() == 2);
+  }
   s.resume_step([&](std::size_t, group_view, std::uint64_t t) { seen.push_back(t); });
   CHECK(s.completed_steps() == 3);
   CHECK_FALSE(s.step_pending());
