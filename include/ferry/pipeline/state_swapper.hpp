@@ -13,18 +13,32 @@
 /// for (std::uint64_t t = 1; t <= steps; ++t) {
 ///   swapper.step([&](std::size_t g, ferry::group_view s) { opt.step(s.master, grads[g], s.m, s.v, t); });
 /// }
+/// // or let the swapper count: compute(g, s, t) gets t = completed_steps() + 1
+/// swapper.step([&](std::size_t g, ferry::group_view s, std::uint64_t t) {
+///   opt.step(s.master, grads[g], s.m, s.v, t);
+/// });
 /// swapper.read_master(0, out);
+/// ferry::save_state_checkpoint(swapper, opt, "ckpt/optim");  // pipeline/state_checkpoint.hpp
 /// ```
 ///
+/// ## Step counter
+/// The swapper counts the steps it completed (`completed_steps()`): a `step` that returns,
+/// or the `resume_step` that finishes a step that threw, adds one; a step that throws
+/// adds nothing until it is finished. A `compute` taking a third argument gets the number
+/// of the step it is part of, `completed_steps() + 1` (AdamW's `t`, from 1), so a caller
+/// need not keep a counter of its own; `set_completed_steps` sets it (e.g. to resume from
+/// a checkpoint of the caller's own), and `load_state_checkpoint` restores it.
+///
 /// ## Layout
-/// Group g has `n_g` elements. Each of its three arrays is a *section* of `4 n_g` bytes
-/// padded with zeros to `section_bytes = round_up(4 n_g, A)`, where A is the tier's
-/// alignment (`nvme_options::alignment`, 4096 by default); a *copy* of the group's
-/// states is the three sections in the order `[master | m | v]`, `copy_bytes = 3 x
-/// section_bytes`. A spilled group owns one region of the tier of `2 x copy_bytes`:
-/// two copies, `[copy 0 | copy 1]`, of which one is *current* (`group_layout`). Host
-/// buffers (ring slots, resident groups) use the same layout, so a transfer moves one
-/// whole copy, aligned, with no staging.
+/// Group g has `n_g` elements (0 allowed: a group empty on this rank holds no memory, is
+/// always resident, and is computed with empty spans). Each of its three arrays is a
+/// *section* of `4 n_g` bytes padded with zeros to `section_bytes = round_up(4 n_g, A)`,
+/// where A is the tier's alignment (`nvme_options::alignment`, 4096 by default); a *copy*
+/// of the group's states is the three sections in the order `[master | m | v]`,
+/// `copy_bytes = 3 x section_bytes`. A spilled group owns one region of the tier of `2 x
+/// copy_bytes`: two copies, `[copy 0 | copy 1]`, of which one is *current*
+/// (`group_layout`). Host buffers (ring slots, resident groups) use the same layout, so a
+/// transfer moves one whole copy, aligned, with no staging.
 ///
 /// ## Pipelining
 /// `step(compute)` visits the groups in index order and calls `compute(g, view)` on the
@@ -129,6 +143,11 @@ concept streamed_state_tier = tier<T> && T::traits.file_backed &&
                                 { t.alignment() } -> std::convertible_to<std::size_t>;
                               };
 
+namespace detail {
+template <class Tier>
+struct state_checkpoint_access;  // pipeline/state_checkpoint.hpp: reads and restores every group
+}  // namespace detail
+
 /// @brief A tier a `state_swapper` keeps groups in, computed in place: a `ferry::tier`
 /// the CPU can address whose regions have `data()` (`host_tier`, `pinned_tier`).
 template <class T>
@@ -214,11 +233,12 @@ class state_swapper {
   /// regions (two copies per spilled group) and the host memory (ring and resident
   /// groups, zeroed). The groups' contents are undefined until `initialize`.
   /// @param tier           where spilled groups live; must outlive the swapper
-  /// @param group_elements elements of each group (G = its size, >= 1; each 1 .. 2^40)
+  /// @param group_elements elements of each group (G = its size, >= 1; each 0 .. 2^40: an
+  ///        empty group has no memory on the tier or the host)
   /// @param options        budget, pool, spilling
   /// @throws ferry::out_of_capacity when the ring does not fit the budget ("state_swapper
   ///         ring", its bytes, the budget), or from the tier (its regions) or the pool
-  /// @throws ferry::logic_error for no groups or a group of 0 elements;
+  /// @throws ferry::logic_error for no groups or a group of more than 2^40 elements;
   ///         ferry::config_error for a malformed FERRY_PINNED_BUDGET_BYTES
   state_swapper(Tier& tier, std::span<const std::size_t> group_elements, state_swapper_options options = {});
 
@@ -259,25 +279,30 @@ class state_swapper {
   /// @brief One pass over every group, in index order: `compute(g, group_view)` on the
   /// calling thread for each, with the reads and writes of the neighbouring spilled
   /// groups in flight meanwhile (see the file comment). Returns when every new state is
-  /// on the tier (or in RAM).
-  /// @param compute callable as `compute(std::size_t g, ferry::group_view states)`;
-  ///        updates `states` in place
+  /// on the tier (or in RAM); then `completed_steps()` has grown by one.
+  /// @param compute callable as `compute(std::size_t g, ferry::group_view states)` or as
+  ///        `compute(std::size_t g, ferry::group_view states, std::uint64_t t)` with `t`
+  ///        the number of this step, `completed_steps() + 1` (the three-argument form is
+  ///        used when both are possible); updates `states` in place
   /// @throws ferry::io_error the first I/O error (the step stops; see "Errors" in the
   ///         file comment: `updated(g)` tells each group's state, `resume_step` finishes)
   /// @throws whatever `compute` throws (likewise)
   /// @throws ferry::logic_error when a group was never initialized, or when called from
   ///         inside `compute` (nothing runs then)
   template <class F>
-    requires std::is_invocable_v<F&, std::size_t, group_view>
+    requires std::is_invocable_v<F&, std::size_t, group_view> ||
+             std::is_invocable_v<F&, std::size_t, group_view, std::uint64_t>
   void step(F&& compute) {
     run(compute, true);
   }
 
-  /// @brief Completes a step that threw: runs `compute` (as `step` does) on the groups
-  /// with `updated(g) == false` only. After a step that succeeded it does nothing.
+  /// @brief Completes a step that threw: runs `compute` (as `step` does, with the same
+  /// step number `t`) on the groups with `updated(g) == false` only; when it returns the
+  /// step is complete and counted. After a step that succeeded it does nothing.
   /// @throws as `step`
   template <class F>
-    requires std::is_invocable_v<F&, std::size_t, group_view>
+    requires std::is_invocable_v<F&, std::size_t, group_view> ||
+             std::is_invocable_v<F&, std::size_t, group_view, std::uint64_t>
   void resume_step(F&& compute) {
     run(compute, false);
   }
@@ -290,8 +315,34 @@ class state_swapper {
     return updated_[g];
   }
 
+  /// @brief Steps completed since construction (or since `set_completed_steps`, or as
+  /// restored by `load_state_checkpoint`): the number of the last complete step, 0 before
+  /// the first. The step a `compute` runs in is `completed_steps() + 1`.
+  [[nodiscard]] std::uint64_t completed_steps() const noexcept { return completed_steps_; }
+
+  /// @brief Whether a step threw and is not finished yet (`resume_step` finishes it, a
+  /// plain `step` abandons it and starts the same step number afresh).
+  [[nodiscard]] bool step_pending() const noexcept { return pending_; }
+
+  /// @brief Sets the step counter: the next step is number `steps + 1`. For a caller that
+  /// restores states with `initialize` from a checkpoint of its own.
+  /// @throws ferry::logic_error while a step is pending or from inside `compute`
+  void set_completed_steps(std::uint64_t steps) {
+    check_idle();
+    FERRY_EXPECTS(!pending_, "the step counter cannot be set while a step that threw is unfinished (resume_step)",
+                  steps, ferry::named("completed_steps", completed_steps_));
+    completed_steps_ = steps;
+  }
+
   // --- queries -----------------------------------------------------------------------
 
+  /// @brief Whether group g holds states (`initialize`d, or loaded from a checkpoint; a
+  /// load that failed half-way leaves every group uninitialized).
+  /// @throws ferry::logic_error for g out of range
+  [[nodiscard]] bool initialized(std::size_t g) const {
+    check_group(g);
+    return groups_[g].initialized;
+  }
   /// @brief Number of groups (G).
   [[nodiscard]] std::size_t groups() const noexcept { return groups_.size(); }
   /// @brief Layout and residency of group g.
@@ -301,7 +352,8 @@ class state_swapper {
     return groups_[g].layout;
   }
   /// @brief The tier region of group g (two copies); for spilled groups and in-place tiers.
-  /// @throws ferry::logic_error for g out of range or a group kept in pool memory
+  /// @throws ferry::logic_error for g out of range, a group kept in pool memory, or an
+  ///         empty group (no memory anywhere)
   [[nodiscard]] const region_type& region(std::size_t g) const {
     check_group(g);
     FERRY_EXPECTS(groups_[g].has_region, "the group has no tier region (it is resident in the swapper's memory)", g);
@@ -327,6 +379,8 @@ class state_swapper {
   [[nodiscard]] Tier& tier() noexcept { return tier_; }
 
  private:
+  friend struct detail::state_checkpoint_access<Tier>;
+
   // The ring's three buffers, cut from the start of the host block; its producer
   // position names the buffer of the next read, its consumer position the buffer of the
   // next compute (both back at stage 0 at the start of each step).
@@ -385,6 +439,8 @@ class state_swapper {
   std::size_t budget_ = 0;
   bool ring_registered_ = false;
   bool busy_ = false;
+  bool pending_ = false;               // a step threw and is not finished
+  std::uint64_t completed_steps_ = 0;  // steps completed (see "Step counter")
   state_swapper_stats stats_;
 };
 

@@ -26,7 +26,7 @@ state_swapper<Tier>::state_swapper(Tier& tier, std::span<const std::size_t> grou
   groups_.resize(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t elements = group_elements[g];
-    FERRY_EXPECTS(elements >= 1 && elements <= (std::size_t{1} << 40), "a group has 1 to 2^40 elements", g, elements);
+    FERRY_EXPECTS(elements <= (std::size_t{1} << 40), "a group has 0 to 2^40 elements", g, elements);
     group& gr = groups_[g];
     gr.layout.elements = elements;
     gr.layout.section_bytes = round_up(elements * sizeof(float), a);
@@ -35,9 +35,10 @@ state_swapper<Tier>::state_swapper(Tier& tier, std::span<const std::size_t> grou
   try {
     if constexpr (in_place) {
       for (group& gr : groups_) {
+        gr.layout.resident = true;
+        if (gr.layout.elements == 0) continue;  // empty: no memory
         gr.region = tier_.allocate(gr.layout.copy_bytes);
         gr.has_region = true;
-        gr.layout.resident = true;
         gr.host = gr.region.data();
         std::memset(gr.host, 0, gr.layout.copy_bytes);
       }
@@ -75,6 +76,10 @@ void state_swapper<Tier>::initialize(std::size_t g, std::span<const float> maste
                 m.size(), ferry::named("n", gr.layout.elements));
   FERRY_EXPECTS(v.empty() || v.size() == gr.layout.elements, "v must be empty (zeros) or have the group's elements", g,
                 v.size(), ferry::named("n", gr.layout.elements));
+  if (gr.layout.elements == 0) {  // empty: nothing to hold
+    gr.initialized = true;
+    return;
+  }
   std::byte* base = gr.layout.resident ? gr.host : (*ring_)[0];  // a spilled group: through ring buffer 0
   fill_copy(base, gr.layout, master, m, v);
   if constexpr (!in_place) {
@@ -96,6 +101,7 @@ void state_swapper<Tier>::read(std::size_t g, state_part part, std::span<float> 
   const std::size_t n = gr.layout.elements;
   FERRY_EXPECTS(out.size() == n, "read needs room for the group's elements", g, out.size(), n);
   FERRY_EXPECTS(gr.initialized, "read of a group never initialized", g);
+  if (n == 0) return;
   if (gr.layout.resident) {
     std::memcpy(out.data(), gr.host + gr.layout.part_offset(part), n * sizeof(float));
     return;
@@ -128,6 +134,7 @@ void state_swapper<Tier>::plan_host_memory() {
     largest = std::max(largest, gr.layout.copy_bytes);
   }
   std::size_t total = 0;
+  for (group& gr : groups_) gr.layout.resident = gr.layout.elements == 0;  // empty groups: resident, no memory
   if (!options_.spill_all && charge(all) <= budget_) {
     for (group& gr : groups_) gr.layout.resident = true;
     total = all;
@@ -140,14 +147,15 @@ void state_swapper<Tier>::plan_host_memory() {
     total = ring_bytes_;
     if (!options_.spill_all) {
       for (group& gr : groups_) {
-        if (charge(total + gr.layout.copy_bytes) <= budget_) {
+        if (!gr.layout.resident && charge(total + gr.layout.copy_bytes) <= budget_) {
           gr.layout.resident = true;
           total += gr.layout.copy_bytes;
         }
       }
     }
   }
-  charged_ = charge(total);
+  charged_ = total == 0 ? 0 : charge(total);
+  if (total == 0) return;  // every group is empty: no host memory at all
   pool_.lent_or(pool, [&] {
     pinned_pool_options po;
     po.budget_bytes = charged_;
@@ -166,7 +174,7 @@ void state_swapper<Tier>::plan_host_memory() {
   if (ring_bytes_ != 0) ring_.emplace(lent_buffers(std::span<std::byte>(aligned, ring_bytes_), largest), largest);
   std::byte* next = aligned + ring_bytes_;
   for (group& gr : groups_) {
-    if (!gr.layout.resident) continue;
+    if (!gr.layout.resident || gr.layout.elements == 0) continue;
     gr.host = next;
     next += gr.layout.copy_bytes;
   }
@@ -219,7 +227,10 @@ void state_swapper<Tier>::run(F& compute, bool all) {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     FERRY_EXPECTS(groups_[g].initialized, "every group must be initialized before a step", g);
   }
-  if (all) std::fill(updated_.begin(), updated_.end(), false);
+  if (all) {
+    std::fill(updated_.begin(), updated_.end(), false);
+    pending_ = true;
+  }
   busy_guard busy(busy_);
   std::exception_ptr error;
   if constexpr (in_place) {
@@ -232,6 +243,10 @@ void state_swapper<Tier>::run(F& compute, bool all) {
     std::rethrow_exception(error);
   }
   ++stats_.steps;
+  if (pending_) {
+    ++completed_steps_;
+    pending_ = false;
+  }
 }
 
 // Calls compute on group g in host memory at `base`; records an exception in `error`.
@@ -239,7 +254,11 @@ template <class Tier>
 template <class F>
 bool state_swapper<Tier>::compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept {
   try {
-    compute(g, view(g, base, groups_[g].layout));
+    if constexpr (std::is_invocable_v<F&, std::size_t, group_view, std::uint64_t>) {
+      compute(g, view(g, base, groups_[g].layout), completed_steps_ + 1);
+    } else {
+      compute(g, view(g, base, groups_[g].layout));
+    }
   } catch (...) {
     error = std::current_exception();
     return false;

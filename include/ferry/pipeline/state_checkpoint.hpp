@@ -1,0 +1,181 @@
+/// @file
+/// @brief Checkpoint and resume of a `ferry::state_swapper`'s optimizer states: every
+/// group's master weights and moments wherever they live (host memory, pinned or not, or
+/// the NVMe tier), the step counter and the AdamW hyper-parameters, saved to a folder
+/// atomically and loaded back with every byte checked.
+///
+/// ```cpp
+/// ferry::state_swapper swapper(tier, sizes);
+/// ferry::adamw opt({.lr = 1e-3f});
+/// ... swapper.step([&](std::size_t g, ferry::group_view s, std::uint64_t t) { opt.step(..., t); });
+/// ferry::save_state_checkpoint(swapper, opt, "run/optim");          // replaces run/optim atomically
+///
+/// // after a restart: a fresh swapper of the same group sizes, any hyper-parameters
+/// ferry::load_state_checkpoint(swapper, opt, "run/optim");          // states, step counter, opt's params
+/// swapper.step(...);                                                 // = step completed_steps() + 1
+/// ```
+///
+/// ## Format (version 1)
+/// A folder holding one file per group and a manifest:
+///
+/// - `group-NNNNNN.bin` (6 decimal digits, the group's index): the group's three fp32
+///   arrays, little-endian, unpadded, in the order `[master | m | v]`: `12 n_g` bytes (0
+///   for an empty group). The tier's alignment padding is not saved, so a checkpoint
+///   loads into a swapper of any placement (pinned, NVMe, spilled or resident).
+/// - `manifest`: text, one item a line: the magic `ferry-state-checkpoint`, `version 1`,
+///   `completed_steps`, `optimizer adamw`, `rounding unfused|fused`, the five AdamW
+///   hyper-parameters as the hex bits of their `float`s (then the decimal value, for
+///   people), `groups G`, one line per group `group g f32 <elements> <bytes> <crc32c>
+///   <file>`, and last `manifest_crc32c`, the CRC-32C of every byte before that line.
+///
+/// Checksums are CRC-32C (Castagnoli; the SSE4.2 instruction where the CPU has it, at
+/// several GB/s), one per group file, computed while the file is written and checked
+/// while it is read back.
+///
+/// ## Atomic replacement (why a torn save cannot hurt)
+/// `save_state_checkpoint` writes everything into a new hidden folder next to the target
+/// (`.<name>.tmp-<pid>-<n>`), `fsync`s every file and then the folder, and only then puts
+/// it in place: with `renameat2(RENAME_EXCHANGE)` when a checkpoint is already there
+/// (one atomic step; the old one is then deleted), with `rename` when none is, and
+/// `fsync`s the parent folder. A crash or an error (ENOSPC, EIO) at any point before the
+/// exchange leaves the previous checkpoint exactly as it was (the temporary folder is
+/// removed on an error; one left by a crash is removed by the next save to that path).
+/// On a file system without `RENAME_EXCHANGE` (EINVAL) the old folder is first renamed
+/// aside, then the new one into place: a crash between those two renames leaves no
+/// folder at the path (the old one survives under `.<name>.old-<pid>-<n>`). The design is
+/// the usual write-temporary, fsync, rename of crash-safe storage (e.g. LevelDB's
+/// `CURRENT` file, PostgreSQL's `durable_rename`), applied to a folder.
+///
+/// ## What a load refuses
+/// `load_state_checkpoint` throws `ferry::checkpoint_error` naming the item, the value
+/// expected and the value found, for: a missing folder, manifest or group file; a
+/// manifest of another magic or format version, cut short, or whose own checksum fails;
+/// a group count, a group's elements, dtype or byte count that differs from the swapper
+/// it is loaded into; a group file of the wrong size; a group whose CRC-32C does not
+/// match; and (the optimizer overload) an optimizer of the other rounding, which could
+/// not continue the run bit for bit. Everything but the data checksums is checked
+/// before a byte of the swapper is touched: such a refusal leaves the swapper as it was.
+/// A checksum mismatch or an I/O error found while the data is read leaves every group
+/// uninitialized (`state_swapper::initialized(g)` false; `step` and `read` refuse until
+/// `initialize` or a load succeeds) and the step counter unchanged.
+///
+/// ## Threads and lifetime
+/// Both calls are synchronous, on the calling thread, and count as calls of the swapper:
+/// not concurrently with another of its members, never from inside its `compute`. One
+/// saver per path at a time (the temporary folder's name is per process and call).
+/// Spilled groups move between the tier and the file through two of the swapper's ring
+/// buffers (the tier read or write of one group in flight while the file of another is
+/// written or read); resident groups are written from and read into their host memory
+/// directly. No transfer is in flight when either call returns or throws.
+#pragma once
+
+#include "ferry/core/error.hpp"
+#include "ferry/io/syscalls.hpp"
+#include "ferry/optim/adamw.hpp"
+#include "ferry/pipeline/state_swapper.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+/// @brief The format version `save_state_checkpoint` writes and `load_state_checkpoint`
+/// accepts (a manifest of any other version is refused).
+inline constexpr std::uint32_t state_checkpoint_version = 1;
+
+/// @brief One group as a checkpoint's manifest records it.
+struct state_checkpoint_group {
+  std::size_t elements = 0;  ///< elements of each of its three fp32 arrays
+  std::uint64_t bytes = 0;   ///< bytes of its file: `3 x 4 x elements`
+  std::uint32_t crc32c = 0;  ///< CRC-32C of its file's bytes (0 for an empty file)
+  std::string file;          ///< its file's name in the folder, `group-NNNNNN.bin`
+};
+
+/// @brief What a checkpoint holds besides the states: returned by the save and the load
+/// calls, and by `read_state_checkpoint_info`.
+struct state_checkpoint_info {
+  std::uint32_t version = state_checkpoint_version;   ///< format version
+  std::uint64_t completed_steps = 0;                  ///< the swapper's `completed_steps()` when it was saved
+  adamw_params params{};                              ///< the AdamW hyper-parameters saved with it
+  adamw_rounding rounding = adamw_rounding::unfused;  ///< the rounding of the optimizer saved with it
+  std::vector<state_checkpoint_group> groups;         ///< every group, in index order
+  /// @brief Bytes of all group files together.
+  [[nodiscard]] std::uint64_t data_bytes() const noexcept {
+    std::uint64_t total = 0;
+    for (const auto& g : groups) total += g.bytes;
+    return total;
+  }
+};
+
+/// @brief Saves the swapper's states, its step counter and `params` / `rounding` to the
+/// folder `dir`, replacing any checkpoint there atomically (see the file comment).
+///
+/// Reads every group where it lives (spilled groups from their current copy on the tier,
+/// resident ones from host memory); the swapper's states and counters do not change.
+/// @param swapper  the states; no step may be pending and every group initialized
+/// @param dir      the checkpoint folder (its parent must exist); replaced as a whole
+/// @param params   the hyper-parameters to record (checked as `adamw_params`)
+/// @param rounding the rounding of the optimizer to record
+/// @param sys      the syscalls policy for the files' open / pwrite / fsync / close
+///                 (`io::faulty_syscalls` in tests)
+/// @return what was written (the manifest's content)
+/// @throws ferry::io_error from any file operation (naming the file, offset, bytes and
+///         errno, e.g. ENOSPC) or a tier read; the previous checkpoint at `dir` is
+///         then untouched and the temporary folder removed
+/// @throws ferry::logic_error for a pending step, a group never initialized, a call from
+///         inside `compute`, hyper-parameters out of range, or `dir` naming a file
+template <class Tier, class S = io::posix_syscalls>
+state_checkpoint_info save_state_checkpoint(state_swapper<Tier>& swapper, const std::filesystem::path& dir,
+                                            const adamw_params& params, adamw_rounding rounding, S sys = S{});
+
+/// @brief `save_state_checkpoint(swapper, dir, opt.params(), R, sys)`: saves with the
+/// optimizer's hyper-parameters and rounding.
+/// @throws as the overload above
+template <class Tier, adamw_rounding R, class S = io::posix_syscalls>
+state_checkpoint_info save_state_checkpoint(state_swapper<Tier>& swapper, const basic_adamw<R>& opt,
+                                            const std::filesystem::path& dir, S sys = S{}) {
+  return save_state_checkpoint(swapper, dir, opt.params(), R, std::move(sys));
+}
+
+/// @brief Reads and checks the manifest of the checkpoint at `dir` (magic, version, its
+/// own checksum, syntax); does not read the group files.
+/// @throws ferry::checkpoint_error for a missing folder or manifest, or a manifest of
+///         another version, cut short, malformed or failing its checksum;
+///         ferry::io_error when it cannot be read
+template <class S = io::posix_syscalls>
+state_checkpoint_info read_state_checkpoint_info(const std::filesystem::path& dir, S sys = S{});
+
+/// @brief Loads the checkpoint at `dir` into `swapper`: every group's states (into its
+/// host memory, or its tier copy), and the step counter (`completed_steps()` becomes the
+/// saved one). Returns the checkpoint's hyper-parameters and rounding for the caller to
+/// apply (the optimizer overload does it).
+/// @param swapper the destination: the same group count and group sizes as the saved
+///        one, any placement; no step may be pending
+/// @param dir     the checkpoint folder
+/// @param sys     the syscalls policy for open / pread / close
+/// @throws ferry::checkpoint_error for a torn, corrupt or mismatched checkpoint (see
+///         "What a load refuses" in the file comment: which refusals leave the swapper
+///         as it was, and which leave its groups uninitialized)
+/// @throws ferry::io_error from a file operation or a tier write (groups then
+///         uninitialized, as for a checksum mismatch)
+/// @throws ferry::logic_error for a pending step or a call from inside `compute`
+template <class Tier, class S = io::posix_syscalls>
+state_checkpoint_info load_state_checkpoint(state_swapper<Tier>& swapper, const std::filesystem::path& dir,
+                                            S sys = S{});
+
+/// @brief Loads as the overload above, and sets `opt`'s hyper-parameters to the saved
+/// ones (the checkpoint's win over those `opt` was built with), so that the next step
+/// equals the step the saved run would have taken, bit for bit.
+/// @throws ferry::checkpoint_error also when the checkpoint was saved with the other
+///         rounding (item "optimizer rounding"; checked before anything is loaded)
+/// @throws as the overload above
+template <class Tier, adamw_rounding R, class S = io::posix_syscalls>
+state_checkpoint_info load_state_checkpoint(state_swapper<Tier>& swapper, basic_adamw<R>& opt,
+                                            const std::filesystem::path& dir, S sys = S{});
+
+}  // namespace ferry
+
+#include "ferry/detail/pipeline/state_checkpoint.hpp"
