@@ -1,5 +1,5 @@
 // ferry-bench state-checkpoint: the time to save and to load a `ferry::state_swapper`'s
-// optimizer states (pipeline/state_checkpoint.hpp) against fio writing and reading the
+// optimizer states (optim/state_checkpoint.hpp) against fio writing and reading the
 // same bytes.
 //
 // ferry side: G groups of fp32 master weights and moments (--total-mib, default 1 GiB;
@@ -32,7 +32,7 @@
 
 #include <ferry/core/units.hpp>
 #include <ferry/optim/adamw.hpp>
-#include <ferry/pipeline/state_checkpoint.hpp>
+#include <ferry/optim/state_checkpoint.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
 #include <ferry/tier/nvme.hpp>
 #include <ferry/tier/pinned_tier.hpp>

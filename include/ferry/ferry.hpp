@@ -60,7 +60,7 @@
 #include "ferry/pipeline/kv_cache.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
-#include "ferry/pipeline/state_checkpoint.hpp"
+#include "ferry/optim/state_checkpoint.hpp"
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"

@@ -1,4 +1,4 @@
-// Checkpoint and resume of a ferry::state_swapper (pipeline/state_checkpoint.hpp): CRC-32C
+// Checkpoint and resume of a ferry::state_swapper (optim/state_checkpoint.hpp): CRC-32C
 // against known values, round trips with checksums for spilled (NVMe) and resident
 // (pinned host memory) groups and across placements, the next step after a resume equal
 // to the uninterrupted run bit for bit (also with other hyper-parameters in the fresh
@@ -7,7 +7,7 @@
 // surviving a save that fails (ENOSPC, EIO on fsync) half-way.
 #include <ferry/detail/core/crc32c.hpp>
 #include <ferry/optim/adamw.hpp>
-#include <ferry/pipeline/state_checkpoint.hpp>
+#include <ferry/optim/state_checkpoint.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
 #include <ferry/tier/host_tier.hpp>
 #include <ferry/tier/pinned_tier.hpp>

@@ -18,7 +18,7 @@
 ///   opt.step(s.master, grads[g], s.m, s.v, t);
 /// });
 /// swapper.read_master(0, out);
-/// ferry::save_state_checkpoint(swapper, opt, "ckpt/optim");  // pipeline/state_checkpoint.hpp
+/// ferry::save_state_checkpoint(swapper, opt, "ckpt/optim");  // optim/state_checkpoint.hpp
 /// ```
 ///
 /// ## Step counter
@@ -145,7 +145,7 @@ concept streamed_state_tier = tier<T> && T::traits.file_backed &&
 
 namespace detail {
 template <class Tier>
-struct state_checkpoint_access;  // pipeline/state_checkpoint.hpp: reads and restores every group
+struct state_checkpoint_access;  // optim/state_checkpoint.hpp: reads and restores every group
 }  // namespace detail
 
 /// @brief A tier a `state_swapper` keeps groups in, computed in place: a `ferry::tier`

@@ -69,6 +69,7 @@
 /// directly. No transfer is in flight when either call returns or throws.
 #pragma once
 
+#include "ferry/core/checkpoint_error.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/io/syscalls.hpp"
 #include "ferry/optim/adamw.hpp"
@@ -178,4 +179,4 @@ state_checkpoint_info load_state_checkpoint(state_swapper<Tier>& swapper, basic_
 
 }  // namespace ferry
 
-#include "ferry/detail/pipeline/state_checkpoint.hpp"
+#include "ferry/detail/optim/state_checkpoint.hpp"
