@@ -96,6 +96,15 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
   }
   std::shared_ptr<detail::cpu_event> ev = shared(e);
   const detail::cpu_stream* origin = capture_origin(s);
+  // Its clock, published with the record (a wait in between would find none): what `s`
+  // holds, what this thread saw, one tick; the op's own clock (enqueue) contains it.
+  detail::cpu_clock clock;
+  {
+    std::lock_guard lock(s->mutex);
+    clock = s->clock;
+  }
+  clock.merge(thread_clock());
+  clock.set(s->id, clock.at(s->id) + 1);
   std::uint64_t gen = 0;
   {
     std::lock_guard lock(events_mutex_);
@@ -103,8 +112,9 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
     ev->pending.emplace_back(gen, s);
     ev->captured.clear();  // only the latest record is ever waited for from now on
     if (origin != nullptr) ev->captured[gen] = origin;
+    ev->clock = std::move(clock);
+    ev->clock_of = gen;
   }
-  detail::cpu_clock snapshot;
   enqueue(
       s,
       [this, ev, gen, s] {
@@ -120,14 +130,7 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
     }
     events_cv_.notify_all();
       },
-      0, nullptr, &snapshot);
-  {
-    std::lock_guard lock(events_mutex_);
-    if (ev->recorded == gen) {
-      ev->clock = std::move(snapshot);
-      ev->clock_of = gen;
-    }
-  }
+      0, nullptr);
   return {};
 }
 
@@ -139,7 +142,7 @@ inline cpu_device::status cpu_device::event_query(event_t e) {
     std::lock_guard lock(events_mutex_);
     if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
     if (std::exception_ptr error = e->error_of(e->recorded)) return of(std::move(error));
-    if (e->clock_of == e->recorded) seen = e->clock;  // else its record is still being made: no order
+    if (e->clock_of == e->recorded) seen = e->clock;  // published with the record
   }
   host_saw(seen);
   return {};
@@ -155,14 +158,13 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
   // The order the awaited record comes after, kept before the wait (a record made
-  // meanwhile replaces the event's clock), or set while this thread waited.
+  // meanwhile replaces the event's clock).
   std::optional<detail::cpu_clock> seen;
   if (e->clock_of == target) seen = e->clock;
   events_cv_.wait(lock, [&] { return e->passed(target); });
   if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
-  if (!seen && e->clock_of == target) seen = e->clock;
   lock.unlock();
-  if (seen) host_saw(*seen);  // else re-recorded before its clock was set: no order claimed (stricter)
+  if (seen) host_saw(*seen);
   return {};
 }
 
@@ -176,7 +178,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   {
     std::lock_guard lock(events_mutex_);
     target = ev->recorded;  // the record before this call; none: complete at once
-    if (ev->clock_of == target) after = ev->clock;  // else being recorded on another thread: no order
+    if (ev->clock_of == target) after = ev->clock;  // published with the record
     auto c = ev->captured.find(target);
     if (c != ev->captured.end()) joins = c->second;
   }
