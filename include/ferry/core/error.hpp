@@ -223,7 +223,12 @@ class out_of_capacity : public std::bad_alloc, public error {
         capacity_(capacity) {}
   /// @brief The same, with a message of the caller's: what the call that failed was
   /// (its key, the tiers involved), after the site.
-  /// @param message the text after "file:line (function): "
+  /// @param resource  what ran out
+  /// @param requested bytes asked for
+  /// @param used      bytes in use when the request was made
+  /// @param capacity  bytes the resource may hold in all
+  /// @param site      where the request was refused
+  /// @param message   the text after "file:line (function): "
   out_of_capacity(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
                   source_site site, std::string_view message)
       : error(site),
