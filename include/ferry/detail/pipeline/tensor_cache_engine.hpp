@@ -344,8 +344,8 @@ class tensor_cache_engine {
   // Demotes the tensor the plan names (the one leaving the window of the last stored).
   // When the pinned pool refuses a block the plan's count allowed (fragmentation, a pool
   // shared with others), the plan spills one pinned tensor and the demotion is tried
-  // again; with nothing to spill the pool's out_of_capacity is thrown and the tensor stays
-  // on the device, owned by the cache.
+  // again; with nothing to spill the pool's out_of_capacity is thrown (and the store that
+  // asked for it undone).
   void demote(const key_type& placed_as) {
     for (;;) {
       try {
