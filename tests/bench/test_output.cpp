@@ -55,15 +55,27 @@ std::size_t count_prefixed(const fs::path& dir, const std::string& prefix) {
 }
 
 fb::row disk_row(const char* op, std::uint64_t block, std::uint64_t depth, double ferry, double fio) {
-  fb::row r{"nvme", std::string(op) + " bs=" + std::to_string(block) + " qd=" + std::to_string(depth), "throughput",
-            "GB/s", fb::better::higher, ferry, fio, "fio (io_uring, direct=1)"};
+  fb::row r{"nvme",
+            std::string(op) + " bs=" + std::to_string(block) + " qd=" + std::to_string(depth),
+            "throughput",
+            "GB/s",
+            fb::better::higher,
+            ferry,
+            fio,
+            "fio (io_uring, direct=1)"};
   r.params = {{"op", op}, {"block_bytes", block}, {"queue_depth", depth}, {"bytes", 64 * ferry::MiB}};
   return r;
 }
 
 fb::row link_row(const char* dir, std::uint64_t bytes, std::uint64_t chunk, double ferry, double raw) {
-  fb::row r{"link", std::string(dir) + " chunk=" + std::to_string(chunk), "throughput", "GB/s", fb::better::higher,
-            ferry, raw, "cudaMemcpyAsync (pinned)"};
+  fb::row r{"link",
+            std::string(dir) + " chunk=" + std::to_string(chunk),
+            "throughput",
+            "GB/s",
+            fb::better::higher,
+            ferry,
+            raw,
+            "cudaMemcpyAsync (pinned)"};
   r.params = {{"direction", dir}, {"bytes", bytes}, {"chunk_bytes", chunk}};
   return r;
 }
@@ -294,7 +306,7 @@ TEST_CASE("advice: the smallest queue depth and block size that reach 95% of the
   CHECK(a["ops"]["seq-write"]["queue_depth"]["value"].get<double>() == 16);
   CHECK(a["ops"]["seq-read"]["block_bytes"]["value"].get<double>() == static_cast<double>(ferry::MiB));
   CHECK(a["ops"]["seq-write"]["block_bytes"]["value"].get<double>() == static_cast<double>(512 * ferry::KiB));
-  CHECK(a["queue_depth"] == 16);             // the larger need of reads and writes
+  CHECK(a["queue_depth"] == 16);          // the larger need of reads and writes
   CHECK(a["block_bytes"] == ferry::MiB);  // likewise
   CHECK(a["env"] == "FERRY_IO_QUEUE_DEPTH=16 FERRY_IO_BLOCK_BYTES=1048576");
 }
@@ -314,7 +326,8 @@ TEST_CASE("advice: a disk ferry never gets to 95% of is reported as the closest,
 TEST_CASE("advice: chunk size from the link sweep, and why not without a GPU") {
   std::vector<fb::row> rows;
   const std::uint64_t size = 256 * ferry::MiB;
-  for (const auto& [kib, v] : std::vector<std::pair<std::uint64_t, double>>{{256, 30}, {1024, 50}, {4096, 54}, {16384, 55}}) {
+  for (const auto& [kib, v] :
+       std::vector<std::pair<std::uint64_t, double>>{{256, 30}, {1024, 50}, {4096, 54}, {16384, 55}}) {
     rows.push_back(link_row("h2d", size, kib * ferry::KiB, v, 55.5));
     rows.push_back(link_row("d2h", size, kib * ferry::KiB, v * 0.9, 50.0));
   }
@@ -338,7 +351,9 @@ TEST_CASE("advice: the pinned budget the RAM allows") {
   m = {{"memory_bytes", 16 * gib}, {"memory_available_bytes", 5 * gib}, {"root", true}};
   // min(12, 5 - 2 = 3) = 3 GiB.
   CHECK(fb::advise_pinned(m)["pinned_budget_bytes"] == 3 * gib);
-  m = {{"memory_bytes", 4 * gib}, {"memory_available_bytes", 2 * gib + 300 * ferry::MiB}, {"root", false},
+  m = {{"memory_bytes", 4 * gib},
+       {"memory_available_bytes", 2 * gib + 300 * ferry::MiB},
+       {"root", false},
        {"memlock_limit_bytes", 8 * ferry::MiB}};
   const auto small = fb::advise_pinned(m);
   CHECK(small["pinned_budget_bytes"] == 300 * ferry::MiB);
@@ -370,7 +385,7 @@ TEST_CASE("plots: curves picked by params, one point per x, none from a single p
   CHECK(qd.series[0].points.size() == 4);  // qd 1, 2, 4, 8 at 1 MiB (the 256 KiB and 4 MiB points are another curve)
   CHECK(qd.series[0].points.front() == std::pair<double, double>{1.0, 0.5});
   const auto& bs = plots[1];
-  REQUIRE(bs.series.size() == 2);  // reads only: writes have one block size
+  REQUIRE(bs.series.size() == 2);          // reads only: writes have one block size
   CHECK(bs.series[0].points.size() == 3);  // 256, 1024, 4096 KiB at qd 8
   CHECK(bs.series[0].points[0].first == 256.0);
   const auto& step = plots[2];
@@ -437,7 +452,7 @@ TEST_CASE("plots: kv throughput against block size, ferry and both references pe
   CHECK(plots[0].series[2].points.front() == std::pair<double, double>{4.0, 50.0});
 }
 
-TEST_CASE("plots: gnuplot draws PNGs into the staging folder; a failing gnuplot fails the run") {
+TEST_CASE("plots: gnuplot draws PNGs into the staging folder, a failing gnuplot fails the run") {
   std::vector<fb::row> rows;
   for (const std::uint64_t qd : {1u, 4u, 16u}) rows.push_back(disk_row("seq-read", ferry::MiB, qd, 1.0, 1.1));
   temp_root root;

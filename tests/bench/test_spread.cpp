@@ -75,7 +75,7 @@ TEST_CASE("is_wide: above 5 %, not at it, never for NaN") {
   CHECK_FALSE(fb::is_wide(std::nan("")));
 }
 
-TEST_CASE("pair_ratios: ferry[i] / reference[i], NaN for a zero reference, lengths must match") {
+TEST_CASE("pair_ratios: ferry(i) / reference(i), NaN for a zero reference, lengths must match") {
   const std::vector<double> r = fb::pair_ratios({2.0, 3.0, 1.0}, {1.0, 2.0, 0.0});
   REQUIRE(r.size() == 3);
   CHECK(r[0] == 2.0);
@@ -88,8 +88,7 @@ TEST_CASE("pair_ratios: ferry[i] / reference[i], NaN for a zero reference, lengt
 TEST_CASE("alternate records the ratio of every pair") {
   int f = 0;
   int r = 0;
-  const auto result = fb::alternate(
-      3, 0, [&] { return 2 * ++f; }, [&] { return ++r; });
+  const auto result = fb::alternate(3, 0, [&] { return 2 * ++f; }, [&] { return ++r; });
   CHECK(result.ferry_samples == std::vector<double>{2, 4, 6});
   CHECK(result.reference_samples == std::vector<double>{1, 2, 3});
   CHECK(result.ratio_samples == std::vector<double>{2, 2, 2});
@@ -136,7 +135,7 @@ TEST_CASE("run_timed: warm-up passes discarded, then passes until the seconds ar
   CHECK(uneven.rate() == Approx(5.0 / 1.1));
 }
 
-TEST_CASE("timing_of: the flags, else 1 s after 0.25 s (0.1 s after 0.05 s with --quick); fio's options") {
+TEST_CASE("timing_of: the flags, else 1 s after 0.25 s (0.1 s after 0.05 s with --quick), fio's options") {
   fb::run_options o;
   fb::sample_timing t = fb::timing_of(o);
   CHECK(t.seconds == 1.0);
@@ -151,7 +150,8 @@ TEST_CASE("timing_of: the flags, else 1 s after 0.25 s (0.1 s after 0.05 s with 
   CHECK(t.seconds == 2.0);
   CHECK(t.ramp_seconds == 0.0);
 
-  CHECK(fb::fio_timing_args({.seconds = 2.0, .ramp_seconds = 0.5}) == " --time_based --runtime=2000ms --ramp_time=500ms");
+  CHECK(fb::fio_timing_args({.seconds = 2.0, .ramp_seconds = 0.5}) ==
+        " --time_based --runtime=2000ms --ramp_time=500ms");
   CHECK(fb::fio_timing_args({.seconds = 0.25, .ramp_seconds = 0.0}) == " --time_based --runtime=250ms");
   CHECK(fb::fio_timing_args({.seconds = 0.0001, .ramp_seconds = 0.0}) == " --time_based --runtime=1ms");
 }
@@ -211,8 +211,8 @@ TEST_CASE("CSV and summary.md: the spreads, and the rows wider than 5 % marked a
   const nlohmann::json machine = {{"cpu", {{"model", "Test CPU"}, {"threads", 2}}},
                                   {"memory_bytes", 1},
                                   {"ferry", {{"version", "1.2.3"}, {"cuda", false}, {"uring", true}}}};
-  const std::string md = fb::summary_markdown(machine, {noisy, steady, bare}, nlohmann::json::object(), {},
-                                              "ferry-bench nvme", "now", 1);
+  const std::string md =
+      fb::summary_markdown(machine, {noisy, steady, bare}, nlohmann::json::object(), {}, "ferry-bench nvme", "now", 1);
   CHECK(md.find("## Sample spread") != std::string::npos);
   CHECK(md.find("| nvme | seq-read bs=1MiB qd=8 | 3 | 1 | 20.0% | 0.0% | 20.0% | 0.450 / 0.500 / 0.550 | wide |") !=
         std::string::npos);

@@ -125,7 +125,7 @@ TEST_CASE("oracleGeneral: more records than one read buffer") {
   CHECK(same);
 }
 
-TEST_CASE("oracleGeneral: a size change is a write; size 0 skipped or read as 1 byte") {
+TEST_CASE("oracleGeneral: a size change is a write, size 0 skipped or read as 1 byte") {
   temp_dir dir;
   const fs::path p = dir.path / "resize.bin";
   write_file(p, oracle_bytes({{0, 1, 10, 1}, {0, 1, 20, 2}, {0, 1, 20, -1}, {0, 2, 0, -1}, {0, 3, 5, -1}}));
@@ -189,7 +189,7 @@ TEST_CASE("oracleGeneral: truncated, compressed, missing and empty files") {
   CHECK(fb::read_oracle_general(empty).empty());
 }
 
-TEST_CASE("CSV: keys, sizes and ops read back; header, comments and blanks skipped") {
+TEST_CASE("CSV: keys, sizes and ops read back, header, comments and blanks skipped") {
   temp_dir dir;
   const fs::path p = dir.path / "t.csv";
   write_file(p,
@@ -275,7 +275,8 @@ TEST_CASE("CSV: a bad line is refused with the file, its number and its text") {
   // line is binary data; the bad line's text is cut to 200 bytes in the message.
   CHECK_THAT(csv_error("a,1\n" + std::string(fb::csv_max_line_bytes + 10, 'k') + ",1\n").what(),
              Catch::Contains(":2: ") && Catch::Contains("a line longer than 65536 bytes"));
-  CHECK_THAT(csv_error(std::string("a,1\nb\0c,1\n", 10)).what(), Catch::Contains(":2: ") && Catch::Contains("binary data"));
+  CHECK_THAT(csv_error(std::string("a,1\nb\0c,1\n", 10)).what(),
+             Catch::Contains(":2: ") && Catch::Contains("binary data"));
   const std::string long_key(5000, 'q');
   const std::string cut = csv_error(long_key + ",zz\n").what();
   CHECK(cut.size() < 600);
@@ -313,7 +314,9 @@ TEST_CASE("CSV: a UTF-8 byte order mark before the first line is skipped") {
   CHECK(s.size() == 2);
   CHECK(s.key_count() == 1);
   CHECK(s.key_at(0) == "a");
-  std::istringstream data("\xEF\xBB\xBF" "a,10\na,10\n");
+  std::istringstream data(
+      "\xEF\xBB\xBF"
+      "a,10\na,10\n");
   const auto t = fb::read_csv_trace(data);
   CHECK(t.key_count() == 1);
   CHECK(t.key_at(1) == "a");

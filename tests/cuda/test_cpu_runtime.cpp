@@ -8,14 +8,11 @@
 // threads, moves enqueued into a graph capture, and a callback dropping the last
 // reference to a move. The model also has to catch wrong programs, not only pass right
 // ones. In every build: the CPU runtime needs no CUDA header.
-#include "cpu_model.hpp"
-#include "io_test_support.hpp"
-
 #include <ferry/core/error.hpp>
-#include <ferry/memory/device_arena.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/memory/device_arena.hpp>
 #include <ferry/tier/nvme.hpp>
+#include <ferry/transfer/host_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -31,6 +28,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "cpu_model.hpp"
+#include "io_test_support.hpp"
 
 namespace {
 
@@ -109,8 +109,7 @@ const std::uint64_t seeds[] = {1, 2, 3, 5, 8, 13};
 
 }  // namespace
 
-TEST_CASE("CPU model: copies, events and waits round-trip bytes under adversarial timing",
-          "[cpu_runtime][scheduler]") {
+TEST_CASE("CPU model: copies, events and waits round-trip bytes under adversarial timing", "[cpu_runtime][scheduler]") {
   for (const std::uint64_t seed : seeds) {
     INFO("seed " << seed);
     auto m = std::make_shared<cpu_device>(cpu_options{.seed = seed, .max_delay_us = 200});
@@ -404,7 +403,7 @@ TEST_CASE("CPU model: continuations on a lane run in the order of their copies, 
   const auto open = std::make_shared<std::atomic<bool>>(false);
   gate_on(*m, busy, open);
   auto second = sched.to_host(b_host.data(), b.data(), b.size(), ref(busy));  // held back
-  sched.then(second, [](std::exception_ptr) {});  // asked first, for the later copy
+  sched.then(second, [](std::exception_ptr) {});                              // asked first, for the later copy
   // The lane's completion thread gets to the later copy's marker first (and waits on
   // it) before the earlier copy's continuation is asked for: order, not a threshold.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -483,7 +482,8 @@ TEST_CASE("CPU model: without stream memory operations, enqueue_wait on a disk m
   tier.deallocate(r);
 }
 
-TEST_CASE("CPU model: a staged move that fails while it starts, its ticket dropped at once", "[cpu_runtime][scheduler][nvme]") {
+TEST_CASE("CPU model: a staged move that fails while it starts, its ticket dropped at once",
+          "[cpu_runtime][scheduler][nvme]") {
   // The first chunk's copy fails inside the start of a producer-ordered move; the move
   // finishes there, the ticket goes, and the state must not be used after (TSan sees it).
   scratch_path path(ferry_test::disk_dir);
@@ -589,7 +589,6 @@ TEST_CASE("CPU model: wrong programs give wrong bytes when the order they allow 
   }
 }
 
-
 // --- sticky errors, per stream -------------------------------------------------------
 
 TEST_CASE("CPU runtime: a kernel that throws fails its stream: records after it carry the exception, not those before",
@@ -644,7 +643,7 @@ TEST_CASE("CPU runtime: a kernel that throws fails its stream: records after it 
   for (const event_t e : {before, after, later, clean}) REQUIRE(ok(rt.event_destroy(e)));
 }
 
-TEST_CASE("CPU runtime: a stream that waits for a failed record fails too; one that waits for a clean record does not",
+TEST_CASE("CPU runtime: a stream that waits for a failed record fails too, one that waits for a clean record does not",
           "[cpu_runtime]") {
   for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{10}, std::uint64_t{11}}) {
     INFO("seed " << seed);
@@ -765,7 +764,7 @@ TEST_CASE("CPU runtime: a move ordered after a failed kernel fails with the kern
 
 // --- graph capture through event waits ----------------------------------------------
 
-TEST_CASE("CPU runtime: a stream that waits for an event recorded in a capture joins it; end_capture ends it for both",
+TEST_CASE("CPU runtime: a stream that waits for an event recorded in a capture joins it, end_capture ends it for both",
           "[cpu_runtime][scheduler]") {
   auto m = std::make_shared<cpu_device>();
   const cpu_runtime rt{m};
@@ -813,7 +812,7 @@ TEST_CASE("CPU runtime: a stream that waits for an event recorded in a capture j
   CHECK_THROWS_AS(sched.to_device(dev.data(), host.data(), n, ref(b)), ferry::logic_error);
   auto t = sched.to_device(dev_in.data(), src_in.data(), n);  // no producer
   CHECK_THROWS_AS(t.enqueue_wait(ref(b)), ferry::logic_error);
-  CHECK(m->captured_calls() == captured);  // nothing was enqueued into the capture
+  CHECK(m->captured_calls() == captured);                             // nothing was enqueued into the capture
   auto on_c = sched.to_host(host_c.data(), dev_c.data(), n, ref(c));  // c did not join
   REQUIRE_NOTHROW(on_c.wait());
   CHECK(checksum(host_c) == checksum(dev_c));
@@ -905,7 +904,7 @@ TEST_CASE("host_stream: an item's exception fails the stream from there on, like
 
 // --- misuse: foreign streams, blocking inside a kernel, bad settings ----------------
 
-TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's device; foreign streams are refused",
+TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's device, foreign streams are refused",
           "[cpu_runtime][scheduler]") {
   const cpu_runtime a(cpu_options{.seed = 3, .max_delay_us = 50});
   const cpu_runtime b(cpu_options{});

@@ -2,9 +2,6 @@
 // (shared/gpu-runs/2026-12-04-h200), reproduced on the model — pinned registrations, the
 // edges of stream-ordered allocations, graph capture across threads — and the timing
 // modes (instant, slow) every pipeline test also runs under (tests/CMakeLists.txt).
-#include "cpu_model.hpp"
-#include "io_test_support.hpp"
-
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/cpu_pinning.hpp>
@@ -23,6 +20,9 @@
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include "cpu_model.hpp"
+#include "io_test_support.hpp"
 
 namespace {
 
@@ -166,8 +166,8 @@ TEST_CASE("CPU model: an allocation used from a stream with no edge after it is 
   REQUIRE(ok(rt.stream_wait_event(b, e)));
   CHECK(ok(m->memcpy_async(host.data(), p, 64 * KiB, copy_direction::device_to_host, b)));
   // Past the end of the allocation: CUDA's invalid value.
-  CHECK(m->memcpy_async(host.data(), static_cast<std::byte*>(p) + 4096, 64 * KiB, copy_direction::device_to_host,
-                        b) == cpu_errc::invalid_value);
+  CHECK(m->memcpy_async(host.data(), static_cast<std::byte*>(p) + 4096, 64 * KiB, copy_direction::device_to_host, b) ==
+        cpu_errc::invalid_value);
   CHECK(m->out_of_bounds() == 1);
   // A third stream after this thread synchronised the allocating one: ordered.
   const stream_t c = model_stream(*m);
@@ -184,9 +184,10 @@ TEST_CASE("CPU model: an allocation used from a stream with no edge after it is 
   REQUIRE(ok(rt.event_destroy(e)));
 }
 
-TEST_CASE("CPU model: a pointer to memory given back to the device, a destroyed stream's allocation and a "
-          "wrapping 2D footprint are refused",
-          "[cpu_runtime][strict]") {
+TEST_CASE(
+    "CPU model: a pointer to memory given back to the device, a destroyed stream's allocation and a "
+    "wrapping 2D footprint are refused",
+    "[cpu_runtime][strict]") {
   auto m = std::make_shared<cpu_device>();
   const stream_t a = model_stream(*m);
   const stream_t b = model_stream(*m);
@@ -203,8 +204,8 @@ TEST_CASE("CPU model: a pointer to memory given back to the device, a destroyed 
   REQUIRE(ok(m->malloc_from_pool_async(&q, 128 * KiB, pool, a)));
   CHECK(q != p);
   CHECK(m->memcpy_async(p, host.data(), 4096, copy_direction::host_to_device, a) == cpu_errc::unordered_access);
-  CHECK(m->memcpy_async(host.data(), static_cast<std::byte*>(p) + 60 * KiB, 4096, copy_direction::device_to_host,
-                        a) == cpu_errc::unordered_access);
+  CHECK(m->memcpy_async(host.data(), static_cast<std::byte*>(p) + 60 * KiB, 4096, copy_direction::device_to_host, a) ==
+        cpu_errc::unordered_access);
   CHECK(m->use_after_free_access() == 2);
   // A stream destroyed after allocating orders nothing after it (CUDA's cudaStreamDestroy
   // returns at once): another stream needs its own edge.
@@ -268,7 +269,8 @@ TEST_CASE("CPU model: an NVMe read into memory allocated on another stream needs
 // Item 4b of the GPU run: after a staged move failed in a chunk (here the copy the model
 // refuses, while other chunks are still reading), dropping its ticket unwaited and destroying
 // the scheduler ends; the bounce ring and the tier are whole again.
-TEST_CASE("scheduler: destruction ends after a staged move failed with chunks in flight", "[cpu_runtime][strict][scheduler]") {
+TEST_CASE("scheduler: destruction ends after a staged move failed with chunks in flight",
+          "[cpu_runtime][strict][scheduler]") {
   const ferry_test::watchdog dog("destruction after a failed staged move", 60);
   ferry_test::scratch_path path(ferry_test::disk_dir, "ferry-strict-fail");
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 16 * MiB));
@@ -336,7 +338,7 @@ TEST_CASE("CPU model: an event query from a thread in global mode invalidates an
   CHECK(ok(query_from(cpu_capture_mode::per_thread)));  // not this thread's capture
   CHECK(ok(m->end_capture(user)));
   m->begin_capture(user, cpu_capture_mode::per_thread);
-  CHECK(ok(query_from(cpu_capture_mode::global)));      // a thread-local capture leaves others alone
+  CHECK(ok(query_from(cpu_capture_mode::global)));            // a thread-local capture leaves others alone
   CHECK(rt.event_query(e) == cpu_errc::capture_unsupported);  // but not its own thread
   CHECK(m->end_capture(user) == cpu_errc::capture_invalidated);
   CHECK(m->invalidated_captures() == 2);
@@ -381,7 +383,7 @@ TEST_CASE("scheduler: a pending continuation neither breaks a user's global capt
 
 // --- timing modes --------------------------------------------------------------------------
 
-TEST_CASE("CPU model: instant timing has run a copy when its call returns; slow timing leaves it queued",
+TEST_CASE("CPU model: instant timing has run a copy when its call returns, slow timing leaves it queued",
           "[cpu_runtime][strict]") {
   const std::size_t n = 256 * KiB;
   std::vector<std::byte> src(n), dst(n);

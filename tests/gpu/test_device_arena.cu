@@ -32,8 +32,8 @@ TEST_CASE("device_tier: round trips through a kernel for odd sizes", "[gpu][devi
   ferry::stream s;
   ferry::device_arena arena(256 * MiB);
   ferry::device_tier tier(arena, s);
-  for (const std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097}, MiB + 1,
-                              33 * MiB + 7}) {
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097}, MiB + 1, 33 * MiB + 7}) {
     auto r = tier.allocate(n);
     CHECK(arena.used() == (n + 255) / 256 * 256);
     auto in = pattern(n, static_cast<unsigned>(n));
@@ -70,7 +70,7 @@ TEST_CASE("device_arena: the budget is enforced before CUDA is called", "[gpu][d
   s.synchronize();
 }
 
-TEST_CASE("device_arena: stream order; freed memory is reused", "[gpu][device_arena]") {
+TEST_CASE("device_arena: stream order, freed memory is reused", "[gpu][device_arena]") {
   ferry::stream s;
   ferry::device_arena arena(64 * MiB);
   // Allocate, use, free and allocate again on one stream without synchronising:
@@ -84,8 +84,8 @@ TEST_CASE("device_arena: stream order; freed memory is reused", "[gpu][device_ar
   void* b = arena.allocate(16 * MiB, s);
   FERRY_CUDA_TRY(cudaMemsetAsync(b, 7, 16 * MiB, s.get()));
   unsigned char last = 0;
-  FERRY_CUDA_TRY(cudaMemcpyAsync(&last, static_cast<unsigned char*>(b) + 16 * MiB - 1, 1, cudaMemcpyDeviceToHost,
-                                 s.get()));
+  FERRY_CUDA_TRY(
+      cudaMemcpyAsync(&last, static_cast<unsigned char*>(b) + 16 * MiB - 1, 1, cudaMemcpyDeviceToHost, s.get()));
   s.synchronize();
   CHECK(last == 7);
   // Same stream, freed in order: the pool reuses the freed block instead of growing.

@@ -312,7 +312,7 @@ TEST_CASE("cuda_runtime: the block-copy kernel is registered and copies odd and 
   CHECK(rt.copy_kernel_async(dsts, srcs, sizes, 0, 2, s.get()) == cudaSuccess);  // nothing to do
 }
 
-TEST_CASE("stream_scheduler (kernel): scattered blocks round trip after the producer's slow kernel; engines timed",
+TEST_CASE("stream_scheduler (kernel): scattered blocks round trip after the producer's slow kernel, engines timed",
           "[gpu][blocks][kernel]") {
   ferry::stream compute, producer;
   auto o = small_batches();

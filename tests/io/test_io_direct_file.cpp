@@ -1,8 +1,6 @@
 // ferry::io::direct_file and the syscalls policy: O_DIRECT and the compat modes on a
 // disk (/tmp) and on tmpfs (/dev/shm), the fault plan, exact tails and staging of
 // misaligned memory, and the failures of the synchronous path.
-#include "io_test_support.hpp"
-
 #include <ferry/io/direct_file.hpp>
 #include <ferry/io/syscalls.hpp>
 
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io_test_support.hpp"
 #include <fcntl.h>
 
 using ferry::io::compat_mode;
@@ -29,9 +28,7 @@ namespace {
 
 bool has_o_direct_flag(int fd) { return (::fcntl(fd, F_GETFL) & O_DIRECT) != 0; }
 
-std::size_t file_size(const std::string& path) {
-  return static_cast<std::size_t>(std::filesystem::file_size(path));
-}
+std::size_t file_size(const std::string& path) { return static_cast<std::size_t>(std::filesystem::file_size(path)); }
 
 }  // namespace
 
@@ -242,8 +239,9 @@ TEST_CASE("direct_file pads a direct tail with zeros") {
   CHECK(std::all_of(raw.begin() + 4097, raw.end(), [](std::byte b) { return b == std::byte{0}; }));
 }
 
-TEST_CASE("direct_file: injected failures give io_error with path, offset, size and errno; retries and short "
-          "transfers are handled") {
+TEST_CASE(
+    "direct_file: injected failures give io_error with path, offset, size and errno, retries and short "
+    "transfers are handled") {
   auto plan = std::make_shared<fault_plan>();
   faulty_syscalls<> sys(plan);
   scratch_path path(ferry_test::disk_dir);
@@ -292,7 +290,7 @@ TEST_CASE("direct_file: injected failures give io_error with path, offset, size 
       CHECK(e.code().category() == std::generic_category());
       CHECK(e.path() == path.str());
       if (f.mode() == io_mode::direct) {
-        CHECK(e.offset() == 8192);      // the continuation after the first 8192 bytes
+        CHECK(e.offset() == 8192);            // the continuation after the first 8192 bytes
         CHECK(e.bytes() == 3 * 4096 - 8192);  // the body's rest (the tail is a separate call)
       } else {
         CHECK(e.offset() == 8192);
@@ -340,7 +338,8 @@ TEST_CASE("direct_file: injected failures give io_error with path, offset, size 
 
 TEST_CASE("fault_plan: skip, times, path and offset filters") {
   fault_plan plan;
-  const auto a = plan.add({.call = syscall_kind::pwrite, .error = EIO, .path_contains = "a.bin", .skip = 1, .times = 2});
+  const auto a =
+      plan.add({.call = syscall_kind::pwrite, .error = EIO, .path_contains = "a.bin", .skip = 1, .times = 2});
   const auto b = plan.add({.call = syscall_kind::pread, .error = EIO, .min_offset = 100, .max_offset = 200});
   CHECK_FALSE(plan.match(syscall_kind::pwrite, "/x/a.bin", 0, 0));  // skipped
   CHECK(plan.match(syscall_kind::pwrite, "/x/a.bin", 0, 0));

@@ -228,7 +228,7 @@ TEMPLATE_TEST_CASE("short transfers: continued, or an io_error when nothing move
   f.check_before_intact();
 }
 
-TEMPLATE_TEST_CASE("EINTR and EAGAIN are retried; endless EAGAIN fails after the retry limit", "[faults]",
+TEMPLATE_TEST_CASE("EINTR and EAGAIN are retried, endless EAGAIN fails after the retry limit", "[faults]",
                    FERRY_TEST_ENGINES) {
   fixture<typename TestType::template tier<faulty_syscalls<>>> f(5);
   guarded_buffer src(2 * block + 3, 1);
@@ -289,7 +289,7 @@ TEMPLATE_TEST_CASE("failures while opening: ftruncate EFBIG, fallocate ENOSPC, f
 }
 
 TEMPLATE_TEST_CASE(
-    "a file system without fallocate: preallocation falls back to a sparse file, reported; "
+    "a file system without fallocate: preallocation falls back to a sparse file, reported, "
     "ENOSPC stays an error",
     "[faults]", FERRY_TEST_ENGINES) {
   using tier_t = typename TestType::template tier<faulty_syscalls<>>;

@@ -4,10 +4,10 @@
 // called, device memory exhausted, stream-ordered reuse, bad arguments, a device
 // without memory pools, and every block given back before the pool goes.
 #include <ferry/core/error.hpp>
-#include <ferry/memory/device_arena.hpp>
-#include <ferry/cuda/cpu_runtime.hpp>
-#include <ferry/tier/device_tier.hpp>
 #include <ferry/core/units.hpp>
+#include <ferry/cuda/cpu_runtime.hpp>
+#include <ferry/memory/device_arena.hpp>
+#include <ferry/tier/device_tier.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -141,7 +141,7 @@ TEST_CASE("device_arena on the CPU model: a block not given back is counted when
   CHECK(m->leaked_blocks() == 1);
 }
 
-TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capacity; a refused free keeps its bytes",
+TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capacity, a refused free keeps its bytes",
           "[device_arena][cpu_runtime]") {
   auto m = std::make_shared<cpu_device>();
   const stream_t s = model_stream(*m);
@@ -164,8 +164,8 @@ TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capaci
   REQUIRE(ok(m->stream_synchronize(s)));
 }
 
-
-TEST_CASE("host_device_tier: the tier view of an arena on one stream, sharing its budget", "[device_arena][cpu_runtime]") {
+TEST_CASE("host_device_tier: the tier view of an arena on one stream, sharing its budget",
+          "[device_arena][cpu_runtime]") {
   const cpu_runtime rt(ferry::cpu_options{.seed = 4, .max_delay_us = 50});
   ferry::host_stream s(rt);
   arena_type arena(MiB, {}, rt);

@@ -161,7 +161,7 @@ TEST_CASE("pinned_pool: past the budget throws out_of_capacity naming request, u
   CHECK_THROWS_AS(pool.reserve(9 * MiB), ferry::out_of_capacity);
 }
 
-TEST_CASE("pinned_pool: reserve pre-maps slabs; empty slabs kept, trimmed or released", "[pinned_pool]") {
+TEST_CASE("pinned_pool: reserve pre-maps slabs, empty slabs kept, trimmed or released", "[pinned_pool]") {
   SECTION("kept, then trim") {
     ferry::pinned_pool pool(small_options());
     pool.reserve(2 * MiB);  // one regular slab (4 MiB): room for what comes after
@@ -386,7 +386,7 @@ TEST_CASE("pinned_pool: bad options are rejected", "[pinned_pool]") {
   CHECK_THROWS_AS(pool.allocate(0), ferry::logic_error);
 }
 
-TEST_CASE("pinned_pool: 8 threads allocate, write, read and free; accounting invariant holds",
+TEST_CASE("pinned_pool: 8 threads allocate, write, read and free, accounting invariant holds",
           "[pinned_pool][threads]") {
   auto o = small_options();
   o.budget_bytes = 48 * MiB;

@@ -34,6 +34,13 @@
 
 // Sanitizer allocators abort on a request they cannot serve (allocator_may_return_null
 // is off), so the "system out of memory" case runs only in the plain builds.
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_TEST_THREAD_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_TEST_THREAD_SANITIZER 1
+#endif
+#endif
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define FERRY_TEST_SANITIZED_ALLOCATOR 1
 #elif defined(__has_feature)
@@ -124,7 +131,7 @@ std::uint64_t sum_memory(const void* p, std::size_t n) {
 
 // --- disk I/O ---------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("fault matrix: ECANCELED is retried like EINTR; endless ECANCELED fails after the retry limit",
+TEMPLATE_TEST_CASE("fault matrix: ECANCELED is retried like EINTR, endless ECANCELED fails after the retry limit",
                    "[faults][nvme]", FERRY_TEST_ENGINES) {
   stored_before<typename TestType::template tier<faulty_syscalls<>>> f(16 * MiB, 5);
   const std::vector<std::byte> src = ferry_test::pattern(2 * block + 4096 + 9, 21);
@@ -195,7 +202,7 @@ TEMPLATE_TEST_CASE("fault matrix: an asynchronous transfer's error reaches its t
   f.check_before_intact();
 }
 
-TEMPLATE_TEST_CASE("fault matrix: fsync EIO names the file; the data stored before survives and sync works again",
+TEMPLATE_TEST_CASE("fault matrix: fsync EIO names the file, the data stored before survives and sync works again",
                    "[faults][nvme]", FERRY_TEST_ENGINES) {
   stored_before<typename TestType::template tier<faulty_syscalls<>>> f;
   const auto rule = f.plan->add({.call = syscall_kind::fsync, .error = EIO});
@@ -242,7 +249,7 @@ TEMPLATE_TEST_CASE("fault matrix: a failed preallocation removes the file it cre
 
 // --- tiers --------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("fault matrix: a full or fragmented nvme_tier refuses with out_of_capacity; every region survives",
+TEMPLATE_TEST_CASE("fault matrix: a full or fragmented nvme_tier refuses with out_of_capacity, every region survives",
                    "[faults][nvme]", FERRY_TEST_ENGINES) {
   scratch_path path(ferry_test::disk_dir);
   typename TestType::template tier<ferry::io::posix_syscalls> tier(ferry_test::small_options({path.path()}, 4 * MiB));
@@ -318,7 +325,7 @@ TEST_CASE("fault matrix: host_tier out of system memory is out_of_capacity and g
 // --- pinned memory ------------------------------------------------------------------------
 
 TEST_CASE(
-    "fault matrix: a pinned_pool slab that cannot be mapped is out_of_capacity; live allocations keep their bytes",
+    "fault matrix: a pinned_pool slab that cannot be mapped is out_of_capacity, live allocations keep their bytes",
     "[faults][pinned_pool]") {
   auto maps = std::make_shared<int>(0);
   ferry::pinned_pool_options o;
@@ -430,7 +437,7 @@ TEST_CASE("fault matrix: an extent_allocator double free aborts with one stderr 
 // --- bad input to a pipeline ------------------------------------------------------------
 
 TEST_CASE(
-    "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget; nothing changes",
+    "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget, nothing changes",
     "[faults][tensor_cache]") {
   using two_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
   using cache_type = ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic, ferry::identity<float>>;
@@ -527,9 +534,12 @@ struct three_tier_rig {
 
   // A tensor of `bytes` filled with a pattern of `seed`; its checksum.
   std::pair<void*, std::uint64_t> make(three_tier_cache& cache, std::size_t bytes, std::uint8_t seed) {
+    // The memory is stream-ordered on `s`: it is filled on that stream, behind whatever
+    // copy last read the block before it was freed (a host write would race that copy).
     void* p = cache.allocate(bytes, s);
     const std::vector<std::byte> b = ferry_test::pattern(bytes, seed);
-    std::memcpy(p, b.data(), b.size());
+    compute.enqueue([&] { std::memcpy(p, b.data(), b.size()); });
+    compute.synchronize();
     return {p, ferry_test::checksum(b)};
   }
   std::uint64_t sum_of(const void* p, std::size_t bytes) {
@@ -543,7 +553,7 @@ struct three_tier_rig {
 }  // namespace
 
 TEST_CASE(
-    "fault matrix: tensor_cache refuses a tensor no tier below can hold at its own store, naming the key; "
+    "fault matrix: tensor_cache refuses a tensor no tier below can hold at its own store, naming the key, "
     "nothing changes",
     "[faults][tensor_cache][nvme]") {
   // Issue 29 (6): with pinned 4 MiB and NVMe 8 MiB, store(1, 32 MiB) succeeded and the
@@ -676,6 +686,12 @@ TEST_CASE(
     "[faults][tensor_cache][nvme]") {
   // Issue 29 (7): the tier destroyed first, a later get seemed to work, then
   // ~tensor_cache crashed in extent_allocator::move_free.
+#if defined(FERRY_TEST_THREAD_SANITIZER)
+  // The child starts threads (streams, the I/O engine) after a fork of a process with
+  // threads, which ThreadSanitizer refuses (die_after_fork): the plain and ASan builds
+  // run this case.
+  WARN("not run under ThreadSanitizer: the forked child needs threads of its own");
+#else
   const bool pool_first = GENERATE(false, true);
   const auto [text, aborted] = in_child([pool_first] {
     auto rig = std::make_unique<three_tier_rig>(8 * MiB);
@@ -688,11 +704,22 @@ TEST_CASE(
       std::destroy_at(&rig->tier);  // aborts
     }
   });
+  INFO("the child's stderr: " << text);
   CHECK(aborted);
+  // The abort is one whole line naming both (other lines may come before it: with CUDA
+  // built in and no driver, the NVMe tier's pinned bounce ring reports its fallback).
   const char* resource = pool_first ? "ferry: pinned_pool 0x" : "ferry: nvme_tier 0x";
-  CHECK_THAT(text,
-             Catch::Contains(resource) && Catch::Contains("destroyed while 1 object still uses it: tensor_cache 0x"));
-  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  std::vector<std::string> aborts;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    if (line.find("destroyed while") != std::string::npos) aborts.push_back(line);
+    at = end == std::string::npos ? text.size() : end + 1;
+  }
+  REQUIRE(aborts.size() == 1);
+  CHECK_THAT(aborts[0],
+             Catch::StartsWith(resource) && Catch::Contains("destroyed while 1 object still uses it: tensor_cache 0x"));
+#endif
 }
 
 TEST_CASE("fault matrix: host_device_arena sizes up to SIZE_MAX are out_of_capacity, nothing allocated",

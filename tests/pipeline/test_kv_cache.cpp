@@ -148,7 +148,7 @@ TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wr
   rig.check_nothing_leaked();
 }
 
-TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a failed read loses no other block",
+TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a failed read loses no other block",
                    "[pipeline][kv][faults]", FERRY_TEST_DEVICES) {
   auto plan = std::make_shared<ferry::io::fault_plan>();
   pipeline_rig<TestType, faulty_tier> rig({.sched = small_chunks(64 * 1024)}, ferry::io::faulty_syscalls<>(plan));
@@ -204,7 +204,7 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory; a fa
   rig.check_nothing_leaked();
 }
 
-TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its blocks; one outliving the cache is inert",
+TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its blocks, one outliving the cache is inert",
                    "[pipeline][kv]", FERRY_TEST_DEVICES) {
   pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});
   INFO(rig.dev.name());

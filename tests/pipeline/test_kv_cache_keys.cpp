@@ -37,7 +37,7 @@ std::size_t serve_checked(Cache& cache, const std::vector<kv_token>& tokens, con
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("kv_cache: an adapter keeps equal tokens apart; an image shares the prefix before its block",
+TEMPLATE_TEST_CASE("kv_cache: an adapter keeps equal tokens apart, an image shares the prefix before its block",
                    "[pipeline][kv][kv_keys]", FERRY_TEST_DEVICES) {
   pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});
   INFO(rig.dev.name());

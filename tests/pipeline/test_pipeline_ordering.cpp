@@ -7,8 +7,8 @@
 // block at once, as CUDA's stream-ordered allocator does, and poisons it when the free
 // runs; holding the scheduler's streams (`hold_streams_except`) makes the wrong order
 // the one that happens, so a missing wait gives wrong bytes every time, not by chance.
-#include <ferry/pipeline/tensor_cache.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
+#include <ferry/pipeline/tensor_cache.hpp>
 #include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>
@@ -114,7 +114,7 @@ TEMPLATE_TEST_CASE("ordering: a kernel's output on stream A, offloaded by a sche
 }
 
 TEMPLATE_TEST_CASE(
-    "ordering: memory freed on one stream while a copy still reads it gives wrong bytes; "
+    "ordering: memory freed on one stream while a copy still reads it gives wrong bytes, "
     "with enqueue_wait before the free it never does",
     "[ordering][scheduler]", FERRY_MODEL_DEVICES) {
   TestType td;
@@ -222,7 +222,7 @@ TEMPLATE_TEST_CASE("ordering: a tensor kept on the device, got on another stream
   CHECK(device.used() == 0);
 }
 
-TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H2D copy; the block goes after it",
+TEMPLATE_TEST_CASE("ordering: erase does not wait on the host for the tensor's H2D copy, the block goes after it",
                    "[ordering][tensor_cache]", FERRY_MODEL_DEVICES) {
   TestType td;
   INFO(td.name());
@@ -316,4 +316,3 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   a.synchronize();
   CHECK(device.used() == 0);
 }
-

@@ -653,3 +653,37 @@ TEST_CASE("state checkpoint: a temporary folder left by a crashed save is remove
                   ferry::logic_error);
   CHECK(ferry_test::read_text(dir.path() / "f") == "mine");
 }
+
+TEST_CASE(
+    "state checkpoint: a save over a folder that is not a checkpoint is refused and keeps it, an empty folder is "
+    "taken, the old checkpoint is gone after a save over it",
+    "[state_checkpoint]") {
+  scratch_dir dir;
+  ferry::host_tier tier(16 * ferry::MiB);
+  const std::vector<std::size_t> groups = {100};
+  ferry::state_swapper s(tier, groups);
+  initialize_all(s);
+  // A folder of the user's: files, no manifest.
+  fs::create_directories(dir.path() / "mine" / "sub");
+  ferry_test::write_text(dir.path() / "mine" / "notes.txt", "keep me");
+  try {
+    ferry::save_state_checkpoint(s, dir.path() / "mine", hyper(), ferry::adamw_rounding::fused);
+    FAIL("saved over a folder that is not a checkpoint");
+  } catch (const ferry::checkpoint_error& e) {
+    CHECK(e.item() == "save over an existing folder");
+    CHECK(e.path() == (dir.path() / "mine").string());
+    CHECK_THAT(e.found(), Catch::Contains("no manifest"));
+  }
+  CHECK(ferry_test::read_text(dir.path() / "mine" / "notes.txt") == "keep me");
+  CHECK(fs::is_directory(dir.path() / "mine" / "sub"));
+  CHECK(dir.others("mine").empty());  // no temporary folder left
+  // An empty folder is taken.
+  fs::create_directories(dir.path() / "empty");
+  ferry::save_state_checkpoint(s, dir.path() / "empty", hyper(), ferry::adamw_rounding::fused);
+  CHECK(ferry::read_state_checkpoint_info(dir.path() / "empty").rounding == ferry::adamw_rounding::fused);
+  // A save over a checkpoint replaces it; nothing of the old one stays beside it.
+  ferry::save_state_checkpoint(s, dir.path() / "empty", hyper(), ferry::adamw_rounding::unfused);
+  CHECK(ferry::read_state_checkpoint_info(dir.path() / "empty").rounding == ferry::adamw_rounding::unfused);
+  const std::vector<std::string> left = dir.others("empty");
+  CHECK(left == std::vector<std::string>{"mine"});
+}

@@ -37,7 +37,7 @@ const std::vector<std::size_t> sizes = {MiB + 1, 3 * MiB + 5, 2 * MiB, MiB + 409
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit; device memory is returned",
+TEMPLATE_TEST_CASE("tensor_cache: stored tensors come back bit for bit, device memory is returned",
                    "[pipeline][tensor_cache]", FERRY_TEST_DEVICES) {
   TestType dev;
   INFO(dev.name());
@@ -394,7 +394,7 @@ TEMPLATE_TEST_CASE("tensor_cache: the two-statement form owns its device and pin
   }
 }
 
-TEST_CASE("tensor_cache: a stateless policy takes no bytes ([[no_unique_address]])", "[pipeline][tensor_cache]") {
+TEST_CASE("tensor_cache: a stateless policy takes no bytes (no_unique_address)", "[pipeline][tensor_cache]") {
   // The prefetch policy sits in the placement the cache's plan runs, the eviction policy
   // in each tier of it that evicts: an empty policy adds nothing at any level, a policy
   // of one byte adds that byte and its padding.

@@ -193,7 +193,7 @@ TEST_CASE("kv keys: random key sets are equal exactly when their encodings are",
   CHECK(seen.size() > 1000);
 }
 
-TEST_CASE("kv keys: a per-block key changes its block's hash and every later one; a per-sequence key every hash",
+TEST_CASE("kv keys: a per-block key changes its block's hash and every later one, a per-sequence key every hash",
           "[policy][kv][kv_keys]") {
   const auto t = tokens_of(6);
   const auto plain = ferry::kv_block_hashes(t, bt);
@@ -257,7 +257,7 @@ TEST_CASE("kv keys: the old salt is a shorthand for an integer cache salt", "[po
   CHECK(plan.stats().duplicates == 3);
 }
 
-TEST_CASE("kv_plan: per-sequence keys separate sequences; per-block keys share up to the first block that differs",
+TEST_CASE("kv_plan: per-sequence keys separate sequences, per-block keys share up to the first block that differs",
           "[policy][kv][kv_keys]") {
   ferry::kv_plan<> plan(sizes(32, 32));
   const auto t = tokens_of(5);

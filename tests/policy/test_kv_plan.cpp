@@ -151,7 +151,7 @@ TEST_CASE("kv_plan: blocks move down the tiers under their budgets and drop past
   CHECK(plan.published(p.blocks[0]));  // still cached
 }
 
-TEST_CASE("kv_plan: held blocks are never evicted; a full device refuses with out_of_capacity, all or none",
+TEST_CASE("kv_plan: held blocks are never evicted, a full device refuses with out_of_capacity, all or none",
           "[policy][kv]") {
   ferry::kv_plan<> plan(sizes(3, 2));
   recorder mv;

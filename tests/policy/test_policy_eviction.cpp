@@ -59,10 +59,10 @@ bool throws_logic_error_with(P& p, void (*op)(P&), const std::string& fragment) 
 
 }  // namespace
 
-#define FERRY_EVICTION_POLICIES                                                                         \
-  ferry::lru<int>, ferry::fifo<int>, ferry::lfu<int>, ferry::greedy_dual_size<int>, ferry::gdsf<int>,   \
-      ferry::lfu_da<int>, ferry::belady<int>, ferry::lru<std::string>, ferry::fifo<std::string>,        \
-      ferry::lfu<std::string>, ferry::greedy_dual_size<std::string>, ferry::gdsf<std::string>,          \
+#define FERRY_EVICTION_POLICIES                                                                       \
+  ferry::lru<int>, ferry::fifo<int>, ferry::lfu<int>, ferry::greedy_dual_size<int>, ferry::gdsf<int>, \
+      ferry::lfu_da<int>, ferry::belady<int>, ferry::lru<std::string>, ferry::fifo<std::string>,      \
+      ferry::lfu<std::string>, ferry::greedy_dual_size<std::string>, ferry::gdsf<std::string>,        \
       ferry::lfu_da<std::string>, ferry::belady<std::string>
 
 TEMPLATE_TEST_CASE("eviction policies model ferry::eviction_policy", "[policy][eviction]", FERRY_EVICTION_POLICIES) {
@@ -96,7 +96,7 @@ TEMPLATE_TEST_CASE("every inserted key is a victim exactly once as the policy dr
   CHECK(p.size() == 0);
 }
 
-TEMPLATE_TEST_CASE("pinned keys are never victims; all pinned answers nullopt at once", "[policy][eviction]",
+TEMPLATE_TEST_CASE("pinned keys are never victims, all pinned answers nullopt at once", "[policy][eviction]",
                    FERRY_EVICTION_POLICIES) {
   using Key = typename TestType::key_type;
   TestType p = make_policy<TestType>();
@@ -139,22 +139,14 @@ TEMPLATE_TEST_CASE("precondition violations throw ferry::logic_error naming the 
   const std::string seven = std::is_same_v<Key, std::string> ? "k = \"tensor-7\"" : "k = 7";
   const std::string eight = std::is_same_v<Key, std::string> ? "k = \"tensor-8\"" : "k = 8";
 
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.on_insert(key_of<Key>(7), 64); }, "already resident"));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.on_insert(key_of<Key>(7), 64); }, seven));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.on_erase(key_of<Key>(8)); }, "not resident"));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.on_erase(key_of<Key>(8)); }, eight));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.on_access(key_of<Key>(8)); }, "not resident"));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.pin(key_of<Key>(8)); }, "not resident"));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.unpin(key_of<Key>(8)); }, "not resident"));
-  CHECK(throws_logic_error_with<TestType>(
-      p, [](TestType& q) { q.unpin(key_of<Key>(7)); }, "not pinned"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.on_insert(key_of<Key>(7), 64); }, "already resident"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.on_insert(key_of<Key>(7), 64); }, seven));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.on_erase(key_of<Key>(8)); }, "not resident"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.on_erase(key_of<Key>(8)); }, eight));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.on_access(key_of<Key>(8)); }, "not resident"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.pin(key_of<Key>(8)); }, "not resident"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.unpin(key_of<Key>(8)); }, "not resident"));
+  CHECK(throws_logic_error_with<TestType>(p, [](TestType& q) { q.unpin(key_of<Key>(7)); }, "not pinned"));
   // The failed calls changed nothing.
   CHECK(p.size() == 1);
   CHECK(p.victim() == std::optional<Key>(key_of<Key>(7)));

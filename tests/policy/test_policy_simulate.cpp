@@ -175,7 +175,7 @@ TEST_CASE("simulate counts every boundary a move crosses (three tiers, by hand)"
   CHECK(r.hit_ratio() == 0.0);
 }
 
-TEST_CASE("simulate: keys first written appear in tier 0; writes never fetch", "[policy][simulate]") {
+TEST_CASE("simulate: keys first written appear in tier 0, writes never fetch", "[policy][simulate]") {
   // Forward: read weight, write activation; backward: read them back in reverse.
   schedule s;
   s.begin_phase(ferry::phase::forward);
@@ -464,7 +464,7 @@ TEST_CASE("bypass and eviction skip a tier too small for the key (three tiers, b
                   ferry::out_of_capacity);
 }
 
-TEST_CASE("the home tier keeps no policy state; pins of home keys are counted by the placement", "[policy][simulate]") {
+TEST_CASE("the home tier keeps no policy state, pins of home keys are counted by the placement", "[policy][simulate]") {
   const std::size_t caps[] = {200, ferry::unlimited_bytes};
   ferry::placement<int, ferry::lru<int>> pl(caps, ferry::lru<int>{});
   for (int k = 0; k < 5; ++k) {

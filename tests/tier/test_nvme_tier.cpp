@@ -23,9 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include <sys/file.h>
-
 #include "io_test_support.hpp"
+#include <sys/file.h>
 
 using ferry::MiB;
 using ferry::io::posix_syscalls;
@@ -362,7 +361,9 @@ TEMPLATE_TEST_CASE("nvme_tier's asynchronous API: tickets and callbacks", "[nvme
     {
       typename TestType::template tier<posix_syscalls> other(ferry_test::small_options({other_path.path()}, 16 * MiB));
       const auto r = other.store(src[3]->span().first(into.span().size()));
-      { auto pending = other.submit_read(r, 0, into.span()); }
+      {
+        auto pending = other.submit_read(r, 0, into.span());
+      }
     }
     CHECK(ferry_test::checksum(into.span()) == ferry_test::checksum(src[3]->span().first(into.span().size())));
   }
@@ -585,11 +586,13 @@ TEST_CASE("nvme_tier: remove_on_close removes only the file the tier holds, not 
   REQUIRE(std::filesystem::exists(path.path()));
   CHECK(read_text(path.path()) == content);
   // A file the tier holds is removed at the end (also one that existed before it).
-  { ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB)); }
+  {
+    ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 1 * MiB));
+  }
   CHECK_FALSE(std::filesystem::exists(path.path()));
 }
 
-TEST_CASE("nvme_tier: a dangling symbolic link as a path is refused; nothing is made at its target", "[nvme]") {
+TEST_CASE("nvme_tier: a dangling symbolic link as a path is refused, nothing is made at its target", "[nvme]") {
   scratch_path link(ferry_test::disk_dir, "link"), target(ferry_test::disk_dir, "target");
   std::filesystem::create_symlink(target.path(), link.path());
   CHECK_THROWS_AS(ferry::nvme_tier(ferry_test::small_options({link.path()}, 1 * MiB)), ferry::io_error);
@@ -631,7 +634,7 @@ TEST_CASE("nvme_tier: sizes up to SIZE_MAX are out_of_capacity, and nothing is a
   CHECK(tier.check());
 }
 
-TEMPLATE_TEST_CASE("nvme_tier names the engine that runs; only the default engine can fall back", "[nvme]",
+TEMPLATE_TEST_CASE("nvme_tier names the engine that runs, only the default engine can fall back", "[nvme]",
                    FERRY_TEST_ALL_ENGINES) {
   scratch_path path(ferry_test::disk_dir);
   typename TestType::template tier<posix_syscalls> tier(ferry_test::small_options({path.path()}, 1 * MiB));
@@ -663,8 +666,8 @@ TEST_CASE("nvme_tier: the default engine is io_uring where the kernel allows it"
 
 // --- one tier per backing file --------------------------------------------------------
 
-TEMPLATE_TEST_CASE("nvme_tier: a second tier on a file in use is refused, and the first one's data survives",
-                   "[nvme]", FERRY_TEST_ALL_ENGINES) {
+TEMPLATE_TEST_CASE("nvme_tier: a second tier on a file in use is refused, and the first one's data survives", "[nvme]",
+                   FERRY_TEST_ALL_ENGINES) {
   using tier_t = typename TestType::template tier<posix_syscalls>;
   scratch_path path(ferry_test::disk_dir), fresh(ferry_test::disk_dir);
   tier_t first(ferry_test::small_options({path.path()}, 1 * MiB));
@@ -694,7 +697,7 @@ TEMPLATE_TEST_CASE("nvme_tier: a second tier on a file in use is refused, and th
     CHECK(e.path() == path.str());
   }
   CHECK_FALSE(std::filesystem::exists(fresh.path()));
-  REQUIRE(std::filesystem::exists(path.path()));  // not removed by the refused tiers
+  REQUIRE(std::filesystem::exists(path.path()));                  // not removed by the refused tiers
   CHECK(std::filesystem::file_size(path.path()) == size_before);  // nor truncated or resized
   std::vector<std::byte> back(src.size());
   first.read(r, back);

@@ -4,8 +4,6 @@
 #include <ferry/tier/host_tier.hpp>
 #include <ferry/tier/pinned_tier.hpp>
 
-#include "memory_test_util.hpp"
-
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -15,6 +13,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include "memory_test_util.hpp"
 
 namespace {
 
@@ -67,8 +67,7 @@ TEMPLATE_TEST_CASE("tiers: round trips with checksums for odd sizes", "[tier]", 
   CHECK(tier.used() == 0);
 }
 
-TEMPLATE_TEST_CASE("tiers: space is reused after free; capacity is enforced", "[tier]", host_fixture,
-                   pinned_fixture) {
+TEMPLATE_TEST_CASE("tiers: space is reused after free, capacity is enforced", "[tier]", host_fixture, pinned_fixture) {
   TestType f;
   auto& tier = f.tier;
   // Fill most of the capacity, free it, and fill it again.
@@ -92,7 +91,7 @@ TEMPLATE_TEST_CASE("tiers: space is reused after free; capacity is enforced", "[
   }
 }
 
-TEST_CASE("host_tier: exact accounting at its alignment; page-aligned regions", "[tier]") {
+TEST_CASE("host_tier: exact accounting at its alignment, page-aligned regions", "[tier]") {
   ferry::host_tier tier(MiB);
   auto a = tier.allocate(1);
   auto b = tier.allocate(4097);
@@ -126,7 +125,7 @@ TEMPLATE_TEST_CASE("tiers: sizes up to SIZE_MAX are out_of_capacity (the tier co
   CHECK(tier.used() == 0);
 }
 
-TEMPLATE_TEST_CASE("tiers: 8 threads allocate, write, read, free; used() <= capacity() throughout", "[tier][threads]",
+TEMPLATE_TEST_CASE("tiers: 8 threads allocate, write, read, free, used() <= capacity() throughout", "[tier][threads]",
                    host_fixture, pinned_fixture) {
   TestType f;
   auto& tier = f.tier;

@@ -188,7 +188,8 @@ TEMPLATE_TEST_CASE("block kernel (break): thousands of odd and empty blocks roun
       DYNAMIC_SECTION("batch_blocks " << batch << ", kernel_ctas " << ctas) {
         auto& ex = td.scheduler(compute, kopts(batch, 64 * KiB, ctas));
         const std::size_t per = batch == 0 ? ferry::default_batch_blocks : batch;
-        std::vector<std::byte> dev(p.dev_bytes), host(p.host_bytes, std::byte{0xC3}), back(p.dev_bytes, std::byte{0x3C});
+        std::vector<std::byte> dev(p.dev_bytes), host(p.host_bytes, std::byte{0xC3}),
+            back(p.dev_bytes, std::byte{0x3C});
         fill(dev, 11 + batch + ctas);
         const auto host_before = host;
         const auto back_before = back;
@@ -274,9 +275,10 @@ TEMPLATE_TEST_CASE("block kernel (break): overlapping blocks are refused before 
 
 // --- failures --------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("block kernel (break): a kernel refused at issue fails the ticket with a typed error; "
-                   "the kernels before it land, the source survives",
-                   "[scheduler][blocks][kernel][break]", FERRY_MODEL_DEVICES) {
+TEMPLATE_TEST_CASE(
+    "block kernel (break): a kernel refused at issue fails the ticket with a typed error, "
+    "the kernels before it land, the source survives",
+    "[scheduler][blocks][kernel][break]", FERRY_MODEL_DEVICES) {
   TestType td;
   INFO(td.name());
   auto& compute = td.stream();
@@ -338,9 +340,10 @@ TEMPLATE_TEST_CASE("block kernel (break): a kernel faulting on the H2D lane leav
 
 // --- ordering ------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("block kernel (break): an H2D kernel move overwrites its destinations only after the `after` "
-                   "stream's earlier work",
-                   "[scheduler][blocks][kernel][break]", FERRY_MODEL_DEVICES) {
+TEMPLATE_TEST_CASE(
+    "block kernel (break): an H2D kernel move overwrites its destinations only after the `after` "
+    "stream's earlier work",
+    "[scheduler][blocks][kernel][break]", FERRY_MODEL_DEVICES) {
   TestType td;
   INFO(td.name());
   auto& compute = td.stream();
@@ -348,8 +351,8 @@ TEMPLATE_TEST_CASE("block kernel (break): an H2D kernel move overwrites its dest
   auto& ex = td.scheduler(compute, kopts(8, 64 * KiB));
   const packed p = pack({1, 4097, 16, 8 * KiB, 3, 64, 100, 4096, 17, 2, 1, 5000, 31, 65, 1, 9, 4096, 1, 2, 3}, 31);
   std::vector<std::byte> dev(p.dev_bytes), host(p.host_bytes);
-  fill(dev, 1);    // what the reader must see: the old contents
-  fill(host, 2);   // what the move brings
+  fill(dev, 1);   // what the reader must see: the old contents
+  fill(host, 2);  // what the move brings
   const auto old_dev = dev;
   std::vector<std::byte> seen;
   reader.enqueue([&] {  // a slow kernel still reading the destinations' old contents
@@ -469,9 +472,10 @@ TEST_CASE("block kernel (break): is_device_mapped over custom hooks, without pin
 
 // --- knobs -------------------------------------------------------------------------------------
 
-TEST_CASE("block kernel (break): malformed FERRY_KERNEL_BLOCK_BYTES and FERRY_KERNEL_CTAS are config_errors naming "
-          "the variable",
-          "[transfer][defaults][kernel][break]") {
+TEST_CASE(
+    "block kernel (break): malformed FERRY_KERNEL_BLOCK_BYTES and FERRY_KERNEL_CTAS are config_errors naming "
+    "the variable",
+    "[transfer][defaults][kernel][break]") {
   namespace td = ferry::transfer::defaults;
   for (const char* v : {"-1", "", " ", "1.5", "0x10", "abc", "64KiBx", "18446744073709551616", "1TiB", "2GiB"}) {
     INFO("FERRY_KERNEL_BLOCK_BYTES=\"" << v << "\"");

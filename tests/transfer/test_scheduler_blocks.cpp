@@ -165,7 +165,7 @@ TEMPLATE_TEST_CASE("block moves: scattered blocks go D2H and back H2D bit for bi
   CHECK(ex.stats().failed_moves == 0);
 }
 
-TEMPLATE_TEST_CASE("block moves: runs contiguous on both sides merge, in any given order; batches are bounded",
+TEMPLATE_TEST_CASE("block moves: runs contiguous on both sides merge, in any given order, batches are bounded",
                    "[scheduler][blocks]", FERRY_MODEL_DEVICES) {
   TestType td;
   INFO(td.name());
@@ -563,7 +563,7 @@ TEMPLATE_TEST_CASE("block moves (kernel): a runtime without the kernel, or large
   CHECK(plain.device().kernels() == 0);
 }
 
-TEMPLATE_TEST_CASE("block moves (kernel): a kernel that faults on the lane fails the ticket; the source survives",
+TEMPLATE_TEST_CASE("block moves (kernel): a kernel that faults on the lane fails the ticket, the source survives",
                    "[scheduler][blocks][kernel]", FERRY_MODEL_DEVICES) {
   TestType td;
   INFO(td.name());

@@ -444,7 +444,7 @@ TEMPLATE_TEST_CASE("scheduler edge: a move ordered after a failed producer item 
   tier.deallocate(r);
 }
 
-TEMPLATE_TEST_CASE("scheduler edge: the scheduler dies with moves in flight; tickets outlive it",
+TEMPLATE_TEST_CASE("scheduler edge: the scheduler dies with moves in flight, tickets outlive it",
                    "[scheduler][edge][nvme]", FERRY_TEST_DEVICES) {
   TestType td;
   INFO(td.name());

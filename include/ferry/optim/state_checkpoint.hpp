@@ -36,8 +36,8 @@
 /// `save_state_checkpoint` writes everything into a new hidden folder next to the target
 /// (`.<name>.tmp-<pid>-<n>`), `fsync`s every file and then the folder, and only then puts
 /// it in place: with `renameat2(RENAME_EXCHANGE)` when a checkpoint is already there
-/// (one atomic step; the old one is then deleted), with `rename` when none is, and
-/// `fsync`s the parent folder. A crash or an error (ENOSPC, EIO) at any point before the
+/// (one atomic step), with `rename` when none is; it then `fsync`s the parent folder, and
+/// only after that deletes the old checkpoint. A crash or an error (ENOSPC, EIO) at any point before the
 /// exchange leaves the previous checkpoint exactly as it was (the temporary folder is
 /// removed on an error; one left by a crash is removed by the next save to that path).
 /// On a file system without `RENAME_EXCHANGE` (EINVAL) the old folder is first renamed
@@ -126,6 +126,8 @@ struct state_checkpoint_info {
 /// @throws ferry::io_error from any file operation (naming the file, offset, bytes and
 ///         errno, e.g. ENOSPC) or a tier read; the previous checkpoint at `dir` is
 ///         then untouched and the temporary folder removed
+/// @throws ferry::checkpoint_error when `dir` is a folder with files but no manifest (not
+///         a checkpoint: it is refused and kept as it is, item "save over an existing folder")
 /// @throws ferry::logic_error for a pending step, a group never initialized, a call from
 ///         inside `compute`, hyper-parameters out of range, or `dir` naming a file
 template <class Tier, class S = io::posix_syscalls>

@@ -70,6 +70,12 @@ struct state_checkpoint_access {
     const bool exists = fs::exists(fs::symlink_status(dir, ec));
     FERRY_EXPECTS(!exists || fs::is_directory(dir, ec), "a checkpoint path must not name a file",
                   ferry::named("path", dir.string()));
+    // A save replaces a checkpoint, never a folder of something else (an empty one is
+    // taken): a folder with files and no manifest is refused, and kept as it is.
+    if (exists && !fs::is_empty(dir, ec) && !fs::exists(dir / ckpt::manifest_name, ec)) {
+      throw checkpoint_error(dir.string(), "save over an existing folder", "a ferry checkpoint or an empty folder",
+                             "a folder with files and no " + std::string(ckpt::manifest_name), FERRY_DETAIL_SITE());
+    }
 
     // Temporary folders of earlier saves to this path that died before the rename.
     const std::string stale = "." + dir.filename().string() + ".tmp-";
@@ -99,13 +105,19 @@ struct state_checkpoint_access {
         m.close();
       }
       ckpt::sync_folder(sys, tmp);
-      install(tmp, dir, exists);
     } catch (...) {
       std::error_code ignored;
       fs::remove_all(tmp, ignored);
       throw;
     }
+    // The new folder takes the name; the parent's fsync makes that durable; only then
+    // is the old checkpoint deleted (a crash before it leaves one of the two whole).
+    const fs::path old = install(tmp, dir, exists);
     ckpt::sync_folder(sys, dir.parent_path());
+    if (!old.empty()) {
+      std::error_code ignored;
+      fs::remove_all(old, ignored);
+    }
     return info;
   }
 
@@ -185,36 +197,45 @@ struct state_checkpoint_access {
     }
   }
 
-  // Puts the finished folder `tmp` at `dir`: exchanged with the old one when there is one.
-  static void install(const std::filesystem::path& tmp, const std::filesystem::path& dir, bool exists) {
+  // Puts the finished folder `tmp` at `dir`: exchanged with the old one when there is
+  // one. Returns the path the old checkpoint now has (empty when there was none), for the
+  // caller to delete once the parent folder is synced. On a throw `tmp` is removed and
+  // the old checkpoint is at `dir`, as it was.
+  static std::filesystem::path install(const std::filesystem::path& tmp, const std::filesystem::path& dir,
+                                       bool exists) {
     namespace fs = std::filesystem;
-    if (!exists) {
-      if (std::rename(tmp.c_str(), dir.c_str()) != 0) {
-        FERRY_THROW_IO_ERROR(errno, "rename", tmp.string() + " -> " + dir.string(), io_error::no_offset, 0);
-      }
-      return;
-    }
-    const int r = ckpt::exchange_paths(tmp, dir);
-    if (r == 0) {  // `tmp` now names the old checkpoint
+    auto drop_tmp = [&] {
       std::error_code ignored;
       fs::remove_all(tmp, ignored);
-      return;
+    };
+    if (!exists) {
+      if (std::rename(tmp.c_str(), dir.c_str()) != 0) {
+        const int e = errno;
+        drop_tmp();
+        FERRY_THROW_IO_ERROR(e, "rename", tmp.string() + " -> " + dir.string(), io_error::no_offset, 0);
+      }
+      return {};
     }
+    const int r = ckpt::exchange_paths(tmp, dir);
+    if (r == 0) return tmp;  // `tmp` now names the old checkpoint
     if (r != -EINVAL && r != -ENOSYS) {
+      drop_tmp();
       FERRY_THROW_IO_ERROR(-r, "renameat2(RENAME_EXCHANGE)", tmp.string() + " <-> " + dir.string(), io_error::no_offset,
                            0);
     }
     const fs::path old = ckpt::sibling(dir, "old");  // no exchange on this file system: two renames
     if (std::rename(dir.c_str(), old.c_str()) != 0) {
-      FERRY_THROW_IO_ERROR(errno, "rename", dir.string() + " -> " + old.string(), io_error::no_offset, 0);
+      const int e = errno;
+      drop_tmp();
+      FERRY_THROW_IO_ERROR(e, "rename", dir.string() + " -> " + old.string(), io_error::no_offset, 0);
     }
     if (std::rename(tmp.c_str(), dir.c_str()) != 0) {
       const int e = errno;
       (void)std::rename(old.c_str(), dir.c_str());  // put the old one back
+      drop_tmp();
       FERRY_THROW_IO_ERROR(e, "rename", tmp.string() + " -> " + dir.string(), io_error::no_offset, 0);
     }
-    std::error_code ignored;
-    fs::remove_all(old, ignored);
+    return old;
   }
 
   template <class S>
