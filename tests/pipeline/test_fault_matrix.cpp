@@ -23,6 +23,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -678,6 +679,45 @@ TEST_CASE("fault matrix: tensor_cache's logic errors name the public call and th
   CHECK(rig.sum_of(cache.get(7, rig.s), MiB) == sum);
   cache.erase(7, rig.s);
   rig.sched.synchronize();
+}
+
+TEST_CASE("fault matrix: a move observer that throws cannot undo a move the tensor_cache made: caught and counted",
+          "[faults][tensor_cache][nvme]") {
+  // Review of issue 29: the observer threw after the D2H offload of the tensor a store
+  // pushed out; the store was undone as if that tensor were still on the device, whose
+  // memory was already freed behind the copy (freed twice at its erase).
+  three_tier_rig rig(8 * MiB);
+  {
+    three_tier_cache cache(rig.sched, rig.tiers(), {.keep_last = 1});
+    std::size_t told = 0;
+    cache.observe_moves([&](const ferry::move_event<int>& e) {
+      ++told;
+      if (e.kind == ferry::move_kind::evict) throw std::runtime_error("observer refuses");
+    });
+    std::vector<std::uint64_t> sums;
+    for (int k = 0; k < 4; ++k) {
+      auto [p, sum] = rig.make(cache, MiB, static_cast<std::uint8_t>(40 + k));
+      cache.store(k, p, MiB, rig.s);  // from the second on, pushes the one before out: an evict
+      sums.push_back(sum);
+    }
+    rig.sched.synchronize();
+    CHECK(cache.size() == 4);
+    CHECK(cache.stats().stored == 4);
+    CHECK(cache.stats().observer_failures >= 3);
+    CHECK(told > cache.stats().observer_failures);  // the creates were told too, without a throw
+    CHECK(cache.tier_of(0) != ferry::tier_kind::device);
+    CHECK(cache.tier_of(3) == ferry::tier_kind::device);
+    for (int k = 0; k < 4; ++k) {
+      INFO("key " << k);
+      CHECK(rig.sum_of(cache.get(k, rig.s), MiB) == sums[static_cast<std::size_t>(k)]);
+    }
+    for (int k = 0; k < 4; ++k) cache.erase(k, rig.s);
+    rig.sched.synchronize();
+  }
+  rig.compute.synchronize();
+  CHECK(rig.device.used() == 0);
+  CHECK(rig.pool.used() == 0);
+  CHECK(rig.tier.used() == 0);
 }
 
 TEST_CASE(

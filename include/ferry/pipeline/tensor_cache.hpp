@@ -284,7 +284,9 @@ class tensor_cache {
   ///         tier below the device can ever hold, or when the tensor this store pushes out
   ///         of the window cannot be demoted (both keys named); the scheduler's errors.
   ///         Whatever it throws, nothing changed: the key is not stored and `p` is the
-  ///         caller's again
+  ///         caller's again. The one exception is the prefetch that follows a store that
+  ///         was made: a prefetch that finds no room is dropped (`stats().prefetch_refusals`),
+  ///         and another error of it (the scheduler's) is thrown with the key stored
   void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
     engine_.store(key, p, bytes, producer);
   }
@@ -348,7 +350,9 @@ class tensor_cache {
   /// issued it (or, for `create` and `drop`, decided it), on the thread calling the
   /// cache, until replaced; an empty function stops it. For tracing, and for comparing a
   /// run with `ferry::simulate_offload`. The event's key is the name the plan knows the
-  /// buffer by (its first stored key); bytes are offloaded (encoded) bytes.
+  /// buffer by (its first stored key); bytes are offloaded (encoded) bytes. `f` should not
+  /// throw: what it throws is caught and counted in `stats().observer_failures`, and the
+  /// move stands (a move the cache has issued cannot be taken back).
   void observe_moves(std::function<void(const move_event<key_type>&)> f) { engine_.observe(std::move(f)); }
 
  private:

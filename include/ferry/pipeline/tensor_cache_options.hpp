@@ -67,6 +67,12 @@ struct tensor_cache_stats {
   /// reserved nothing: the pool held enough, releases empty slabs, or could not map the
   /// whole budget at once).
   std::uint64_t reserved_pinned_bytes = 0;
+  /// Prefetches after a `store` dropped because they found no room (an `out_of_capacity`
+  /// of the device or the pinned pool): the tensor is fetched by its `get` instead.
+  std::uint64_t prefetch_refusals = 0;
+  /// Exceptions thrown by the `observe_moves` function: caught (the move it was told of
+  /// is made and stands), counted here.
+  std::uint64_t observer_failures = 0;
 };
 
 }  // namespace ferry

@@ -142,6 +142,18 @@ class offload_plan {
   /// @throws ferry::logic_error if `key` is placed; what the mover throws
   template <class Mover>
   [[nodiscard]] std::optional<Key> store(const Key& key, std::size_t raw_bytes, Mover&& mover) {
+    std::optional<Key> out = store_deferring_prefetch(key, raw_bytes, mover);
+    if (!out) run_owed_prefetch(mover);
+    return out;
+  }
+
+  /// @brief `store` without its prefetch: the prefetch is owed either way, and runs at
+  /// `run_owed_prefetch` (or `demote`). For a caller that undoes a store that fails
+  /// (`undo_store`) but not one whose prefetch fails after the store itself was made:
+  /// the prefetch's moves are of other tensors and stand.
+  /// @throws as `store`
+  template <class Mover>
+  [[nodiscard]] std::optional<Key> store_deferring_prefetch(const Key& key, std::size_t raw_bytes, Mover&& mover) {
     FERRY_EXPECTS(bytes_.find(key) == bytes_.end(), "the key is stored already", key);
     const std::size_t at = next_position(key, raw_bytes, access_kind::write);
     const std::size_t encoded = offloaded_bytes(raw_bytes);
@@ -160,11 +172,7 @@ class offload_plan {
         }
       }
     }
-    if (out) {
-      prefetch_owed_ = key;
-    } else {
-      placement_->prefetch_ahead(key, rules_.prefetch_budget_bytes, mover);
-    }
+    prefetch_owed_ = key;
     return out;
   }
 
@@ -194,7 +202,23 @@ class offload_plan {
   ///         what the mover throws (likewise)
   template <class Mover>
   void demote(const Key& placed_as, Mover&& mover) {
+    demote_deferring_prefetch(placed_as, mover);
+    run_owed_prefetch(mover);
+  }
+
+  /// @brief `demote` without the owed prefetch (`run_owed_prefetch` runs it).
+  /// @throws as `demote`
+  template <class Mover>
+  void demote_deferring_prefetch(const Key& placed_as, Mover&& mover) {
     placement_->demote(placed_as, mover);
+  }
+
+  /// @brief Runs the prefetch the last `store_deferring_prefetch` (or a `store` that
+  /// returned a tensor to demote) owes, if it is still owed; its moves go to `mover`.
+  /// @throws what the mover throws (the prefetch is then no longer owed; the moves made
+  ///         before stand)
+  template <class Mover>
+  void run_owed_prefetch(Mover&& mover) {
     if (prefetch_owed_) {
       const Key stored = *std::exchange(prefetch_owed_, std::nullopt);
       placement_->prefetch_ahead(stored, rules_.prefetch_budget_bytes, mover);

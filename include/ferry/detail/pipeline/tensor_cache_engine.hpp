@@ -116,9 +116,11 @@ class tensor_cache_engine {
     records_.emplace(key, rec);
     by_pointer_.emplace(p, rec);
     // A store that throws changes nothing (`unstore`); a refused demotion names both keys.
+    // The store is made once the key is in tier 0 and the tensor leaving the window is
+    // demoted; the prefetch after it moves other tensors, whose moves stand.
     std::optional<key_type> leaving;
     try {
-      leaving = plan_.store(key, bytes, mover());
+      leaving = plan_.store_deferring_prefetch(key, bytes, mover());
       if (leaving) demote(*leaving);
     } catch (const out_of_capacity& e) {
       unstore(key, *rec, leaving);
@@ -129,6 +131,14 @@ class tensor_cache_engine {
       throw;
     }
     if (bytes < plan_.rules().resident_below_bytes) ++stats_.kept_resident;
+    // A prefetch is advice: one that finds no room is dropped (counted), and the get
+    // fetches on demand. Any other error is thrown, with the store made.
+    try {
+      plan_.run_owed_prefetch(mover());
+    } catch (const out_of_capacity&) {
+      pool_refused_ = false;
+      ++stats_.prefetch_refusals;
+    }
   }
 
   [[nodiscard]] void* get(const key_type& key, stream_type consumer) {
@@ -229,7 +239,7 @@ class tensor_cache_engine {
 
   void apply(const move_event<key_type>& e) {
     if (e.kind == move_kind::create || e.kind == move_kind::drop) {  // nothing moves
-      if (observer_) observer_(e);
+      tell_observer(e);
       return;
     }
     record& r = *by_plan_key(e.key);
@@ -245,7 +255,19 @@ class tensor_cache_engine {
       case move_kind::prefetch: fetch(r, e.from, e.kind == move_kind::prefetch); break;
       default: FERRY_EXPECTS(false, "a tensor cache's plan moved a tensor past tier 0", e.from, e.to);
     }
-    if (observer_) observer_(e);
+    tell_observer(e);
+  }
+
+  // The observer sees a move the cache has made: what it throws cannot undo that move
+  // (the plan would count the tensor where its bytes no longer are), so it is caught
+  // and counted (`stats().observer_failures`).
+  void tell_observer(const move_event<key_type>& e) noexcept {
+    if (!observer_) return;
+    try {
+      observer_(e);
+    } catch (...) {
+      ++stats_.observer_failures;
+    }
   }
 
   std::shared_ptr<record> by_plan_key(const key_type& key) {
@@ -349,7 +371,7 @@ class tensor_cache_engine {
   void demote(const key_type& placed_as) {
     for (;;) {
       try {
-        plan_.demote(placed_as, mover());
+        plan_.demote_deferring_prefetch(placed_as, mover());
         return;
       } catch (const out_of_capacity&) {
         if (!std::exchange(pool_refused_, false) || !plan_.spill_one(mover())) throw;
