@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -321,6 +323,25 @@ TEMPLATE_TEST_CASE(
     tier.read(r, back.span());
     CHECK(ferry_test::checksum(back.span()) == ferry_test::checksum(out.span()));
     tier.deallocate(r);
+  }
+  // A file kept from before (truncate_on_open off) that is already larger than its share
+  // is not shrunk by the fallback: its bytes past the share survive.
+  {
+    auto keep = o;
+    keep.truncate_on_open = false;
+    keep.remove_on_close = false;
+    plan->add({.call = syscall_kind::fallocate, .error = unsupported, .path_contains = b.str()});
+    const std::uint64_t share = 4 * MiB;  // 8 MiB over two files
+    {
+      std::ofstream(b.path()).put('x');
+    }  // a file of the user's, not the tier's to remove
+    std::filesystem::resize_file(b.path(), share + 3 * MiB);
+    {
+      tier_t tier(keep, faulty_syscalls<>(plan));
+      CHECK(tier.sizing_fell_back());
+    }
+    CHECK(std::filesystem::file_size(b.path()) == share + 3 * MiB);
+    std::filesystem::remove(b.path());
   }
   // Without the fault: nothing to report.
   plan->clear();

@@ -525,6 +525,16 @@ TEST_CASE("state checkpoint: a torn or mismatched checkpoint is refused with a c
                          refused("manifest crc32c", {"recorded"}));
     unchanged();
   }
+  SECTION("a group count past the manifest's lines (2^40), refused before anything is sized by it") {
+    edit_manifest(ckpt, [](std::vector<std::string>& lines) {
+      for (auto& l : lines) {
+        if (l.rfind("groups ", 0) == 0) l = "groups 1099511627776";
+      }
+    });
+    CHECK_THROWS_MATCHES(ferry::load_state_checkpoint(dst, ckpt), ferry::checkpoint_error,
+                         refused("group count", {"one line a group", "found 1099511627776"}));
+    unchanged();
+  }
   SECTION("a group count that differs from the swapper's") {
     const std::vector<std::size_t> two = {1000, 3000};
     ferry::state_swapper other(tier, two, {.spill_all = true});

@@ -197,6 +197,9 @@ class manifest_parser {
       : path_(path), lines_(std::move(lines)) {}
 
   // The tokens of the next line, which must start with `key` and have `count` tokens.
+  // Lines not read yet.
+  [[nodiscard]] std::size_t left() const noexcept { return lines_.size() - at_; }
+
   std::vector<std::string_view> next(std::string_view key, std::size_t count, std::string_view form) {
     if (at_ >= lines_.size())
       refuse(FERRY_DETAIL_SITE(), path_, "manifest line " + std::to_string(at_ + 1), std::string(form),
@@ -310,7 +313,12 @@ state_checkpoint_info read_manifest(const std::filesystem::path& dir, S& sys) {
   info.params.eps = p.hyper("eps");
   info.params.weight_decay = p.hyper("weight_decay");
   const auto groups = p.number<std::size_t>(p.next("groups", 2, "groups G")[1], "group count");
-  FERRY_EXPECTS(groups <= (std::size_t{1} << 32), "a checkpoint manifest names at most 2^32 groups", groups);
+  // One line a group follows: a count the manifest has no lines for is refused before
+  // anything is sized by it.
+  if (groups > p.left()) {
+    refuse(FERRY_DETAIL_SITE(), path, "group count", "at most " + std::to_string(p.left()) + " (one line a group)",
+           std::to_string(groups));
+  }
   info.groups.resize(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     const std::string form = "group " + std::to_string(g) + " f32 <elements> <bytes> <crc32c> <file>";

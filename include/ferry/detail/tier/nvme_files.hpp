@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <sys/file.h>
+#include <sys/stat.h>
 
 namespace ferry::detail {
 
@@ -92,7 +93,10 @@ bool preallocate_or_size(io::direct_file<S>& f, std::uint64_t bytes, std::string
   } catch (const io_error& e) {
     const int code = e.code().value();
     if (code != EOPNOTSUPP && code != ENOSYS) throw;
-    f.truncate(bytes);
+    // Only ever grown: a file kept from before (no truncate at the open) that is already
+    // larger keeps its bytes past `bytes` (fallocate never shrinks either).
+    struct stat st{};
+    if (::fstat(f.fd(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) < bytes) f.truncate(bytes);
     if (!reason.empty()) reason += "; ";
     reason += f.path() + ": fallocate: " + std::generic_category().message(code) + " (" + io::detail::errno_name(code) +
               "); sized with ftruncate instead (sparse, no blocks reserved: a full disk shows as ENOSPC on a write)";
