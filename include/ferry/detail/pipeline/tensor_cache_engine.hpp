@@ -215,22 +215,7 @@ class tensor_cache_engine {
   void observe(observer_type f) { observer_ = std::move(f); }
 
  private:
-  struct record {
-    key_type key{};                   // the name the plan knows the buffer by
-    std::size_t keys = 1;             // keys naming this buffer
-    std::size_t bytes = 0;            // raw bytes
-    std::size_t encoded = 0;          // offloaded (encoded) bytes
-    void* device = nullptr;           // device copy: the stored buffer, or fetched
-    std::byte* host = nullptr;        // pinned copy (encoded)
-    std::optional<nvme_region> disk;  // NVMe copy (encoded)
-    std::optional<stream_type> producer;
-    std::optional<typename Backend::marker_type> produced;  // end of the producer's work, while the stored buffer
-    ticket_type out;                                        // D2H into `host`
-    ticket_type in;                                         // H2D or NVMe -> device (+ decode) into `device`
-    ticket_type in_copy;                                    // the copy of `in` when a decode follows it
-    std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
-    bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
-  };
+  using record = tensor_cache_record<Key, Backend>;
 
   // The mover the plan's decisions are carried out by.
   auto mover() {
@@ -239,7 +224,7 @@ class tensor_cache_engine {
 
   void apply(const move_event<key_type>& e) {
     if (e.kind == move_kind::create || e.kind == move_kind::drop) {  // nothing moves
-      tell_observer(e);
+      tell_observer(observer_, e, stats_.observer_failures);
       return;
     }
     record& r = *by_plan_key(e.key);
@@ -255,19 +240,7 @@ class tensor_cache_engine {
       case move_kind::prefetch: fetch(r, e.from, e.kind == move_kind::prefetch); break;
       default: FERRY_EXPECTS(false, "a tensor cache's plan moved a tensor past tier 0", e.from, e.to);
     }
-    tell_observer(e);
-  }
-
-  // The observer sees a move the cache has made: what it throws cannot undo that move
-  // (the plan would count the tensor where its bytes no longer are), so it is caught
-  // and counted (`stats().observer_failures`).
-  void tell_observer(const move_event<key_type>& e) noexcept {
-    if (!observer_) return;
-    try {
-      observer_(e);
-    } catch (...) {
-      ++stats_.observer_failures;
-    }
+    tell_observer(observer_, e, stats_.observer_failures);
   }
 
   std::shared_ptr<record> by_plan_key(const key_type& key) {

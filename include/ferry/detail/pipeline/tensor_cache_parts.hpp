@@ -1,5 +1,5 @@
 /// @file
-/// @brief Pieces of `ferry::tensor_cache`'s body: the codec run on a backend's stream,
+/// @brief Pieces of `ferry::tensor_cache`'s body: the record of a stored buffer, the codec run on a backend's stream,
 /// a guard of a backend marker, the pinned reservation
 /// and the waits on a tensor's moves.
 #pragma once
@@ -8,6 +8,8 @@
 #include "ferry/core/error.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
+#include "ferry/tier/nvme_region.hpp"
+#include "ferry/tier/ticket.hpp"
 #include "ferry/transfer/host_executor.hpp"
 
 #include <algorithm>
@@ -23,6 +25,39 @@
 #endif
 
 namespace ferry::detail {
+
+// What a tensor cache knows of one stored buffer: where its copies are, the moves
+// that make them, and the keys that name it.
+template <class Key, class Backend>
+struct tensor_cache_record {
+  Key key{};                        // the name the plan knows the buffer by
+  std::size_t keys = 1;             // keys naming this buffer
+  std::size_t bytes = 0;            // raw bytes
+  std::size_t encoded = 0;          // offloaded (encoded) bytes
+  void* device = nullptr;           // device copy: the stored buffer, or fetched
+  std::byte* host = nullptr;        // pinned copy (encoded)
+  std::optional<nvme_region> disk;  // NVMe copy (encoded)
+  std::optional<typename Backend::stream_type> producer;
+  std::optional<typename Backend::marker_type> produced;  // end of the producer's work, while the stored buffer
+  basic_ticket<Backend> out;                              // D2H into `host`
+  basic_ticket<Backend> in;                               // H2D or NVMe -> device (+ decode) into `device`
+  basic_ticket<Backend> in_copy;                          // the copy of `in` when a decode follows it
+  std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
+  bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
+};
+
+// Tells a tensor cache's observer of a move the cache has made: what it throws cannot
+// undo that move (the plan would count the tensor where its bytes no longer are), so it
+// is caught and counted in `failures` (`stats().observer_failures`).
+template <class Observer, class Event, class Count>
+void tell_observer(const Observer& observer, const Event& e, Count& failures) noexcept {
+  if (!observer) return;
+  try {
+    observer(e);
+  } catch (...) {
+    ++failures;
+  }
+}
 
 // Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
 // queued host function) on a stream of the CPU runtime.
