@@ -248,6 +248,57 @@ TEST_CASE("CPU model: on device 1, events made on I/O threads belong to the sche
   REQUIRE(ok(rt.set_device(0)));
 }
 
+TEST_CASE("CPU model: a scheduler over a stream of device 1 works on device 1 while device 0 is current",
+          "[cpu_runtime][scheduler][device]") {
+  auto m = std::make_shared<cpu_device>(cpu_options{.devices = 2});
+  const cpu_runtime rt{m};
+  REQUIRE(ok(rt.set_device(1)));
+  const stream_t compute = model_stream(*m);  // a stream of device 1
+  REQUIRE(ok(rt.set_device(0)));              // the caller works on device 0
+  int d = -1;
+  REQUIRE(ok(rt.stream_get_device(compute, &d)));
+  CHECK(d == 1);
+  REQUIRE(ok(rt.stream_get_device(nullptr, &d)));  // the legacy default stream: the current device
+  CHECK(d == 0);
+  const auto other = std::make_shared<cpu_device>();
+  CHECK(rt.stream_get_device(model_stream(*other), &d).code == cpu_errc::invalid_resource_handle);
+
+  const std::size_t n = 5 * chunk + 123;
+  std::vector<std::byte> host(n), device(n), back(n);
+  fill(host, 11);
+  // Built with no runtime (the compute stream's own) and with one given: both take the
+  // compute stream's device, not the current one.
+  for (const bool given : {false, true}) {
+    INFO("runtime given: " << given);
+    std::optional<model_scheduler> sched;
+    if (given) {
+      sched.emplace(ref(compute), options(), rt);
+    } else {
+      sched.emplace(ref(compute), options());
+    }
+    for (const ferry::host_stream_ref lane : {sched->h2d(), sched->d2h()}) {
+      REQUIRE(ok(rt.stream_get_device(cpu_runtime::handle(lane), &d)));
+      CHECK(d == 1);
+    }
+    std::fill(back.begin(), back.end(), std::byte{0});
+    auto in = sched->to_device(device.data(), host.data(), n, ref(compute));  // after the device-1 stream
+    REQUIRE_NOTHROW(in.wait());
+    auto out = sched->to_host(back.data(), device.data(), n, ref(compute));
+    REQUIRE_NOTHROW(out.wait());
+    CHECK(checksum(back) == checksum(host));
+    sched->synchronize();
+    REQUIRE(ok(rt.get_device(&d)));
+    CHECK(d == 0);  // the caller's current device is restored
+  }
+  // An explicit device wins over the stream's.
+  ferry::scheduler_options on0 = options();
+  on0.device = 0;
+  model_scheduler sched0(ref(compute), on0);
+  REQUIRE(ok(rt.stream_get_device(cpu_runtime::handle(sched0.h2d()), &d)));
+  CHECK(d == 0);
+  CHECK(m->wrong_device() == 0);
+}
+
 TEST_CASE("CPU model: moves ordered on a stream that is being captured are refused, naming the stream",
           "[cpu_runtime][scheduler][nvme]") {
   scratch_path path(ferry_test::disk_dir);
@@ -920,9 +971,18 @@ TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's devi
     CHECK(checksum(dst) == checksum(src));
   }
   {
-    // A runtime given that is not the stream's: the move is refused by the runtime
-    // (a handle of another device object), nothing is copied.
-    ferry::host_executor ex(ferry::host_stream_ref{on_a}, options(), b);
+    // A runtime given that is not the stream's: refused when the scheduler is made (the
+    // runtime cannot tell the device of another device object's stream).
+    const int before = b.device().foreign_streams();
+    CHECK_THROWS_AS(ferry::host_executor(ferry::host_stream_ref{on_a}, options(), b), ferry::device_error);
+    CHECK(b.device().foreign_streams() > before);
+  }
+  {
+    // The same with the device named (nothing asked of the stream at construction): the
+    // move is refused by the runtime (a handle of another device object), nothing is copied.
+    ferry::scheduler_options on0 = options();
+    on0.device = 0;
+    ferry::host_executor ex(ferry::host_stream_ref{on_a}, on0, b);
     std::vector<std::byte> src(chunk, std::byte{1}), dst(chunk, std::byte{0});
     const int before = b.device().foreign_streams();
     CHECK_THROWS_AS(ex.to_host(dst.data(), src.data(), chunk, on_a), ferry::device_error);

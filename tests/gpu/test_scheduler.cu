@@ -92,8 +92,8 @@ TEST_CASE("stream_scheduler: device -> pinned -> NVMe -> pinned -> device at odd
   o.capacity = 256 * MiB;
   o.remove_on_close = true;
   ferry::nvme_tier tier(o);
-  for (const std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{4097}, std::size_t{256 * 1024 + 1}, 7 * MiB + 3,
-                              33 * MiB + 4097}) {
+  for (const std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{4097}, std::size_t{256 * 1024 + 1},
+                              7 * MiB + 3, 33 * MiB + 4097}) {
     const unsigned seed = static_cast<unsigned>(n);
     auto* src = static_cast<unsigned char*>(arena.allocate(n, compute));
     auto* dst = static_cast<unsigned char*>(arena.allocate(n, compute));
@@ -246,7 +246,8 @@ TEST_CASE("stream_scheduler: a pitched 2D region goes to pinned memory and back 
   out.wait();
   bool rows_ok = true, padding_ok = true;
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t j = 0; j < row_bytes; ++j) rows_ok = rows_ok && host.p[r * host_pitch + j] == expected(r * dev_pitch + j, 5u);
+    for (std::size_t j = 0; j < row_bytes; ++j)
+      rows_ok = rows_ok && host.p[r * host_pitch + j] == expected(r * dev_pitch + j, 5u);
     for (std::size_t j = row_bytes; j < host_pitch; ++j) padding_ok = padding_ok && host.p[r * host_pitch + j] == 0xEE;
   }
   CHECK(rows_ok);
@@ -259,10 +260,46 @@ TEST_CASE("stream_scheduler: a pitched 2D region goes to pinned memory and back 
   compute.synchronize();
   bool back_ok = true;
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t j = 0; j < row_bytes; ++j) back_ok = back_ok && check.p[r * again_pitch + j] == host.p[r * host_pitch + j];
+    for (std::size_t j = 0; j < row_bytes; ++j)
+      back_ok = back_ok && check.p[r * again_pitch + j] == host.p[r * host_pitch + j];
   }
   CHECK(back_ok);
-  CHECK_THROWS_AS(sched.to_host_2d(host.p, row_bytes - 1, dev, dev_pitch, row_bytes, rows, compute), ferry::logic_error);
+  CHECK_THROWS_AS(sched.to_host_2d(host.p, row_bytes - 1, dev, dev_pitch, row_bytes, rows, compute),
+                  ferry::logic_error);
   FERRY_CUDA_TRY(cudaFree(dev));
   FERRY_CUDA_TRY(cudaFree(again));
+}
+
+TEST_CASE("stream_scheduler: its lanes belong to the compute stream's device, whatever is current",
+          "[gpu][scheduler][device]") {
+  int count = 0;
+  FERRY_CUDA_TRY(cudaGetDeviceCount(&count));
+  const int last = count - 1;  // device 0 on a one-GPU machine: the same path, one device
+  FERRY_CUDA_TRY(cudaSetDevice(last));
+  {
+    ferry::stream compute;  // a stream of the last device
+    unsigned char* dev = nullptr;
+    const std::size_t n = 3 * 256 * 1024 + 11;
+    FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&dev), n));
+    FERRY_CUDA_TRY(cudaSetDevice(0));  // the caller works on device 0
+    {
+      ferry::stream_scheduler sched(compute, small_chunks());
+      for (const cudaStream_t lane : {sched.h2d().get(), sched.d2h().get()}) {
+        int d = -1;
+        FERRY_CUDA_TRY(cudaStreamGetDevice(lane, &d));
+        CHECK(d == last);
+      }
+      pinned_buffer up(n), down(n);
+      for (std::size_t i = 0; i < n; ++i) up.p[i] = expected(i, 5);
+      sched.to_device(dev, up.p, n, compute).wait();
+      sched.to_host(down.p, dev, n, compute).wait();
+      CHECK(matches(down.p, n, 5));
+      int current = -1;
+      FERRY_CUDA_TRY(cudaGetDevice(&current));
+      CHECK(current == 0);  // restored after each call
+      sched.synchronize();
+    }
+    FERRY_CUDA_TRY(cudaFree(dev));
+  }
+  FERRY_CUDA_TRY(cudaSetDevice(0));
 }

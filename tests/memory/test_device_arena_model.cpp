@@ -130,6 +130,33 @@ TEST_CASE("device_arena on the CPU model: bad arguments and a device without mem
   CHECK_THROWS_WITH(arena_type(MiB, {}, cpu_runtime{m}), Contains("memory pools"));
 }
 
+TEST_CASE("device_arena on the CPU model: an allocation on a stream of another device is refused naming both",
+          "[device_arena][cpu_runtime][device]") {
+  auto m = std::make_shared<cpu_device>(ferry::cpu_options{.devices = 2});
+  const cpu_runtime rt{m};
+  REQUIRE(ok(rt.set_device(1)));
+  const stream_t on1 = model_stream(*m);
+  REQUIRE(ok(rt.set_device(0)));
+  const stream_t on0 = model_stream(*m);
+  arena_type arena0(MiB, {}, rt);  // the current device: 0
+  arena_type arena1(MiB, {.device = 1}, rt);
+  CHECK(arena1.device() == 1);
+  CHECK_THROWS_WITH(arena0.allocate(4096, ref(on1)), Contains("allocated on a stream of another") &&
+                                                         Contains("arena_device = 0") && Contains("stream_device = 1"));
+  CHECK_THROWS_AS(arena1.allocate(4096, ref(on0)), ferry::logic_error);
+  CHECK(arena0.used() == 0);
+  CHECK(arena1.used() == 0);
+  // Each on its own device's stream, whatever is current.
+  void* p = arena1.allocate(4096, ref(on1));
+  CHECK(arena1.used() == 4096);
+  arena1.deallocate(p, 4096, ref(on1));
+  REQUIRE(ok(m->stream_synchronize(on1)));
+  CHECK(arena1.used() == 0);
+  int d = -1;
+  REQUIRE(ok(rt.get_device(&d)));
+  CHECK(d == 0);
+}
+
 TEST_CASE("device_arena on the CPU model: a block not given back is counted when the pool goes",
           "[device_arena][cpu_runtime]") {
   auto m = std::make_shared<cpu_device>();

@@ -43,12 +43,12 @@ enum class cpu_errc : int {
   invalid_resource_handle = 400,  ///< an event recorded on another device's stream (cudaErrorInvalidResourceHandle)
   not_ready = 600,                ///< an event's work is pending (cudaErrorNotReady)
   host_memory_already_registered = 712,  ///< a registration overlapping another (cudaErrorHostMemoryAlreadyRegistered)
-  host_memory_not_registered = 713,      ///< unregistering what is not a registration (cudaErrorHostMemoryNotRegistered)
-  stream_failed = 719,            ///< a kernel of the stream threw; the status carries it (cudaErrorLaunchFailure)
-  not_permitted = 800,            ///< a runtime call from inside a host function (cudaErrorNotPermitted)
-  not_supported = 801,            ///< a feature turned off (cudaErrorNotSupported)
-  capture_unsupported = 900,      ///< a call a capture forbids on this thread (cudaErrorStreamCaptureUnsupported)
-  capture_invalidated = 901,      ///< `end_capture` of a capture an unsafe call broke (cudaErrorStreamCaptureInvalidated)
+  host_memory_not_registered = 713,  ///< unregistering what is not a registration (cudaErrorHostMemoryNotRegistered)
+  stream_failed = 719,               ///< a kernel of the stream threw; the status carries it (cudaErrorLaunchFailure)
+  not_permitted = 800,               ///< a runtime call from inside a host function (cudaErrorNotPermitted)
+  not_supported = 801,               ///< a feature turned off (cudaErrorNotSupported)
+  capture_unsupported = 900,         ///< a call a capture forbids on this thread (cudaErrorStreamCaptureUnsupported)
+  capture_invalidated = 901,  ///< `end_capture` of a capture an unsafe call broke (cudaErrorStreamCaptureInvalidated)
   /// An access to a stream-ordered allocation from a stream with no edge after the
   /// allocation, or after its free (no CUDA code: what compute-sanitizer's memcheck reports
   /// as "use-before-alloc" / "use-after-free"; the model refuses it, and the status
@@ -209,6 +209,17 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   status wait_value32(stream_t s, void* address, std::uint32_t value);
   /// @brief Whether `s` is being captured.
   status stream_is_capturing(stream_t s, bool* capturing);
+  /// @brief The device `s` was made on (`cudaStreamGetDevice`), whatever is current.
+  /// A null stream (the legacy default stream) answers the current device, as on CUDA.
+  status stream_get_device(stream_t s, int* device) {
+    if (s == nullptr) {
+      *device = current_device();
+      return {};
+    }
+    if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+    *device = s->device;  // set at creation, never changed
+    return {};
+  }
 
   /// @brief Whether device `device` has stream-ordered memory pools (`set_memory_pools_supported`).
   status memory_pools_supported(int device, bool* supported) {

@@ -283,6 +283,9 @@ class cpu_runtime {
   cpu_status wait_value32(stream_handle s, void* address, std::uint32_t value) const {
     return device_->wait_value32(s, address, value);
   }
+  /// @brief The device `s` was made on (`cudaStreamGetDevice`), whatever is current; a
+  /// null stream (the legacy default stream) belongs to the calling thread's current device.
+  cpu_status stream_get_device(stream_handle s, int* device) const { return device_->stream_get_device(s, device); }
   /// @brief Whether `s` is being captured.
   cpu_status stream_is_capturing(stream_handle s, bool* capturing) const {
     return device_->stream_is_capturing(s, capturing);

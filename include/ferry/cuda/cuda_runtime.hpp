@@ -218,6 +218,8 @@ struct cuda_runtime {
   cudaError_t get_device(int* d) const { return cudaGetDevice(d); }
   /// @brief `cudaSetDevice`.
   cudaError_t set_device(int d) const { return cudaSetDevice(d); }
+  /// @brief `cudaStreamGetDevice`: the device `s` belongs to, whatever is current.
+  cudaError_t stream_get_device(cudaStream_t s, int* d) const { return cudaStreamGetDevice(s, d); }
   /// @brief `cudaStreamIsCapturing`: whether `s` is being captured into a CUDA graph.
   cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

@@ -175,4 +175,25 @@ concept device_memory_runtime =
       r.clear_last_error();
     };
 
+namespace detail {
+// The device the stream `s` belongs to, asked of `api` (`cudaStreamGetDevice`,
+// `cpu_runtime::stream_get_device`), or -1 (the current device) for the legacy default
+// stream or a runtime without the call. Throws the runtime's error when it cannot tell
+// (on the model: a stream of another device object).
+template <class Api, class Stream>
+int device_of_stream(const Api& api, const Stream& s) {
+  if constexpr (requires(int* d) {
+                  Api::is_legacy_default(s);
+                  api.stream_get_device(Api::handle(s), d);
+                }) {
+    if (Api::is_legacy_default(s)) return -1;
+    int device = -1;
+    FERRY_RUNTIME_TRY(Api, api.stream_get_device(Api::handle(s), &device));
+    return device;
+  } else {
+    return -1;
+  }
+}
+}  // namespace detail
+
 }  // namespace ferry

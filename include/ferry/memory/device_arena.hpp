@@ -15,11 +15,10 @@
 #pragma once
 
 #include "ferry/core/config.hpp"
-
 #include "ferry/core/error.hpp"
+#include "ferry/core/units.hpp"
 #include "ferry/cuda/cpu_runtime.hpp"
 #include "ferry/cuda/device_runtime.hpp"
-#include "ferry/core/units.hpp"
 
 #if FERRY_HAS_CUDA
 #include "ferry/cuda/cuda_runtime.hpp"
@@ -98,8 +97,10 @@ class basic_device_arena {
   /// @throws ferry::out_of_capacity ("device_arena", rounded bytes, `used()`, `budget()`)
   ///         past the budget (checked before CUDA is called), or when the device itself
   ///         has no memory left (`cudaErrorMemoryAllocation`)
-  /// @throws ferry::logic_error for 0 bytes or the legacy default stream
-  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the allocation fails otherwise
+  /// @throws ferry::logic_error for 0 bytes, the legacy default stream, or a stream of
+  ///         another device than the arena's (naming both devices; nothing allocated)
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the allocation fails
+  ///         otherwise, or the runtime cannot tell the stream's device
   ///
   /// A request past the budget, up to SIZE_MAX, is `out_of_capacity` (with the request
   /// as asked when it is too large even to round).
@@ -108,6 +109,11 @@ class basic_device_arena {
     FERRY_EXPECTS(!Runtime::is_legacy_default(s),
                   "ferry never allocates on the legacy default stream; pass the stream the memory is used on", stream);
     FERRY_EXPECTS(bytes > 0, "device_arena request of 0 bytes", bytes);
+    const int on = detail::device_of_stream(runtime_, s);  // -1: the runtime cannot tell
+    FERRY_EXPECTS(on < 0 || on == device_,
+                  "device_arena: memory of one device allocated on a stream of another (the stream would use "
+                  "memory that does not live on its device); use an arena of the stream's device",
+                  ferry::named("arena_device", device_), ferry::named("stream_device", on), stream);
     if (bytes > budget_ || bytes > ~std::size_t{0} - alignment_) {  // also too large to round: the request as asked
       FERRY_THROW_OUT_OF_CAPACITY("device_arena", bytes, used(), budget_);
     }
@@ -171,9 +177,7 @@ class basic_device_arena {
   /// @brief The runtime the arena's calls go through.
   [[nodiscard]] const Runtime& runtime() const noexcept { return runtime_; }
   /// @brief The bytes a request of `bytes` costs.
-  [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept {
-    return round_up(bytes, alignment_);
-  }
+  [[nodiscard]] std::size_t cost_of(std::size_t bytes) const noexcept { return round_up(bytes, alignment_); }
 
  private:
   [[no_unique_address]] Runtime runtime_;

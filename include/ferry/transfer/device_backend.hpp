@@ -107,16 +107,24 @@ class device_backend {
     std::uint32_t target = 0;  ///< the flag value that means "complete"
   };
 
-  /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities)
-  /// on the current device, the flag page and the lanes' completion threads.
-  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA)
+  /// @brief Makes the H2D and D2H streams (non-blocking, with the options' priorities),
+  /// the flag page and the lanes' completion threads on `options.device` (-1: the
+  /// current device; a scheduler sets it to its compute stream's), whatever device is
+  /// current; the calling thread's current device is restored.
+  /// @throws ferry::device_error (`ferry::cuda_error` on CUDA; `invalid_device` for a
+  ///         device the runtime does not have)
   explicit device_backend(const scheduler_options& options, Api api = {}) : api_(std::move(api)) {
-    FERRY_RUNTIME_TRY(Api, api_.get_device(&device_));
+    if (options.device >= 0) {
+      device_ = options.device;
+    } else {
+      FERRY_RUNTIME_TRY(Api, api_.get_device(&device_));
+    }
     const int h2d_priority = options.h2d_priority;
     const int d2h_priority = options.d2h_priority;
     priorities_[0] = h2d_priority;
     priorities_[1] = d2h_priority;
     try {
+      const device_scope on(*this);
       FERRY_RUNTIME_TRY(Api, api_.stream_create(&streams_[0], h2d_priority), h2d_priority);
       FERRY_RUNTIME_TRY(Api, api_.stream_create(&streams_[1], d2h_priority), d2h_priority);
       grow_flags();

@@ -11,12 +11,13 @@
 /// |---|---|---|
 /// | `to_host`        | device -> host (pinned)  | chunks of `chunk_bytes` on the D2H lane, after the producer stream |
 /// | `to_device`      | host (pinned) -> device  | chunks on the H2D lane, optionally after a stream |
-/// | `copy_on`        | either                   | chunks on a stream of the caller's (can be captured in a CUDA graph) |
-/// | `to_host_2d`, `to_device_2d` | device <-> host, pitched | as `to_host` / `to_device`, a 2D region in chunks of whole rows |
-/// | `to_host_blocks`, `to_device_blocks` | device <-> host, scattered | runs merged, in batched copies (transfer/block_copy.hpp) |
-/// | `device_to_nvme` | device -> NVMe           | D2H into a ring of K pinned bounce buffers, each written to the disk as it lands |
-/// | `nvme_to_device` | NVMe -> device           | disk reads into the bounce ring, each copied H2D as it lands |
-/// | `host_to_nvme`, `nvme_to_host` | host <-> NVMe | the tier's direct I/O (io_uring), no bounce |
+/// | `copy_on`        | either                   | chunks on a stream of the caller's (can be captured in a CUDA graph)
+/// | | `to_host_2d`, `to_device_2d` | device <-> host, pitched | as `to_host` / `to_device`, a 2D region in chunks of
+/// whole rows | | `to_host_blocks`, `to_device_blocks` | device <-> host, scattered | runs merged, in batched copies
+/// (transfer/block_copy.hpp) | | `device_to_nvme` | device -> NVMe           | D2H into a ring of K pinned bounce
+/// buffers, each written to the disk as it lands | | `nvme_to_device` | NVMe -> device           | disk reads into the
+/// bounce ring, each copied H2D as it lands | | `host_to_nvme`, `nvme_to_host` | host <-> NVMe | the tier's direct I/O
+/// (io_uring), no bounce |
 ///
 /// Chunks let a large move start early, let moves on one lane interleave, and keep H2D
 /// and D2H busy at the same time: on an H200 the link carries 55 GB/s one way and 91 GB/s
@@ -105,7 +106,9 @@ class basic_scheduler {
   using ticket_type = basic_ticket<Backend>;
 
   /// @brief A scheduler for work on `compute`; makes the H2D and D2H lanes and the
-  /// bounce ring (K x chunk bytes, pinned; allocated here, not on first use).
+  /// bounce ring (K x chunk bytes, pinned; allocated here, not on first use). The lanes,
+  /// events and flags belong to `compute`'s device (`cudaStreamGetDevice`), or to
+  /// `options.device` when set, whatever device the calling thread has current.
   /// @param compute the stream the caller computes on (kept by reference; also the
   ///        default stream that moves with no producer are ordered after: none)
   /// @param options chunk size, bounce ring and stream priorities (see `scheduler_options`)
@@ -114,8 +117,9 @@ class basic_scheduler {
   ///        `cpu_runtime` the runtime of `compute`'s own device)
   /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096,
   ///         fewer than 1 bounce slot or `batch_blocks` above `max_batch_blocks`;
-  ///         ferry::cuda_error; ferry::out_of_capacity when the bounce pool cannot hold
-  ///         the ring
+  ///         ferry::cuda_error (ferry::device_error on the model), also when the runtime
+  ///         cannot tell `compute`'s device (a stream of another device object);
+  ///         ferry::out_of_capacity when the bounce pool cannot hold the ring
   template <class... BackendArgs>
   explicit basic_scheduler(stream_type compute, scheduler_options options = {}, BackendArgs&&... backend_args);
 
@@ -262,7 +266,9 @@ class basic_scheduler {
   /// pipeline ran on the H2D stream after a copy): ready when that work has completed;
   /// streams wait for it with `enqueue_wait` (an event).
   /// @throws ferry::cuda_error
-  [[nodiscard]] ticket_type mark(lane l) { return copy_move(l, nullptr, nullptr, 0, copy_direction::host_to_device, nullptr); }
+  [[nodiscard]] ticket_type mark(lane l) {
+    return copy_move(l, nullptr, nullptr, 0, copy_direction::host_to_device, nullptr);
+  }
 
   /// @brief Enqueues the chunked copy on the caller's stream `s` and nothing else (no
   /// marker, no lane): stream order is the synchronisation, and the calls can be
@@ -351,7 +357,7 @@ class basic_scheduler {
   /// @throws ferry::logic_error for an empty ticket or a ticket of another scheduler;
   ///         std::bad_alloc, ferry::cuda_error
   template <class F>
-  requires std::is_invocable_v<F&, std::exception_ptr>
+    requires std::is_invocable_v<F&, std::exception_ptr>
   void then(const ticket_type& t, F&& f);
 
   /// @brief Blocks until every disk move and continuation started so far has completed
@@ -469,8 +475,8 @@ class basic_scheduler {
   // Scattered blocks on lane `l` as batched copies (detail/transfer/scheduler_blocks.hpp).
   // The engine for `pieces` pieces of `bytes` bytes in all (transfer/block_copy.hpp).
   block_engine choose_engine(std::size_t pieces, std::size_t bytes, host_mapping host);
-  ticket_type block_move(lane l, std::span<const block_copy> blocks, copy_direction direction,
-                         const stream_type* after, host_mapping host);
+  ticket_type block_move(lane l, std::span<const block_copy> blocks, copy_direction direction, const stream_type* after,
+                         host_mapping host);
 
   // A move on lane `l`, after `after` (if given): `issue(backend, lane stream, issued)`
   // enqueues its chunks, counting them (an exception stops it: the chunks before stay
@@ -486,8 +492,8 @@ class basic_scheduler {
                            void (*done)(void*, std::exception_ptr) noexcept, void* context);
 
   template <class Tier>
-  state* prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                            std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind);
+  state* prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
+                            std::size_t bytes, bool to_nvme, detail::completion_kind kind);
 
   template <class Tier>
   ticket_type io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
@@ -528,8 +534,7 @@ class basic_scheduler {
 
   // One copy of a bounce slot's chunk, in pieces that end at the edges of pinned
   // registrations (detail/memory/registrations.hpp).
-  void copy_within_registrations(stream_type s, std::byte* dst, const std::byte* src, std::size_t n,
-                                 copy_direction d);
+  void copy_within_registrations(stream_type s, std::byte* dst, const std::byte* src, std::size_t n, copy_direction d);
   // D2H of a chunk landed in its bounce buffer: write it to the disk.
   static void after_d2h(void* context, std::exception_ptr e) noexcept;
 
@@ -577,7 +582,7 @@ class basic_scheduler {
 
 // The bodies of the constructor and continuations, the copy moves, the block moves and
 // the disk moves.
-#include "ferry/detail/transfer/scheduler_core.hpp"
-#include "ferry/detail/transfer/scheduler_copy.hpp"
 #include "ferry/detail/transfer/scheduler_blocks.hpp"
+#include "ferry/detail/transfer/scheduler_copy.hpp"
+#include "ferry/detail/transfer/scheduler_core.hpp"
 #include "ferry/detail/transfer/scheduler_disk.hpp"

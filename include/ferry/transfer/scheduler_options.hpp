@@ -40,6 +40,12 @@ struct scheduler_options {
   /// Thread blocks of the block-copy kernel, 1 .. 1024. 0:
   /// `transfer::defaults::current().kernel_ctas` (`FERRY_KERNEL_CTAS`, 16).
   unsigned kernel_ctas = 0;
+  /// The device the scheduler's streams, events and flags are made on, and its completion
+  /// threads run on. -1: the device of the compute stream (`cudaStreamGetDevice`; the
+  /// current device for the legacy default stream, or a runtime that cannot tell), so
+  /// that a scheduler over a stream of device 1 works whatever device is current. The
+  /// calling thread's current device is restored after each call either way.
+  int device = -1;
 };
 
 /// @brief Counters of a scheduler since it was made (monotonic; relaxed reads).

@@ -7,6 +7,7 @@
 #include "ferry/transfer/scheduler.hpp"
 
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -15,6 +16,13 @@
 #include <utility>
 
 namespace ferry {
+
+namespace detail {
+// A backend whose runtime a scheduler can make itself (`cuda_runtime{}`).
+template <class B>
+concept has_default_runtime =
+    requires { typename B::runtime_type; } && std::default_initializable<typename B::runtime_type>;
+}  // namespace detail
 
 template <class Backend>
 template <class... BackendArgs>
@@ -37,10 +45,19 @@ basic_scheduler<Backend>::basic_scheduler(stream_type compute, scheduler_options
   FERRY_EXPECTS(options_.batch_blocks <= max_batch_blocks, "batch_blocks must be in [1, max_batch_blocks]",
                 ferry::named("batch_blocks", options_.batch_blocks), max_batch_blocks);
   if constexpr (sizeof...(BackendArgs) == 0 && requires { Backend::runtime_type::of(compute); }) {
-    // A runtime whose streams know their device (`cpu_runtime`): the lanes go where
-    // the compute stream is, not to a default device.
-    core_ = std::make_shared<detail::state_pool<Backend>>(options_, Backend::runtime_type::of(compute));
+    // A runtime whose streams know their device object (`cpu_runtime`): the lanes go
+    // where the compute stream is, not to a default device.
+    auto api = Backend::runtime_type::of(compute);
+    if (options_.device < 0) options_.device = detail::device_of_stream(api, compute);
+    core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::move(api));
   } else {
+    if (options_.device < 0) {
+      if constexpr (sizeof...(BackendArgs) == 0 && detail::has_default_runtime<Backend>) {
+        options_.device = detail::device_of_stream(typename Backend::runtime_type{}, compute);
+      } else if constexpr (sizeof...(BackendArgs) == 1) {
+        options_.device = detail::device_of_stream(backend_args..., compute);
+      }
+    }
     core_ = std::make_shared<detail::state_pool<Backend>>(options_, std::forward<BackendArgs>(backend_args)...);
   }
   const std::size_t ring_bytes = chunk_bytes * bounce_slots + disk_alignment;  // + alignment slack
