@@ -394,6 +394,38 @@ TEMPLATE_TEST_CASE("tensor_cache: the two-statement form owns its device and pin
   }
 }
 
+TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns memory of device 1, device 0 current",
+          "[pipeline][tensor_cache][device]") {
+  auto m = std::make_shared<ferry::cpu_device>(ferry::cpu_options{.devices = 2});
+  const ferry::cpu_runtime rt{m};
+  REQUIRE(ferry::cpu_runtime::ok(rt.set_device(1)));
+  ferry::host_stream compute(rt);  // a stream of device 1
+  REQUIRE(ferry::cpu_runtime::ok(rt.set_device(0)));
+  {
+    ferry::host_executor sched(compute, small_chunks());
+    CHECK(sched.backend().device() == 1);
+    using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+    // Its own arena is on device 1: an arena of the current device (0) would refuse
+    // every allocation on `compute` (a stream of device 1).
+    cache_type cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+    producer prod{compute};
+    for (int i = 0; i < 3; ++i) {
+      cache.store(i, prod.make(cache, 2 * MiB + 5, static_cast<std::uint64_t>(i)), 2 * MiB + 5, compute);
+    }
+    CHECK(cache.stats().offloaded == 3);
+    for (int i = 3; i-- > 0;) {
+      CHECK(sum_on(compute, cache.get(i, compute), 2 * MiB + 5) ==
+            expected_sum(2 * MiB + 5, static_cast<std::uint64_t>(i)));
+      cache.erase(i, compute);
+    }
+    settle(sched, compute);
+  }
+  int d = -1;
+  REQUIRE(ferry::cpu_runtime::ok(rt.get_device(&d)));
+  CHECK(d == 0);
+  CHECK(m->wrong_device() == 0);
+}
+
 TEST_CASE("tensor_cache: a stateless policy takes no bytes (no_unique_address)", "[pipeline][tensor_cache]") {
   // The prefetch policy sits in the placement the cache's plan runs, the eviction policy
   // in each tier of it that evicts: an empty policy adds nothing at any level, a policy

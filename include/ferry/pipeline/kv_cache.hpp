@@ -264,7 +264,8 @@ class kv_cache {
   ///         memory cannot be had
   kv_cache(scheduler_type& sched, const kv_cache_options& options)
     requires(!has_nvme)
-      : owned_arena_(std::make_unique<arena_type>(std::numeric_limits<std::size_t>::max(), device_arena_options{},
+      : owned_arena_(std::make_unique<arena_type>(std::numeric_limits<std::size_t>::max(),
+                                                  device_arena_options{.device = sched.backend().device()},
                                                   sched.backend().api())),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
         engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}

@@ -236,7 +236,7 @@ class tensor_cache {
 
  public:
   /// @brief A cache of two tiers that owns them: a device arena of
-  /// `options.device_budget_bytes` on the scheduler's runtime and current device, and a pinned pool of
+  /// `options.device_budget_bytes` on the scheduler's runtime and device (its compute stream's), and a pinned pool of
   /// `options.pinned_budget_bytes` (0: `FERRY_PINNED_BUDGET_BYTES`, half of RAM by
   /// default). The scheduler must outlive the cache. Reserves pinned memory
   /// (`options.reserve_pinned_bytes`).
@@ -244,8 +244,9 @@ class tensor_cache {
   ///         mapped; the arena's and the pool's errors (no device, a bad budget variable)
   explicit tensor_cache(scheduler_type& sched, tensor_cache_options options = {})
     requires(!has_nvme)
-      : owned_arena_(
-            std::make_unique<arena_type>(options.device_budget_bytes, device_arena_options{}, sched.backend().api())),
+      : owned_arena_(std::make_unique<arena_type>(options.device_budget_bytes,
+                                                  device_arena_options{.device = sched.backend().device()},
+                                                  sched.backend().api())),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
         engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}
 

@@ -139,6 +139,10 @@ class device_backend {
   /// @brief Stops the completion threads, destroys the streams, events and flags.
   ~device_backend() { release_all(); }
 
+  /// @brief The device the backend's streams, events and flags belong to (its scheduler's
+  /// compute stream's, or `scheduler_options::device`).
+  [[nodiscard]] int device() const noexcept { return device_; }
+
   /// @brief The stream of lane `l`.
   [[nodiscard]] stream_type lane(ferry::lane l) const noexcept {
     return Api::ref(streams_[static_cast<std::size_t>(l)]);

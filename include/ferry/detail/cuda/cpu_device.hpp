@@ -157,8 +157,7 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (on != nullptr && on == worker_of()) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
-  // The order the awaited record comes after, kept before the wait (a record made
-  // meanwhile replaces the event's clock).
+  // The order the awaited record comes after, kept before the wait (a later record replaces it).
   std::optional<detail::cpu_clock> seen;
   if (e->clock_of == target) seen = e->clock;
   events_cv_.wait(lock, [&] { return e->passed(target); });
@@ -493,6 +492,7 @@ inline void cpu_device::poison(void* p, std::size_t bytes) noexcept {
 inline cpu_device::status cpu_device::insert_wait(stream_t s, stream_t on) {
   event_t e = nullptr;
   status st = event_create(&e);
+  if (st == cpu_errc::success) e->device = on->device;  // the driver's own edge: on `on`'s device
   if (st == cpu_errc::success) st = event_record(e, on);
   if (st == cpu_errc::success) st = stream_wait_event(s, e);
   if (e != nullptr) (void)event_destroy(e);
