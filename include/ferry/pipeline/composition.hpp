@@ -6,10 +6,13 @@
 ///
 /// ```cpp
 /// // the common case: device and pinned memory the cache owns
-/// ferry::scheduler sched(compute);
+/// ferry::stream_scheduler sched(compute);  // ferry::host_executor on the CPU model
 /// ferry::tensor_cache<int> cache(sched);
 /// // NVMe named once: its type in the list, its object in the constructor
-/// ferry::nvme_tier disk(ferry::nvme_options{.path = "/mnt/nvme/spill"});
+/// ferry::nvme_options o;
+/// o.paths = {"/mnt/nvme/spill.bin"};
+/// o.capacity = 64 * ferry::GiB;
+/// ferry::nvme_tier disk(o);
 /// using three = ferry::tiers<ferry::device_tier, ferry::pinned_tier, ferry::nvme_tier>;
 /// ferry::tensor_cache<int, three> spilling(sched, three(ferry::device_tier(arena, compute),
 ///                                                       ferry::pinned_tier(pool), disk));
