@@ -290,6 +290,25 @@ TEST_CASE("CPU model: a scheduler over a stream of device 1 works on device 1 wh
     REQUIRE(ok(rt.get_device(&d)));
     CHECK(d == 0);  // the caller's current device is restored
   }
+  // A producer on another device: refused naming both (CUDA records no event of device 1
+  // on a stream of device 0), nothing started; the scheduler works on after it.
+  {
+    model_scheduler sched(ref(compute), options());
+    const stream_t on0 = model_stream(*m);  // device 0 is current
+    CHECK_THROWS_WITH(sched.to_host(back.data(), device.data(), n, ref(on0)),
+                      Catch::Contains("another device") && Catch::Contains("stream_device = 0") &&
+                          Catch::Contains("scheduler_device = 1"));
+    CHECK_THROWS_AS(sched.to_device(device.data(), host.data(), n, ref(on0)), ferry::logic_error);
+    CHECK(sched.stats().moves == 0);
+    auto t = sched.to_host(back.data(), device.data(), n, ref(compute));
+    t.enqueue_wait(ref(on0));  // a wait from a stream of device 0 on the ticket works
+    REQUIRE(ok(m->stream_synchronize(on0)));
+    CHECK(checksum(back) == checksum(host));
+  }
+  ferry::scheduler_options below = options();
+  below.device = -7;  // neither -1 nor a device
+  CHECK_THROWS_AS(model_scheduler(ref(compute), below), ferry::logic_error);
+  CHECK(m->wrong_device() == 0);
   // An explicit device wins over the stream's.
   ferry::scheduler_options on0 = options();
   on0.device = 0;

@@ -144,6 +144,7 @@ TEST_CASE("device_arena on the CPU model: an allocation on a stream of another d
   CHECK_THROWS_WITH(arena0.allocate(4096, ref(on1)), Contains("allocated on a stream of another") &&
                                                          Contains("arena_device = 0") && Contains("stream_device = 1"));
   CHECK_THROWS_AS(arena1.allocate(4096, ref(on0)), ferry::logic_error);
+  CHECK_THROWS_AS(arena_type(MiB, {.device = -7}, rt), ferry::logic_error);  // neither -1 nor a device
   CHECK(arena0.used() == 0);
   CHECK(arena1.used() == 0);
   // Each on its own device's stream, whatever is current.

@@ -413,6 +413,16 @@ TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns m
       cache.store(i, prod.make(cache, 2 * MiB + 5, static_cast<std::uint64_t>(i)), 2 * MiB + 5, compute);
     }
     CHECK(cache.stats().offloaded == 3);
+    // A buffer of device 0 handed to this cache of device 1: refused naming both, nothing stored.
+    ferry::host_device_arena arena0(MiB, {.device = 0}, rt);
+    ferry::host_stream on0(rt);  // device 0 is current
+    void* p0 = arena0.allocate(4096, on0);
+    CHECK_THROWS_WITH(cache.store(99, p0, 4096, compute), Catch::Contains("another device") &&
+                                                              Catch::Contains("buffer_device = 0") &&
+                                                              Catch::Contains("cache_device = 1"));
+    CHECK_FALSE(cache.contains(99));
+    arena0.deallocate(p0, 4096, on0);
+    on0.synchronize();
     for (int i = 3; i-- > 0;) {
       CHECK(sum_on(compute, cache.get(i, compute), 2 * MiB + 5) ==
             expected_sum(2 * MiB + 5, static_cast<std::uint64_t>(i)));

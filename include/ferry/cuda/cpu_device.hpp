@@ -221,6 +221,11 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     return {};
   }
 
+  /// @brief The device whose stream-ordered pool holds the allocation `p` points into
+  /// (`cudaPointerGetAttributes`' device); -1 for memory no pool of this object holds
+  /// (host memory, another device object's).
+  status pointer_device(const void* p, int* device);
+
   /// @brief Whether device `device` has stream-ordered memory pools (`set_memory_pools_supported`).
   status memory_pools_supported(int device, bool* supported) {
     if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};

@@ -286,6 +286,9 @@ class cpu_runtime {
   /// @brief The device `s` was made on (`cudaStreamGetDevice`), whatever is current; a
   /// null stream (the legacy default stream) belongs to the calling thread's current device.
   cpu_status stream_get_device(stream_handle s, int* device) const { return device_->stream_get_device(s, device); }
+  /// @brief The device of the stream-ordered allocation `p` points into (as
+  /// `cudaPointerGetAttributes`), -1 for host memory.
+  cpu_status pointer_device(const void* p, int* device) const { return device_->pointer_device(p, device); }
   /// @brief Whether `s` is being captured.
   cpu_status stream_is_capturing(stream_handle s, bool* capturing) const {
     return device_->stream_is_capturing(s, capturing);

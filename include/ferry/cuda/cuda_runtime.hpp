@@ -220,6 +220,15 @@ struct cuda_runtime {
   cudaError_t set_device(int d) const { return cudaSetDevice(d); }
   /// @brief `cudaStreamGetDevice`: the device `s` belongs to, whatever is current.
   cudaError_t stream_get_device(cudaStream_t s, int* d) const { return cudaStreamGetDevice(s, d); }
+  /// @brief The device `p` lives on (`cudaPointerGetAttributes`): its device for device
+  /// memory, -1 for host memory (pinned, pageable) and managed memory.
+  cudaError_t pointer_device(const void* p, int* d) const {
+    cudaPointerAttributes a{};
+    const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+    if (rc != cudaSuccess) return rc;
+    *d = a.type == cudaMemoryTypeDevice ? a.device : -1;
+    return cudaSuccess;
+  }
   /// @brief `cudaStreamIsCapturing`: whether `s` is being captured into a CUDA graph.
   cudaError_t stream_is_capturing(cudaStream_t s, bool* capturing) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

@@ -68,13 +68,15 @@ class basic_device_arena {
   /// @param budget_bytes the most bytes allocated at once (each request rounded up to the alignment)
   /// @param options      alignment of the accounting and the device (-1: the current one)
   /// @param runtime      the runtime the arena's calls go through
-  /// @throws ferry::logic_error when the alignment is not a power of two, or the device
-  ///         does not support memory pools
+  /// @throws ferry::logic_error when the alignment is not a power of two, the device is
+  ///         below -1, or the device does not support memory pools
   /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the pool cannot be made (no device, ...)
   explicit basic_device_arena(std::size_t budget_bytes, device_arena_options options = {}, Runtime runtime = {})
       : runtime_(std::move(runtime)), budget_(budget_bytes), alignment_(options.alignment), device_(options.device) {
     FERRY_EXPECTS(alignment_ != 0 && (alignment_ & (alignment_ - 1)) == 0, "alignment must be a power of two",
                   ferry::named("alignment", alignment_));
+    FERRY_EXPECTS(device_ >= -1, "device_arena_options::device must be -1 (the current one) or a device",
+                  ferry::named("device", device_));
     if (device_ < 0) {
       FERRY_RUNTIME_TRY(Runtime, runtime_.get_device(&device_));
     }

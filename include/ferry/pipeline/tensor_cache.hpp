@@ -281,7 +281,8 @@ class tensor_cache {
   /// enqueued on `producer`, allocated with `allocate`) under `key`; offloads it in the
   /// background unless it stays resident (see the file comment). Returns at once.
   /// @throws ferry::logic_error (a key already stored, null `p`, `bytes` not a multiple of
-  ///         the element size), naming the key; ferry::out_of_capacity for a tensor no
+  ///         the element size, `p` in memory of another device than the scheduler's:
+  ///         `buffer_device`, `cache_device`), naming the key; ferry::out_of_capacity for a tensor no
   ///         tier below the device can ever hold, or when the tensor this store pushes out
   ///         of the window cannot be demoted (both keys named); the scheduler's errors.
   ///         Whatever it throws, nothing changed: the key is not stored and `p` is the

@@ -198,13 +198,22 @@ class device_backend {
 
   /// @brief Records a pooled event on `s` (made on the backend's device, whatever the
   /// calling thread's current device is).
-  /// @throws ferry::logic_error on the legacy default stream; ferry::device_error (`ferry::cuda_error` on CUDA)
+  /// @throws ferry::logic_error on the legacy default stream, or a stream of another device
+  ///         than the backend's (naming both: CUDA records no event of one device on a
+  ///         stream of another); ferry::device_error (`ferry::cuda_error` on CUDA)
   [[nodiscard]] marker_type record(stream_type s) {
     refuse_legacy(s);
+    const std::size_t l = streams_[0] == Api::handle(s) ? 0 : streams_[1] == Api::handle(s) ? 1 : 2;
+    if (l == 2) {  // a stream of the caller's (a producer): on this device, or refused with both named
+      const int stream_device = detail::device_of_stream(api_, s);
+      FERRY_EXPECTS(stream_device < 0 || stream_device == device_,
+                    "a move ordered after a stream of another device than the scheduler's: make the scheduler on "
+                    "that stream's device, or order the move after a stream of the scheduler's device",
+                    ferry::named("stream_device", stream_device), ferry::named("scheduler_device", device_));
+    }
     const device_scope on(*this);
     marker_type m{acquire_event(), 0};
     status_type status{};
-    const std::size_t l = streams_[0] == Api::handle(s) ? 0 : streams_[1] == Api::handle(s) ? 1 : 2;
     if (l < 2) {  // numbered and recorded under one lock: the numbers follow the stream's order
       std::lock_guard lock(lane_record_mutex_[l]);
       m.seq = ++lane_records_[l];

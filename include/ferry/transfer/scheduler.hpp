@@ -39,6 +39,11 @@
 ///    copy's own marker, not behind later work on the lane (tests/cuda/test_cpu_runtime.cpp).
 /// 7. A move ordered after a stream that is being captured into a CUDA graph, and a
 ///    stream wait from one, are refused (`ferry::logic_error` naming the stream).
+/// 8. The lanes, events and flags are on the compute stream's device (or
+///    `scheduler_options::device`); a move ordered after a stream of another device is
+///    refused (`ferry::logic_error` naming both devices: CUDA records no event of one
+///    device on another's stream), while waits on a ticket (`enqueue_wait`) work from
+///    any device's stream.
 ///
 /// ## Errors
 /// Argument errors (null pointers, a range outside a region, a misaligned disk offset, a
@@ -116,7 +121,8 @@ class basic_scheduler {
   ///        runtime object of a `device_backend<Runtime>`; none: `cuda_runtime{}`, or for
   ///        `cpu_runtime` the runtime of `compute`'s own device)
   /// @throws ferry::logic_error for a chunk size that is 0 or not a multiple of 4096,
-  ///         fewer than 1 bounce slot or `batch_blocks` above `max_batch_blocks`;
+  ///         fewer than 1 bounce slot, `batch_blocks` above `max_batch_blocks` or
+  ///         `options.device` below -1;
   ///         ferry::cuda_error (ferry::device_error on the model), also when the runtime
   ///         cannot tell `compute`'s device (a stream of another device object);
   ///         ferry::out_of_capacity when the bounce pool cannot hold the ring

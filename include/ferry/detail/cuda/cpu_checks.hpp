@@ -65,6 +65,20 @@ inline cpu_device::status cpu_device::refuse(std::atomic<int>& counter, cpu_errc
                                                      source_site{__FILE__, __LINE__, __func__}))};
 }
 
+inline cpu_device::status cpu_device::pointer_device(const void* p, int* device) {
+  std::lock_guard lock(pool_mutex_);
+  *device = -1;
+  auto it = owner_of_.upper_bound(const_cast<void*>(p));
+  if (it == owner_of_.begin()) return {};
+  --it;
+  const auto block = it->second->blocks.find(it->first);
+  if (block != it->second->blocks.end() && block->second.state == detail::cpu_block::live &&
+      static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + block->second.bytes) {
+    *device = it->second->device;
+  }
+  return {};
+}
+
 inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role,
                                                    bool registrations) {
   if (p == nullptr || n == 0) return {};

@@ -79,6 +79,7 @@ class tensor_cache_engine {
                   named("element_bytes", sizeof(element_type)));
     FERRY_EXPECTS(records_.find(key) == records_.end(),
                   "tensor_cache::store: this key is already stored (erase it first)", key);
+    refuse_other_device(sched_->backend().api(), p, sched_->backend().device(), key);
     const auto same = by_pointer_.find(p);
     if (same != by_pointer_.end()) {
       FERRY_EXPECTS(same->second->bytes == bytes, "tensor_cache::store: the same buffer stored again with another size",

@@ -59,6 +59,20 @@ void tell_observer(const Observer& observer, const Event& e, Count& failures) no
   }
 }
 
+// Refuses, at `store`, a buffer of another device than the cache's (its scheduler's):
+// its copies would run on streams of a device it does not live on. A runtime that cannot
+// tell (or host memory: -1) lets it pass.
+template <class Api, class Key>
+void refuse_other_device(const Api& api, const void* p, int device, const Key& key) {
+  if constexpr (requires(int* d) { api.pointer_device(p, d); }) {
+    int on = -1;
+    FERRY_RUNTIME_TRY(Api, api.pointer_device(p, &on), p);
+    FERRY_EXPECTS(on < 0 || on == device,
+                  "tensor_cache::store: a buffer of another device than the cache's (its scheduler's)", key,
+                  named("buffer_device", on), named("cache_device", device));
+  }
+}
+
 // Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
 // queued host function) on a stream of the CPU runtime.
 template <class Codec>

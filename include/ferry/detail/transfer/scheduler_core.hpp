@@ -28,6 +28,8 @@ template <class Backend>
 template <class... BackendArgs>
 basic_scheduler<Backend>::basic_scheduler(stream_type compute, scheduler_options options, BackendArgs&&... backend_args)
     : options_(options), compute_(compute) {
+  FERRY_EXPECTS(options_.device >= -1, "scheduler_options::device must be -1 (the compute stream's) or a device",
+                ferry::named("device", options_.device));
   if (options_.chunk_bytes == 0) options_.chunk_bytes = transfer::defaults::current().chunk_bytes;
   const std::size_t chunk_bytes = options_.chunk_bytes;
   const std::size_t bounce_slots = options_.bounce_slots;
