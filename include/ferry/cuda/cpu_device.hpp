@@ -419,6 +419,8 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   // allocation ordered before `s` reaches the copy. Success or the refusal.
   // `registrations`: false for the block-copy kernel (it loads through the mapping).
   status check_access(const void* p, std::size_t n, stream_t s, const char* role, bool registrations = true);
+  // The entry of owner_of_ whose allocation `p` points into, or its end (pool_mutex_ held).
+  std::map<void*, detail::cpu_pool*>::const_iterator allocation_of(const void* p) const;
   status check_copy(const void* dst, const void* src, std::size_t n, stream_t s, bool registrations = true) {
     status st = check_access(dst, n, s, "destination", registrations);
     if (st == cpu_errc::success) st = check_access(src, n, s, "source", registrations);

@@ -65,17 +65,19 @@ inline cpu_device::status cpu_device::refuse(std::atomic<int>& counter, cpu_errc
                                                      source_site{__FILE__, __LINE__, __func__}))};
 }
 
+inline auto cpu_device::allocation_of(const void* p) const -> std::map<void*, detail::cpu_pool*>::const_iterator {
+  auto o = owner_of_.upper_bound(const_cast<void*>(p));
+  if (o == owner_of_.begin()) return owner_of_.end();
+  --o;
+  const std::size_t bytes = o->second->blocks.at(o->first).bytes;
+  return static_cast<const std::byte*>(p) < static_cast<const std::byte*>(o->first) + bytes ? o : owner_of_.end();
+}
+
 inline cpu_device::status cpu_device::pointer_device(const void* p, int* device) {
   std::lock_guard lock(pool_mutex_);
-  *device = -1;
-  auto it = owner_of_.upper_bound(const_cast<void*>(p));
-  if (it == owner_of_.begin()) return {};
-  --it;
-  const auto block = it->second->blocks.find(it->first);
-  if (block != it->second->blocks.end() && block->second.state == detail::cpu_block::live &&
-      static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + block->second.bytes) {
-    *device = it->second->device;
-  }
+  const auto o = allocation_of(p);
+  const bool live = o != owner_of_.end() && o->second->blocks.at(o->first).state == detail::cpu_block::live;
+  *device = live ? o->second->device : -1;
   return {};
 }
 
@@ -115,13 +117,10 @@ inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n,
       return refuse(use_after_free_access_, cpu_errc::unordered_access, describe(os.str()));
     }
   }
-  if (owner_of_.empty()) return {};
-  auto o = owner_of_.upper_bound(const_cast<void*>(p));
-  if (o == owner_of_.begin()) return {};
-  --o;
+  const auto o = allocation_of(p);
+  if (o == owner_of_.end()) return {};  // not device memory of a pool
   const auto base = reinterpret_cast<std::uintptr_t>(o->first);
   const detail::cpu_block& b = o->second->blocks.at(o->first);
-  if (a >= base + b.bytes) return {};  // not device memory of a pool
   if (end > base + b.bytes) {
     std::ostringstream os;
     os << "a copy past the end of its stream-ordered allocation (" << b.bytes << " bytes at " << o->first
@@ -248,9 +247,8 @@ inline void cpu_device::settle(stream_t r, std::uint64_t position) {
   if (options_.timing != cpu_timing::instant || worker_of() == r || in_callback() || settle_paused() != 0) return;
   std::unique_lock lock(r->mutex);
   // A kernel of the caller's ahead (or this one) may wait for the host: no one waits for it.
-  r->idle_cv.wait(lock, [&] {
-    return r->completed >= position || r->blocked || r->stopping || r->completed < r->kernel_at;
-  });
+  r->idle_cv.wait(lock,
+                  [&] { return r->completed >= position || r->blocked || r->stopping || r->completed < r->kernel_at; });
 }
 
 inline void cpu_device::set_blocked(stream_t r, bool on) {
