@@ -132,3 +132,52 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
   cudaFree(bad);
   CHECK_FALSE(std::filesystem::exists(file));  // removed by the tier when it closed
 }
+
+TEST_CASE("gpu kv_cache: the one-statement form (its own scheduler and stream) keeps blocks bit for bit", "[gpu][kv]") {
+  ferry::stream compute;  // the caller's stream: the cache's own is another
+  unsigned* bad = nullptr;
+  FERRY_CUDA_TRY(cudaMallocManaged(&bad, sizeof(unsigned)));
+  {
+    ferry::kv_cache<> cache({.layers = layers,
+                             .block_tokens = bt,
+                             .layer_block_bytes = lbb,
+                             .device_blocks = 6,
+                             .pinned_budget_bytes = 12 * layers * lbb});
+    constexpr int requests = 4;  // 12 blocks: 6 on the device, 6 pinned
+    for (int r = 0; r < requests; ++r) {
+      const auto t = tokens_of(r);
+      auto seq = cache.admit(t);
+      for (std::size_t l = 0; l < layers; ++l) {
+        seq.wait_layer(l, compute);
+        for (std::size_t i = 0; i < blocks_per_req; ++i) {
+          auto* p = static_cast<std::uint32_t*>(cache.block_address(seq.slots()[i], l));
+          write_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), 0);
+        }
+      }
+      cache.commit(seq, t, compute);
+      cache.release(seq, compute);
+    }
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) > 0);
+    for (int r = requests; r-- > 0;) {
+      INFO("request " << r);
+      const auto t = tokens_of(r);
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == t.size());
+      *bad = 0;
+      for (std::size_t l = 0; l < layers; ++l) {
+        seq.wait_layer(l, compute);
+        for (std::size_t i = 0; i < blocks_per_req; ++i) {
+          auto* p = static_cast<const std::uint32_t*>(cache.block_address(seq.slots()[i], l));
+          check_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), bad);
+        }
+      }
+      FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
+      REQUIRE_NOTHROW(seq.wait());
+      CHECK(*bad == 0);
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().loaded > 0);
+    FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
+  }
+  cudaFree(bad);
+}

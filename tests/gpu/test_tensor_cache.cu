@@ -15,6 +15,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -213,6 +214,27 @@ TEST_CASE("tensor_cache on a GPU: forward/backward with the cache equals the one
   sched.synchronize();
   CHECK(arena.used() == 0);
   CHECK(pool.used() == 0);
+}
+
+TEST_CASE("tensor_cache on a GPU: the one-statement form (its own scheduler and stream) equals no cache, bit for bit",
+          "[gpu][tensor_cache]") {
+  ferry::stream compute;  // the caller's stream: the cache's own is another
+  constexpr int layers = 4;
+  plain_store plain{compute, {}};
+  {
+    ferry::tensor_cache<int> cache({.keep_last = 1, .device_budget_bytes = 256 * MiB, .pinned_budget_bytes = 16 * MiB});
+    STATIC_REQUIRE(std::is_same_v<decltype(cache)::device_tier_type, ferry::device_tier>);
+    cache_store<decltype(cache)> cached{compute, cache};
+    for (unsigned it = 0; it < 2; ++it) {
+      const step_result want = step(plain, compute, layers, 20 + it);
+      const step_result got = step(cached, compute, layers, 20 + it);
+      CHECK(same_bits(want.out, got.out));
+      CHECK(same_bits(want.grad, got.grad));
+    }
+    CHECK(cache.stats().offloaded == 2 * (layers - 1));
+    CHECK(cache.size() == 0);
+    compute.synchronize();
+  }
 }
 
 TEST_CASE("tensor_cache on a GPU: a small pinned budget spills to NVMe and results stay bit exact over iterations",

@@ -290,6 +290,35 @@ TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing 
   rig.check_nothing_leaked();
 }
 
+TEST_CASE(
+    "kv_cache: the one-statement form makes its scheduler, stream and memory; blocks spill and come back bit "
+    "for bit",
+    "[pipeline][kv]") {
+  using cache_t = ferry::kv_cache<ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+  ferry::host_stream compute;  // the caller's stream: the cache's pool is ready for it once constructed
+  {
+    cache_t cache(shape(4, 8));
+    constexpr int requests = 4;  // 8 blocks: 4 on the device, 4 pinned
+    for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
+    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 4);
+    for (int r = requests; r-- > 0;) {
+      INFO("request " << r);
+      const auto t = tokens_of(r, 2);
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == 2 * bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().offloaded > 0);
+    CHECK(cache.stats().loaded > 0);
+    compute.synchronize();
+  }
+  // A shape the cache cannot own (no pinned budget) is refused before anything is made.
+  CHECK_THROWS_AS(cache_t(ferry::kv_cache_options{.layers = 1, .layer_block_bytes = 4096, .device_blocks = 1}),
+                  ferry::logic_error);
+}
+
 TEST_CASE("kv_cache: release of a sequence through another cache is refused and changes nothing", "[pipeline][kv]") {
   pipeline_rig<host_device> rig({.sched = small_chunks(64 * 1024)});
   auto [compute, sched] = rig.parts();

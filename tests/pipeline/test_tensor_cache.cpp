@@ -436,6 +436,41 @@ TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns m
   CHECK(m->wrong_device() == 0);
 }
 
+TEST_CASE(
+    "tensor_cache: the one-statement form makes its scheduler, stream, arena and pool; tensors come back bit "
+    "for bit",
+    "[pipeline][tensor_cache]") {
+  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+  ferry::host_stream compute;  // the caller's stream: nothing of the cache's is ordered on it
+  {
+    cache_type cache({.keep_last = 1, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+    producer prod{compute};
+    constexpr std::size_t bytes = 3 * MiB + 12;  // an odd size: not a multiple of the chunk
+    for (int i = 0; i < 4; ++i) cache.store(i, prod.make(cache, bytes, static_cast<std::uint64_t>(i)), bytes, compute);
+    CHECK(cache.stats().offloaded == 3);  // all but the last stored (keep_last = 1)
+    CHECK(cache.tier_of(0) == ferry::tier_kind::pinned);
+    CHECK(cache.tier_of(3) == ferry::tier_kind::device);
+    CHECK(cache.stats().reserved_pinned_bytes == 16 * MiB);
+    CHECK_THROWS_AS(static_cast<void>(cache.allocate(33 * MiB, compute)), ferry::out_of_capacity);
+    for (int i = 4; i-- > 0;) {
+      CHECK(sum_on(compute, cache.get(i, compute), bytes) == expected_sum(bytes, static_cast<std::uint64_t>(i)));
+      cache.erase(i, compute);
+    }
+    CHECK(cache.stats().fetched == 3);
+    compute.synchronize();
+  }  // the cache's destructor waits for its moves, then its scheduler and stream go
+#if !FERRY_HAS_CUDA
+  // Where the CPU model is the default runtime, the defaults serve: one statement, no argument.
+  ferry::tensor_cache<int> plain;
+  STATIC_REQUIRE(std::is_same_v<decltype(plain)::device_tier_type, ferry::host_device_tier>);
+  producer prod{compute};
+  plain.store(7, prod.make(plain, 4096, 7), 4096, compute);
+  CHECK(sum_on(compute, plain.get(7, compute), 4096) == expected_sum(4096, 7));
+  plain.erase(7, compute);
+  compute.synchronize();
+#endif
+}
+
 TEST_CASE("tensor_cache: a stateless policy takes no bytes (no_unique_address)", "[pipeline][tensor_cache]") {
   // The prefetch policy sits in the placement the cache's plan runs, the eviction policy
   // in each tier of it that evicts: an empty policy adds nothing at any level, a policy

@@ -6,9 +6,8 @@
 /// recomputing its prefill.
 ///
 /// ```cpp
-/// ferry::stream_scheduler sched(compute);
-/// ferry::kv_cache<> cache(sched, {.layers = 32, .block_tokens = 16, .layer_block_bytes = 64 << 10,
-///                                 .device_blocks = 4096, .pinned_budget_bytes = 16ull << 30});
+/// ferry::kv_cache<> cache({.layers = 32, .block_tokens = 16, .layer_block_bytes = 64 << 10,
+///                          .device_blocks = 4096, .pinned_budget_bytes = 16ull << 30});  // cache(sched, {...}): yours
 /// auto seq = cache.admit(prompt);                 // cached prefix held and loading; new blocks opened
 /// for (std::size_t l = 0; l < layers; ++l) {
 ///   seq.wait_layer(l, compute);                   // layer l's blocks have landed (not every layer's)
@@ -72,6 +71,7 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
+#include "ferry/detail/cuda/runtime_stream.hpp"
 #include "ferry/detail/pipeline/kv_cache_engine.hpp"
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
@@ -264,11 +264,27 @@ class kv_cache {
   ///         memory cannot be had
   kv_cache(scheduler_type& sched, const kv_cache_options& options)
     requires(!has_nvme)
-      : owned_arena_(std::make_unique<arena_type>(std::numeric_limits<std::size_t>::max(),
-                                                  device_arena_options{.device = sched.backend().device()},
-                                                  sched.backend().api())),
+      : owned_arena_(make_arena(sched)),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
         engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}
+
+  /// @brief A cache in one statement: device and pinned memory and a scheduler of its
+  /// own (its compute stream a non-blocking stream the cache creates, on the runtime's
+  /// current device). The constructor waits on the host for the device pool's allocation,
+  /// so work on any stream may use it once it returns. A sequence destroyed while it holds
+  /// blocks is released after the cache's own stream, which orders nothing of the
+  /// caller's: release each sequence with `release(seq, last_user)`.
+  /// Example: `ferry::kv_cache<> kv({.layers = 32, .layer_block_bytes = 64 * ferry::KiB,
+  /// .device_blocks = 1024, .pinned_budget_bytes = 1 * ferry::GiB});`
+  /// @throws the scheduler-taking form's errors; the runtime's when no stream can be made
+  explicit kv_cache(const kv_cache_options& options)
+    requires(!has_nvme)
+      : own_(std::make_unique<own_scheduler>()),
+        owned_arena_(make_arena(own_->sched)),
+        owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
+        engine_(own_->sched, *owned_arena_, *owned_pool_, nullptr, options) {
+    own_->sched.synchronize();  // the device pool, allocated on the H2D stream, before any stream of the caller's
+  }
 
   /// @brief A cache over the given tiers: its device pool from the device tier's arena
   /// (ordered on the scheduler's H2D stream), its pinned slots from the pinned tier's pool
@@ -358,6 +374,16 @@ class kv_cache {
   [[nodiscard]] const plan_type& plan() const noexcept { return engine_.plan(); }
 
  private:
+  // The scheduler of a cache made in one statement, on a stream of its own.
+  struct own_scheduler {
+    detail::runtime_stream<runtime_type> stream;
+    scheduler_type sched{stream.get()};
+  };
+  static std::unique_ptr<arena_type> make_arena(scheduler_type& sched) {
+    return std::make_unique<arena_type>(std::numeric_limits<std::size_t>::max(),
+                                        device_arena_options{.device = sched.backend().device()},
+                                        sched.backend().api());
+  }
   static pinned_pool_options pool_options(const kv_cache_options& o) {
     FERRY_EXPECTS(o.pinned_budget_bytes > 0, "a kv_cache of its own needs a pinned budget", o.pinned_budget_bytes);
     pinned_pool_options p;
@@ -372,6 +398,9 @@ class kv_cache {
       return nullptr;
     }
   }
+  // Destroyed after the engine, which frees everything into them (the scheduler and its
+  // stream last).
+  std::unique_ptr<own_scheduler> own_;
   std::unique_ptr<arena_type> owned_arena_;
   std::unique_ptr<pinned_pool> owned_pool_;
   engine_type engine_;

@@ -6,8 +6,7 @@
 /// pass, prefetched ahead of time from the iteration the cache recorded.
 ///
 /// ```cpp
-/// ferry::stream_scheduler sched(compute);
-/// ferry::tensor_cache<int> cache(sched);               // device and pinned memory of its own
+/// ferry::tensor_cache<int> cache;                     // a scheduler, device and pinned memory of its own
 /// // forward, layer i
 /// void* act = cache.allocate(bytes, compute);          // device memory the cache may own
 /// gelu<<<..., compute.get()>>>(act, ...);
@@ -35,7 +34,8 @@
 /// and the streams. The constructor takes the scheduler, the tier objects (or none, with
 /// two tiers: the cache then owns a device arena and a pinned pool, sized by
 /// `tensor_cache_options::device_budget_bytes` and `pinned_budget_bytes`), and the
-/// options. An unsupported choice fails with a `static_assert` naming the slot.
+/// options; with two tiers the scheduler may be left out too (one statement: the cache
+/// makes its own, on a stream of its own). An unsupported choice fails with a `static_assert` naming the slot.
 /// Policies that are schedule-driven (`ferry::schedule_driven`) are made from the
 /// iteration the cache records; the others are default-constructed, and a stateless one
 /// takes no bytes (`[[no_unique_address]]`; tests/pipeline/test_tensor_cache.cpp checks
@@ -133,6 +133,7 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
+#include "ferry/detail/cuda/runtime_stream.hpp"
 #include "ferry/detail/pipeline/tensor_cache_engine.hpp"
 #include "ferry/memory/device_arena.hpp"
 #include "ferry/memory/pinned_pool.hpp"
@@ -235,6 +236,22 @@ class tensor_cache {
                                                   arena_type, nvme_tier_type, has_nvme>;
 
  public:
+  /// @brief A cache in one statement: two tiers and a scheduler of its own. The device
+  /// arena (`options.device_budget_bytes`) is on the runtime's current device, the pinned
+  /// pool has `options.pinned_budget_bytes` (0: `FERRY_PINNED_BUDGET_BYTES`, half of RAM
+  /// by default), and the scheduler's compute stream is a non-blocking stream the cache
+  /// creates (nothing of the caller's is ordered on it: `store`, `get` and `erase` take
+  /// the caller's streams). Reserves pinned memory (`options.reserve_pinned_bytes`).
+  /// Example: `ferry::tensor_cache<int> cache;`
+  /// @throws ferry::device_error (or `cuda_error`) when no stream can be made (no device);
+  ///         the same errors as the scheduler-taking form
+  explicit tensor_cache(tensor_cache_options options = {})
+    requires(!has_nvme)
+      : own_(std::make_unique<own_scheduler>()),
+        owned_arena_(make_arena(own_->sched, options)),
+        owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
+        engine_(own_->sched, *owned_arena_, *owned_pool_, nullptr, options) {}
+
   /// @brief A cache of two tiers that owns them: a device arena of
   /// `options.device_budget_bytes` on the scheduler's runtime and device (its compute stream's), and a pinned pool of
   /// `options.pinned_budget_bytes` (0: `FERRY_PINNED_BUDGET_BYTES`, half of RAM by
@@ -244,9 +261,7 @@ class tensor_cache {
   ///         mapped; the arena's and the pool's errors (no device, a bad budget variable)
   explicit tensor_cache(scheduler_type& sched, tensor_cache_options options = {})
     requires(!has_nvme)
-      : owned_arena_(std::make_unique<arena_type>(options.device_budget_bytes,
-                                                  device_arena_options{.device = sched.backend().device()},
-                                                  sched.backend().api())),
+      : owned_arena_(make_arena(sched, options)),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
         engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}
 
@@ -358,6 +373,15 @@ class tensor_cache {
   void observe_moves(std::function<void(const move_event<key_type>&)> f) { engine_.observe(std::move(f)); }
 
  private:
+  // The scheduler of a cache made in one statement, on a stream of its own.
+  struct own_scheduler {
+    detail::runtime_stream<runtime_type> stream;
+    scheduler_type sched{stream.get()};
+  };
+  static std::unique_ptr<arena_type> make_arena(scheduler_type& sched, const tensor_cache_options& options) {
+    return std::make_unique<arena_type>(
+        options.device_budget_bytes, device_arena_options{.device = sched.backend().device()}, sched.backend().api());
+  }
   static pinned_pool_options pool_options(const tensor_cache_options& options) {
     pinned_pool_options o;
     o.budget_bytes = options.pinned_budget_bytes;
@@ -371,7 +395,9 @@ class tensor_cache {
     }
   }
 
-  // Declared first: destroyed after the engine, which frees everything into them.
+  // Declared first: destroyed after the engine, which frees everything into them (the
+  // scheduler and its stream last).
+  std::unique_ptr<own_scheduler> own_;
   std::unique_ptr<arena_type> owned_arena_;
   std::unique_ptr<pinned_pool> owned_pool_;
   engine_type engine_;
