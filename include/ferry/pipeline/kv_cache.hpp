@@ -83,6 +83,7 @@
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"
 #include "ferry/transfer/device_backend.hpp"
+#include "ferry/transfer/marker.hpp"
 #include "ferry/transfer/scheduler.hpp"
 
 #include <cstddef>
@@ -140,14 +141,14 @@ class basic_kv_sequence {
   /// @throws ferry::logic_error for a layer out of range; ferry::cuda_error
   void wait_layer(std::size_t layer, stream_type s) const {
     FERRY_EXPECTS(layer < layer_waits_.size(), "no such layer", layer, layer_waits_.size());
-    for (const auto& m : marker_waits_) m->backend->wait(s, m->marker);
+    for (const auto& m : marker_waits_) m->backend()->wait(s, m->get());
     for (const auto& t : layer_waits_[layer]) t->enqueue_wait(s);
   }
 
   /// @brief Blocks the host until every move of the sequence so far has completed.
   /// @throws the error of the first move that failed (its blocks are garbage)
   void wait() const {
-    for (const auto& m : marker_waits_) m->backend->synchronize(m->marker);
+    for (const auto& m : marker_waits_) m->backend()->synchronize(m->get());
     for (const auto& layer : layer_waits_) {
       for (const auto& t : layer) t->wait();
     }
@@ -186,7 +187,7 @@ class basic_kv_sequence {
   std::vector<kv_block_id> blocks_;
   std::vector<std::uint32_t> slots_;
   std::vector<std::vector<std::shared_ptr<ticket_type>>> layer_waits_;
-  std::vector<std::shared_ptr<detail::shared_marker<Backend>>> marker_waits_;  // producers of shared blocks
+  std::vector<std::shared_ptr<const basic_marker<Backend>>> marker_waits_;  // producers of shared blocks
   std::size_t published_ = 0;
   std::size_t cached_tokens_ = 0;
   kv_extra_keys keys_;  // the extra keys its blocks are published under

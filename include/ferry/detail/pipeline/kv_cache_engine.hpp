@@ -11,6 +11,7 @@
 #include "ferry/policy/kv_plan.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/block_copy.hpp"
+#include "ferry/transfer/marker.hpp"
 #include "ferry/transfer/scheduler.hpp"
 
 #include <algorithm>
@@ -37,7 +38,7 @@ class kv_cache_engine {
   using ticket_type = basic_ticket<Backend>;
   using plan_type = kv_plan<Eviction>;
   using sequence_type = basic_kv_sequence<Backend>;
-  using marker_ptr = std::shared_ptr<shared_marker<Backend>>;
+  using marker_ptr = std::shared_ptr<const basic_marker<Backend>>;
   static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
 
   kv_cache_engine(scheduler_type& sched, DeviceMemory& device, pinned_pool& host, Nvme* nvme, const kv_cache_options& o)
@@ -180,7 +181,7 @@ class kv_cache_engine {
     if (full <= seq.published_) return;
     reap();
     marker_ptr produced =
-        std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(producer));
+        std::make_shared<const basic_marker<Backend>>(basic_marker<Backend>::record(sched_->backend(), producer));
     round r(o_.layers, &seq);
     auto m = mover(r);
     std::vector<kv_block_id> shared;  // equal blocks published before, now this sequence's
@@ -208,7 +209,7 @@ class kv_cache_engine {
     if (!seq.active_) return;
     marker_ptr used;
     try {
-      used = std::make_shared<shared_marker<Backend>>(sched_->backend(), sched_->backend().record(last_user));
+      used = std::make_shared<const basic_marker<Backend>>(basic_marker<Backend>::record(sched_->backend(), last_user));
     } catch (...) {  // a stream that cannot be recorded on (failed): its work orders nothing more
     }
     round r(o_.layers, nullptr);
@@ -317,7 +318,7 @@ class kv_cache_engine {
       s.last_uses.erase(std::remove_if(s.last_uses.begin(), s.last_uses.end(),
                                        [&](const marker_ptr& u) {
                                          try {
-                                           return be.query(u->marker);
+                                           return be.query(u->get());
                                          } catch (...) {
                                            return true;  // a failed stream orders nothing more
                                          }
@@ -449,9 +450,9 @@ class kv_cache_engine {
     }
     auto& be = sched_->backend();
     const stream_type d2h = sched_->d2h();
-    for (auto& w : pending_) be.wait(d2h, w->marker);
+    for (auto& w : pending_) be.wait(d2h, w->get());
     pending_.clear();
-    for (auto& w : r.waits) be.wait(d2h, w->marker);
+    for (auto& w : r.waits) be.wait(d2h, w->get());
     r.waits.clear();
     // Compute writing a slot an earlier offload reads waits for the lane so far.
     const bool reused = seq != nullptr;

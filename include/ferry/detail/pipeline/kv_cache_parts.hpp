@@ -17,17 +17,6 @@
 
 namespace ferry::detail {
 
-// A backend marker shared by the blocks it orders (released with the last of them).
-template <class Backend>
-struct shared_marker {
-  Backend* backend;
-  typename Backend::marker_type marker;
-  shared_marker(Backend& b, typename Backend::marker_type m) : backend(&b), marker(m) {}
-  shared_marker(const shared_marker&) = delete;
-  shared_marker& operator=(const shared_marker&) = delete;
-  ~shared_marker() { backend->release(marker); }
-};
-
 // The shape of a cache, checked (`Scheduler` gives the disk alignment).
 template <class Scheduler, bool HasNvme>
 kv_cache_options kv_checked_options(const kv_cache_options& o) {

@@ -62,7 +62,7 @@ class tensor_cache_engine {
     for (auto& r : erased_) unique.push_back(r.get());  // erased, their moves still in flight
     for (record* r : unique) quiesce(*r);
     for (record* r : unique) {
-      const bool stored_buffer = r->produced.has_value();  // never offloaded: freed after its producer
+      const bool stored_buffer = static_cast<bool>(r->produced);  // never offloaded: freed after its producer
       release_all(*r, stored_buffer ? *r->producer : sched_->h2d());
     }
     host_->settle_deferred(this);  // the blocks left behind copies hold tickets of the scheduler: before it goes
@@ -90,16 +90,14 @@ class tensor_cache_engine {
     // A tensor that stays on the device is handed out as it is: a `get` (or the free of
     // `erase`) on another stream waits for this marker, the end of the producer's work.
     // Taken first: a refused stream changes nothing.
-    marker_guard<Backend> produced(sched_->backend(), sched_->backend().record(producer));
+    auto produced = basic_marker<Backend>::record(sched_->backend(), producer);
     ++stats_.stored;
     if (same != by_pointer_.end()) {  // the same buffer: kept once
       plan_.touch(key, bytes, access_kind::write);
       auto rec = same->second;
       if (rec->produced) {  // a later consumer waits for this producer too: chained after the first
-        sched_->backend().wait(producer, *rec->produced);
-        marker_guard<Backend> chained(sched_->backend(), sched_->backend().record(producer));
-        sched_->backend().release(*rec->produced);
-        rec->produced = chained.release();
+        sched_->backend().wait(producer, rec->produced.get());
+        rec->produced = basic_marker<Backend>::record(sched_->backend(), producer);
         rec->chained_producers = true;
       }
       records_.emplace(key, rec);
@@ -113,7 +111,7 @@ class tensor_cache_engine {
     rec->encoded = plan_.offloaded_bytes(bytes);
     rec->device = p;
     rec->producer = producer;
-    rec->produced = produced.release();
+    rec->produced = std::move(produced);
     records_.emplace(key, rec);
     by_pointer_.emplace(p, rec);
     // A store that throws changes nothing (`unstore`); a refused demotion names both keys.
@@ -146,7 +144,7 @@ class tensor_cache_engine {
     reap();
     record& r = find(key, "tensor_cache::get: the cache does not hold this key");
     (void)plan_.get(key, r.bytes, r.key, mover());
-    if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, *r.produced);  // the stored buffer itself
+    if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, r.produced.get());  // the stored buffer itself
     if (r.in.valid()) {
       // A copy that has landed, or any read from NVMe (a disk read fails more often than a
       // copy, and its failure must reach this get, not garbage): the host waits for it.
@@ -274,7 +272,7 @@ class tensor_cache_engine {
     by_pointer_.erase(rec.device);
     records_.erase(key);
     rec.device = nullptr;
-    drop_produced(rec);
+    rec.produced.reset();
     --stats_.stored;
   }
 
@@ -292,7 +290,7 @@ class tensor_cache_engine {
     const stream_type producer = r.produced ? *r.producer : sched_->h2d();
     if (r.in.valid()) r.in.enqueue_wait(producer);
     // One buffer stored by several producers: the copy reads it after all of them.
-    if (r.produced && r.chained_producers) sched_->backend().wait(producer, *r.produced);
+    if (r.produced && r.chained_producers) sched_->backend().wait(producer, r.produced.get());
     const stream_type d2h = sched_->d2h();
     const void* src = r.device;
     std::byte* staging = nullptr;
@@ -332,7 +330,7 @@ class tensor_cache_engine {
     if (auto p = by_pointer_.find(r.device); p != by_pointer_.end()) by_pointer_.erase(p);  // the buffer is gone
     device_->deallocate(r.device, r.bytes, d2h);  // returned once the copy has read it
     r.device = nullptr;
-    drop_produced(r);  // from now on a device copy is a fetched one, ordered by its ticket
+    r.produced.reset();  // from now on a device copy is a fetched one, ordered by its ticket
     ++stats_.offloaded;
     stats_.offloaded_bytes += r.encoded;
   }
@@ -544,15 +542,15 @@ class tensor_cache_engine {
   void release_device(record& r, stream_type last_user) noexcept {
     if (r.device != nullptr && r.produced) {  // the stored buffer: freed after its producer too
       try {
-        sched_->backend().wait(last_user, *r.produced);
+        sched_->backend().wait(last_user, r.produced.get());
       } catch (...) {  // cannot order it on the stream: wait for the producer's work on the host
         try {
-          sched_->backend().synchronize(*r.produced);
+          sched_->backend().synchronize(r.produced.get());
         } catch (...) {  // the producer's stream failed: nothing more to wait for
         }
       }
     }
-    drop_produced(r);
+    r.produced.reset();
     if (r.device != nullptr) {
       try {
         device_->deallocate(r.device, r.bytes, last_user);
@@ -567,12 +565,6 @@ class tensor_cache_engine {
   }
 
   static bool is_legacy(const stream_type& s) noexcept { return Backend::runtime_type::is_legacy_default(s); }
-
-  void drop_produced(record& r) noexcept {
-    if (!r.produced) return;
-    sched_->backend().release(*r.produced);
-    r.produced.reset();
-  }
 
   scheduler_type* sched_;
   DeviceMemory* device_;

@@ -1,6 +1,6 @@
 /// @file
 /// @brief Pieces of `ferry::tensor_cache`'s body: the record of a stored buffer, the codec run on a backend's stream,
-/// a guard of a backend marker, the pinned reservation
+/// the pinned reservation
 /// and the waits on a tensor's moves.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "ferry/tier/nvme_region.hpp"
 #include "ferry/tier/ticket.hpp"
 #include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/marker.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -38,10 +39,10 @@ struct tensor_cache_record {
   std::byte* host = nullptr;        // pinned copy (encoded)
   std::optional<nvme_region> disk;  // NVMe copy (encoded)
   std::optional<typename Backend::stream_type> producer;
-  std::optional<typename Backend::marker_type> produced;  // end of the producer's work, while the stored buffer
-  basic_ticket<Backend> out;                              // D2H into `host`
-  basic_ticket<Backend> in;                               // H2D or NVMe -> device (+ decode) into `device`
-  basic_ticket<Backend> in_copy;                          // the copy of `in` when a decode follows it
+  basic_marker<Backend> produced;  // end of the producer's work, while the stored buffer
+  basic_ticket<Backend> out;       // D2H into `host`
+  basic_ticket<Backend> in;        // H2D or NVMe -> device (+ decode) into `device`
+  basic_ticket<Backend> in_copy;   // the copy of `in` when a decode follows it
   std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
   bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
 };
@@ -106,25 +107,6 @@ template <class C>
 inline constexpr bool is_identity_codec = false;
 template <class T>
 inline constexpr bool is_identity_codec<identity<T>> = true;
-
-// Releases a backend marker unless ownership is taken (`release()`).
-template <class Backend>
-struct marker_guard {
-  using marker_type = typename Backend::marker_type;
-  Backend& backend;
-  std::optional<marker_type> m;
-  marker_guard(Backend& b, marker_type marker) : backend(b), m(marker) {}
-  marker_guard(const marker_guard&) = delete;
-  marker_guard& operator=(const marker_guard&) = delete;
-  ~marker_guard() {
-    if (m) backend.release(*m);
-  }
-  marker_type release() noexcept {
-    marker_type out = *m;
-    m.reset();
-    return out;
-  }
-};
 
 // Maps and pins `options.reserve_pinned_bytes` of `pool` (clamped to what is left of
 // its budget) now, not inside the first stores; returns the bytes reserved.
