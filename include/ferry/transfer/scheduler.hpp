@@ -74,8 +74,10 @@
 #include "ferry/memory/buffer_ring.hpp"
 #include "ferry/memory/owned_or_lent.hpp"
 #include "ferry/memory/pinned_pool.hpp"
+#include "ferry/tier/nvme_region.hpp"
 #include "ferry/transfer/block_copy.hpp"
 #include "ferry/transfer/defaults.hpp"
+#include "ferry/transfer/marker.hpp"
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 
@@ -270,10 +272,11 @@ class basic_scheduler {
 
   /// @brief A ticket for everything enqueued on lane `l` so far (e.g. a decode kernel a
   /// pipeline ran on the H2D stream after a copy): ready when that work has completed;
-  /// streams wait for it with `enqueue_wait` (an event).
+  /// streams wait for it with `enqueue_wait` (an event). Records a marker and nothing
+  /// else: no copy is issued, and it is not counted in `stats().moves`.
   /// @throws ferry::cuda_error
   [[nodiscard]] ticket_type mark(lane l) {
-    return copy_move(l, nullptr, nullptr, 0, copy_direction::host_to_device, nullptr);
+    return chunked_move(l, nullptr, [](Backend&, stream_type, std::size_t&) {}, false);
   }
 
   /// @brief Enqueues the chunked copy on the caller's stream `s` and nothing else (no
@@ -403,15 +406,6 @@ class basic_scheduler {
     basic_scheduler* owner;
   };
 
-  struct marker_guard {
-    Backend& b;
-    marker_type m;
-    marker_guard(Backend& backend, marker_type marker) : b(backend), m(marker) {}
-    marker_guard(const marker_guard&) = delete;
-    marker_guard& operator=(const marker_guard&) = delete;
-    ~marker_guard() { b.release(m); }
-  };
-
   struct counters {
     std::atomic<std::uint64_t> moves{0}, chunks{0}, bytes_h2d{0}, bytes_d2h{0}, disk_chunks{0}, bounce_waits{0},
         failed_moves{0}, cancelled_moves{0}, blocks{0}, block_runs{0}, batches{0}, kernel_batches{0};
@@ -488,13 +482,12 @@ class basic_scheduler {
   // enqueues its chunks, counting them (an exception stops it: the chunks before stay
   // issued), then a marker.
   template <class Issue>
-  ticket_type chunked_move(lane l, const stream_type* after, Issue&& issue);
+  ticket_type chunked_move(lane l, const stream_type* after, Issue&& issue, bool counted = true);
 
   // --- io moves -----------------------------------------------------------------------
 
   template <class Tier>
-  static void submit_thunk(void* tier, bool write, std::uint64_t region_offset, std::size_t region_bytes,
-                           std::uint64_t region_reserved, std::uint64_t offset, std::byte* memory, std::size_t bytes,
+  static void submit_thunk(void* tier, const nvme_region& region, const detail::disk_transfer& t,
                            void (*done)(void*, std::exception_ptr) noexcept, void* context);
 
   template <class Tier>

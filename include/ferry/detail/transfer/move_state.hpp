@@ -5,6 +5,7 @@
 /// Internal to `ferry::basic_scheduler`.
 #pragma once
 
+#include "ferry/tier/nvme_region.hpp"
 #include "ferry/tier/ticket.hpp"
 
 #include <atomic>
@@ -42,6 +43,15 @@ enum class completion_kind : std::uint8_t {
 
 /// What the scheduler keeps about one move, beyond what its ticket sees (the base:
 /// references, `finished`, the error, the marker or signal).
+// One disk transfer of a move: `bytes` at `offset` in the move's region, from or to
+// `memory` (a bounce buffer, or the caller's host memory), written when `write`.
+struct disk_transfer {
+  std::uint64_t offset = 0;
+  std::byte* memory = nullptr;
+  std::size_t bytes = 0;
+  bool write = false;
+};
+
 template <class Backend>
 struct move_state : ticket_state<Backend> {
   // Sets the kind, and with it how the ticket observes completion.
@@ -51,26 +61,23 @@ struct move_state : ticket_state<Backend> {
   }
 
   completion_kind kind = completion_kind::copy;
-  std::mutex mutex;                     // guards `then` and the staged progress
+  std::mutex mutex;                              // guards `then` and the staged progress
   std::function<void(std::exception_ptr)> then;  // a continuation (io/staged moves)
 
-  lane which = lane::h2d;               // the lane a copy move's chunks are on
+  lane which = lane::h2d;  // the lane a copy move's chunks are on
 
   // What a staged or io move moves (set before it starts, then read-only).
-  void* tier = nullptr;                 // the nvme tier (type-erased; see `submit`)
-  std::uint64_t region_offset = 0;      // its region: logical offset, bytes, reserved bytes
-  std::size_t region_bytes = 0;
-  std::uint64_t region_reserved = 0;
-  std::uint64_t offset = 0;             // byte offset of the move in the region
-  std::byte* memory = nullptr;          // device memory (staged) or host memory (io)
-  std::size_t bytes = 0;                // bytes to move
-  bool to_nvme = false;                 // direction
-  // Starts one disk transfer of the tier: (tier, write?, region offset/bytes/reserved,
-  // offset in region, memory, bytes, done, context); `done(context, error)` runs once.
-  void (*submit)(void*, bool, std::uint64_t, std::size_t, std::uint64_t, std::uint64_t, std::byte*, std::size_t,
-                 void (*)(void*, std::exception_ptr) noexcept, void*) = nullptr;
-  move_state* next_waiter = nullptr;    // intrusive queue of moves waiting for a bounce slot
-  void* owner_context = nullptr;        // the scheduler running the move
+  void* tier = nullptr;         // the nvme tier (type-erased; see `submit`)
+  nvme_region region;           // its region
+  std::uint64_t offset = 0;     // byte offset of the move in the region
+  std::byte* memory = nullptr;  // device memory (staged) or host memory (io)
+  std::size_t bytes = 0;        // bytes to move
+  bool to_nvme = false;         // direction
+  // Starts one disk transfer of the tier in `region`; `done(context, error)` runs once.
+  void (*submit)(void* tier, const nvme_region& region, const disk_transfer& t,
+                 void (*done)(void*, std::exception_ptr) noexcept, void* context) = nullptr;
+  move_state* next_waiter = nullptr;  // intrusive queue of moves waiting for a bounce slot
+  void* owner_context = nullptr;      // the scheduler running the move
   // A staged move's own stream for its chunk copies (from the backend's pool): waits
   // other moves put on the lanes never sit in front of its later chunks.
   std::optional<typename Backend::stream_type> stream;
@@ -183,6 +190,5 @@ struct continuation_mark {
 };
 
 }  // namespace detail
-
 
 }  // namespace ferry

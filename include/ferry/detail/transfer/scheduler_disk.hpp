@@ -15,38 +15,35 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 namespace ferry {
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::submit_thunk(void* tier, bool write, std::uint64_t region_offset, std::size_t region_bytes,
-                                            std::uint64_t region_reserved, std::uint64_t offset, std::byte* memory, std::size_t bytes,
+auto basic_scheduler<Backend>::submit_thunk(void* tier, const nvme_region& region, const detail::disk_transfer& t,
                                             void (*done)(void*, std::exception_ptr) noexcept, void* context) -> void {
-  auto& t = *static_cast<Tier*>(tier);
-  typename Tier::region_type r;
-  r.offset = region_offset;
-  r.bytes = region_bytes;
-  r.reserved = region_reserved;
+  auto& on = *static_cast<Tier*>(tier);
   auto cb = [done, context](std::exception_ptr e) noexcept { done(context, std::move(e)); };
-  if (write) {
-    t.submit_write(r, offset, std::span<const std::byte>(memory, bytes), std::move(cb));
+  if (t.write) {
+    on.submit_write(region, t.offset, std::span<const std::byte>(t.memory, t.bytes), std::move(cb));
   } else {
-    t.submit_read(r, offset, std::span<std::byte>(memory, bytes), std::move(cb));
+    on.submit_read(region, t.offset, std::span<std::byte>(t.memory, t.bytes), std::move(cb));
   }
 }
 
 template <class Backend>
 template <class Tier>
 auto basic_scheduler<Backend>::prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                                                  std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind) -> state* {
+                                                  std::byte* memory, std::size_t bytes, bool to_nvme,
+                                                  detail::completion_kind kind) -> state* {
   state* s = core_->acquire();
   s->set_kind(kind);
+  static_assert(std::is_same_v<typename Tier::region_type, nvme_region>,
+                "ferry: a disk move needs a file-backed tier whose region_type is ferry::nvme_region");
   s->tier = &tier;
-  s->region_offset = r.offset;
-  s->region_bytes = r.bytes;
-  s->region_reserved = r.reserved;
+  s->region = r;
   s->offset = offset;
   s->memory = memory;
   s->bytes = bytes;
@@ -65,16 +62,15 @@ auto basic_scheduler<Backend>::prepare_disk_state(Tier& tier, const typename Tie
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
-                                       std::size_t bytes, bool to_nvme) -> ticket_type {
+auto basic_scheduler<Backend>::io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
+                                       std::byte* memory, std::size_t bytes, bool to_nvme) -> ticket_type {
   state* s = prepare_disk_state(tier, r, offset, memory, bytes, to_nvme, detail::completion_kind::io);
   ticket_type t(s);
   detail::add_ref(s);  // the scheduler's reference, dropped in `finish`
   begin_move();
   s->owner_context = this;
   try {
-    s->submit(s->tier, to_nvme, s->region_offset, s->region_bytes, s->region_reserved, offset, memory, bytes,
-              &io_done, s);
+    s->submit(s->tier, s->region, {offset, memory, bytes, to_nvme}, &io_done, s);
   } catch (...) {
     finish(s, std::current_exception());
   }
@@ -91,8 +87,9 @@ auto basic_scheduler<Backend>::io_done(void* context, std::exception_ptr e) noex
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* device,
-                                           std::size_t bytes, bool to_nvme, const stream_type* after) -> ticket_type {
+auto basic_scheduler<Backend>::staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
+                                           std::byte* device, std::size_t bytes, bool to_nvme, const stream_type* after)
+    -> ticket_type {
   auto& b = core_->backend();
   const lane l = to_nvme ? lane::d2h : lane::h2d;
   if (after != nullptr) b.refuse_capture(*after, "a disk move ordered after this stream");
@@ -100,7 +97,7 @@ auto basic_scheduler<Backend>::staged_move(Tier& tier, const typename Tier::regi
   try {
     if (after != nullptr) {
       const auto m = b.record(*after);
-      marker_guard g{b, m};
+      const basic_marker<Backend> g(b, m);
       b.wait(own, m);
     }
   } catch (...) {
@@ -279,8 +276,7 @@ auto basic_scheduler<Backend>::issue(slot* sl) noexcept -> void {
   }
   try {
     counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-    s->submit(s->tier, false, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-              sl->memory, sl->bytes, &after_read, sl);
+    s->submit(s->tier, s->region, {s->offset + sl->offset, sl->memory, sl->bytes, false}, &after_read, sl);
   } catch (...) {
     chunk_done(sl, std::current_exception());
   }
@@ -297,8 +293,7 @@ auto basic_scheduler<Backend>::after_d2h(void* context, std::exception_ptr e) no
   }
   try {
     sl->owner->counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-    s->submit(s->tier, true, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-              sl->memory, sl->bytes, &after_write, sl);
+    s->submit(s->tier, s->region, {s->offset + sl->offset, sl->memory, sl->bytes, true}, &after_write, sl);
   } catch (...) {
     sl->owner->chunk_done(sl, std::current_exception());
   }
