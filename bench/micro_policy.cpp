@@ -24,7 +24,7 @@
 //   ferry-micro-policy --benchmark_min_time=0.2
 // and restrict with --benchmark_filter=/1000$ for a quick look.
 #include <ferry/policy/eviction.hpp>
-#include <ferry/policy/simulate.hpp>
+#include <ferry/plan/simulate.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The layout rules of include/ferry (docs/design.md, "Layout"), checked in CTest:
 #  - no header over 600 lines;
-#  - the layers read in the order data flows (core, cuda, memory, io, tier, policy,
+#  - the layers read in the order data flows (core, cuda, memory, io, tier, policy, plan,
 #    codec, transfer, pipeline, optim): a header of a layer (or of detail/<layer>/)
 #    includes ferry headers of its own layer or of the layers before it, never after
 #    (the facades at the top of include/ferry may include anything).
 # usage: layout_check.sh INCLUDE_DIR
 set -euo pipefail
 root=$1/ferry
-layers=(core cuda memory io tier policy codec transfer pipeline optim)
+layers=(core cuda memory io tier policy plan codec transfer pipeline optim)
 rank() {  # the rank of the layer of a path below include/ferry, or -1 for a facade
   local rel=${1#detail/}
   local top=${rel%%/*}

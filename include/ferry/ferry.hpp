@@ -42,8 +42,10 @@
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"
 #include "ferry/tier/ticket.hpp"
-// policy: schedules, eviction, prefetch, the placement engine, the offload plan, simulators
+// policy: schedules, eviction, prefetch, KV block identity
 #include "ferry/policy.hpp"
+// plan: the placement engine, the offload and KV plans, simulators
+#include "ferry/plan.hpp"
 // codec: identity, bf16, FP8
 #include "ferry/codec.hpp"
 // transfer: the scheduler, its tickets, the transfer knob

@@ -1,6 +1,6 @@
 // Must not compile: a ferry::placement whose eviction policy's victim() returns a
 // pointer; the class names the requirement in a static_assert.
-#include <ferry/policy/placement.hpp>
+#include <ferry/plan/placement.hpp>
 
 #include <optional>
 

@@ -1,6 +1,6 @@
 // Must not compile: ferry::simulate with an eviction policy that cannot pin, and the
 // readable message of ferry::check_eviction_policy names the missing requirement.
-#include <ferry/policy/simulate.hpp>
+#include <ferry/plan/simulate.hpp>
 
 #include <optional>
 

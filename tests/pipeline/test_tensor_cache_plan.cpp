@@ -6,7 +6,7 @@
 #include <ferry/codec/fp8.hpp>
 #include <ferry/codec/identity.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/policy/simulate_offload.hpp>
+#include <ferry/plan/simulate_offload.hpp>
 #include <ferry/tier/nvme.hpp>
 
 #include <catch2/catch.hpp>

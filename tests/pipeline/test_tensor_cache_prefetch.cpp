@@ -4,7 +4,7 @@
 // makes over its schedule. (Issue 28, item 4a: the default budget, 1 GiB, prefetched
 // nothing; on the GPU tests/gpu/test_tensor_cache.cu saw 0 prefetches.)
 #include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/policy/simulate_offload.hpp>
+#include <ferry/plan/simulate_offload.hpp>
 
 #include <catch2/catch.hpp>
 

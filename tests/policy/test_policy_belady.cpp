@@ -3,7 +3,7 @@
 // and the schedule positions it follows.
 #include <ferry/policy/eviction.hpp>
 #include <ferry/policy/prefetch.hpp>
-#include <ferry/policy/simulate.hpp>
+#include <ferry/plan/simulate.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <ferry/core/error.hpp>
-#include <ferry/policy/simulate.hpp>
+#include <ferry/plan/simulate.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -28,7 +28,7 @@
 /// separate two prompts from the first block whose inputs differ on. They are hashed
 /// and compared like the tokens. The old `std::uint64_t salt` is a shorthand for
 /// `kv_extra_keys::from_salt(salt)`. The decisions are `ferry::kv_plan`'s
-/// (policy/kv_plan.hpp); this class carries out its moves.
+/// (plan/kv_plan.hpp); this class carries out its moves.
 ///
 /// **Layout.** On the device, the blocks of layer `l` are one array of `device_blocks`
 /// slots of `layer_block_bytes` (`layer_pool(l)`, slot `s` at `s * layer_block_bytes`),
@@ -78,7 +78,7 @@
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/policy/eviction/lru.hpp"
-#include "ferry/policy/kv_plan.hpp"
+#include "ferry/plan/kv_plan.hpp"
 #include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"

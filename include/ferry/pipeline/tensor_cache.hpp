@@ -43,7 +43,7 @@
 ///
 /// ## Who decides
 /// Every decision — which tensor goes to pinned memory, which spills from there to NVMe,
-/// which comes back and when — is made by an `offload_plan` (policy/offload_plan.hpp) on
+/// which comes back and when — is made by an `offload_plan` (plan/offload_plan.hpp) on
 /// a `placement` of three tiers: tier 0 the device (unbounded: the arena refuses for
 /// itself), tier 1 pinned memory (the pool's budget, counted in encoded bytes), tier 2
 /// NVMe. The cache carries out the plan's moves with the scheduler; `simulate_offload`
@@ -140,7 +140,7 @@
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/offload_plan.hpp"
+#include "ferry/plan/offload_plan.hpp"
 #include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/tier/pinned_tier.hpp"

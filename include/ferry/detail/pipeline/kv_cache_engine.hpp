@@ -8,7 +8,7 @@
 #include "ferry/detail/pipeline/kv_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
-#include "ferry/policy/kv_plan.hpp"
+#include "ferry/plan/kv_plan.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/block_copy.hpp"
 #include "ferry/transfer/marker.hpp"

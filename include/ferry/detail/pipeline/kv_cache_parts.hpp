@@ -7,7 +7,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
-#include "ferry/policy/kv_plan.hpp"
+#include "ferry/plan/kv_plan.hpp"
 
 #include <algorithm>
 #include <cstddef>

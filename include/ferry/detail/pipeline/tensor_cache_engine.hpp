@@ -10,7 +10,7 @@
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/offload_plan.hpp"
+#include "ferry/plan/offload_plan.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/scheduler.hpp"
 

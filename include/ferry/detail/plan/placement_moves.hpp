@@ -1,9 +1,9 @@
 /// @file
-/// @brief The bodies of `ferry::placement` (policy/placement.hpp): the moves (accesses, room made by evictions,
+/// @brief The bodies of `ferry::placement` (plan/placement.hpp): the moves (accesses, room made by evictions,
 /// fetches, prefetches, demotions). Included at the end of that header; not part of the public interface.
 #pragma once
 
-#include "ferry/policy/placement.hpp"  // the class whose members these are
+#include "ferry/plan/placement.hpp"  // the class whose members these are
 
 namespace ferry {
 

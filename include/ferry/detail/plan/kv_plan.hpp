@@ -1,9 +1,9 @@
 /// @file
-/// @brief The bodies of `ferry::kv_plan` (policy/kv_plan.hpp). Not part of the public
+/// @brief The bodies of `ferry::kv_plan` (plan/kv_plan.hpp). Not part of the public
 /// interface; the facade documents every behaviour.
 #pragma once
 
-#include "ferry/policy/kv_plan.hpp"
+#include "ferry/plan/kv_plan.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -561,5 +561,5 @@ class placement {
 
 }  // namespace ferry
 
-#include "ferry/detail/policy/placement_index.hpp"  // IWYU pragma: export
-#include "ferry/detail/policy/placement_moves.hpp"  // IWYU pragma: export
+#include "ferry/detail/plan/placement_index.hpp"  // IWYU pragma: export
+#include "ferry/detail/plan/placement_moves.hpp"  // IWYU pragma: export

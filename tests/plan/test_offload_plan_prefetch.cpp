@@ -6,7 +6,7 @@
 // budget large enough to see a tensor's write and its read at once prefetched nothing.)
 #include <ferry/core/units.hpp>
 #include <ferry/policy.hpp>
-#include <ferry/policy/simulate_offload.hpp>
+#include <ferry/plan/simulate_offload.hpp>
 
 #include <catch2/catch.hpp>
 

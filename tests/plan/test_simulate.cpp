@@ -3,7 +3,7 @@
 // (never a wait) when nothing can be evicted.
 #include <ferry/core/units.hpp>
 #include <ferry/policy.hpp>
-#include <ferry/policy/simulate_offload.hpp>
+#include <ferry/plan/simulate_offload.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -42,7 +42,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/placement.hpp"
+#include "ferry/plan/placement.hpp"
 
 #include <algorithm>
 #include <array>

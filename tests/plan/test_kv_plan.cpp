@@ -2,7 +2,7 @@
 // budgets with held blocks refused, drops that take unreachable children with them, and
 // a property test against a reference model of the prefix index.
 #include <ferry/policy/eviction/fifo.hpp>
-#include <ferry/policy/kv_plan.hpp>
+#include <ferry/plan/kv_plan.hpp>
 
 #include <catch2/catch.hpp>
 

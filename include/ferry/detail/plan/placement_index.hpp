@@ -1,9 +1,9 @@
 /// @file
-/// @brief The bodies of `ferry::placement` (policy/placement.hpp): where each key is (the key index, keys kept at home,
+/// @brief The bodies of `ferry::placement` (plan/placement.hpp): where each key is (the key index, keys kept at home,
 /// the tiers' counts and policies). Included at the end of that header; not part of the public interface.
 #pragma once
 
-#include "ferry/policy/placement.hpp"  // the class whose members these are
+#include "ferry/plan/placement.hpp"  // the class whose members these are
 
 namespace ferry {
 

@@ -26,7 +26,7 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/placement.hpp"
+#include "ferry/plan/placement.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
 #include "ferry/core/units.hpp"
 

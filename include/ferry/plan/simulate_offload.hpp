@@ -20,8 +20,8 @@
 #pragma once
 
 #include "ferry/policy/access_schedule.hpp"
-#include "ferry/policy/offload_plan.hpp"
-#include "ferry/policy/simulate.hpp"
+#include "ferry/plan/offload_plan.hpp"
+#include "ferry/plan/simulate.hpp"
 
 #include <cstddef>
 #include <utility>

@@ -29,8 +29,8 @@
 #include "ferry/policy/eviction/lru.hpp"
 #include "ferry/policy/kv_hash.hpp"
 #include "ferry/policy/kv_keys.hpp"
-#include "ferry/policy/offload_plan.hpp"
-#include "ferry/policy/placement.hpp"
+#include "ferry/plan/offload_plan.hpp"
+#include "ferry/plan/placement.hpp"
 
 #include <algorithm>
 #include <array>
@@ -275,4 +275,4 @@ class kv_plan {
 
 }  // namespace ferry
 
-#include "ferry/detail/policy/kv_plan.hpp"
+#include "ferry/detail/plan/kv_plan.hpp"
