@@ -33,7 +33,9 @@ class basic_marker {
   ///         another device, ferry::device_error); nothing is owned then
   [[nodiscard]] static basic_marker record(Backend& b, stream_type s) { return basic_marker(b, b.record(s)); }
 
+  /// @brief Takes `o`'s marker; `o` is empty afterwards.
   basic_marker(basic_marker&& o) noexcept : backend_(std::exchange(o.backend_, nullptr)), m_(o.m_) {}
+  /// @brief Gives this handle's marker back, then takes `o`'s; `o` is empty afterwards.
   basic_marker& operator=(basic_marker&& o) noexcept {
     if (this != &o) {
       reset();
