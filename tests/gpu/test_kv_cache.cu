@@ -60,6 +60,46 @@ std::uint64_t seed_of(const std::vector<ferry::kv_token>& t, std::size_t i, std:
 
 using three_tiers = ferry::tiers<ferry::device_tier, ferry::pinned_tier, ferry::nvme_tier>;
 
+// Request `r` from scratch: every block written by a kernel on `compute` (after `cycles`
+// of spinning, so that a move that did not wait for it would read garbage), committed,
+// released.
+template <class Cache>
+void serve_request(Cache& cache, int r, ferry::stream& compute, long long cycles = 0) {
+  const auto t = tokens_of(r);
+  auto seq = cache.admit(t);
+  for (std::size_t l = 0; l < layers; ++l) {
+    seq.wait_layer(l, compute);
+    for (std::size_t i = 0; i < blocks_per_req; ++i) {
+      auto* p = static_cast<std::uint32_t*>(cache.block_address(seq.slots()[i], l));
+      write_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), cycles);
+    }
+  }
+  cache.commit(seq, t, compute);
+  cache.release(seq, compute);
+}
+
+// Request `r` again: found cached whole, wherever its blocks were, and every block holds
+// its pattern once its layer's loads have landed (`bad` counts the words that differ).
+template <class Cache>
+void check_request(Cache& cache, int r, ferry::stream& compute, unsigned* bad) {
+  INFO("request " << r);
+  const auto t = tokens_of(r);
+  auto seq = cache.admit(t);
+  CHECK(seq.cached_tokens() == t.size());
+  *bad = 0;
+  for (std::size_t l = 0; l < layers; ++l) {
+    seq.wait_layer(l, compute);
+    for (std::size_t i = 0; i < blocks_per_req; ++i) {
+      auto* p = static_cast<const std::uint32_t*>(cache.block_address(seq.slots()[i], l));
+      check_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), bad);
+    }
+  }
+  FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
+  REQUIRE_NOTHROW(seq.wait());
+  CHECK(*bad == 0);
+  cache.release(seq, compute);
+}
+
 // The NVMe tier's backing file: a file, not a folder (`nvme_options::paths` names files;
 // a folder is refused with EISDIR), in $FERRY_TEST_SCRATCH (gpu-check's scratch folder)
 // or /tmp. The tier removes it when it closes (`remove_on_close`).
@@ -93,38 +133,9 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
                                         .pinned_budget_bytes = 8 * layers * lbb,
                                         .nvme_budget_bytes = 32 * layers * lbb});
     constexpr int requests = 8;  // 24 blocks: 8 on the device, 8 pinned, 8 on NVMe
-    for (int r = 0; r < requests; ++r) {
-      const auto t = tokens_of(r);
-      auto seq = cache.admit(t);
-      for (std::size_t l = 0; l < layers; ++l) {
-        seq.wait_layer(l, compute);
-        for (std::size_t i = 0; i < blocks_per_req; ++i) {
-          auto* p = static_cast<std::uint32_t*>(cache.block_address(seq.slots()[i], l));
-          write_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), r == 0 ? 2000000 : 0);
-        }
-      }
-      cache.commit(seq, t, compute);
-      cache.release(seq, compute);
-    }
+    for (int r = 0; r < requests; ++r) serve_request(cache, r, compute, r == 0 ? 2000000 : 0);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::nvme) > 0);
-    for (int r = requests; r-- > 0;) {
-      INFO("request " << r);
-      const auto t = tokens_of(r);
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == t.size());
-      *bad = 0;
-      for (std::size_t l = 0; l < layers; ++l) {
-        seq.wait_layer(l, compute);
-        for (std::size_t i = 0; i < blocks_per_req; ++i) {
-          auto* p = static_cast<const std::uint32_t*>(cache.block_address(seq.slots()[i], l));
-          check_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), bad);
-        }
-      }
-      FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
-      REQUIRE_NOTHROW(seq.wait());
-      CHECK(*bad == 0);
-      cache.release(seq, compute);
-    }
+    for (int r = requests; r-- > 0;) check_request(cache, r, compute, bad);
     CHECK(cache.stats().loaded > 0);
     CHECK(cache.stats().read_back > 0);
     sched.synchronize();
@@ -144,38 +155,9 @@ TEST_CASE("gpu kv_cache: the one-statement form (its own scheduler and stream) k
                              .device_blocks = 6,
                              .pinned_budget_bytes = 12 * layers * lbb});
     constexpr int requests = 4;  // 12 blocks: 6 on the device, 6 pinned
-    for (int r = 0; r < requests; ++r) {
-      const auto t = tokens_of(r);
-      auto seq = cache.admit(t);
-      for (std::size_t l = 0; l < layers; ++l) {
-        seq.wait_layer(l, compute);
-        for (std::size_t i = 0; i < blocks_per_req; ++i) {
-          auto* p = static_cast<std::uint32_t*>(cache.block_address(seq.slots()[i], l));
-          write_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), 0);
-        }
-      }
-      cache.commit(seq, t, compute);
-      cache.release(seq, compute);
-    }
+    for (int r = 0; r < requests; ++r) serve_request(cache, r, compute);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) > 0);
-    for (int r = requests; r-- > 0;) {
-      INFO("request " << r);
-      const auto t = tokens_of(r);
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == t.size());
-      *bad = 0;
-      for (std::size_t l = 0; l < layers; ++l) {
-        seq.wait_layer(l, compute);
-        for (std::size_t i = 0; i < blocks_per_req; ++i) {
-          auto* p = static_cast<const std::uint32_t*>(cache.block_address(seq.slots()[i], l));
-          check_block<<<32, 256, 0, compute.get()>>>(p, lbb / 4, seed_of(t, i, l), bad);
-        }
-      }
-      FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
-      REQUIRE_NOTHROW(seq.wait());
-      CHECK(*bad == 0);
-      cache.release(seq, compute);
-    }
+    for (int r = requests; r-- > 0;) check_request(cache, r, compute, bad);
     CHECK(cache.stats().loaded > 0);
     FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));
   }

@@ -47,15 +47,7 @@ TEMPLATE_TEST_CASE("kv_cache: blocks spill across three tiers and come back bit 
     CHECK(cache.stats().spilled == 8);
     CHECK(cache.stats().block_moves > 0);
     // Every request again, newest first: found cached in whatever tier, loaded, intact.
-    for (int r = requests; r-- > 0;) {
-      INFO("request " << r);
-      const auto t = tokens_of(r, 2);
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == 2 * bt);
-      CHECK(blocks_intact(cache, seq, t, compute));
-      REQUIRE_NOTHROW(seq.wait());
-      cache.release(seq, compute);
-    }
+    for (int r = requests; r-- > 0;) check_cached(cache, r, 2, compute);  // newest first
     CHECK(cache.stats().loaded > 0);
     CHECK(cache.stats().read_back > 0);
     settle(sched, compute);
@@ -302,14 +294,7 @@ TEST_CASE(
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 4);
-    for (int r = requests; r-- > 0;) {
-      INFO("request " << r);
-      const auto t = tokens_of(r, 2);
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == 2 * bt);
-      CHECK(blocks_intact(cache, seq, t, compute));
-      cache.release(seq, compute);
-    }
+    for (int r = requests; r-- > 0;) check_cached(cache, r, 2, compute);
     CHECK(cache.stats().offloaded > 0);
     CHECK(cache.stats().loaded > 0);
     compute.synchronize();
@@ -356,15 +341,7 @@ TEMPLATE_TEST_CASE("kv_cache: over a pinned tier mapped for the device, blocks m
     constexpr int requests = 6;  // 12 blocks: 4 on the device, 8 pinned
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
     CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 8);
-    for (int r = requests; r-- > 0;) {
-      INFO("request " << r);
-      const auto t = tokens_of(r, 2);
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == 2 * bt);
-      CHECK(blocks_intact(cache, seq, t, compute));
-      REQUIRE_NOTHROW(seq.wait());
-      cache.release(seq, compute);
-    }
+    for (int r = requests; r-- > 0;) check_cached(cache, r, 2, compute);  // newest first
     CHECK(cache.stats().loaded > 0);
     const auto st = sched.stats();
     CHECK(st.kernel_batches > 0);

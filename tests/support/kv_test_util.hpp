@@ -7,6 +7,8 @@
 
 #include <ferry/pipeline/kv_cache.hpp>
 
+#include <catch2/catch.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -102,6 +104,19 @@ void serve(Cache& cache, const std::vector<kv_token>& tokens, Stream& s, bool de
   auto seq = cache.admit(tokens, keys);
   prefill(cache, seq, tokens, s, delay, keys);
   cache.commit(seq, tokens, s);
+  cache.release(seq, s);
+}
+
+// Request `r` again (`blocks` full blocks, as `tokens_of(r, blocks)`): found cached whole,
+// wherever its blocks were, every block intact once its layers have landed; released.
+template <class Cache, class Stream>
+void check_cached(Cache& cache, int r, std::size_t blocks, Stream& s) {
+  INFO("request " << r);
+  const auto t = tokens_of(r, blocks);
+  auto seq = cache.admit(t);
+  CHECK(seq.cached_tokens() == blocks * bt);
+  CHECK(blocks_intact(cache, seq, t, s));
+  REQUIRE_NOTHROW(seq.wait());
   cache.release(seq, s);
 }
 
