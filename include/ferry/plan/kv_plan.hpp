@@ -257,6 +257,9 @@ class kv_plan {
   void collect(Mover& mover) noexcept;
   template <class Mover>
   void drop_subtree(kv_block_id b, Mover& mover);
+  // A published block no longer found (out of the index, an orphan), its subtree dropped.
+  template <class Mover>
+  void orphan(kv_block_id b, Mover& mover);
   [[nodiscard]] std::optional<kv_block_id> find(std::uint64_t hash, kv_block_id parent, std::string_view keys,
                                                 std::span<const kv_token> tokens) const;
   kv_block_id publish_encoded(kv_block_id b, kv_block_id parent, std::span<const kv_token> tokens,

@@ -84,15 +84,7 @@ void kv_plan<Eviction, Hasher>::drop_subtree(kv_block_id b, Mover& mover) {
     const auto t = placement_->tier_of(c);
     if (t && *t == tiers_) continue;  // evicted past the last tier in this call: collected already
     if (m.holds > 0) {
-      auto [lo, hi] = index_.equal_range(m.hash);
-      for (auto it = lo; it != hi; ++it) {
-        if (it->second == c) {
-          index_.erase(it);
-          break;
-        }
-      }
-      m.st = state::orphan;
-      drop_subtree(c, mover);
+      orphan(c, mover);
       continue;
     }
     try {
@@ -105,6 +97,21 @@ void kv_plan<Eviction, Hasher>::drop_subtree(kv_block_id b, Mover& mover) {
     ++stats_.dropped;
     forget(c);
   }
+}
+
+template <class Eviction, class Hasher>
+template <class Mover>
+void kv_plan<Eviction, Hasher>::orphan(kv_block_id b, Mover& mover) {
+  meta& m = meta_[b];
+  auto [lo, hi] = index_.equal_range(m.hash);
+  for (auto it = lo; it != hi; ++it) {
+    if (it->second == b) {
+      index_.erase(it);
+      break;
+    }
+  }
+  m.st = state::orphan;
+  drop_subtree(b, mover);
 }
 
 template <class Eviction, class Hasher>
@@ -297,17 +304,7 @@ template <class Mover>
 void kv_plan<Eviction, Hasher>::discard(kv_block_id b, Mover&& mover) {
   if (!valid(b)) return;
   meta& m = meta_[b];
-  if (m.st == state::published) {
-    auto [lo, hi] = index_.equal_range(m.hash);
-    for (auto it = lo; it != hi; ++it) {
-      if (it->second == b) {
-        index_.erase(it);
-        break;
-      }
-    }
-    m.st = state::orphan;
-    drop_subtree(b, mover);
-  }
+  if (m.st == state::published) orphan(b, mover);
   if (m.holds > 0) return;
   placement_->erase(b, mover);
   ++stats_.dropped;
