@@ -23,8 +23,8 @@
 // One iteration is one operation, so "Time" is ns per operation. Run with, e.g.,
 //   ferry-micro-policy --benchmark_min_time=0.2
 // and restrict with --benchmark_filter=/1000$ for a quick look.
-#include <ferry/policy/eviction.hpp>
 #include <ferry/plan/simulate.hpp>
+#include <ferry/policy/eviction.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -57,12 +57,12 @@
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"
 // pipeline: what users instantiate
+#include "ferry/optim/state_checkpoint.hpp"
 #include "ferry/pipeline/composition.hpp"
 #include "ferry/pipeline/gradient_sink.hpp"
 #include "ferry/pipeline/kv_cache.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/pipeline/layer_streamer.hpp"
-#include "ferry/optim/state_checkpoint.hpp"
 #include "ferry/pipeline/state_swapper.hpp"
 #include "ferry/pipeline/tensor_cache.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"

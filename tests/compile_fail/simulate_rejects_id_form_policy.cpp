@@ -1,7 +1,7 @@
 // Must not compile: ferry::simulate given a policy's form on key ids (rebind_ids: it
 // follows a schedule_ids view), which would read the schedule's keys as ids.
-#include <ferry/policy/eviction/belady.hpp>
 #include <ferry/plan/simulate.hpp>
+#include <ferry/policy/eviction/belady.hpp>
 
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 // Must not compile: ferry::simulate with a prefetch policy that has no on_access.
-#include <ferry/policy/eviction/lru.hpp>
 #include <ferry/plan/simulate.hpp>
+#include <ferry/policy/eviction/lru.hpp>
 
 struct candidate {
 #ifdef FERRY_COMPILE_FAIL_CONTROL

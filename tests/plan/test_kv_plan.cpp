@@ -1,8 +1,8 @@
 // kv_plan: chained block hashes, prefix lookup and sharing, eviction under the tiers'
 // budgets with held blocks refused, drops that take unreachable children with them, and
 // a property test against a reference model of the prefix index.
-#include <ferry/policy/eviction/fifo.hpp>
 #include <ferry/plan/kv_plan.hpp>
+#include <ferry/policy/eviction/fifo.hpp>
 
 #include <catch2/catch.hpp>
 

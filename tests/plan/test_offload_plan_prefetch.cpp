@@ -5,8 +5,8 @@
 // budget beyond that, so more budget never means less prefetch. (Issue 28, item 4a: a
 // budget large enough to see a tensor's write and its read at once prefetched nothing.)
 #include <ferry/core/units.hpp>
-#include <ferry/policy.hpp>
 #include <ferry/plan/simulate_offload.hpp>
+#include <ferry/policy.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -2,8 +2,8 @@
 // independent list-based model, peak residency within capacity, and out_of_capacity
 // (never a wait) when nothing can be evicted.
 #include <ferry/core/units.hpp>
-#include <ferry/policy.hpp>
 #include <ferry/plan/simulate_offload.hpp>
+#include <ferry/policy.hpp>
 
 #include <catch2/catch.hpp>
 

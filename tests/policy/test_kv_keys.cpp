@@ -4,8 +4,8 @@
 // as a shorthand; bad keys refused with the values named; a plan whose hasher collides
 // on every block still never returns a block of other keys; and a property test of
 // lookups against a reference model keyed by the full (keys, tokens) prefix.
-#include <ferry/policy/kv_keys.hpp>
 #include <ferry/plan/kv_plan.hpp>
+#include <ferry/policy/kv_keys.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -1,9 +1,9 @@
 // belady: equal to the exhaustive optimum on small traces, never more misses than any
 // other policy on random traces (keys of one size: the setting of Belady's theorem),
 // and the schedule positions it follows.
+#include <ferry/plan/simulate.hpp>
 #include <ferry/policy/eviction.hpp>
 #include <ferry/policy/prefetch.hpp>
-#include <ferry/plan/simulate.hpp>
 
 #include <catch2/catch.hpp>
 

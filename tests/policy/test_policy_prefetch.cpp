@@ -1,9 +1,9 @@
 // The prefetch policies: what they issue, the byte budget (never exceeded), the guard
 // (never evict a key needed before the key being fetched), and backward passes.
-#include <ferry/policy/eviction.hpp>
 #include <ferry/plan/placement.hpp>
-#include <ferry/policy/prefetch.hpp>
 #include <ferry/plan/simulate.hpp>
+#include <ferry/policy/eviction.hpp>
+#include <ferry/policy/prefetch.hpp>
 
 #include <catch2/catch.hpp>
 

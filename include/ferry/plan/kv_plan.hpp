@@ -26,11 +26,11 @@
 
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/plan/offload_plan.hpp"
+#include "ferry/plan/placement.hpp"
 #include "ferry/policy/eviction/lru.hpp"
 #include "ferry/policy/kv_hash.hpp"
 #include "ferry/policy/kv_keys.hpp"
-#include "ferry/plan/offload_plan.hpp"
-#include "ferry/plan/placement.hpp"
 
 #include <algorithm>
 #include <array>

@@ -41,8 +41,8 @@
 #include "ferry/concepts.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/core/units.hpp"
-#include "ferry/policy/access_schedule.hpp"
 #include "ferry/plan/placement.hpp"
+#include "ferry/policy/access_schedule.hpp"
 
 #include <algorithm>
 #include <array>

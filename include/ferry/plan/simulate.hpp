@@ -25,10 +25,10 @@
 
 #include "ferry/concepts.hpp"
 #include "ferry/core/error.hpp"
-#include "ferry/policy/access_schedule.hpp"
-#include "ferry/plan/placement.hpp"
-#include "ferry/policy/prefetch/no_prefetch.hpp"
 #include "ferry/core/units.hpp"
+#include "ferry/plan/placement.hpp"
+#include "ferry/policy/access_schedule.hpp"
+#include "ferry/policy/prefetch/no_prefetch.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -201,7 +201,8 @@ simulation_result simulate_keys(const access_schedule<Key, Hash, KeyEqual>& sche
       placement_options{.oversized = options.oversized, .admit_max_bytes = options.admit_max_bytes}, &schedule);
   return replay(
       p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]), options.iterations,
-      [&p](auto& count) { p.place_at_home(count); }, [&schedule](std::size_t e) -> const Key& { return schedule.key_at(e); },
+      [&p](auto& count) { p.place_at_home(count); },
+      [&schedule](std::size_t e) -> const Key& { return schedule.key_at(e); },
       [](std::size_t) {});  // the placement follows the schedule and prefetches by itself
 }
 
@@ -272,8 +273,8 @@ bool follows_schedule(const P& p, const Schedule& schedule) noexcept {
 /// remade over `std::uint32_t` ids (`id_form`).
 template <class Key, class Hash, class KeyEqual, class Eviction, class Prefetch>
 simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& schedule,
-                               std::span<const std::size_t> capacities, const Eviction& eviction, const Prefetch& prefetch,
-                               const simulate_options& options) {
+                               std::span<const std::size_t> capacities, const Eviction& eviction,
+                               const Prefetch& prefetch, const simulate_options& options) {
   // The id forms hold no keys whatever the prototype holds: refuse what the key run
   // refuses (its placement then says why, naming the prototype).
   FERRY_EXPECTS(eviction.size() == 0, "the eviction prototype must hold no keys", eviction.size());
@@ -294,9 +295,10 @@ simulation_result simulate_ids(const access_schedule<Key, Hash, KeyEqual>& sched
       }
     }
   };
-  return replay(p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]),
-                options.iterations, place_home, [&schedule](std::size_t e) { return schedule.id_at(e); },
-                [&](std::size_t e) { p.expect(schedule.id_at(e)); });
+  return replay(
+      p, schedule, capacities.size(), std::min(options.prefetch_budget_bytes, capacities[0]), options.iterations,
+      place_home, [&schedule](std::size_t e) { return schedule.id_at(e); },
+      [&](std::size_t e) { p.expect(schedule.id_at(e)); });
 }
 
 }  // namespace detail

@@ -19,9 +19,9 @@
 /// (tests/pipeline/test_tensor_cache_plan.cpp).
 #pragma once
 
-#include "ferry/policy/access_schedule.hpp"
 #include "ferry/plan/offload_plan.hpp"
 #include "ferry/plan/simulate.hpp"
+#include "ferry/policy/access_schedule.hpp"
 
 #include <cstddef>
 #include <utility>

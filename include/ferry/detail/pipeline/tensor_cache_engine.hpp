@@ -9,8 +9,8 @@
 #include "ferry/detail/pipeline/tensor_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
-#include "ferry/policy/access_schedule.hpp"
 #include "ferry/plan/offload_plan.hpp"
+#include "ferry/policy/access_schedule.hpp"
 #include "ferry/tier/nvme.hpp"
 #include "ferry/transfer/scheduler.hpp"
 
