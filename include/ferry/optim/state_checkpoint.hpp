@@ -7,12 +7,14 @@
 /// ```cpp
 /// ferry::state_swapper swapper(tier, sizes);
 /// ferry::adamw opt({.lr = 1e-3f});
-/// ... swapper.step([&](std::size_t g, ferry::group_view s, std::uint64_t t) { opt.step(..., t); });
+/// swapper.step([&](std::size_t g, ferry::group_view s, std::uint64_t t) {
+///   opt.step(s.master, grads[g], s.m, s.v, t);
+/// });
 /// ferry::save_state_checkpoint(swapper, opt, "run/optim");          // replaces run/optim atomically
 ///
 /// // after a restart: a fresh swapper of the same group sizes, any hyper-parameters
 /// ferry::load_state_checkpoint(swapper, opt, "run/optim");          // states, step counter, opt's params
-/// swapper.step(...);                                                 // = step completed_steps() + 1
+/// swapper.step(update);                                             // = step completed_steps() + 1
 /// ```
 ///
 /// ## Format (version 1)

@@ -5,7 +5,7 @@
 /// group g-1 is written (ZeRO-Infinity's optimizer offload to NVMe, for one process).
 ///
 /// ```cpp
-/// ferry::nvme_tier tier(nvme_options);
+/// ferry::nvme_tier tier(disk_options);
 /// const std::vector<std::size_t> sizes = {4096, 1000000, 1000000, 1};   // elements per group
 /// ferry::state_swapper swapper(tier, sizes, {.ram_budget_bytes = 256 * ferry::MiB});
 /// for (std::size_t g = 0; g < sizes.size(); ++g) swapper.initialize(g, masters[g]);  // m = v = 0

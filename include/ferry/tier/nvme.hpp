@@ -8,8 +8,8 @@
 /// o.paths = {"/mnt/nvme0/ferry.bin", "/mnt/nvme1/ferry.bin"};  // two drives: striped
 /// o.capacity = 64 * ferry::GiB;
 /// ferry::nvme_tier tier(o);
-/// auto r = tier.allocate(bytes.size());
-/// tier.write(r, bytes);                     // synchronous
+/// auto r = tier.allocate(data.size());
+/// tier.write(r, data);                      // synchronous
 /// auto t = tier.submit_read(r, 0, out);     // asynchronous: t.wait() or t.ready()
 /// tier.deallocate(r);
 /// ```
