@@ -8,6 +8,7 @@
 /// type misses in a readable `static_assert` message (a concept failure alone prints
 /// a page of template context); pipelines call it, and so can users:
 ///
+/// <!-- snippet: skip: shows the static_assert a type that is not a tier gives -->
 /// @code
 /// static_assert(ferry::check_tier<my_tier>());
 /// // error: static assertion failed: ferry::tier: T::allocate(std::size_t) must return T::region_type

@@ -9,102 +9,20 @@
 /// So CI, which has no GPU, runs the code a GPU runs — also with adversarial timing and
 /// under ThreadSanitizer.
 ///
-/// ## What it keeps of CUDA's semantics
-/// (CUDA Runtime API, "Stream Management", "Event Management", "Execution Control",
-/// "Stream Ordered Memory Allocator".)
-/// - **Streams**: each a worker thread that runs its queue in order. An operation runs
-///   when the stream reaches it, not when it is enqueued: a copy reads its source then.
-/// - **Events** have numbered records: `event_record` enqueues a marker; `event_query`
-///   and `event_synchronize` see the latest record (an event never recorded is
-///   complete; synchronising blocks the caller); `stream_wait_event` waits for the record
-///   made before the call, and only for that one (a later record of the same event on
-///   another stream does not release it).
-/// - **Host functions** (`launch_host_func`) run on one callback thread, as the driver's,
-///   in stream order: the stream waits until the function returns. A runtime call made
-///   from inside one returns `cpu_errc::not_permitted` and is counted (`violations`).
-/// - **Batched copies** (`memcpy_batch_async`) are one operation of their stream: the
-///   sources are read when the stream reaches it, and its blocks are copied in an
-///   adversarial order (reversed, or shuffled by the seed, with a delay at a random
-///   block boundary), so a batch not ordered after its producer copies a mix of old and
-///   new bytes.
-/// - **The block-copy kernel** (`copy_kernel_async`) is a batch too, copied as thread
-///   blocks would (first halves of every copy, then second halves), counted apart.
-/// - **Kernels** are host functions run by the stream's own worker (`launch`, or
-///   `host_stream::enqueue`).
-/// - **Sticky errors, per stream**: a kernel that throws fails its stream from there on
-///   (later operations still run, so waits behind it are released); records made after
-///   the failure carry its exception, a stream that waits for such a record fails too,
-///   and `event_synchronize`/`event_query`/`stream_synchronize` return
-///   `cpu_errc::stream_failed` with it; `raise` rethrows that exception as it is. So a
-///   scheduler lane that waited for a failed producer stays failed, as a CUDA context
-///   does after a kernel fault: every later move in that direction on that scheduler
-///   fails with the error (make a new scheduler; streams that did not wait for the
-///   failure are unaffected). A stream made to wait on a copy's ticket (an event) fails
-///   with it; one made to wait on a disk move's ticket (a flag) is released without the
-///   error: check the ticket.
-/// - **Misuse is refused, not hung**: a null stream, or one of another `cpu_device`
-///   object, gets `cpu_errc::invalid_resource_handle` (counted: `foreign_streams`); a
-///   kernel that synchronizes its own stream, or an event recorded on it after the kernel,
-///   gets `cpu_errc::not_permitted` (it would wait for itself).
-/// - **`wait_value32`** blocks its stream until the 32-bit word reaches the value (>=);
-///   a word whose memory `free_host` released before the stream got there is counted
-///   (`use_after_free`) and the wait gives up.
-/// - **Devices**: `devices` of them; streams and events belong to the calling thread's
-///   current device when made (`set_device`, per thread, as CUDA's); an event recorded
-///   on a stream of another device fails (`cpu_errc::invalid_resource_handle`, counted in
-///   `wrong_device`).
-/// - **Graph capture**: `begin_capture(s)` marks a stream as capturing; a stream that
-///   waits for an event recorded on a capturing stream joins the capture, as in CUDA;
-///   `stream_is_capturing` reports it, and every operation enqueued on a capturing stream
-///   is counted (`captured_calls`). `end_capture(s)` ends it for every stream that joined.
-/// - **Stream-ordered memory pools**: device memory is host memory (256-byte aligned);
-///   a freed block is handed out again at once, before its free has run — to an
-///   allocation on the stream it was freed on as it is (work there runs after the free),
-///   to one on another stream behind an inserted wait on the freeing stream (CUDA's
-///   `cudaMemPoolReuseAllowInternalDependencies`, on by default). So a block freed on a
-///   stream while another stream still reads it is overwritten by the next tensor made
-///   there. When a free runs, the block is poisoned (0xDB; all of it up to 64 MiB, its
-///   first and last 16 MiB above); blocks whose free has run go back to the host before a
-///   block of a new size is made, so the footprint (`pooled_bytes`) stays near the peak
-///   in use whatever the sizes; they stay allocated (poisoned) until 64 MiB of such blocks
-///   wait, so a stale pointer to one is refused as a use-after-free. A device-memory limit
-///   (`set_device_memory_limit`) makes allocations past it fail with
-///   `cpu_errc::memory_allocation`.
-/// - **Pinned registrations** (`host_register`, `host_unregister`; `cpu_pinning_hooks` in
-///   memory/cpu_pinning.hpp makes a `pinned_pool` pin with them): a copy whose host range
-///   lies in two registrations fails with `invalid_value`, whatever its direction or kind,
-///   as the H200 answers it; inside one registration, from pageable memory, or partly
-///   registered and partly pageable, it runs. The block-copy kernel is exempt (it loads
-///   through the device's mapping).
-/// - **Stream-ordered allocations are checked as memcheck checks them**: a copy whose
-///   device range runs past the end of its allocation fails with `invalid_value`; one from
-///   a stream with no edge after the allocation (the same stream, an event waited for, or
-///   a synchronisation by the enqueuing thread itself) is refused with `unordered_access`
-///   ("use-before-alloc"), as is one enqueued after the block's free has run
-///   ("use-after-free"). The edges are vector clocks of stream order.
-/// - **Capture modes across threads**: a thread's capture interaction mode
-///   (`exchange_capture_mode`, global by default) decides which captures its unsafe calls
-///   (event query and synchronize, stream synchronize, mapped allocation and free,
-///   registration) break: in global mode any global capture, in any mode but relaxed its
-///   own thread's; such a call fails with `capture_unsupported` and `end_capture` then
-///   reports `capture_invalidated`, as CUDA does. The scheduler's completion threads (the
-///   ones that query events) relax their mode; a failed staged NVMe read drains its stream
-///   from the I/O thread in the default mode, and so breaks a global capture, as CUDA would.
-/// - **Flag waits** (`wait_value32`, the disk-move tickets) carry no stream order: a stream
-///   that waited for a flag is not ordered after the allocations of the flag's writer.
-/// - **Timing modes** (`cpu_options::timing`, or `FERRY_CPU_TIMING`): `instant` (the
-///   device has run what a call enqueued before the call returns, except when a kernel
-///   of the caller's is ahead on that stream, from a stream's own worker or a host
-///   function, and inside an allocation's inserted wait), `slow` (every operation
-///   costs `slow_op_us`, a copy its bytes at `slow_bytes_per_us` more), `adversarial`
-///   (below). CTest runs the pipeline, scheduler and model tests under all three.
-/// - **Adversarial timing**: with a seed (`cpu_options::seed`), every operation of every
-///   stream, and every host function, is delayed by a random 0..`max_delay_us` before it
-///   runs, so independent streams run in any order and a missing wait shows up as wrong
-///   bytes (and ThreadSanitizer sees a copy racing with the host's write).
-/// - **Held streams**: `hold_streams_except(s)` stops every stream but `s` before its
-///   next operation until `release_streams()`, so a test can force the one order a
-///   missing wait allows, deterministically.
+/// ```cpp
+/// ferry::host_stream compute;                         // a stream of the default CPU device
+/// compute.enqueue([] { /* a "kernel": runs on the stream's worker, in order */ });
+/// compute.synchronize();                              // rethrows what a kernel threw
+/// ```
+///
+/// The contract in brief: a stream is a worker thread that runs its queue in order (an
+/// operation runs when the stream reaches it, not when it is enqueued); events, host
+/// functions, stream-ordered memory pools, per-stream sticky errors, devices and graph
+/// capture keep CUDA's semantics; misuse (a foreign or null stream, a kernel waiting for
+/// itself, a use before an allocation or after its free) is refused with a `cpu_errc`
+/// and counted, never hung; the timing is `instant`, `slow` or adversarial
+/// (`cpu_options::timing`, `FERRY_CPU_TIMING`). Rule by rule, with what each catches:
+/// `docs/transfers.md#cuda-cpu-runtime-hpp`.
 ///
 /// ## Threads and lifetime
 /// A `cpu_device` owns its streams' workers and its callback thread; a `cpu_runtime` is a

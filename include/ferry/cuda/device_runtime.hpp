@@ -42,37 +42,12 @@
 /// was current when they were made; recording an event on a stream of another device
 /// fails.
 ///
-/// ## The batched copy
-/// `memcpy_batch_async(dsts, srcs, sizes, count, direction, s)` enqueues `count` 1D copies
-/// (`sizes[i]` bytes from `srcs[i]` to `dsts[i]`, all in `direction`) on `s` as **one
-/// stream operation**: the batch as a whole runs in stream order — after everything
-/// enqueued on `s` before it, before everything enqueued after it, and it reads its
-/// sources only when the stream reaches it, never earlier — but the copies inside it run
-/// in no particular order, possibly at once (CUDA Runtime API, `cudaMemcpyBatchAsync`).
-/// So no copy of a batch may depend on another: destinations must not overlap each other
-/// or any source of the batch (undefined otherwise; the CPU model refuses overlapping
-/// destinations with its `invalid_value`). Each size is > 0 and each pointer non-null
-/// (the scheduler drops empty blocks before it calls this); `count == 0` enqueues nothing
-/// and succeeds. The three arrays are read during the call only (the caller may reuse
-/// them when it returns). On a failure, copies of the batch may already be enqueued (a
-/// runtime that issues the batch as a loop of 1D copies stops at the failed one): the
-/// destinations are then unspecified, the sources untouched. It exists because one
-/// `cudaMemcpyAsync` per block costs about 2 us of launch each, which caps the throughput
-/// of the 8-256 KiB blocks of a paged KV cache; a batch is one submission.
-///
-/// ## The block-copy kernel
-/// `copy_kernel_available()` says whether the runtime has ferry's block-copy kernel on
-/// the current device, and `copy_kernel_async(dsts, srcs, sizes, count, ctas, s)`
-/// enqueues it: the same copies with the same rules as a batch (one stream operation,
-/// sources read when the stream reaches it, no order inside), done by `ctas` thread
-/// blocks loading and storing through the device's address space instead of by the copy
-/// engines — so host memory must be pinned and mapped at the same address (UVA), and the
-/// kernel takes SMs from compute while it runs. It has no per-descriptor cost, which is
-/// what makes it faster than a batch for small blocks (transfer/block_copy.hpp). On CUDA
-/// it exists when a translation unit of the program includes
-/// `ferry/transfer/block_kernel.cuh` (nvcc) and the device can use host pointers of
-/// registered memory; otherwise `copy_kernel_async` returns the runtime's
-/// "not supported".
+/// ## Batches and the block-copy kernel
+/// `memcpy_batch_async` enqueues many 1D copies as one stream operation (in stream order
+/// as a whole, no order inside, destinations must not overlap); `copy_kernel_async` does
+/// the same copies with thread blocks (host memory pinned and mapped; CUDA: with
+/// `ferry/transfer/block_kernel.cuh` compiled in). Their full rules and why they exist:
+/// `docs/transfers.md#cuda-device-runtime-hpp`.
 #pragma once
 
 #include "ferry/core/error.hpp"

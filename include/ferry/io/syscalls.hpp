@@ -17,26 +17,13 @@
 /// | `int fallocate(int fd, int mode, std::uint64_t off, std::uint64_t len)` | `fallocate(2)`      |
 /// | `int ftruncate(int fd, std::uint64_t length)`         | `ftruncate(2)`                 |
 /// | `int fsync(int fd)`                                   | `fsync(2)`                     |
-/// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t bytes, std::int64_t result)` | the result
-/// of an io_uring request, which a policy may replace (identity for the real one) |
+/// | `std::int64_t completed(op_kind, int fd, std::uint64_t off, std::size_t n, std::int64_t r)` | an io_uring result |
 ///
-/// Three more members are optional (a policy without them gets the real call):
-///
-/// | member                                                | wraps                          |
-/// |-------------------------------------------------------|--------------------------------|
-/// | `int flock(int fd, int operation)`                    | `flock(2)`: 0 or -errno (`nvme_tier` locks its files with
-/// it) | | `int uring_queue_init(unsigned entries, io_uring* ring, io_uring_params* params)` | liburing's
-/// `io_uring_queue_init_params`: 0 or -errno (only with `FERRY_HAS_URING`; `io::uring_engine` sets its ring up with it)
-/// | | `int uring_submit_and_wait(io_uring* ring, unsigned wait_nr)` | liburing's `io_uring_submit_and_wait`: >= 0 or
-/// -errno (only with `FERRY_HAS_URING`; `io::uring_engine` probes io_uring_enter with one NOP at setup) | | `int
-/// uring_register_buffer(io_uring* ring, unsigned slot, const iovec* iov)` | liburing's
-/// `io_uring_register_buffers_update_tag` for one slot: 1 or -errno (only with `FERRY_HAS_URING`;
-/// `io::uring_engine::register_buffer`) |
-///
-/// io_uring requests do not pass through `pread`/`pwrite` (the kernel executes them),
-/// so `completed` is the hook where a test policy rewrites their results; the thread
-/// pool engine calls `pread`/`pwrite` and not `completed`. A policy object must be
-/// safe to call from several threads at once.
+/// Optional members (`flock`, and with `FERRY_HAS_URING` the io_uring setup, probe and buffer
+/// registration) default to the real call; `completed` is where a test policy rewrites an
+/// io_uring request's result (the kernel executes those, not `pread`/`pwrite`). A policy
+/// object must be safe to call from several threads at once. The optional members and the
+/// hooks in full: `docs/io.md#io-syscalls-hpp`.
 ///
 /// ## Injecting failures
 ///

@@ -10,9 +10,10 @@ namespace ferry::detail {
 
 /// @brief Refers to a lent `T`, or owns one made in place when nothing is lent.
 ///
+/// <!-- snippet: given: ferry::state_swapper_options options; ferry::pinned_pool_options ring_pool_options -->
 /// ```cpp
-/// detail::owned_or_lent<pinned_pool> pool_;
-/// pinned_pool& p = pool_.lent_or(options.pool, [&] { return pool_options_for_the_ring(); });
+/// ferry::detail::owned_or_lent<ferry::pinned_pool> pool_;  // a member of the holder
+/// ferry::pinned_pool& p = pool_.lent_or(options.pool, [&] { return ring_pool_options; });
 /// ```
 ///
 /// Lifetime: a lent object must outlive the holder; an owned one lives as long as the

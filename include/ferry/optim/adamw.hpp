@@ -11,113 +11,14 @@
 /// ferry::basic_adamw<ferry::adamw_rounding::fused> fast;    // fused multiply-adds
 /// ```
 ///
-/// ## The update (AdamW with decoupled weight decay, Loshchilov & Hutter, ICLR 2019)
-/// For step number `t >= 1` the per-step constants are computed once, in `double`, and
-/// rounded to `float` (`adamw_constants::make`):
-///
-/// | constant        | value                                                   |
-/// |-----------------|---------------------------------------------------------|
-/// | `c1`            | `float(1 - beta1)`                                      |
-/// | `c2`            | `float(1 - beta2)`                                      |
-/// | `lerp_weight`   | `c1` when `c1 < 0.5`, else `c1 - 1` (exact in `float`)  |
-/// | `step_size`     | `float(lr / (1 - beta1^t))`                             |
-/// | `bc2_sqrt`      | `float((1 - beta2^t)^0.5)`                              |
-/// | `decay`         | `float(1 - lr * weight_decay)`                          |
-///
-/// (`beta^t` and `x^0.5` with `std::pow` on doubles, as Python's `**` computes them).
-/// Then every element `i` is updated on its own, in `float`, each operation rounded to
-/// `float`, in exactly this order (`lerp_base` is `m[i]` when `c1 < 0.5`, else `g[i]`):
-///
-/// ```
-/// m[i] = lerp_base + lerp_weight * (g[i] - m[i])               // m.lerp_(g, 1 - beta1)
-/// v[i] = v[i] * beta2 + (c2 * g[i]) * g[i]                     // v.mul_(beta2).addcmul_(g, g, value=c2)
-/// p[i] = p[i] * decay + ((-step_size) * m[i]) / (sqrt(v[i]) / bc2_sqrt + eps)
-/// ```
-///
-/// This is PyTorch's `torch.optim.AdamW` (`foreach=False`, `amsgrad=False`,
-/// `maximize=False`; `param.mul_(1 - lr * wd)`, `exp_avg.lerp_`, `exp_avg_sq.mul_().
-/// addcmul_()`, `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`,
-/// `param.addcdiv_(exp_avg, denom, value=-step_size)`) operation for operation, with the
-/// hyper-parameters given as the `double`s of these `float`s. Two roundings choose how
-/// the two multiply-adds of the moments are done (`adamw_rounding`, a template parameter,
-/// never the compiler's `-ffp-contract`):
-///
-/// - `unfused` (the default): every `*` and `+` rounded on its own, as written above.
-///   This is PyTorch's arithmetic on a CPU without FMA (its `DEFAULT` kernels,
-///   `ATEN_CPU_CAPABILITY=default`).
-/// - `fused`: `m[i] = fma(lerp_weight, g[i] - m[i], lerp_base)` and
-///   `v[i] = fma(c2 * g[i], g[i], v[i] * beta2)` — PyTorch's arithmetic in its AVX2 and
-///   AVX-512 kernels (`Vectorized::fmadd` in `lerp`, the contracted `addcmul`); the
-///   parameter update is the same as `unfused` (PyTorch has no multiply-add there). One
-///   rounding less per moment, so after one step from the same states
-///   `|m_fused - m_unfused| <= 2^-23 (|lerp_weight (g - m)| + |m|)` (not an ulp bound:
-///   the two terms of `m` may cancel), `|v_fused - v_unfused| <= 2^-22 v` (2 ulp), and
-///   `p` differs by what those give through the division plus 2^-22 (|p| + |update|);
-///   `tests/optim/test_adamw.cpp` checks these bounds element by element.
-///
-/// Both were checked element for element against torch 2.15's CPU `AdamW` on 2^20
-/// elements: the moments are bitwise equal (fused against its AVX-512 kernels, unfused
-/// against its `DEFAULT` ones), and the parameters bitwise equal when given torch's
-/// `sqrt(v)`. torch's own `sqrt` on x86 is MKL's vector square root, which is not
-/// correctly rounded (about 16% of results 1 ulp away from the IEEE square root ferry
-/// uses), so the parameters differ from torch's by about 1 ulp of the step in those
-/// elements; docs/benchmarks.md has the counts after 10 steps
-/// (`scripts/peers/adam_peers.py`).
-///
-/// ## Vectorisation
-/// Three kernels, the same operations in the same order, so **the same bits** (IEEE add,
-/// subtract, multiply, divide and square root are correctly rounded in every lane width,
-/// all under the same MXCSR; the square root is the vector instruction, `sqrtps` /
-/// `vsqrtps`, which never touches `errno`):
-///
-/// | `adamw_isa` | lanes | compiled for                                              |
-/// |-------------|-------|-----------------------------------------------------------|
-/// | `portable`  | 4-16  | `std::experimental::native_simd<float>` (libstdc++ >= 11) of the translation unit's flags: 4 lanes (SSE2) at baseline x86-64, 16 with `-march` of an AVX-512 CPU; one element at a time without `<experimental/simd>` (libc++, MSVC, nvcc) |
-/// | `avx2`      | 8     | `__attribute__((target("avx2,fma")))`, `_mm256_*` intrinsics |
-/// | `avx512`    | 16    | `__attribute__((target("avx512f")))`, `_mm512_*` intrinsics  |
-///
-/// The `avx2` and `avx512` kernels exist with g++ and clang on x86 (`FERRY_ADAMW_DISPATCH`)
-/// whatever the flags, so a plain `-O2` program uses the widest vector unit the CPU has
-/// (`std::experimental::simd` cannot do that: its code is instantiated for the translation
-/// unit's ISA even inside a target function, 4 `xmm` lanes at `-O2`, checked with objdump).
-/// An optimizer picks its kernel once, at construction (`adamw_options::isa`, default
-/// `automatic`): the environment variable `FERRY_ADAMW_ISA` (`portable` or `sse`, `avx2`,
-/// `avx512`, `automatic`) when set, else the widest of `avx512`, `avx2`, `portable` that
-/// `__builtin_cpu_supports` reports (detected once per process, `adamw_detected_isa`). A
-/// kernel the CPU lacks is a `ferry::config_error` naming it and the kernels the CPU has
-/// (`resolve_adamw_isa`). Loads and stores are unaligned, so spans may start anywhere.
-/// The last `n % lanes` elements of an array are copied into a vector-sized buffer,
-/// computed by the same vector code and copied back, so every element, wherever it lies,
-/// goes through the same instructions. Measured (docs/benchmarks.md, `ferry-bench adam`,
-/// 256 Mi parameters on 2 threads of a 2-core AMD AVX-512 VM, plain `-O2`): 2.0 steps/s
-/// on `portable`, 3.1 on `avx2`, 5.1-7.4 on `avx512`, against DeepSpeedCPUAdam's 5.0-6.8
-/// (its `-march=native` build) in the same runs: 1.02-1.17x. The division unit bounds
-/// it: torch's order has two divisions and a square root per element, which the bitwise
-/// contract keeps (DeepSpeed divides once).
-///
-/// **Contraction.** g++ contracts `a * b + c` into an FMA by default (`-ffp-contract=fast`
-/// outside ISO mode) wherever FMA instructions are enabled (`-mfma`, `-march=native`), in
-/// vector code too; that would change the unfused results. Each product that feeds an
-/// addition therefore goes through `detail::opaque`, an empty `asm` statement that makes
-/// the value opaque to the optimiser (no instruction is emitted), so no contraction can
-/// happen, at any flags (the `avx2` / `avx512` kernels pass their products through the
-/// same barrier: GCC's intrinsics are vector-extension operators, contracted like any
-/// other). The fused rounding calls `fma` explicitly: one instruction in the `avx2` and
-/// `avx512` kernels and in the portable one where FMA is compiled in (`-mfma`, `-march`),
-/// else the correctly rounded library `fmaf` per lane (same bits, slower).
-///
-/// Without `<experimental/simd>` (libc++, MSVC; and under nvcc, whose front end rejects
-/// libstdc++ 12's) the portable code runs one element at a time (same operations, same
-/// bits).
-///
-/// ## Threads and determinism
-/// `basic_adamw::step` cuts the arrays into blocks of `block_elements` (a multiple of
-/// `adamw_tile_elements`) that a persistent pool of `threads` threads (the caller's
-/// included) takes one at a time. Each element's result depends on its own four inputs
-/// only, through the same instructions wherever it lies (no reductions), so **the results
-/// are bitwise identical for every thread count, block size, alignment and kernel**, and
-/// for each rounding bitwise equal to a scalar loop of its formula
-/// (tests/optim/test_adamw.cpp, on every kernel the CPU has).
+/// Contract in brief: PyTorch's `torch.optim.AdamW` (`foreach=False`, `amsgrad=False`)
+/// operation for operation, each operation rounded to `float`; the rounding of the
+/// moments' multiply-adds is a template parameter (`adamw_rounding::unfused`, the default,
+/// or `fused`, as PyTorch's AVX2 and AVX-512 kernels), never the compiler's flags; the
+/// kernel (`avx512`, `avx2`, `portable`) is chosen once, at construction
+/// (`adamw_options::isa`, `FERRY_ADAMW_ISA`); the results are bitwise identical for every
+/// thread count, block size, alignment and kernel. The formulas, the vectorisation, the
+/// measurements and the threads: `docs/pipelines.md#optim-adamw-hpp`.
 #pragma once
 
 #include "ferry/core/error.hpp"

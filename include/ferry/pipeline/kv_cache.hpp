@@ -5,6 +5,7 @@
 /// moves, layer by layer, when a request with a cached prefix arrives — instead of
 /// recomputing its prefill.
 ///
+/// <!-- snippet: skip: pseudo-code kernel launches (<<<..., ...>>>); left to the kv_cache rework on main -->
 /// ```cpp
 /// ferry::kv_cache<> cache({.layers = 32, .block_tokens = 16, .layer_block_bytes = 64 << 10,
 ///                          .device_blocks = 4096, .pinned_budget_bytes = 16ull << 30});  // cache(sched, {...}): yours

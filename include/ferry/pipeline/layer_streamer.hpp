@@ -28,19 +28,10 @@
 /// }
 /// ```
 ///
-/// ## The ring
-/// The K slots are a `buffer_ring` (memory/buffer_ring.hpp) cut from the slot memory,
-/// `slot_stride()` bytes apart. Pass position p (0 .. L-1; layer p forward, layer
-/// L-1-p backward) is loaded into the slot the ring's producer position names: the
-/// producer position advances with each load issued, the consumer position with each
-/// `acquire`, and a slot remembers the producer's phase when it was filled, so
-/// `acquire` knows it holds this lap's layer (CuTe's pipeline state, see
-/// memory/stage_ring.hpp). The positions keep turning across passes: the first load of
-/// a pass goes into the slot released earliest in the pass before. A load is issued as
-/// soon as the slot it needs is free — K loads at `begin_pass`, then one per
-/// `release` — so while layer p is acquired, layers p+1 .. p+K-1 are loading (or
-/// loaded) in the other slots. At most K layers are held at once; with K = 1 nothing
-/// overlaps (each load waits for the compute that used the slot).
+/// Contract in brief: K slots, a `buffer_ring`; while layer p is held, layers p+1 .. p+K-1
+/// are loading; `acquire` and `release` order the compute stream and the loads on the GPU,
+/// never on the host (pinned path). How the ring turns, how the optimizer updates the
+/// weights and how gradients are pushed and summed: `docs/pipelines.md#pipeline-layer-streamer-hpp`.
 ///
 /// ## Ordering (no host blocking on the pinned path)
 /// - `acquire(i, s)` makes `s` wait for layer i's load (`ticket.enqueue_wait`): the
@@ -61,27 +52,13 @@
 /// - Sharing the scheduler: a marker wait on the H2D lane delays every H2D copy move
 ///   issued after it (disk moves run on their own streams and are not delayed).
 ///
-/// ## Updating weights
-/// A CPU optimizer writes updated weights into the host copy the next pass reads: into
-/// the pinned slabs (`weights(i)` for slabs the streamer allocated, or the caller's own
-/// spans), or into the NVMe regions (`tier.write`). It may do so once the layer's load
-/// of the current pass has completed: after `wait_loads()`, or once the pass's compute
-/// has been synchronised. The next pass loads the new bytes.
-///
-/// ## Gradients
-/// `push_gradient(i, dev, n, s, f)` copies n bytes D2H (`to_host`, after the work
-/// enqueued on `s`) into a slab of a `pinned_pool`, and once they have landed calls
-/// `f(i, bytes)` on a scheduler thread, then returns the slab to the pool. The returned
-/// ticket says when `dev` may be overwritten (guarantee 2 of docs/transfers.md: wait for
-/// it, or `enqueue_wait` it on the stream that reuses `dev`). With
-/// `layer_streamer_options::accumulate`, the gradients of `micro_batches` pushes of a
-/// layer are summed in fp32 on the host, in push order, bit for bit as
-/// `acc = g[0]; acc += g[1]; ...; acc += g[N-1]` element by element (after converting
-/// bf16 elements to fp32 exactly), and `f` — the callback of the last micro-batch's
-/// push — receives the fp32 sum once (`N x 4` bytes per element, little-endian floats).
-/// When the pool is full, `push_gradient` blocks until an earlier push has returned its
-/// slab (back-pressure). The streamer's gradient path is a `basic_gradient_sink`
-/// (pipeline/gradient_sink.hpp); its slots are a `slot_memory` (memory/slot_memory.hpp).
+/// ## Updating weights and gradients
+/// A CPU optimizer writes updated weights into the host copy (the pinned slabs or the NVMe
+/// regions) once the layer's load of the pass has completed (`wait_loads()`); the next
+/// pass loads them. `push_gradient` copies a gradient D2H into a pinned slab and calls `f`
+/// on a scheduler thread once it has landed (summed in fp32 over `micro_batches` with
+/// `layer_streamer_options::accumulate`); its ticket says when the device buffer may be
+/// reused. In full: `docs/pipelines.md#pipeline-layer-streamer-hpp`.
 ///
 /// ## Errors
 /// Misuse is a `ferry::logic_error` that changes nothing and names the values: acquiring

@@ -5,6 +5,7 @@
 /// returned as soon as the copy has read it; get it back on the device for the backward
 /// pass, prefetched ahead of time from the iteration the cache recorded.
 ///
+/// <!-- snippet: skip: pseudo-code kernel launches (<<<..., ...>>>); left to the tensor_cache rework on main -->
 /// ```cpp
 /// ferry::tensor_cache<int> cache;                     // a scheduler, device and pinned memory of its own
 /// // forward, layer i

@@ -9,58 +9,14 @@
 /// as batched copies (`memcpy_batch_async` of the device runtime: `cudaMemcpyBatchAsync`
 /// on CUDA 12.8+, cuda/device_runtime.hpp), one stream operation per batch.
 ///
-/// ## What a block move does
-/// 1. **Checks** every block (nothing is started when a check fails; `ferry::logic_error`
-///    naming the block's index and addresses): a block of 0 bytes is allowed and moves
-///    nothing (its pointers are not looked at); every other block needs non-null
-///    pointers and a range that does not wrap around the address space; no two
-///    destinations may overlap, and no destination may overlap any block's source (the
-///    copies of a batch run in no order, so such a move would have no defined result).
-///    Sources may overlap (one block copied to two places).
-/// 2. **Merges runs**: the blocks are sorted by source address, and a block that starts
-///    where the one before it ends on *both* sides (source and destination) joins its
-///    run. So blocks given in any order merge when their pools are laid out in the same
-///    order (a KV block table of consecutive pages). vLLM measured about 0.5 us of host
-///    time per descriptor of `cuMemcpyBatchAsync`, and found that the driver does not
-///    merge adjacent descriptors itself (vLLM PR #48434).
-/// 3. **Chunks** each run into pieces of at most `chunk_bytes`, as every copy of the
-///    scheduler is, so a run that merged many blocks is no single descriptor of GiBs.
-/// 4. **Chooses the engine** (`block_engine`): the block-copy kernel
-///    (transfer/block_kernel.cuh) when the caller says the host side is mapped pinned
-///    memory (`host_mapping::mapped`), the runtime has the kernel
-///    (`copy_kernel_available`: on CUDA, a translation unit includes the `.cuh`), and
-///    the pieces average at most `scheduler_options::kernel_block_bytes` (knob
-///    `FERRY_KERNEL_BLOCK_BYTES`, 64 KiB; 0 turns the kernel off); batched copies
-///    otherwise. A copy engine pays a fixed cost per descriptor, so small blocks stay far
-///    below the link's rate however they are batched; the kernel has no such cost but
-///    takes `kernel_ctas` SMs from compute while it runs, so large pieces stay on the copy
-///    engines. Both engines run the same pieces with the same stream order, so the result
-///    is the same. `ferry-bench kv` measures both per block size.
-/// 5. **Issues** the pieces on the lane (D2H or H2D), after the lane has waited for the
-///    producer stream (`to_host_blocks`) or the `after` stream (`to_device_blocks`): in
-///    batches of at most `scheduler_options::batch_blocks` pieces (default
-///    `default_batch_blocks`, 1024), each batch one `memcpy_batch_async` (or one
-///    `copy_kernel_async`: launches of at most 1024 copies), then one
-///    marker behind the last batch — one ticket for all. The bound keeps one submission
-///    short (about 0.5 ms of host time at 1024 descriptors), lets the lane start copying
-///    before the last batch is submitted, and stays far from the sizes at which runtimes
-///    were seen to fail (vLLM issue #49276: one batch of 51,828 descriptors segfaulted
-///    or hung on CUDA 13.0; ROCm's `hipMemcpyBatchAsync` crashed above 8192 copies until
-///    it split such batches itself, ROCm/rocm-systems PR #9915).
-///
-/// The order of the copies inside a move is unspecified (a batch has none); the sources
-/// are read only once the lane has passed the producer's marker (guarantee 1 of
-/// transfer/scheduler.hpp): the batched copies read in stream order
-/// (`cudaMemcpySrcAccessOrderStream`). A move whose blocks are all empty (or an empty
-/// span) starts nothing, waits for no stream, and returns a ticket that is ready at once.
-/// A batch that fails to be issued fails the ticket with its error (the batches before it
-/// stay issued and complete, the ones after are not issued); a batch that fails on the
-/// stream fails the lane as any copy does.
-///
-/// The check and the merge use scratch arrays of O(blocks) elements kept per calling
-/// thread and reused, so a warm block move allocates only its move state (from the
-/// scheduler's pool) and what the runtime allocates per batch; time O(n log n) in the
-/// number of blocks.
+/// A block move checks every block (nothing starts when one fails: `ferry::logic_error`
+/// naming it; destinations must not overlap each other or any source), merges runs that
+/// are adjacent on both sides, chunks them by `chunk_bytes`, chooses the engine
+/// (`block_engine`: the block-copy kernel for small pieces of mapped pinned memory, batched
+/// copies otherwise; the same result either way) and issues batches of at most
+/// `batch_blocks` pieces on its lane after the producer: one ticket for all. The order of
+/// copies inside a move is unspecified; an empty move is ready at once. Step by step, with
+/// the measurements behind each bound: `docs/transfers.md#transfer-block-copy-hpp`.
 #pragma once
 
 #include <cstddef>

@@ -6,25 +6,10 @@
 /// transfer/stream_scheduler.hpp) and the CPU model of it (`ferry::host_executor`,
 /// transfer/host_executor.hpp), so that what runs on the GPU is tested without one.
 ///
-/// ## The moves
-/// | call | from -> to | how |
-/// |---|---|---|
-/// | `to_host`        | device -> host (pinned)  | chunks of `chunk_bytes` on the D2H lane, after the producer stream |
-/// | `to_device`      | host (pinned) -> device  | chunks on the H2D lane, optionally after a stream |
-/// | `copy_on`        | either                   | chunks on a stream of the caller's (can be captured in a CUDA graph)
-/// | | `to_host_2d`, `to_device_2d` | device <-> host, pitched | as `to_host` / `to_device`, a 2D region in chunks of
-/// whole rows | | `to_host_blocks`, `to_device_blocks` | device <-> host, scattered | runs merged, in batched copies
-/// (transfer/block_copy.hpp) | | `device_to_nvme` | device -> NVMe           | D2H into a ring of K pinned bounce
-/// buffers, each written to the disk as it lands | | `nvme_to_device` | NVMe -> device           | disk reads into the
-/// bounce ring, each copied H2D as it lands | | `host_to_nvme`, `nvme_to_host` | host <-> NVMe | the tier's direct I/O
-/// (io_uring), no bounce |
-///
-/// Chunks let a large move start early, let moves on one lane interleave, and keep H2D
-/// and D2H busy at the same time: on an H200 the link carries 55 GB/s one way and 91 GB/s
-/// both ways at once, and 4 MiB chunks reach 96% of the peak, 1 MiB 87%
-/// (docs/anchors/h200-2026-11-30.txt). Through the disk, the bounce ring overlaps the
-/// I/O of one chunk with the PCIe copy of another, in both directions; concurrent disk
-/// moves share the ring's K slots first come, first served.
+/// Moves: `to_host`, `to_device`, `copy_on`, their `_2d` and `_blocks` forms, `device_to_nvme`,
+/// `nvme_to_device` (through a ring of pinned bounce buffers), `host_to_nvme`, `nvme_to_host`
+/// (the tier's direct I/O); each in chunks of `chunk_bytes`. The table of moves and why
+/// chunks: `docs/transfers.md#transfer-scheduler-hpp`.
 ///
 /// ## Ordering guarantees (each tested, see tests/transfer/test_scheduler.cpp)
 /// 1. A copy out of memory written on a stream starts only after a marker (event)
