@@ -5,14 +5,13 @@
 /// moves, layer by layer, when a request with a cached prefix arrives — instead of
 /// recomputing its prefill.
 ///
-/// <!-- snippet: skip: pseudo-code kernel launches (<<<..., ...>>>); left to the kv_cache rework on main -->
 /// ```cpp
 /// ferry::kv_cache<> cache({.layers = 32, .block_tokens = 16, .layer_block_bytes = 64 << 10,
 ///                          .device_blocks = 4096, .pinned_budget_bytes = 16ull << 30});  // cache(sched, {...}): yours
 /// auto seq = cache.admit(prompt);                 // cached prefix held and loading; new blocks opened
 /// for (std::size_t l = 0; l < layers; ++l) {
 ///   seq.wait_layer(l, compute);                   // layer l's blocks have landed (not every layer's)
-///   prefill_layer<<<..., compute.get()>>>(cache.layer_pool(l), seq.slots(), seq.cached_tokens(), ...);
+///   prefill_layer<<<grid, block, 0, compute.get()>>>(cache.layer_pool(l), seq.slots(), seq.cached_tokens());
 /// }
 /// cache.commit(seq, prompt, compute);             // full blocks published: later requests share them
 /// // decode: cache.extend(seq, n + 1) opens a block when the last one is full; commit as blocks fill

@@ -5,16 +5,16 @@
 /// returned as soon as the copy has read it; get it back on the device for the backward
 /// pass, prefetched ahead of time from the iteration the cache recorded.
 ///
-/// <!-- snippet: skip: pseudo-code kernel launches (<<<..., ...>>>); left to the tensor_cache rework on main -->
+/// <!-- snippet: given: int i -->
 /// ```cpp
 /// ferry::tensor_cache<int> cache;                     // a scheduler, device and pinned memory of its own
 /// // forward, layer i
 /// void* act = cache.allocate(bytes, compute);          // device memory the cache may own
-/// gelu<<<..., compute.get()>>>(act, ...);
+/// gelu<<<grid, block, 0, compute.get()>>>(act /* , ... */);
 /// cache.store(i, act, bytes, compute);                 // D2H in the background; `act` is the cache's now
 /// // backward, layer i
 /// const void* a = cache.get(i, compute);               // compute waits for it on the GPU
-/// grad<<<..., compute.get()>>>(a, ...);
+/// grad<<<grid, block, 0, compute.get()>>>(a /* , ... */);
 /// cache.erase(i, compute);                             // device memory freed after the kernel
 /// cache.end_iteration();                               // the first one is recorded and replayed after
 /// ```
