@@ -283,7 +283,7 @@ TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing 
 }
 
 TEST_CASE(
-    "kv_cache: the one-statement form makes its scheduler, stream and memory; blocks spill and come back bit "
+    "kv_cache: the one-statement form makes its scheduler, stream and memory, and blocks spill and come back bit "
     "for bit",
     "[pipeline][kv]") {
   using cache_t = ferry::kv_cache<ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;

@@ -437,7 +437,7 @@ TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns m
 }
 
 TEST_CASE(
-    "tensor_cache: the one-statement form makes its scheduler, stream, arena and pool; tensors come back bit "
+    "tensor_cache: the one-statement form makes its scheduler, stream, arena and pool, and tensors come back bit "
     "for bit",
     "[pipeline][tensor_cache]") {
   using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;

@@ -19,7 +19,7 @@ namespace {
 using marker = ferry::basic_marker<ferry::host_backend>;
 }  // namespace
 
-TEST_CASE("basic_marker: orders a stream after the recorded work; gives its event back once", "[transfer][marker]") {
+TEST_CASE("basic_marker: orders a stream after the recorded work and gives its event back once", "[transfer][marker]") {
   ferry::host_stream compute;
   ferry::host_stream other;
   ferry::host_executor ex(compute, ferry_test::small_chunks());
