@@ -3,7 +3,7 @@
 /// interface; the facade documents every behaviour.
 #pragma once
 
-#include "ferry/policy/kv_plan.hpp"
+#include "ferry/policy/kv_plan_decl.hpp"
 
 #include <algorithm>
 #include <cstddef>

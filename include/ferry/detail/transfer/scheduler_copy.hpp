@@ -4,7 +4,7 @@
 /// Internal to `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_decl.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -19,12 +19,11 @@
 namespace ferry {
 
 template <class Backend>
-auto basic_scheduler<Backend>::check_pitched(const void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                                             std::size_t row_bytes, std::size_t rows) -> void {
+auto basic_scheduler<Backend>::check_pitched(const void* dst, std::size_t dst_pitch, const void* src,
+                                             std::size_t src_pitch, std::size_t row_bytes, std::size_t rows) -> void {
   if (rows == 0 || row_bytes == 0) return;  // nothing to move
   FERRY_EXPECTS(dst != nullptr && src != nullptr, "a 2D copy with a null pointer", dst, src, row_bytes, rows);
-  FERRY_EXPECTS(dst_pitch >= row_bytes, "a 2D copy's destination pitch is smaller than its rows", dst_pitch,
-                row_bytes);
+  FERRY_EXPECTS(dst_pitch >= row_bytes, "a 2D copy's destination pitch is smaller than its rows", dst_pitch, row_bytes);
   FERRY_EXPECTS(src_pitch >= row_bytes, "a 2D copy's source pitch is smaller than its rows", src_pitch, row_bytes);
   const std::size_t max = ~std::size_t{0};
   FERRY_EXPECTS((rows - 1) <= (max - row_bytes) / std::max(dst_pitch, src_pitch),
@@ -40,8 +39,8 @@ auto basic_scheduler<Backend>::check_pitched(const void* dst, std::size_t dst_pi
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::check_disk_range(const Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                                                std::size_t bytes, bool write) -> void {
+auto basic_scheduler<Backend>::check_disk_range(const Tier& tier, const typename Tier::region_type& r,
+                                                std::uint64_t offset, std::size_t bytes, bool write) -> void {
   FERRY_EXPECTS(offset <= r.size() && bytes <= r.size() - offset, "a move outside its region", offset, bytes,
                 ferry::named("region_bytes", r.size()));
   FERRY_EXPECTS(offset % tier.alignment() == 0, "a disk move must start at a multiple of the tier's alignment", offset,
@@ -62,8 +61,8 @@ auto basic_scheduler<Backend>::check_chunk_alignment(const Tier& tier) const -> 
 }
 
 template <class Backend>
-auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std::size_t bytes, copy_direction direction,
-                                         const stream_type* after) -> ticket_type {
+auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std::size_t bytes,
+                                         copy_direction direction, const stream_type* after) -> ticket_type {
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
     for (std::size_t off = 0; off < bytes;) {
       // A chunk ends at the next edge of a pinned registration on either side: CUDA
@@ -80,8 +79,9 @@ auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std
 }
 
 template <class Backend>
-auto basic_scheduler<Backend>::pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                                            std::size_t row_bytes, std::size_t rows, copy_direction direction, const stream_type* after) -> ticket_type {
+auto basic_scheduler<Backend>::pitched_move(lane l, void* dst, std::size_t dst_pitch, const void* src,
+                                            std::size_t src_pitch, std::size_t row_bytes, std::size_t rows,
+                                            copy_direction direction, const stream_type* after) -> ticket_type {
   if (row_bytes == 0) rows = 0;
   const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.chunk_bytes / row_bytes);
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {

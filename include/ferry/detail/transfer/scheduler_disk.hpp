@@ -5,7 +5,7 @@
 /// Internal to `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_decl.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -21,8 +21,9 @@ namespace ferry {
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::submit_thunk(void* tier, bool write, std::uint64_t region_offset, std::size_t region_bytes,
-                                            std::uint64_t region_reserved, std::uint64_t offset, std::byte* memory, std::size_t bytes,
+auto basic_scheduler<Backend>::submit_thunk(void* tier, bool write, std::uint64_t region_offset,
+                                            std::size_t region_bytes, std::uint64_t region_reserved,
+                                            std::uint64_t offset, std::byte* memory, std::size_t bytes,
                                             void (*done)(void*, std::exception_ptr) noexcept, void* context) -> void {
   auto& t = *static_cast<Tier*>(tier);
   typename Tier::region_type r;
@@ -40,7 +41,8 @@ auto basic_scheduler<Backend>::submit_thunk(void* tier, bool write, std::uint64_
 template <class Backend>
 template <class Tier>
 auto basic_scheduler<Backend>::prepare_disk_state(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
-                                                  std::byte* memory, std::size_t bytes, bool to_nvme, detail::completion_kind kind) -> state* {
+                                                  std::byte* memory, std::size_t bytes, bool to_nvme,
+                                                  detail::completion_kind kind) -> state* {
   state* s = core_->acquire();
   s->set_kind(kind);
   s->tier = &tier;
@@ -65,16 +67,16 @@ auto basic_scheduler<Backend>::prepare_disk_state(Tier& tier, const typename Tie
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* memory,
-                                       std::size_t bytes, bool to_nvme) -> ticket_type {
+auto basic_scheduler<Backend>::io_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
+                                       std::byte* memory, std::size_t bytes, bool to_nvme) -> ticket_type {
   state* s = prepare_disk_state(tier, r, offset, memory, bytes, to_nvme, detail::completion_kind::io);
   ticket_type t(s);
   detail::add_ref(s);  // the scheduler's reference, dropped in `finish`
   begin_move();
   s->owner_context = this;
   try {
-    s->submit(s->tier, to_nvme, s->region_offset, s->region_bytes, s->region_reserved, offset, memory, bytes,
-              &io_done, s);
+    s->submit(s->tier, to_nvme, s->region_offset, s->region_bytes, s->region_reserved, offset, memory, bytes, &io_done,
+              s);
   } catch (...) {
     finish(s, std::current_exception());
   }
@@ -91,8 +93,9 @@ auto basic_scheduler<Backend>::io_done(void* context, std::exception_ptr e) noex
 
 template <class Backend>
 template <class Tier>
-auto basic_scheduler<Backend>::staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset, std::byte* device,
-                                           std::size_t bytes, bool to_nvme, const stream_type* after) -> ticket_type {
+auto basic_scheduler<Backend>::staged_move(Tier& tier, const typename Tier::region_type& r, std::uint64_t offset,
+                                           std::byte* device, std::size_t bytes, bool to_nvme, const stream_type* after)
+    -> ticket_type {
   auto& b = core_->backend();
   const lane l = to_nvme ? lane::d2h : lane::h2d;
   if (after != nullptr) b.refuse_capture(*after, "a disk move ordered after this stream");
@@ -279,8 +282,8 @@ auto basic_scheduler<Backend>::issue(slot* sl) noexcept -> void {
   }
   try {
     counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-    s->submit(s->tier, false, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-              sl->memory, sl->bytes, &after_read, sl);
+    s->submit(s->tier, false, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset, sl->memory,
+              sl->bytes, &after_read, sl);
   } catch (...) {
     chunk_done(sl, std::current_exception());
   }
@@ -297,8 +300,8 @@ auto basic_scheduler<Backend>::after_d2h(void* context, std::exception_ptr e) no
   }
   try {
     sl->owner->counters_.disk_chunks.fetch_add(1, std::memory_order_relaxed);
-    s->submit(s->tier, true, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset,
-              sl->memory, sl->bytes, &after_write, sl);
+    s->submit(s->tier, true, s->region_offset, s->region_bytes, s->region_reserved, s->offset + sl->offset, sl->memory,
+              sl->bytes, &after_write, sl);
   } catch (...) {
     sl->owner->chunk_done(sl, std::current_exception());
   }
