@@ -106,7 +106,7 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
       cache.commit(seq, t, compute);
       cache.release(seq, compute);
     }
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::nvme) > 0);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::nvme) > 0);
     for (int r = requests; r-- > 0;) {
       INFO("request " << r);
       const auto t = tokens_of(r);

@@ -11,6 +11,7 @@
 #include "ferry/policy/kv_keys.hpp"
 #include "ferry/policy/offload_plan.hpp"
 #include "ferry/policy/placement.hpp"
+#include "ferry/tier/tier_kind.hpp"
 
 #include <algorithm>
 #include <array>
@@ -33,13 +34,6 @@ using kv_block_id = std::uint32_t;
 /// @brief "No block" (the parent of a sequence's first block).
 inline constexpr kv_block_id no_kv_block = std::numeric_limits<kv_block_id>::max();
 
-/// @brief The tiers of a KV cache, fastest first.
-struct kv_tier {
-  static constexpr std::size_t device = 0;  ///< the paged device pool
-  static constexpr std::size_t pinned = 1;  ///< pinned host memory
-  static constexpr std::size_t nvme = 2;    ///< NVMe (when the plan has it)
-};
-
 /// @brief Sizes of a `kv_plan`.
 struct kv_plan_options {
   std::size_t block_tokens = 16;  ///< tokens per block (vLLM's default block size)
@@ -53,7 +47,7 @@ struct kv_plan_options {
 struct kv_prefix {
   std::size_t tokens = 0;             ///< tokens it covers (`blocks.size() * block_tokens`)
   std::vector<kv_block_id> blocks;    ///< its blocks, in order
-  std::vector<std::size_t> tiers;     ///< the tier of each (`kv_tier`)
+  std::vector<tier_kind> tiers;       ///< the tier of each
   std::vector<std::uint64_t> hashes;  ///< the hash of each
 };
 
@@ -116,13 +110,13 @@ class kv_plan {
 
   /// @brief The options the plan was made with.
   [[nodiscard]] const kv_plan_options& options() const noexcept { return options_; }
-  /// @brief The cache's tiers (2 without NVMe, 3 with); `kv_tier` names them.
+  /// @brief The cache's tiers (2 without NVMe, 3 with); `tier_kind` names them.
   [[nodiscard]] std::size_t tiers() const noexcept { return tiers_; }
   /// @brief Blocks placed (in any tier), private or published.
   [[nodiscard]] std::size_t size() const noexcept { return placement_->size(); }
   /// @brief Blocks in tier `t` (whole blocks).
-  [[nodiscard]] std::size_t blocks_in(std::size_t t) const noexcept {
-    return placement_->used(t) / options_.block_bytes;
+  [[nodiscard]] std::size_t blocks_in(tier_kind t) const noexcept {
+    return placement_->used(tier_index(t)) / options_.block_bytes;
   }
   /// @brief Counts of what the plan has done.
   [[nodiscard]] const kv_plan_stats& stats() const noexcept { return stats_; }
@@ -193,9 +187,9 @@ class kv_plan {
   void discard(kv_block_id b, Mover&& mover);
 
   /// @brief The tier of `b`, or nullopt if it is not placed.
-  [[nodiscard]] std::optional<std::size_t> tier_of(kv_block_id b) const {
+  [[nodiscard]] std::optional<tier_kind> tier_of(kv_block_id b) const {
     const auto t = placement_->tier_of(b);
-    return t && *t < tiers_ ? t : std::nullopt;
+    return t && *t < tiers_ ? std::optional<tier_kind>(static_cast<tier_kind>(*t)) : std::nullopt;
   }
   /// @brief Holds of `b` (0 for a block not placed).
   [[nodiscard]] std::size_t holds(kv_block_id b) const noexcept { return valid(b) ? meta_[b].holds : 0; }
