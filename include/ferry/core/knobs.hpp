@@ -348,18 +348,22 @@ struct knob_table {
 
   /// @brief `spec(k)` as an object.
   struct spec_fn {
+    /// @brief `spec(k)`.
     [[nodiscard]] constexpr const row& operator()(knob k) const noexcept { return knob_table::spec(k); }
   };
   /// @brief `parse(k, text)` as an object.
   struct parse_fn {
+    /// @brief `parse(k, text)`.
     [[nodiscard]] std::uint64_t operator()(knob k, std::string_view text) const { return knob_table::parse(k, text); }
   };
   /// @brief `builtin()` as an object.
   struct builtin_fn {
+    /// @brief `builtin()`.
     [[nodiscard]] Settings operator()() const { return knob_table::builtin(); }
   };
   /// @brief `load(lookup)` as an object.
   struct load_fn {
+    /// @brief `load(lookup)`.
     template <knob_lookup Lookup>
     [[nodiscard]] Settings operator()(Lookup&& lookup) const {
       return knob_table::load(lookup);
@@ -367,10 +371,12 @@ struct knob_table {
   };
   /// @brief `from_environment()` as an object.
   struct from_environment_fn {
+    /// @brief `from_environment()`.
     [[nodiscard]] Settings operator()() const { return knob_table::from_environment(); }
   };
   /// @brief `current()` as an object.
   struct current_fn {
+    /// @brief `current()`.
     [[nodiscard]] const Settings& operator()() const { return knob_table::current(); }
   };
 };
