@@ -4,7 +4,14 @@
 #  - the layers read in the order data flows (core, cuda, memory, io, tier, policy, plan,
 #    codec, transfer, pipeline, optim): a header of a layer (or of detail/<layer>/)
 #    includes ferry headers of its own layer or of the layers before it, never after
-#    (the facades at the top of include/ferry may include anything).
+#    (the facades at the top of include/ferry may include anything);
+#  - no include cycle through detail/: a header under detail/ never includes a header
+#    that includes it back, directly or through other headers. The body of a class
+#    (detail/<layer>/X.hpp) includes the class's declarations (<layer>/X_decl.hpp), and
+#    the public <layer>/X.hpp includes both; the body never includes <layer>/X.hpp.
+#    (A rule on names alone, "no <layer>/X.hpp from detail/<layer>/X.hpp", would miss
+#    detail/optim/checkpoint_files.hpp including optim/state_checkpoint.hpp, which
+#    includes it through detail/optim/state_checkpoint.hpp; this rule follows the includes.)
 # usage: layout_check.sh INCLUDE_DIR
 set -euo pipefail
 root=$1/ferry
@@ -16,7 +23,43 @@ rank() {  # the rank of the layer of a path below include/ferry, or -1 for a fac
   for i in "${!layers[@]}"; do [[ ${layers[$i]} == "$top" ]] && { echo "$i"; return; }; done
   echo "unknown"
 }
+declare -A includes  # header (path below include/ferry) -> the ferry headers it includes, space-separated
+headers=()
+while IFS= read -r f; do
+  rel=${f#"$root"/}
+  headers+=("$rel")
+  includes[$rel]=$(sed -n 's|^#include "ferry/\([^"]*\)".*|\1|p' "$f" | tr '\n' ' ')
+done < <(find "$root" -type f \( -name '*.hpp' -o -name '*.cuh' \) | sort)
+includers_of() {  # every header that includes $1, directly or through others
+  local -A seen=()
+  local todo=("$1") cur h inc
+  while ((${#todo[@]})); do
+    cur=${todo[-1]}
+    unset 'todo[-1]'
+    for h in "${headers[@]}"; do
+      [[ -n ${seen[$h]:-} ]] && continue
+      for inc in ${includes[$h]}; do
+        if [[ $inc == "$cur" ]]; then
+          seen[$h]=1
+          todo+=("$h")
+          break
+        fi
+      done
+    done
+  done
+  echo "${!seen[@]}"
+}
 status=0
+for d in "${headers[@]}"; do
+  [[ $d == detail/* ]] || continue
+  back=" $(includers_of "$d") "
+  for inc in ${includes[$d]}; do
+    if [[ $back == *" $inc "* ]]; then
+      echo "layout: $d includes ferry/$inc, which includes it back (a cycle: include the declarations, not the facade)"
+      status=1
+    fi
+  done
+done
 while IFS= read -r f; do
   rel=${f#"$root"/}
   n=$(wc -l < "$f")
@@ -39,5 +82,5 @@ while IFS= read -r f; do
     fi
   done < <(sed -n 's|^#include "ferry/\([^"]*\)".*|\1|p' "$f")
 done < <(find "$root" -type f \( -name '*.hpp' -o -name '*.cuh' \) | sort)
-if (( status == 0 )); then echo "layout: every header within 600 lines, every include from its own layer or one below"; fi
+if (( status == 0 )); then echo "layout: every header within 600 lines, every include from its own layer or one below, no detail header included back"; fi
 exit $status

@@ -134,7 +134,7 @@ TEST_CASE("gpu kv_cache: blocks spill to pinned memory and NVMe and come back bi
                                         .nvme_budget_bytes = 32 * layers * lbb});
     constexpr int requests = 8;  // 24 blocks: 8 on the device, 8 pinned, 8 on NVMe
     for (int r = 0; r < requests; ++r) serve_request(cache, r, compute, r == 0 ? 2000000 : 0);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::nvme) > 0);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::nvme) > 0);
     for (int r = requests; r-- > 0;) check_request(cache, r, compute, bad);
     CHECK(cache.stats().loaded > 0);
     CHECK(cache.stats().read_back > 0);
@@ -156,7 +156,7 @@ TEST_CASE("gpu kv_cache: the one-statement form (its own scheduler and stream) k
                              .pinned_budget_bytes = 12 * layers * lbb});
     constexpr int requests = 4;  // 12 blocks: 6 on the device, 6 pinned
     for (int r = 0; r < requests; ++r) serve_request(cache, r, compute);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) > 0);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::pinned) > 0);
     for (int r = requests; r-- > 0;) check_request(cache, r, compute, bad);
     CHECK(cache.stats().loaded > 0);
     FERRY_CUDA_TRY(cudaStreamSynchronize(compute.get()));

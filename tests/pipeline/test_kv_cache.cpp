@@ -40,9 +40,9 @@ TEMPLATE_TEST_CASE("kv_cache: blocks spill across three tiers and come back bit 
     cache_t cache(sched, rig.tiers(), shape(4, 4, 12));
     constexpr int requests = 8;  // 16 blocks: 4 on the device, 4 pinned, 8 on NVMe
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 4);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::nvme) == 8);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::device) == 4);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::pinned) == 4);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::nvme) == 8);
     CHECK(cache.stats().offloaded == 12);
     CHECK(cache.stats().spilled == 8);
     CHECK(cache.stats().block_moves > 0);
@@ -129,7 +129,7 @@ TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wr
       cache.release(seq, compute);
     }
     serve(cache, tokens_of(1, 2), compute);  // pushes a's blocks to pinned memory
-    REQUIRE(cache.plan().blocks_in(ferry::kv_tier::pinned) == 2);
+    REQUIRE(cache.plan().blocks_in(ferry::tier_kind::pinned) == 2);
     auto seq = cache.admit(a);
     CHECK(seq.cached_tokens() == 2 * bt);
     CHECK(blocks_intact(cache, seq, a, compute));
@@ -168,7 +168,7 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a fa
     int on_disk = -1;
     for (int r = 0; r < 8 && on_disk < 0; ++r) {
       const auto p = cache.lookup(tokens_of(r, 1));
-      if (p.tokens == bt && p.tiers[0] == ferry::kv_tier::nvme) on_disk = r;
+      if (p.tokens == bt && p.tiers[0] == ferry::tier_kind::nvme) on_disk = r;
     }
     REQUIRE(on_disk >= 0);
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
@@ -239,7 +239,7 @@ TEMPLATE_TEST_CASE("kv_cache: a second sequence sharing a block whose NVMe read 
       const int base = round * 10;
       for (int r = 0; r < 5; ++r) serve(cache, tokens_of(base + r, 1), compute);
       const auto t = tokens_of(base, 1);
-      REQUIRE(cache.lookup(t).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
+      REQUIRE(cache.lookup(t).tiers == std::vector<ferry::tier_kind>{ferry::tier_kind::nvme});
       auto first = cache.admit(t);
       auto second = cache.admit(t);  // a device hit while the read is in flight
       CHECK(second.cached_tokens() == bt);
@@ -262,7 +262,7 @@ TEMPLATE_TEST_CASE("kv_cache: a failed NVMe read reaches every sequence sharing 
     kv_of<TestType, faulty_tier> cache(sched, rig.tiers(), shape(2, 2, 64));
     for (int r = 0; r < 5; ++r) serve(cache, tokens_of(r, 1), compute);
     const auto t = tokens_of(0, 1);
-    REQUIRE(cache.lookup(t).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
+    REQUIRE(cache.lookup(t).tiers == std::vector<ferry::tier_kind>{ferry::tier_kind::nvme});
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
     auto first = cache.admit(t);
     auto second = cache.admit(t);  // shares the block unless the failure has landed already
@@ -292,8 +292,8 @@ TEST_CASE(
     cache_t cache(shape(4, 8));
     constexpr int requests = 4;  // 8 blocks: 4 on the device, 4 pinned
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::device) == 4);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 4);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::device) == 4);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::pinned) == 4);
     for (int r = requests; r-- > 0;) check_cached(cache, r, 2, compute);
     CHECK(cache.stats().offloaded > 0);
     CHECK(cache.stats().loaded > 0);
@@ -340,7 +340,7 @@ TEMPLATE_TEST_CASE("kv_cache: over a pinned tier mapped for the device, blocks m
     cache_t cache(sched, rig.tiers(), shape(4, 12));
     constexpr int requests = 6;  // 12 blocks: 4 on the device, 8 pinned
     for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
-    CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 8);
+    CHECK(cache.plan().blocks_in(ferry::tier_kind::pinned) == 8);
     for (int r = requests; r-- > 0;) check_cached(cache, r, 2, compute);  // newest first
     CHECK(cache.stats().loaded > 0);
     const auto st = sched.stats();

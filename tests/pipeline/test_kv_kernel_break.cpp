@@ -68,7 +68,7 @@ TEMPLATE_TEST_CASE("kv_cache (break): over a pinned tier not mapped for the devi
         cache_t cache(sched, tier_set(sched, device, pool), shape(4, 12));
         constexpr int requests = 6;  // 12 blocks: 4 on the device, 8 pinned
         for (int r = 0; r < requests; ++r) serve(cache, tokens_of(r, 2), compute);
-        CHECK(cache.plan().blocks_in(ferry::kv_tier::pinned) == 8);
+        CHECK(cache.plan().blocks_in(ferry::tier_kind::pinned) == 8);
         for (int r = requests; r-- > 0;) {
           INFO("request " << r);
           const auto t = tokens_of(r, 2);

@@ -105,7 +105,7 @@ TEST_CASE("kv_plan: lookup finds the longest cached prefix, shared across sequen
   auto p = plan.lookup(a);
   CHECK(p.tokens == 12);
   CHECK(p.blocks == ids);
-  CHECK(p.tiers == std::vector<std::size_t>(3, ferry::kv_tier::device));
+  CHECK(p.tiers == std::vector<ferry::tier_kind>(3, ferry::tier_kind::device));
   CHECK(p.hashes == ferry::kv_block_hashes(a, bt));
   // A longer request with the same start shares the cached blocks; the rest is new.
   const auto b = seq({1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 13, 14});
@@ -129,21 +129,21 @@ TEST_CASE("kv_plan: blocks move down the tiers under their budgets and drop past
   recorder mv;
   std::vector<std::vector<kv_block_id>> seqs;
   for (kv_token s = 0; s < 10; ++s) seqs.push_back(cache_sequence(plan, seq({s, s, s, s}), mv));
-  CHECK(plan.blocks_in(ferry::kv_tier::device) == 2);
-  CHECK(plan.blocks_in(ferry::kv_tier::pinned) == 3);
-  CHECK(plan.blocks_in(ferry::kv_tier::nvme) == 2);
+  CHECK(plan.blocks_in(ferry::tier_kind::device) == 2);
+  CHECK(plan.blocks_in(ferry::tier_kind::pinned) == 3);
+  CHECK(plan.blocks_in(ferry::tier_kind::nvme) == 2);
   CHECK(plan.size() == 7);
   CHECK(plan.stats().dropped == 3);
   // LRU: the three oldest are gone, the newest on the device.
   for (kv_token s = 0; s < 3; ++s) CHECK(plan.lookup(seq({s, s, s, s})).tokens == 0);
-  CHECK(plan.lookup(seq({9, 9, 9, 9})).tiers == std::vector<std::size_t>{ferry::kv_tier::device});
-  CHECK(plan.lookup(seq({6, 6, 6, 6})).tiers == std::vector<std::size_t>{ferry::kv_tier::pinned});
-  CHECK(plan.lookup(seq({3, 3, 3, 3})).tiers == std::vector<std::size_t>{ferry::kv_tier::nvme});
+  CHECK(plan.lookup(seq({9, 9, 9, 9})).tiers == std::vector<ferry::tier_kind>{ferry::tier_kind::device});
+  CHECK(plan.lookup(seq({6, 6, 6, 6})).tiers == std::vector<ferry::tier_kind>{ferry::tier_kind::pinned});
+  CHECK(plan.lookup(seq({3, 3, 3, 3})).tiers == std::vector<ferry::tier_kind>{ferry::tier_kind::nvme});
   // Holding a block on NVMe fetches it to the device (a device block moves down to make room).
   const auto p = plan.lookup(seq({3, 3, 3, 3}));
   mv.kinds.clear();
   plan.hold(p.blocks, mv);
-  CHECK(plan.tier_of(p.blocks[0]) == std::optional<std::size_t>(ferry::kv_tier::device));
+  CHECK(plan.tier_of(p.blocks[0]) == ferry::tier_kind::device);
   CHECK(mv.count(ferry::move_kind::fetch) == 1);
   CHECK(mv.count(ferry::move_kind::evict) >= 1);
   CHECK(plan.holds(p.blocks[0]) == 1);
@@ -160,7 +160,7 @@ TEST_CASE("kv_plan: held blocks are never evicted, a full device refuses with ou
   // Device: 3 blocks; pinned: 2. Hold a's two blocks, then open one more: full.
   plan.hold(a, mv);
   const kv_block_id fresh = plan.open(mv);
-  CHECK(plan.blocks_in(0) == 3);
+  CHECK(plan.blocks_in(ferry::tier_kind::device) == 3);
   try {
     (void)plan.open(mv);
     FAIL("expected out_of_capacity");
@@ -173,7 +173,7 @@ TEST_CASE("kv_plan: held blocks are never evicted, a full device refuses with ou
     CHECK(plan.holds(x) == 0);
     CHECK(plan.tier_of(x).has_value());
   }
-  for (const kv_block_id x : a) CHECK(plan.tier_of(x) == std::optional<std::size_t>(ferry::kv_tier::device));
+  for (const kv_block_id x : a) CHECK(plan.tier_of(x) == ferry::tier_kind::device);
   // Once released, the same hold succeeds.
   plan.release(fresh, mv);
   plan.release(a[1], mv);
@@ -258,8 +258,8 @@ TEST_CASE("kv_plan: lookups match a reference model of cached prefixes under ran
       }
       for (const kv_block_id b : held) plan.release(b, mover);
       // Invariants: the tiers' budgets hold; every cached block is placed; nothing held.
-      CHECK(plan.blocks_in(0) <= 6);
-      CHECK(plan.blocks_in(1) <= 5);
+      CHECK(plan.blocks_in(ferry::tier_kind::device) <= 6);
+      CHECK(plan.blocks_in(ferry::tier_kind::pinned) <= 5);
       CHECK(plan.size() == model.size());
       for (const auto& [b, pre] : prefix_of) {
         CHECK(plan.holds(b) == 0);

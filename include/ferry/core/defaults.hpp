@@ -51,7 +51,7 @@
 /// `from_environment` and `current()` (the process-wide values, read from the
 /// environment once, on first use). A table writes only its rows, its fields and the map
 /// from knob to field (`settings::fields`); `get` and `set` come from
-/// `ferry::defaults::knob_settings`, and the functions forward to
+/// `ferry::defaults::knob_settings`, and the functions are objects of
 /// `ferry::defaults::knob_table`. The guide's "Knobs" section says how to pick each
 /// value.
 // clang-format on

@@ -10,7 +10,8 @@
 /// `spec`, `parse`, `builtin`, `load`, `from_environment` and `current` (the process-wide
 /// values, read once). The plumbing is here, once: a table's `settings` derives from
 /// `knob_settings` (its `get` and `set`, through the struct's `fields`, a pointer to its
-/// member per knob), and its functions forward to `knob_table<table, settings>`.
+/// member per knob), and its functions are the objects of `knob_table<table, settings>`
+/// (`spec_fn`, ..., `current_fn`), one line each.
 ///
 /// Byte values are written as an integer with an optional unit: `4194304`, `4MiB`,
 /// `4mib`, `4M` and `4m` are all 4 MiB (IEC units in any case, and K, M, G, T, P alone,
@@ -341,6 +342,43 @@ struct knob_table {
     static const Settings values = from_environment();
     return values;
   }
+
+  // The same functions as objects, which a layer's `defaults` namespace declares one line
+  // each (`inline constexpr functions::current_fn current{};`) instead of forwarding.
+
+  /// @brief `spec(k)` as an object.
+  struct spec_fn {
+    /// @brief `spec(k)`.
+    [[nodiscard]] constexpr const row& operator()(knob k) const noexcept { return knob_table::spec(k); }
+  };
+  /// @brief `parse(k, text)` as an object.
+  struct parse_fn {
+    /// @brief `parse(k, text)`.
+    [[nodiscard]] std::uint64_t operator()(knob k, std::string_view text) const { return knob_table::parse(k, text); }
+  };
+  /// @brief `builtin()` as an object.
+  struct builtin_fn {
+    /// @brief `builtin()`.
+    [[nodiscard]] Settings operator()() const { return knob_table::builtin(); }
+  };
+  /// @brief `load(lookup)` as an object.
+  struct load_fn {
+    /// @brief `load(lookup)`.
+    template <knob_lookup Lookup>
+    [[nodiscard]] Settings operator()(Lookup&& lookup) const {
+      return knob_table::load(lookup);
+    }
+  };
+  /// @brief `from_environment()` as an object.
+  struct from_environment_fn {
+    /// @brief `from_environment()`.
+    [[nodiscard]] Settings operator()() const { return knob_table::from_environment(); }
+  };
+  /// @brief `current()` as an object.
+  struct current_fn {
+    /// @brief `current()`.
+    [[nodiscard]] const Settings& operator()() const { return knob_table::current(); }
+  };
 };
 
 }  // namespace ferry::defaults

@@ -98,35 +98,12 @@ namespace detail {
 using functions = ferry::defaults::knob_table<table, settings>;
 }  // namespace detail
 
-/// @brief The row of a knob.
-[[nodiscard]] constexpr const knob_spec& spec(knob k) noexcept { return detail::functions::spec(k); }
-
-/// @brief Parses and validates a value for a knob of the memory table.
-/// @param k     the knob (its unit, limits and variable name come from the table)
-/// @param text  the value as written, e.g. "2GiB"
-/// @return the value in the knob's unit (bytes)
-/// @throws ferry::config_error naming the knob's variable, the text and the rule it broke
-[[nodiscard]] inline std::uint64_t parse(knob k, std::string_view text) { return detail::functions::parse(k, text); }
-
-/// @brief The built-in defaults, ignoring the environment.
-[[nodiscard]] inline settings builtin() { return detail::functions::builtin(); }
-
-/// @brief Resolves every knob: the value `lookup` gives for its variable, else the default.
-/// @param lookup a `ferry::defaults::knob_lookup`
-/// @throws ferry::config_error for the first malformed value, naming variable and value
-template <knob_lookup Lookup>
-[[nodiscard]] settings load(Lookup&& lookup) {
-  return detail::functions::load(lookup);
-}
-
-/// @brief Resolves every knob from the process environment, now.
-/// @throws ferry::config_error for the first malformed value
-[[nodiscard]] inline settings from_environment() { return detail::functions::from_environment(); }
-
-/// @brief The process-wide settings: read from the environment on the first call and
-/// kept for the life of the process. Thread-safe.
-/// @throws ferry::config_error if `FERRY_PINNED_BUDGET_BYTES` is malformed (each later
-///         call tries again, so a fixed environment is picked up)
-[[nodiscard]] inline const settings& current() { return detail::functions::current(); }
+// The functions of the table, as objects (`ferry::defaults::knob_table` documents each).
+inline constexpr detail::functions::spec_fn spec{};                          ///< `spec(k)`: the row of a knob
+inline constexpr detail::functions::parse_fn parse{};                        ///< `parse(k, text)`: a value, checked
+inline constexpr detail::functions::builtin_fn builtin{};                    ///< the defaults, ignoring the environment
+inline constexpr detail::functions::load_fn load{};                          ///< `load(lookup)`: any source
+inline constexpr detail::functions::from_environment_fn from_environment{};  ///< the environment, now
+inline constexpr detail::functions::current_fn current{};                    ///< the environment, read once
 
 }  // namespace ferry::memory::defaults

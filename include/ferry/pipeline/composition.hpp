@@ -2,7 +2,7 @@
 /// @brief How a pipeline is composed: `ferry::tiers`, the tiers it moves bytes between,
 /// named once as types (its template argument) and given once as objects (its
 /// constructor argument); `ferry::automatic`, the "choose for me" of a policy slot, and
-/// its resolution; `ferry::tier_kind`.
+/// its resolution; `ferry::tier_kind` (tier/tier_kind.hpp).
 ///
 /// ```cpp
 /// // the common case: device and pinned memory the cache owns
@@ -30,6 +30,7 @@
 #include "ferry/policy/prefetch.hpp"
 #include "ferry/tier/device_tier.hpp"
 #include "ferry/tier/pinned_tier.hpp"
+#include "ferry/tier/tier_kind.hpp"  // IWYU pragma: export
 
 #include <cstddef>
 #include <cstdint>
@@ -41,13 +42,6 @@ namespace ferry {
 /// @brief "Choose for me", in a policy or codec slot of a pipeline: resolved by the
 /// pipeline (see `tensor_cache`).
 struct automatic {};
-
-/// @brief Which tier of a pipeline holds a copy: tier 0 (device), 1 (pinned), 2 (NVMe).
-enum class tier_kind : std::uint8_t {
-  device = 0,  ///< device memory (HBM): where tensors are produced and consumed
-  pinned = 1,  ///< pinned host memory (a `pinned_pool`)
-  nvme = 2,    ///< a file-backed tier (an `nvme_tier`)
-};
 
 /// @brief The device tier a pipeline defaults to: `device_tier` when ferry's CUDA part is
 /// on (`FERRY_HAS_CUDA`), else `host_device_tier` (the CPU model of the device runtime).

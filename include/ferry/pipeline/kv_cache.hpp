@@ -365,8 +365,8 @@ class kv_cache {
   [[nodiscard]] void* block_address(std::uint32_t slot, std::size_t layer) const noexcept {
     return engine_.device_block(slot, layer);
   }
-  /// @brief The tier of block `b` (`kv_tier`), or nullopt if it is not cached.
-  [[nodiscard]] std::optional<std::size_t> tier_of(kv_block_id b) const { return engine_.plan().tier_of(b); }
+  /// @brief The tier of block `b` (`tier_kind`), or nullopt if it is not cached.
+  [[nodiscard]] std::optional<tier_kind> tier_of(kv_block_id b) const { return engine_.plan().tier_of(b); }
   /// @brief The shape the cache was made with.
   [[nodiscard]] const kv_cache_options& options() const noexcept { return engine_.options(); }
   /// @brief What the cache has moved.

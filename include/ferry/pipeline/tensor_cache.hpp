@@ -353,7 +353,7 @@ class tensor_cache {
   [[nodiscard]] std::size_t size() const noexcept { return engine_.size(); }
   /// @brief The tier of `key`'s fastest copy.
   /// @throws ferry::logic_error for an unknown key
-  [[nodiscard]] tier_kind tier_of(const key_type& key) { return static_cast<tier_kind>(engine_.tier_of(key)); }
+  [[nodiscard]] tier_kind tier_of(const key_type& key) { return engine_.tier_of(key); }
   /// @brief Counters since construction.
   [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return engine_.stats(); }
   /// @brief The recorded iteration: recorded as the first iteration runs, fixed from the

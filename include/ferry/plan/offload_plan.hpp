@@ -43,6 +43,7 @@
 #include "ferry/core/units.hpp"
 #include "ferry/plan/placement.hpp"
 #include "ferry/policy/access_schedule.hpp"
+#include "ferry/tier/tier_kind.hpp"
 
 #include <algorithm>
 #include <array>
@@ -80,13 +81,6 @@ struct same_size {
   using value_type = std::byte;  ///< tensors are counted in bytes
   /// @brief `n` bytes take `n` bytes offloaded.
   [[nodiscard]] constexpr std::size_t encoded_bytes(std::size_t n) const noexcept { return n; }
-};
-
-/// @brief The tiers of an `offload_plan`, as indices of its placement.
-struct offload_tier {
-  static constexpr std::size_t device = 0;  ///< device memory
-  static constexpr std::size_t pinned = 1;  ///< pinned host memory
-  static constexpr std::size_t nvme = 2;    ///< NVMe (when the plan has it)
 };
 
 /// @brief The decisions of activation offload (see the file comment).
@@ -167,7 +161,7 @@ class offload_plan {
       while (window_.size() > rules_.keep_last) {
         const Key leaving = window_.front();
         window_.pop_front();
-        if (placement_->tier_of(leaving) == std::optional<std::size_t>(offload_tier::device)) {
+        if (placement_->tier_of(leaving) == tier_index(tier_kind::device)) {
           out = leaving;
         }
       }
@@ -186,7 +180,7 @@ class offload_plan {
     if (placement_->tier_of(key)) placement_->erase(key);
     bytes_.erase(key);
     window_.erase(std::remove(window_.begin(), window_.end(), key), window_.end());
-    if (leaving && placement_->tier_of(*leaving) == std::optional<std::size_t>(offload_tier::device) &&
+    if (leaving && placement_->tier_of(*leaving) == tier_index(tier_kind::device) &&
         std::find(window_.begin(), window_.end(), *leaving) == window_.end()) {
       window_.push_front(*leaving);
     }
@@ -301,7 +295,7 @@ class offload_plan {
   /// @return false when there is no NVMe tier or nothing to spill
   template <class Mover>
   bool spill_one(Mover&& mover) {
-    return has_nvme_ && placement_->evict_one(offload_tier::pinned, mover);
+    return has_nvme_ && placement_->evict_one(tier_index(tier_kind::pinned), mover);
   }
 
   /// @brief Ends an iteration: after the first, the schedule-driven policies are made
@@ -320,9 +314,10 @@ class offload_plan {
     placement_->advance_to(position_);
   }
 
-  /// @brief The tier holding `placed_as` (an `offload_tier` index), or none.
-  [[nodiscard]] std::optional<std::size_t> tier_of(const Key& placed_as) const {
-    return placement_->tier_of(placed_as);
+  /// @brief The tier holding `placed_as`, or none.
+  [[nodiscard]] std::optional<tier_kind> tier_of(const Key& placed_as) const {
+    const std::optional<std::size_t> t = placement_->tier_of(placed_as);
+    return t ? std::optional<tier_kind>(static_cast<tier_kind>(*t)) : std::nullopt;
   }
   /// @brief The recorded iteration.
   [[nodiscard]] const schedule_type& schedule() const noexcept { return schedule_; }

@@ -27,11 +27,6 @@
 
 namespace ferry {
 
-/// @brief The scheduler's backend on a device runtime that defaults to CUDA (the name it
-/// had before the backend was written over the runtime concept).
-template <device_runtime Api = cuda_runtime>
-using cuda_backend = device_backend<Api>;
-
 /// @brief A scheduler on CUDA streams (see transfer/device_backend.hpp and `basic_scheduler`).
 using stream_scheduler = basic_scheduler<device_backend<cuda_runtime>>;
 

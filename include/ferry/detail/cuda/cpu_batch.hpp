@@ -5,7 +5,8 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
-#include "ferry/cuda/cpu_device.hpp"
+#include "ferry/cuda/cpu_device_decl.hpp"
+#include "ferry/detail/cuda/cpu_device.hpp"  // cpu_device::enqueue, which these bodies call
 
 #include <algorithm>
 #include <cstddef>
@@ -87,42 +88,45 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
   }
   std::size_t total = 0;
   for (const piece& p : pieces) total += p.n;
-  enqueue(s, [this, s, pieces = std::move(pieces), fails, kernel]() mutable {
-    // On the stream's worker, the only user of its generator.
-    std::mt19937_64& rng = s->rng;
-    const bool adversarial = options_.seed != 0 && options_.max_delay_us != 0;
-    std::size_t pause = pieces.size();  // the block boundary with one more delay (none: past the end)
-    if (options_.seed == 0) {
-      std::reverse(pieces.begin(), pieces.end());
-    } else {
-      std::shuffle(pieces.begin(), pieces.end(), rng);
-      if (adversarial) pause = std::uniform_int_distribution<std::size_t>(0, pieces.size() - 1)(rng);
-    }
-    const std::size_t stop = fails ? pieces.size() / 2 : pieces.size();
-    if (kernel) {  // thread blocks: every first half, then every second half
-      for (std::size_t i = 0; i < stop; ++i) {
-        std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n / 2);
-      }
-      for (std::size_t i = 0; i < stop; ++i) {
-        if (i == pause) delay(rng);
-        const std::size_t half = pieces[i].n / 2;
-        std::memcpy(pieces[i].dst + half, pieces[i].src + half, pieces[i].n - half);
-      }
-    } else {
-      for (std::size_t i = 0; i < stop; ++i) {
-        if (i == pause) delay(rng);
-        std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
-      }
-    }
-    if (fails) {
-      fail(s, std::make_exception_ptr(
-                  device_error(std::string("cpu_device: an injected ") +
-                                   (kernel ? "fault in a block-copy kernel" : "copy-engine fault in a batched copy") +
-                                   " (fail_batches_after): " + std::to_string(stop) + " of its " +
-                                   std::to_string(pieces.size()) + " copies ran",
-                               static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
-    }
-  }, total);
+  enqueue(
+      s,
+      [this, s, pieces = std::move(pieces), fails, kernel]() mutable {
+        // On the stream's worker, the only user of its generator.
+        std::mt19937_64& rng = s->rng;
+        const bool adversarial = options_.seed != 0 && options_.max_delay_us != 0;
+        std::size_t pause = pieces.size();  // the block boundary with one more delay (none: past the end)
+        if (options_.seed == 0) {
+          std::reverse(pieces.begin(), pieces.end());
+        } else {
+          std::shuffle(pieces.begin(), pieces.end(), rng);
+          if (adversarial) pause = std::uniform_int_distribution<std::size_t>(0, pieces.size() - 1)(rng);
+        }
+        const std::size_t stop = fails ? pieces.size() / 2 : pieces.size();
+        if (kernel) {  // thread blocks: every first half, then every second half
+          for (std::size_t i = 0; i < stop; ++i) {
+            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n / 2);
+          }
+          for (std::size_t i = 0; i < stop; ++i) {
+            if (i == pause) delay(rng);
+            const std::size_t half = pieces[i].n / 2;
+            std::memcpy(pieces[i].dst + half, pieces[i].src + half, pieces[i].n - half);
+          }
+        } else {
+          for (std::size_t i = 0; i < stop; ++i) {
+            if (i == pause) delay(rng);
+            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+          }
+        }
+        if (fails) {
+          fail(s, std::make_exception_ptr(device_error(
+                      std::string("cpu_device: an injected ") +
+                          (kernel ? "fault in a block-copy kernel" : "copy-engine fault in a batched copy") +
+                          " (fail_batches_after): " + std::to_string(stop) + " of its " +
+                          std::to_string(pieces.size()) + " copies ran",
+                      static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
+        }
+      },
+      total);
   return {};
 }
 

@@ -12,7 +12,7 @@
 #pragma once
 
 #include "ferry/core/error.hpp"
-#include "ferry/cuda/cpu_device.hpp"
+#include "ferry/cuda/cpu_device_decl.hpp"
 
 #include <chrono>
 #include <cstddef>

@@ -3,7 +3,7 @@
 /// cuda/cpu_device.hpp, which declares and documents them).
 #pragma once
 
-#include "ferry/cuda/cpu_device.hpp"
+#include "ferry/cuda/cpu_device_decl.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -3,7 +3,7 @@
 /// `ferry/memory/slot_memory.hpp`, which includes this file).
 #pragma once
 
-#include "ferry/memory/slot_memory.hpp"
+#include "ferry/memory/slot_memory_decl.hpp"
 
 namespace ferry {
 

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "ferry/detail/core/crc32c.hpp"
-#include "ferry/optim/state_checkpoint.hpp"
+#include "ferry/optim/state_checkpoint_decl.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -6,7 +6,7 @@
 
 #include "ferry/detail/core/crc32c.hpp"
 #include "ferry/detail/optim/checkpoint_files.hpp"
-#include "ferry/optim/state_checkpoint.hpp"
+#include "ferry/optim/state_checkpoint_decl.hpp"
 
 #include <algorithm>
 #include <atomic>

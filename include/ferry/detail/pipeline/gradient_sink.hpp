@@ -4,7 +4,7 @@
 #pragma once
 
 #include "ferry/detail/codec/widen.hpp"
-#include "ferry/pipeline/gradient_sink.hpp"
+#include "ferry/pipeline/gradient_sink_decl.hpp"
 
 #include <algorithm>
 #include <utility>
@@ -22,8 +22,8 @@ void basic_gradient_sink<Backend>::check_options(const gradient_sink_options& op
 }
 
 template <class Backend>
-basic_gradient_sink<Backend>::basic_gradient_sink(scheduler_type& sched, std::size_t layers,
-                                                  std::size_t largest_bytes, gradient_sink_options options)
+basic_gradient_sink<Backend>::basic_gradient_sink(scheduler_type& sched, std::size_t layers, std::size_t largest_bytes,
+                                                  gradient_sink_options options)
     : sched_(&sched), options_(options) {
   FERRY_EXPECTS(layers >= 1, "a gradient sink needs at least one layer", layers);
   check_options(options_);
@@ -50,8 +50,8 @@ auto basic_gradient_sink<Backend>::push_gradient(std::size_t layer, const std::b
   FERRY_EXPECTS(device_grad != nullptr && bytes > 0, "push_gradient needs a non-null, non-empty gradient",
                 ferry::named("grad", device_grad), bytes);
   if (options_.accumulate) {
-    FERRY_EXPECTS(bytes % element_bytes(options_.element) == 0, "an accumulated gradient must be whole elements",
-                  layer, bytes, ferry::named("element", element_bytes(options_.element)));
+    FERRY_EXPECTS(bytes % element_bytes(options_.element) == 0, "an accumulated gradient must be whole elements", layer,
+                  bytes, ferry::named("element", element_bytes(options_.element)));
   }
   std::byte* slab = allocate_slab(bytes);
   ticket_type t;
@@ -135,9 +135,8 @@ std::byte* basic_gradient_sink<Backend>::allocate_slab(std::size_t bytes) {
       std::unique_lock lock(mutex_);
       if (pushes_in_flight_ == 0 && slabs_returned_.load(std::memory_order_relaxed) == returned) throw;
       ++stats_.pool_waits;
-      idle_.wait(lock, [&] {
-        return slabs_returned_.load(std::memory_order_relaxed) != returned || pushes_in_flight_ == 0;
-      });
+      idle_.wait(lock,
+                 [&] { return slabs_returned_.load(std::memory_order_relaxed) != returned || pushes_in_flight_ == 0; });
     }
   }
 }
@@ -229,8 +228,8 @@ void basic_gradient_sink<Backend>::on_push_landed(std::size_t layer, std::uint64
 // Moves the layer's next micro-batch in sequence order out of `g.waiting` (under mutex_).
 template <class Backend>
 bool basic_gradient_sink<Backend>::take_next_landed(grad_state& g, landed_gradient& out) {
-  auto it = std::find_if(g.waiting.begin(), g.waiting.end(),
-                         [&](const landed_gradient& w) { return w.seq == g.handled; });
+  auto it =
+      std::find_if(g.waiting.begin(), g.waiting.end(), [&](const landed_gradient& w) { return w.seq == g.handled; });
   if (it == g.waiting.end()) return false;
   out = std::move(*it);
   g.waiting.erase(it);
@@ -258,9 +257,9 @@ void basic_gradient_sink<Backend>::add_micro_batch(grad_state& g, std::size_t la
     if (!g.step_failed) add_elements(g.sum.data(), item.slab, elements, m == 0);
   }
   if (m + 1 == n && !g.step_failed) {
-    call_back(item.callback, layer,
-              std::span<const std::byte>(reinterpret_cast<const std::byte*>(g.sum.data()),
-                                         g.sum.size() * sizeof(float)));
+    call_back(
+        item.callback, layer,
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(g.sum.data()), g.sum.size() * sizeof(float)));
   }
 }
 

@@ -344,7 +344,7 @@ class kv_cache_engine {
     switch (e.kind) {
       case move_kind::create: s.slot = take(free_device_, "device"); break;
       case move_kind::fetch:
-        if (e.from == kv_tier::pinned) {
+        if (e.from == tier_index(tier_kind::pinned)) {
           const std::uint32_t dst = take(free_device_, "device");
           for (std::size_t l = 0; l < o_.layers; ++l)
             r.h2d[l].push_back({device_block(dst, l), pinned_block(s.slot) + l * layer_bytes_, layer_bytes_});
@@ -362,7 +362,7 @@ class kv_cache_engine {
         stats_.bytes_to_device += block_bytes_;
         break;
       case move_kind::evict:
-        if (e.from == kv_tier::device) {
+        if (e.from == tier_index(tier_kind::device)) {
           if (free_pinned_.empty() && !r.freed_pinned.empty()) flush(r);  // reuse after the H2D read it
           const std::uint32_t dst = take(free_pinned_, "pinned");
           if (s.produced) r.waits.push_back(std::move(s.produced));
@@ -419,12 +419,12 @@ class kv_cache_engine {
   }
 
   void drop(round& r, const move_event<kv_block_id>& e, block_state& s) {
-    if (e.from == kv_tier::device) {
+    if (e.from == tier_index(tier_kind::device)) {
       // A private block released, or a device block dropped: its reuse waits for its
       // last user (the D2H lane waits for it before the next round's moves).
       for (auto& u : s.last_uses) pending_.push_back(std::move(u));
       free_device_.push_back(s.slot);
-    } else if (e.from == kv_tier::pinned) {
+    } else if (e.from == tier_index(tier_kind::pinned)) {
       // Dropped from pinned memory: reusable by a D2H on the same lane as its own fill
       // (issued first, so that one batch never writes a slot twice).
       if (s.fill_pending) flush(r);
@@ -432,7 +432,7 @@ class kv_cache_engine {
     } else {
       free_nvme_.push_back(s.slot);
     }
-    if (e.from != kv_tier::device) ++stats_.dropped;
+    if (e.from != tier_index(tier_kind::device)) ++stats_.dropped;
     s = block_state{};
   }
 

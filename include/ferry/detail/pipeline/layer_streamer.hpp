@@ -3,7 +3,7 @@
 /// `ferry/pipeline/layer_streamer.hpp`, which includes this file).
 #pragma once
 
-#include "ferry/pipeline/layer_streamer.hpp"
+#include "ferry/pipeline/layer_streamer_decl.hpp"
 
 #include <algorithm>
 #include <iterator>
@@ -13,8 +13,8 @@ namespace ferry {
 
 template <class Backend>
 basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched,
-                                                    std::vector<std::span<const std::byte>> weights,
-                                                    slot_memory slots, layer_streamer_options options)
+                                                    std::vector<std::span<const std::byte>> weights, slot_memory slots,
+                                                    layer_streamer_options options)
     : sched_(&sched), slots_mem_(std::move(slots)) {
   bytes_.reserve(weights.size());
   for (std::size_t i = 0; i < weights.size(); ++i) {
@@ -52,9 +52,8 @@ basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched, std::
 template <class Backend>
 template <class Tier>
   requires std::same_as<typename Tier::region_type, nvme_region>
-basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched, Tier& tier,
-                                                    std::vector<nvme_region> weights, slot_memory slots,
-                                                    layer_streamer_options options)
+basic_layer_streamer<Backend>::basic_layer_streamer(scheduler_type& sched, Tier& tier, std::vector<nvme_region> weights,
+                                                    slot_memory slots, layer_streamer_options options)
     : sched_(&sched), slots_mem_(std::move(slots)) {
   FERRY_EXPECTS(sched.chunk_bytes() % tier.alignment() == 0,
                 "weights on NVMe need a scheduler chunk size that is a multiple of the tier's alignment",

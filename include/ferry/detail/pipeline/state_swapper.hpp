@@ -3,7 +3,7 @@
 /// `ferry/pipeline/state_swapper.hpp`, which includes this file).
 #pragma once
 
-#include "ferry/pipeline/state_swapper.hpp"
+#include "ferry/pipeline/state_swapper_decl.hpp"
 
 #include <algorithm>
 #include <array>

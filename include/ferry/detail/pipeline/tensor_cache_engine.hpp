@@ -148,7 +148,7 @@ class tensor_cache_engine {
     if (r.in.valid()) {
       // A copy that has landed, or any read from NVMe (a disk read fails more often than a
       // copy, and its failure must reach this get, not garbage): the host waits for it.
-      if (landed(r) || r.in_from == offload_tier::nvme) {
+      if (landed(r) || r.in_from == tier_index(tier_kind::nvme)) {
         try {
           wait_landed(r);
         } catch (...) {  // the fetched copy is garbage: drop it, keep the other copy
@@ -204,9 +204,9 @@ class tensor_cache_engine {
 
   [[nodiscard]] bool contains(const key_type& key) const { return records_.find(key) != records_.end(); }
   [[nodiscard]] std::size_t size() const noexcept { return records_.size(); }
-  [[nodiscard]] std::size_t tier_of(const key_type& key) {
+  [[nodiscard]] tier_kind tier_of(const key_type& key) {
     const record& r = find(key, "tensor_cache::tier_of: the cache does not hold this key");
-    return plan_.tier_of(r.key).value_or(offload_tier::device);
+    return plan_.tier_of(r.key).value_or(tier_kind::device);
   }
   [[nodiscard]] const tensor_cache_stats& stats() const noexcept { return stats_; }
   [[nodiscard]] const schedule_type& schedule() const noexcept { return plan_.schedule(); }
@@ -229,7 +229,7 @@ class tensor_cache_engine {
     record& r = *by_plan_key(e.key);
     switch (e.kind) {
       case move_kind::evict:
-        if (e.from == offload_tier::device) {
+        if (e.from == tier_index(tier_kind::device)) {
           offload(r, e.to);
         } else {
           spill(r);
@@ -300,7 +300,7 @@ class tensor_cache_engine {
       src = staging;
     }
     try {
-      if (to == offload_tier::pinned) {
+      if (to == tier_index(tier_kind::pinned)) {
         std::byte* block = take_host_block(r.encoded);
         try {
           r.out = sched_->to_host(block, src, r.encoded, producer);
@@ -388,7 +388,7 @@ class tensor_cache_engine {
   // until the copy has landed (`settle_fetch`), so a failed copy loses nothing.
   void fetch(record& r, std::size_t from, bool ahead) {
     const stream_type h2d = sched_->h2d();
-    if (from == offload_tier::pinned) r.out.enqueue_wait(h2d);  // the block is complete before it is read
+    if (from == tier_index(tier_kind::pinned)) r.out.enqueue_wait(h2d);  // the block is complete before it is read
     void* dst = device_->allocate(r.bytes, h2d);
     std::byte* staging = nullptr;
     try {
@@ -399,7 +399,7 @@ class tensor_cache_engine {
       }
       // From NVMe the copies run on a stream of the move's own: ordered after the H2D stream,
       // where the destination was allocated.
-      ticket_type copy = from == offload_tier::pinned
+      ticket_type copy = from == tier_index(tier_kind::pinned)
                              ? sched_->to_device(target, r.host, r.encoded)
                              : sched_->nvme_to_device(*nvme_, *r.disk, 0, target, r.encoded, h2d);
       if constexpr (!is_identity_codec<Codec>) {
@@ -422,7 +422,7 @@ class tensor_cache_engine {
     ++stats_.fetched;
     stats_.fetched_bytes += r.encoded;
     if (ahead) ++stats_.prefetched;
-    if (from == offload_tier::nvme) ++stats_.read_back;
+    if (from == tier_index(tier_kind::nvme)) ++stats_.read_back;
     retiring_.push_back(by_plan_key(r.key));
   }
 
@@ -430,11 +430,11 @@ class tensor_cache_engine {
   void settle_fetch(record& r) noexcept {
     r.in = ticket_type{};
     r.in_copy = ticket_type{};
-    if (r.in_from == offload_tier::pinned && r.host != nullptr) {
+    if (r.in_from == tier_index(tier_kind::pinned) && r.host != nullptr) {
       host_->deallocate(r.host, r.encoded);
       r.host = nullptr;
       r.out = ticket_type{};
-    } else if (r.in_from == offload_tier::nvme && r.disk) {
+    } else if (r.in_from == tier_index(tier_kind::nvme) && r.disk) {
       nvme_->deallocate(*r.disk);
       r.disk.reset();
     }
@@ -507,7 +507,7 @@ class tensor_cache_engine {
     }
     for (auto it = retiring_.begin(); it != retiring_.end(); ++it) {
       record& r = **it;
-      if (r.in_from != offload_tier::pinned || !r.in.valid()) continue;
+      if (r.in_from != tier_index(tier_kind::pinned) || !r.in.valid()) continue;
       try {
         wait_landed(r);
       } catch (...) {

@@ -3,7 +3,7 @@
 /// interface; the facade documents every behaviour.
 #pragma once
 
-#include "ferry/plan/kv_plan.hpp"
+#include "ferry/plan/kv_plan_decl.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -165,7 +165,7 @@ kv_prefix kv_plan<Eviction, Hasher>::lookup(std::span<const kv_token> tokens, co
     const auto found = find(h, prev, i == 0 ? std::string_view(first) : std::string_view(own), block);
     if (!found) break;
     out.blocks.push_back(*found);
-    out.tiers.push_back(*placement_->tier_of(*found));
+    out.tiers.push_back(static_cast<tier_kind>(*placement_->tier_of(*found)));
     out.hashes.push_back(h);
     prev = *found;
   }
@@ -212,7 +212,7 @@ void kv_plan<Eviction, Hasher>::hold(std::span<const kv_block_id> blocks, Mover&
   std::size_t hits = 0;
   try {
     for (; i < blocks.size(); ++i) {
-      const bool on_device = *placement_->tier_of(blocks[i]) == kv_tier::device;
+      const bool on_device = *placement_->tier_of(blocks[i]) == tier_index(tier_kind::device);
       (void)placement_->access(blocks[i], options_.block_bytes, access_kind::read, 0, w);
       if (on_device) {
         ++hits;

@@ -3,7 +3,7 @@
 /// the tiers' counts and policies). Included at the end of that header; not part of the public interface.
 #pragma once
 
-#include "ferry/plan/placement.hpp"  // the class whose members these are
+#include "ferry/plan/placement_decl.hpp"  // the class whose members these are
 
 namespace ferry {
 

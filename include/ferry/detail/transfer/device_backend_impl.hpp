@@ -4,7 +4,7 @@
 /// `ferry::device_backend` (transfer/device_backend.hpp, which includes it).
 #pragma once
 
-#include "ferry/transfer/device_backend.hpp"
+#include "ferry/transfer/device_backend_decl.hpp"
 
 #include <algorithm>
 #include <chrono>

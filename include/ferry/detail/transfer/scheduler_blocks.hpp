@@ -5,11 +5,10 @@
 /// `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
-#include "ferry/detail/memory/registrations.hpp"
-
 #include "ferry/core/error.hpp"
+#include "ferry/detail/memory/registrations.hpp"
 #include "ferry/transfer/block_copy.hpp"
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_decl.hpp"
 
 #include <algorithm>
 #include <atomic>

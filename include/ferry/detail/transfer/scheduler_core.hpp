@@ -4,7 +4,7 @@
 /// which includes it and documents each member).
 #pragma once
 
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_decl.hpp"
 
 #include <atomic>
 #include <concepts>

@@ -5,7 +5,7 @@
 /// Internal to `ferry::basic_scheduler` (transfer/scheduler.hpp, which includes it).
 #pragma once
 
-#include "ferry/transfer/scheduler.hpp"
+#include "ferry/transfer/scheduler_decl.hpp"
 
 #include <algorithm>
 #include <cerrno>
