@@ -1,34 +1,7 @@
 /// @file
-/// @brief `ferry::host_executor`: the scheduler of transfer/scheduler.hpp on host
-/// threads — `basic_scheduler<device_backend<cpu_runtime>>`: the same backend the GPU
-/// runs (transfer/device_backend.hpp) over the CPU model of the device runtime
-/// (cuda/cpu_runtime.hpp), for pipelines with no GPU and so that everything a GPU
-/// runs above the runtime is tested on machines without one.
-///
-/// "Device memory" is host memory here (`basic_device_arena<cpu_runtime>`, or any memory
-/// the caller's work writes); the H2D and D2H lanes are streams of the CPU model (a
-/// worker thread each, so both directions progress at once) whose copies are
-/// `std::memcpy` run when the stream reaches them.
-///
-/// ```cpp
-/// ferry::host_stream compute;
-/// ferry::host_executor ex(compute);
-/// compute.enqueue([&] { produce(activations); });
-/// auto t = ex.device_to_nvme(tier, region, 0, activations, bytes, compute);  // after produce()
-/// t.wait();
-/// ```
+/// @brief The header `transfer/cpu_executor.hpp` had before the CPU model's names started
+/// with `cpu_` (`host_executor` is now `cpu_executor`, `host_stream` `cpu_stream`, and the
+/// old names are deprecated aliases). Include `ferry/transfer/cpu_executor.hpp`.
 #pragma once
 
-#include "ferry/cuda/cpu_runtime.hpp"
-#include "ferry/transfer/device_backend.hpp"
-#include "ferry/transfer/scheduler.hpp"
-
-namespace ferry {
-
-/// @brief The backend of `host_executor`: the device backend on the CPU model.
-using host_backend = device_backend<cpu_runtime>;
-
-/// @brief A scheduler on host threads (see the file comment and `basic_scheduler`).
-using host_executor = basic_scheduler<host_backend>;
-
-}  // namespace ferry
+#include "ferry/transfer/cpu_executor.hpp"  // IWYU pragma: export
