@@ -73,8 +73,9 @@ void print_machine(const nlohmann::json& m) {
                 static_cast<double>(sc.value("free_bytes", std::uint64_t{0})) / static_cast<double>(ferry::GiB),
                 sc.contains("o_direct") ? (sc["o_direct"].get<bool>() ? "yes" : "refused") : "unknown");
     if (sc.value("filesystem", std::string()) == "tmpfs") {
-      std::printf("  (tmpfs is memory, not a drive: disk scenarios measure RAM here; pass --scratch on the drive to "
-                  "measure)\n");
+      std::printf(
+          "  (tmpfs is memory, not a drive: disk scenarios measure RAM here; pass --scratch on the drive to "
+          "measure)\n");
     }
   }
   if (m["gpus"].empty()) {
@@ -124,7 +125,7 @@ std::string command_text(int argc, char** argv) {
 
 // The scratch folder must exist and be writable before any scenario starts.
 void check_scratch(const std::filesystem::path& scratch) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(scratch.c_str(), &st) != 0) {
     FERRY_THROW_IO_ERROR(errno, "use as --scratch", scratch.string(), ferry::io_error::no_offset, 0);
   }
@@ -174,16 +175,15 @@ CLI::Validator mib_check(double max) {
       "MiB", "mib");
 }
 
-// A ferry exception's message without the source location it starts with
-// ("file.hpp:57 (function): "), which says nothing to a user of the command.
+// A ferry exception's message without the source site it ends with
+// (" (at ferry/io/uring.hpp:57 in submit)"), which says nothing to a user of the command.
 std::string user_message(const std::exception& e) {
   std::string what = e.what();
-  if (dynamic_cast<const ferry::error*>(&e) != nullptr) {
-    const std::size_t paren = what.find("): ");
-    const std::size_t colon = what.find(':');
-    if (paren != std::string::npos && colon != std::string::npos && colon < paren && what.find(' ') > colon) {
-      what = what.substr(paren + 3);
-    }
+  if (const auto* fe = dynamic_cast<const ferry::error*>(&e); fe != nullptr) {
+    const std::string site = std::string(" (at ") + ferry::detail::short_file(fe->where().file) + ':';
+    const std::size_t at = what.rfind(site);
+    const std::size_t close = at == std::string::npos ? std::string::npos : what.find(')', at);
+    if (close != std::string::npos) what.erase(at, close + 1 - at);
   }
   return what;
 }
@@ -219,7 +219,8 @@ int run(int argc, char** argv) {
   app.add_flag("--no-out", no_out, "write no output folder (the suite's console output and --json only)");
   app.add_flag("--no-plots", no_plots, "an output folder without plots (gnuplot not needed)");
   app.add_option("--gnuplot", gnuplot_path, "the gnuplot executable (default: gnuplot on PATH)");
-  app.add_option("--fio", options.fio, "the fio executable of the disk scenarios (default: /usr/bin/fio, else fio on PATH)");
+  app.add_option("--fio", options.fio,
+                 "the fio executable of the disk scenarios (default: /usr/bin/fio, else fio on PATH)");
   std::string suite = "auto";
   app.add_option("--suite", suite,
                  "which default suite runs when no scenario is named: auto (the one that fits this machine), gpu "
@@ -259,35 +260,42 @@ int run(int argc, char** argv) {
   advise->add_option("--schedule", schedule_file,
                      "a recorded schedule: lines `phase NAME`, `read KEY BYTES`, `write KEY BYTES`, # comments "
                      "(docs/guide.md)");
-  advise->add_option("--workload", workload, "instead of a file: optimizer (groups), training (layers' activations), "
-                                              "streaming (layers' weights)")
+  advise
+      ->add_option("--workload", workload,
+                   "instead of a file: optimizer (groups), training (layers' activations), "
+                   "streaming (layers' weights)")
       ->check(CLI::IsMember({"optimizer", "training", "streaming"}))
       ->excludes(advise->get_option("--schedule"));
-  advise->add_option("--trace", trace_file,
-                     "instead: a request trace, libCacheSim oracleGeneral (binary) or CSV `key,bytes[,op]` lines "
-                     "(docs/benchmarks.md); replayed once unless --iterations says otherwise")
+  advise
+      ->add_option("--trace", trace_file,
+                   "instead: a request trace, libCacheSim oracleGeneral (binary) or CSV `key,bytes[,op]` lines "
+                   "(docs/benchmarks.md); replayed once unless --iterations says otherwise")
       ->excludes(advise->get_option("--schedule"))
       ->excludes(advise->get_option("--workload"));
-  advise->add_option("--trace-format", trace_format,
-                     "format of --trace: oracleGeneral, csv, or auto (by extension: .oracleGeneral and .bin are "
-                     "oracleGeneral, .csv is csv; the default)")
+  advise
+      ->add_option("--trace-format", trace_format,
+                   "format of --trace: oracleGeneral, csv, or auto (by extension: .oracleGeneral and .bin are "
+                   "oracleGeneral, .csv is csv; the default)")
       ->check(CLI::IsMember({"auto", "oracleGeneral", "csv"}));
   advise->add_option("--count", workload_count, "groups or layers of --workload (default 16)")
       ->check(CLI::Range(1, 1 << 20));
   advise->add_option("--key-mib", workload_mib, "MiB per group or layer of --workload (default 64)")
       ->check(mib_check(1024.0 * 1024));
-  advise->add_option("--capacity-mib", capacities_mib,
-                     "MiB of tier 0 (where accesses happen), then of each further tier; the last tier is unlimited")
+  advise
+      ->add_option("--capacity-mib", capacities_mib,
+                   "MiB of tier 0 (where accesses happen), then of each further tier; the last tier is unlimited")
       ->check(mib_check(1024.0 * 1024 * 1024));
-  advise->add_option("--capacity-bytes", capacities_bytes,
-                     "instead of --capacity-mib: bytes of tier 0, then of each further tier (for traces of small "
-                     "objects)")
+  advise
+      ->add_option("--capacity-bytes", capacities_bytes,
+                   "instead of --capacity-mib: bytes of tier 0, then of each further tier (for traces of small "
+                   "objects)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 60))
       ->excludes(advise->get_option("--capacity-mib"));
   advise->add_option("--iterations", iterations, "iterations of the schedule to replay (default 2; with --trace 1)")
       ->check(CLI::Range(1, 1000));
-  advise->add_option("--prefetch-budget-mib", prefetch_budget_mib,
-                     "bytes each prefetch call may bring in (default: all of tier 0)")
+  advise
+      ->add_option("--prefetch-budget-mib", prefetch_budget_mib,
+                   "bytes each prefetch call may bring in (default: all of tier 0)")
       ->check(mib_check(1024.0 * 1024 * 1024));
 
   const std::vector<const scenario*> scenarios = sorted_scenarios();
@@ -319,8 +327,9 @@ int run(int argc, char** argv) {
     }
 
     if ((*list || *probe || *advise) && app.count("--suite") > 0) {
-      std::fprintf(stderr, "ferry-bench: --suite chooses the suite that runs when no scenario is named; it does "
-                           "not go with list, probe or advise\n");
+      std::fprintf(stderr,
+                   "ferry-bench: --suite chooses the suite that runs when no scenario is named; it does "
+                   "not go with list, probe or advise\n");
       return 2;
     }
     if ((*list || *probe) && (app.count("--out") > 0 || no_out || no_plots)) {
@@ -386,7 +395,8 @@ int run(int argc, char** argv) {
         return 2;
       }
       std::vector<std::size_t> caps = capacities_bytes;
-      for (const double c : capacities_mib) caps.push_back(static_cast<std::size_t>(c * static_cast<double>(ferry::MiB)));
+      for (const double c : capacities_mib)
+        caps.push_back(static_cast<std::size_t>(c * static_cast<double>(ferry::MiB)));
       caps.push_back(ferry::unlimited_bytes);
       // A trace is a cache's requests: a key larger than tier 0 bypasses it, as cache
       // simulators count it. A schedule is a pipeline's: it must hold every key in tier 0.
@@ -423,12 +433,12 @@ int run(int argc, char** argv) {
             std::printf("%-36s cannot run: %s\n", c.name().c_str(), c.error.c_str());
             continue;
           }
-          std::printf("%-36s %10zu %10zu %9.3f %10zu %12s%s\n", c.name().c_str(), c.result.accesses,
-                      c.result.misses, c.result.hit_ratio(), c.result.bypassed,
-                      ferry::bench::size_text(static_cast<double>(c.result.bytes_moved()) /
-                                              static_cast<double>(iterations))
-                          .c_str(),
-                      &c == &a.best() ? "  <- preferred" : "");
+          std::printf(
+              "%-36s %10zu %10zu %9.3f %10zu %12s%s\n", c.name().c_str(), c.result.accesses, c.result.misses,
+              c.result.hit_ratio(), c.result.bypassed,
+              ferry::bench::size_text(static_cast<double>(c.result.bytes_moved()) / static_cast<double>(iterations))
+                  .c_str(),
+              &c == &a.best() ? "  <- preferred" : "");
         }
         std::printf("advice: %s\n", a.reason.c_str());
         if (!json_path.empty()) {
@@ -579,11 +589,11 @@ int run(int argc, char** argv) {
       if (!no_plots) pngs = ferry::bench::render_plots(*folder, ferry::bench::make_plots(rows), gnuplot);
       folder->write("results.json", doc.dump(2) + "\n");
       folder->write("results.csv", ferry::bench::to_csv(rows));
-      folder->write("summary.md", ferry::bench::summary_markdown(machine, rows, advice, pngs, doc["command"],
-                                                                 started, seconds_since(t0)));
+      folder->write("summary.md", ferry::bench::summary_markdown(machine, rows, advice, pngs, doc["command"], started,
+                                                                 seconds_since(t0)));
       folder->commit();
-      std::printf("output folder: %s (results.json, results.csv, summary.md, %zu plots)\n",
-                  folder->target().c_str(), pngs.size());
+      std::printf("output folder: %s (results.json, results.csv, summary.md, %zu plots)\n", folder->target().c_str(),
+                  pngs.size());
     }
     return 0;
   } catch (const std::exception& e) {

@@ -100,6 +100,7 @@ TEMPLATE_TEST_CASE("kv_cache: when every device block is held, admit throws out_
     cache.commit(first, a, compute);
     serve(cache, tokens_of(1, 1), compute);  // cached, unheld: may be evicted
     const auto b = tokens_of(2, 2);
+    CHECK_THROWS_WITH(cache.admit(b), Catch::StartsWith("the device tier of a kv_cache (placement tier 0 of "));
     CHECK_THROWS_AS(cache.admit(b), ferry::out_of_capacity);
     CHECK(cache.plan().size() == 3);                                    // nothing opened for b, nothing lost
     CHECK_THROWS_AS(cache.admit(tokens_of(3, 4)), ferry::logic_error);  // more than the pool
@@ -221,7 +222,8 @@ TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its bl
     survivor = std::move(moved);
     settle(sched, compute);
   }  // the cache goes first
-  CHECK(survivor.active());  // inert: destroying it touches nothing
+  CHECK_FALSE(survivor.active());        // inert: it holds nothing, and destroying it touches nothing
+  CHECK(survivor.blocks().size() == 2);  // what it held, for the record
   rig.check_nothing_leaked();
 }
 

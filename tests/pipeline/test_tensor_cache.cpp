@@ -457,12 +457,26 @@ TEST_CASE(
       cache.erase(i, compute);
     }
     CHECK(cache.stats().fetched == 3);
+    // A buffer the store refused (larger than the pinned tier) is the caller's, and goes
+    // back through the cache, in stream order: the whole arena can be had again after it.
+    void* whole = cache.allocate(32 * MiB, compute);
+    CHECK_THROWS_AS(cache.store(8, whole, 32 * MiB, compute), ferry::out_of_capacity);
+    CHECK_FALSE(cache.contains(8));
+    cache.deallocate(whole, 32 * MiB, compute);
+    void* again = cache.allocate(32 * MiB, compute);
+    cache.deallocate(again, 32 * MiB, compute);
+    void* stored = cache.allocate(4 * MiB, compute);
+    cache.store(9, stored, 4 * MiB, compute);
+    CHECK_THROWS_AS(cache.deallocate(stored, 4 * MiB, compute), ferry::logic_error);  // held: erase frees it
+    CHECK(cache.contains(9));
+    cache.erase(9, compute);
     compute.synchronize();
   }  // the cache's destructor waits for its moves, then its scheduler and stream go
 #if !FERRY_HAS_CUDA
   // Where the CPU model is the default runtime, the defaults serve: one statement, no argument.
   ferry::tensor_cache<int> plain;
   STATIC_REQUIRE(std::is_same_v<decltype(plain)::device_tier_type, ferry::host_device_tier>);
+  CHECK(plain.stats().reserved_pinned_bytes == 0);  // the default budget (half of RAM) is pinned on use only
   producer prod{compute};
   plain.store(7, prod.make(plain, 4096, 7), 4096, compute);
   CHECK(sum_on(compute, plain.get(7, compute), 4096) == expected_sum(4096, 7));

@@ -74,7 +74,7 @@ void expect_rejected(std::string_view variable, const std::string& text, const s
     if (text.find_first_of("\n\t\r\v\f\"\\") == std::string::npos) {
       CHECK(what.find(std::string(variable) + "=\"" + text + "\"") != std::string::npos);
     }
-    CHECK(what.find("(parse)") != std::string::npos);  // the site is the parser, not a lambda
+    CHECK(what.find(" in parse)") != std::string::npos);  // the site is the parser, not a lambda
     CHECK(what.find(reason_part) != std::string::npos);
   }
 }

@@ -48,8 +48,8 @@ class checkpoint_error : public std::runtime_error, public error {
   static std::string describe(const std::string& path, const std::string& item, const std::string& expected,
                               const std::string& found, const source_site& site) {
     std::ostringstream os;
-    os << site.file << ':' << site.line << " (" << site.function << "): checkpoint '" << path << "' refused: " << item
-       << ": expected " << expected << ", found " << found;
+    os << "checkpoint '" << path << "' refused: " << item << ": expected " << expected << ", found " << found;
+    detail::put_site(os, site);
     return std::move(os).str();
   }
 

@@ -31,11 +31,11 @@
 /// stream, a callback) is kept and rethrown as it is, whatever its type, where that
 /// component says so.
 ///
-/// Messages name the file, line and function, the failed call or condition and the
-/// values involved, e.g.
+/// Messages lead with what went wrong and the values involved, then name the check or
+/// call and, last, where it was raised (the path from `ferry/` on, line, function), e.g.
 ///
-/// `pool.hpp:88 (allocate): precondition failed: `bytes % align == 0`: block size must be a
-/// multiple of the alignment [bytes = 4097, align = 4096]`
+/// `block size must be a multiple of the alignment [bytes = 4097, align = 4096] (precondition
+/// `bytes % align == 0` at ferry/memory/pool.hpp:88 in allocate)`
 ///
 /// A message is built only on failure: the success path of a check is one compare and a
 /// branch (measured in `bench/micro_vocabulary.cpp`).
@@ -75,6 +75,31 @@ struct source_site {
   const char* function = "";  ///< enclosing function
 };
 
+namespace detail {
+
+// The part of a source path a reader can place: from the last "ferry/" that starts a
+// path component on (".../include/ferry/io/uring.hpp" -> "ferry/io/uring.hpp"), else
+// the whole path.
+constexpr const char* short_file(const char* path) noexcept {
+  const char* from = path;
+  for (const char* p = path; *p != '\0'; ++p) {
+    if ((p == path || p[-1] == '/') && p[0] == 'f' && p[1] == 'e' && p[2] == 'r' && p[3] == 'r' && p[4] == 'y' &&
+        p[5] == '/') {
+      from = p;
+    }
+  }
+  return from;
+}
+
+// Ends a message with where it was raised: " (at ferry/io/uring.hpp:88 in submit)", or
+// with `lead` in place of " (at " inside a parenthesis the caller opened and closes.
+inline void put_site(std::ostream& os, const source_site& site, const char* lead = nullptr) {
+  os << (lead == nullptr ? " (at " : lead) << short_file(site.file) << ':' << site.line << " in " << site.function;
+  if (lead == nullptr) os << ')';
+}
+
+}  // namespace detail
+
 /// @brief Base of every exception ferry throws: adds the site where it was raised.
 ///
 /// Each concrete type also derives from one standard exception (see the file's table);
@@ -84,7 +109,7 @@ class error {
  public:
   virtual ~error() = default;
 
-  /// @brief The full message: site, failed call or condition, values involved.
+  /// @brief The full message: what failed, the values involved, and the site last.
   [[nodiscard]] virtual const char* what() const noexcept = 0;
 
   /// @brief Where the error was raised.
@@ -185,7 +210,7 @@ class io_error : public std::system_error, public error {
   static std::string describe(std::string_view operation, const std::string& path, std::uint64_t offset,
                               std::size_t bytes, const source_site& site) {
     std::ostringstream os;
-    os << site.file << ':' << site.line << " (" << site.function << "): " << operation;
+    os << operation;
     if (bytes != 0) {
       os << " of " << bytes << " bytes";
     }
@@ -194,6 +219,7 @@ class io_error : public std::system_error, public error {
       os << " at offset " << offset;
     }
     os << " failed";
+    detail::put_site(os, site);
     return std::move(os).str();
   }
 
@@ -228,7 +254,7 @@ class out_of_capacity : public std::bad_alloc, public error {
   /// @param used      bytes in use when the request was made
   /// @param capacity  bytes the resource may hold in all
   /// @param site      where the request was refused
-  /// @param message   the text after "file:line (function): "
+  /// @param message   the text before the site (" (at ferry/x.hpp:57 in function)")
   out_of_capacity(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
                   source_site site, std::string_view message)
       : error(site),
@@ -251,17 +277,18 @@ class out_of_capacity : public std::bad_alloc, public error {
   static std::string describe(std::string_view resource, std::size_t requested, std::size_t used, std::size_t capacity,
                               const source_site& site) {
     std::ostringstream os;
-    os << site.file << ':' << site.line << " (" << site.function << "): " << resource << " cannot hold " << requested
-       << " more bytes: " << used << " of " << capacity << " bytes in use";
+    os << resource << " cannot hold " << requested << " more bytes: " << used << " of " << capacity << " bytes in use";
     if (requested > capacity) {
       os << " (the request is larger than the whole capacity)";
     }
+    detail::put_site(os, site);
     return std::move(os).str();
   }
 
   static std::string with_site(std::string_view message, const source_site& site) {
     std::ostringstream os;
-    os << site.file << ':' << site.line << " (" << site.function << "): " << message;
+    os << message;
+    detail::put_site(os, site);
     return std::move(os).str();
   }
 
@@ -362,18 +389,15 @@ named_value<std::remove_reference_t<T>> make_named(const char* /*expression*/, c
   return {arg.name, arg.value};
 }
 
-inline void put_site(std::ostream& os, const source_site& site) {
-  os << site.file << ':' << site.line << " (" << site.function << "): ";
-}
-
 template <class Message, class... T>
 [[noreturn]] FERRY_COLD void throw_precondition(source_site site, const char* condition, const Message& message,
                                                 const named_value<T>&... values) {
   std::ostringstream os;
-  put_site(os, site);
-  os << "precondition failed: `" << condition << "`: ";
   put_message(os, message);
   put_values(os, values...);
+  os << " (precondition `" << condition << '`';
+  put_site(os, site, " at ");
+  os << ')';
   throw ferry::logic_error(std::move(os).str(), site);
 }
 
@@ -381,12 +405,12 @@ template <class Message, class... T>
 [[noreturn]] FERRY_COLD void throw_config(source_site site, std::string variable, std::string value,
                                           const Message& message, const named_value<T>&... values) {
   std::ostringstream os;
-  put_site(os, site);
   os << variable << '=';
   put_quoted(os, value);
   os << " is not valid: ";
   put_message(os, message);
   put_values(os, values...);
+  put_site(os, site);
   throw ferry::config_error(std::move(os).str(), std::move(variable), std::move(value), site);
 }
 
@@ -397,9 +421,9 @@ template <class R, class Status, class... T>
 [[noreturn]] FERRY_COLD void throw_runtime(source_site site, const Status& status, const char* call,
                                            const named_value<T>&... values) {
   std::ostringstream os;
-  put_site(os, site);
   os << call << " failed: " << R::describe(status);
   put_values(os, values...);
+  put_site(os, site);
   R::raise(status, std::move(os).str(), site);
   std::abort();  // R::raise is [[noreturn]]; not reached
 }
@@ -409,8 +433,8 @@ FERRY_COLD void report_destructor_runtime_error(source_site site, const Status& 
   if (R::ignorable_at_teardown(status)) return;
   try {
     std::ostringstream os;
-    put_site(os, site);
     os << call << " failed: " << R::describe(status);
+    put_site(os, site);
     const std::string text = std::move(os).str();
     destructor_handler_slot().load()(text.c_str());
   } catch (...) {
@@ -424,10 +448,10 @@ template <class... T>
                                         const named_value<T>&... values) {
   (void)cudaGetLastError();  // clear a non-sticky error so later calls do not report it again
   std::ostringstream os;
-  put_site(os, site);
   os << call << " failed: " << cudaGetErrorName(status) << " (" << static_cast<int>(status)
      << "): " << cudaGetErrorString(status);
   put_values(os, values...);
+  put_site(os, site);
   throw ferry::cuda_error(std::move(os).str(), static_cast<int>(status), site);
 }
 
@@ -438,8 +462,8 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
   }
   (void)cudaGetLastError();
   char buffer[512];
-  std::snprintf(buffer, sizeof buffer, "%s:%d (%s): %s failed: %s (%d): %s", site.file, site.line, site.function, call,
-                cudaGetErrorName(status), static_cast<int>(status), cudaGetErrorString(status));
+  std::snprintf(buffer, sizeof buffer, "%s failed: %s (%d): %s (at %s:%d in %s)", call, cudaGetErrorName(status),
+                static_cast<int>(status), cudaGetErrorString(status), short_file(site.file), site.line, site.function);
   destructor_handler_slot().load()(buffer);
 }
 #endif
@@ -472,8 +496,8 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 ///
 /// `FERRY_EXPECTS(bytes % 4096 == 0, "block size must be a multiple of 4096", bytes);`
 /// throws with the message
-/// `file:line (function): precondition failed: `bytes % 4096 == 0`: block size must be a multiple of 4096 [bytes =
-/// 4097]`.
+/// `block size must be a multiple of 4096 [bytes = 4097] (precondition `bytes % 4096 == 0` at
+/// ferry/x.hpp:57 in function)`.
 ///
 /// @param condition a boolean expression
 /// @param message   anything streamable to `std::ostream`, evaluated only on failure
@@ -513,7 +537,7 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// `ferry::device_error`, or an exception the status carries) unless `R::ok(status)`.
 ///
 /// `FERRY_RUNTIME_TRY(Runtime, api_.memcpy_async(dst, src, n, d, s), n);` throws with
-/// `file:line (function): api_.memcpy_async(dst, src, n, d, s) failed: <status> [n = 4096]`.
+/// `api_.memcpy_async(dst, src, n, d, s) failed: <status> [n = 4096] (at ferry/x.hpp:57 in function)`.
 ///
 /// @param R    the runtime type
 /// @param call a call returning `R::status_type`
@@ -543,8 +567,8 @@ inline FERRY_COLD void report_destructor_cuda_error(source_site site, cudaError_
 /// return `cudaSuccess`.
 ///
 /// `FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), n);` throws with
-/// `file:line (function): cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s) failed: cudaErrorInvalidValue (1): invalid
-/// argument [n = 4096]`. A non-sticky error is cleared (`cudaGetLastError`) before the throw.
+/// `cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s) failed: cudaErrorInvalidValue (1): invalid argument [n =
+/// 4096] (at ferry/x.hpp:57 in function)`. A non-sticky error is cleared (`cudaGetLastError`) before the throw.
 ///
 /// @param call a call returning `cudaError_t`
 /// @param ...  values to show in the message by name (evaluated only on failure;

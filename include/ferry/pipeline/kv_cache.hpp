@@ -131,8 +131,10 @@ class basic_kv_sequence {
   [[nodiscard]] std::span<const kv_block_id> blocks() const noexcept { return blocks_; }
   /// @brief Tokens of the prompt found cached (whole blocks): prefill starts there.
   [[nodiscard]] std::size_t cached_tokens() const noexcept { return cached_tokens_; }
-  /// @brief Whether the sequence holds blocks (admitted, not yet released).
-  [[nodiscard]] bool active() const noexcept { return active_; }
+  /// @brief Whether the sequence holds blocks (admitted, not yet released, and its cache
+  /// still alive: a sequence that outlives its cache holds nothing, and its slots and
+  /// blocks name memory that is gone).
+  [[nodiscard]] bool active() const noexcept { return active_ && alive_ && *alive_; }
 
   /// @brief Makes `s` wait (on the device, not the host) for layer `layer` of this
   /// sequence: its blocks loaded (also loads another sequence started), the work of the
@@ -386,7 +388,10 @@ class kv_cache {
                                         sched.backend().api());
   }
   static pinned_pool_options pool_options(const kv_cache_options& o) {
-    FERRY_EXPECTS(o.pinned_budget_bytes > 0, "a kv_cache of its own needs a pinned budget", o.pinned_budget_bytes);
+    FERRY_EXPECTS(
+        o.pinned_budget_bytes > 0,
+        "a kv_cache that makes its own pinned pool needs kv_cache_options::pinned_budget_bytes (at least one block)",
+        named("pinned_budget_bytes", o.pinned_budget_bytes));
     pinned_pool_options p;
     p.budget_bytes = o.pinned_budget_bytes;
     p.slab_bytes = o.pinned_budget_bytes;

@@ -15,12 +15,15 @@ namespace ferry {
 /// them; in pinned memory and on NVMe a block's layers lie together
 /// (`layers * layer_block_bytes` bytes).
 struct kv_cache_options {
-  std::size_t layers = 0;               ///< attention layers (> 0)
-  std::size_t block_tokens = 16;        ///< tokens per block (> 0)
-  std::size_t layer_block_bytes = 0;    ///< bytes of one block of one layer (> 0)
-  std::size_t device_blocks = 0;        ///< slots of the device pool (> 0)
-  std::size_t pinned_budget_bytes = 0;  ///< pinned memory for blocks (>= one block); 0: the pinned pool's budget
-  std::size_t nvme_budget_bytes = 0;    ///< NVMe bytes for blocks when the cache has the tier; 0: the tier's capacity
+  std::size_t layers = 0;             ///< attention layers (> 0)
+  std::size_t block_tokens = 16;      ///< tokens per block (> 0)
+  std::size_t layer_block_bytes = 0;  ///< bytes of one block of one layer (> 0)
+  std::size_t device_blocks = 0;      ///< slots of the device pool (> 0)
+  /// Pinned memory for blocks (>= one block). 0 takes the whole budget of the pinned
+  /// pool the cache is given; a cache that makes its own pool (`kv_cache(options)`,
+  /// `kv_cache(sched, options)`) needs it given (`ferry::logic_error` otherwise).
+  std::size_t pinned_budget_bytes = 0;
+  std::size_t nvme_budget_bytes = 0;  ///< NVMe bytes for blocks when the cache has the tier; 0: the tier's capacity
 };
 
 /// @brief What a `kv_cache` has moved (blocks and bytes; bytes count every layer).

@@ -24,12 +24,10 @@
 /// default:
 /// | slot | allowed | default |
 /// |---|---|---|
-/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`, `D` a `basic_device_tier<Runtime>` (`device_tier`
-/// on CUDA, `host_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier,
-/// pinned_tier>` | | `Eviction` (which pinned tensor spills to NVMe) | any `ferry::eviction_policy<P, Key>` |
-/// `automatic`: `belady<Key>` (replays the recorded iteration; LRU for keys it has not seen) | | `Prefetch` (which
-/// tensor comes back early) | any `ferry::prefetch_policy<P, Key>` | `automatic`: `schedule_replay<Key>` (the recorded
-/// iteration within a byte budget) | | `Codec` | any `ferry::codec` | `automatic`: `identity<std::byte>` |
+/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`: `D` a `basic_device_tier<Runtime>` (`device_tier` on CUDA, `host_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier, pinned_tier>` |
+/// | `Eviction` (which pinned tensor spills to NVMe) | any `ferry::eviction_policy<P, Key>` | `automatic`: `belady<Key>` (replays the recorded iteration; LRU for keys it has not seen) |
+/// | `Prefetch` (which tensor comes back early) | any `ferry::prefetch_policy<P, Key>` | `automatic`: `schedule_replay<Key>` (the recorded iteration within a byte budget) |
+/// | `Codec` | any `ferry::codec` | `automatic`: `identity<std::byte>` |
 ///
 /// The device tier's runtime picks the scheduler (`basic_scheduler<device_backend<Runtime>>`)
 /// and the streams. The constructor takes the scheduler, the tier objects (or none, with
@@ -242,7 +240,8 @@ class tensor_cache {
   /// pool has `options.pinned_budget_bytes` (0: `FERRY_PINNED_BUDGET_BYTES`, half of RAM
   /// by default), and the scheduler's compute stream is a non-blocking stream the cache
   /// creates (nothing of the caller's is ordered on it: `store`, `get` and `erase` take
-  /// the caller's streams). Reserves pinned memory (`options.reserve_pinned_bytes`).
+  /// the caller's streams). Reserves pinned memory (`options.reserve_pinned_bytes`) when
+  /// a pinned budget is given; with the default budget, slabs are pinned on first use.
   /// Example: `ferry::tensor_cache<int> cache;`
   /// @throws ferry::device_error (or `cuda_error`) when no stream can be made (no device);
   ///         the same errors as the scheduler-taking form
@@ -251,20 +250,21 @@ class tensor_cache {
       : own_(std::make_unique<own_scheduler>()),
         owned_arena_(make_arena(own_->sched, options)),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
-        engine_(own_->sched, *owned_arena_, *owned_pool_, nullptr, options) {}
+        engine_(own_->sched, *owned_arena_, *owned_pool_, nullptr, owned(options)) {}
 
   /// @brief A cache of two tiers that owns them: a device arena of
   /// `options.device_budget_bytes` on the scheduler's runtime and device (its compute stream's), and a pinned pool of
   /// `options.pinned_budget_bytes` (0: `FERRY_PINNED_BUDGET_BYTES`, half of RAM by
   /// default). The scheduler must outlive the cache. Reserves pinned memory
-  /// (`options.reserve_pinned_bytes`).
+  /// (`options.reserve_pinned_bytes`) when a pinned budget is given; with the default
+  /// budget, slabs are pinned on first use.
   /// @throws ferry::out_of_capacity when an explicit `reserve_pinned_bytes` cannot be
   ///         mapped; the arena's and the pool's errors (no device, a bad budget variable)
   explicit tensor_cache(scheduler_type& sched, tensor_cache_options options = {})
     requires(!has_nvme)
       : owned_arena_(make_arena(sched, options)),
         owned_pool_(std::make_unique<pinned_pool>(pool_options(options))),
-        engine_(sched, *owned_arena_, *owned_pool_, nullptr, options) {}
+        engine_(sched, *owned_arena_, *owned_pool_, nullptr, owned(options)) {}
 
   /// @brief A cache moving through `sched` between the tiers `t` (device copies in the
   /// device tier's arena, pinned copies in the pinned tier's pool, spills in the NVMe
@@ -292,6 +292,16 @@ class tensor_cache {
   /// `s` (the producer) after the call.
   /// @throws ferry::out_of_capacity
   [[nodiscard]] void* allocate(std::size_t bytes, stream_type s) { return engine_.allocate(bytes, s); }
+
+  /// @brief Gives back device memory from `allocate` that the cache does not hold: never
+  /// stored, or refused by `store` (which leaves the buffer the caller's). Freed in stream
+  /// order on `s`, after the work enqueued there (which may still be using it). A
+  /// buffer the cache holds is freed by `erase`, not here.
+  /// @param p     what `allocate` returned
+  /// @param bytes the bytes given to `allocate`
+  /// @param s     the last stream that used the buffer
+  /// @throws ferry::logic_error when `p` is a buffer the cache holds (nothing is freed)
+  void deallocate(void* p, std::size_t bytes, stream_type s) { engine_.deallocate(p, bytes, s); }
 
   /// @brief Takes ownership of the device tensor `p` (`bytes` bytes, written by work
   /// enqueued on `producer`, allocated with `allocate`) under `key`; offloads it in the
@@ -382,6 +392,15 @@ class tensor_cache {
   static std::unique_ptr<arena_type> make_arena(scheduler_type& sched, const tensor_cache_options& options) {
     return std::make_unique<arena_type>(
         options.device_budget_bytes, device_arena_options{.device = sched.backend().device()}, sched.backend().api());
+  }
+  // The options of a cache that makes its pool: with the default budget (0: half of RAM)
+  // nothing is reserved unless asked for, so that a cache in one statement does not pin
+  // half of the machine's memory up front.
+  static tensor_cache_options owned(tensor_cache_options options) {
+    if (options.pinned_budget_bytes == 0 && options.reserve_pinned_bytes == tensor_cache_options::whole_budget) {
+      options.reserve_pinned_bytes = 0;
+    }
+    return options;
   }
   static pinned_pool_options pool_options(const tensor_cache_options& options) {
     pinned_pool_options o;

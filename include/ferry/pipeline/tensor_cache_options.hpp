@@ -15,6 +15,10 @@ struct tensor_cache_options {
   /// frees). Bytes.
   std::size_t resident_below_bytes = std::size_t{1} << 20;
   /// The last N tensors stored stay on the device (the backward pass reads them first).
+  /// Counted over the stores of tensors of at least `resident_below_bytes` (smaller ones
+  /// stay anyway and do not count), across `end_iteration`; a tensor leaves the window
+  /// when N later ones were stored (it is offloaded then), or when it is read (`get`) or
+  /// erased, which makes room without offloading another. 0 offloads each at its store.
   std::size_t keep_last = 1;
   /// Device bytes that prefetched tensors may hold at once (schedule-driven prefetch).
   std::size_t prefetch_budget_bytes = std::size_t{1} << 30;
@@ -35,8 +39,9 @@ struct tensor_cache_options {
   /// (`out_of_capacity` when it is full). Ignored when the tiers are given.
   std::size_t device_budget_bytes = std::numeric_limits<std::size_t>::max();
   /// Pinned bytes of the pool a cache of two tiers makes when it is given no tiers; 0
-  /// takes `FERRY_PINNED_BUDGET_BYTES` (half of RAM by default). Ignored when the tiers
-  /// are given.
+  /// takes `FERRY_PINNED_BUDGET_BYTES` (half of RAM by default), pinned as it is used:
+  /// with it, `reserve_pinned_bytes = whole_budget` (the default) reserves nothing, and
+  /// another value is reserved as given. Ignored when the tiers are given.
   std::size_t pinned_budget_bytes = 0;
   /// `reserve_pinned_bytes`: all that is left of the pool's budget.
   static constexpr std::size_t whole_budget = ~std::size_t{0};

@@ -104,6 +104,9 @@ class kv_plan {
                                     o.nvme_bytes / o.block_bytes * o.block_bytes, unlimited_bytes};
     caps[tiers_] = unlimited_bytes;  // the "dropped" tier
     placement_.emplace(std::span<const std::size_t>(caps.data(), tiers_ + 1), eviction);
+    static constexpr std::array<const char*, 3> names{"the device tier of a kv_cache", "the pinned tier of a kv_cache",
+                                                      "the NVMe tier of a kv_cache"};
+    placement_->name_tiers(std::span<const char* const>(names.data(), tiers_));
   }
   kv_plan(const kv_plan&) = delete;
   kv_plan& operator=(const kv_plan&) = delete;

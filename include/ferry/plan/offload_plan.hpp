@@ -348,6 +348,9 @@ class offload_plan {
     std::array<std::size_t, 3> capacities{unlimited_bytes, pinned_capacity_, unlimited_bytes};
     const std::span<const std::size_t> tiers(capacities.data(), has_nvme_ ? 3 : 2);
     placement_.emplace(tiers, make_policy<Eviction>(), make_policy<Prefetch>());
+    static constexpr std::array<const char*, 3> names{
+        "the device tier of a tensor_cache", "the pinned tier of a tensor_cache", "the NVMe tier of a tensor_cache"};
+    placement_->name_tiers(std::span<const char* const>(names.data(), tiers.size()));
     placement_->advance_to(clock);
   }
 

@@ -237,6 +237,12 @@ class placement {
     }
   }
 
+  /// @brief Names the tiers in the messages of the `ferry::out_of_capacity` it throws
+  /// ("the pinned tier of a tensor_cache (placement tier 1 of 3) cannot hold ..."):
+  /// `names[i]` names tier i; tiers past the end keep "placement tier i of n".
+  /// @param names static strings (string literals): kept as pointers
+  void name_tiers(std::span<const char* const> names) { names_.assign(names.begin(), names.end()); }
+
   /// @brief Number of tiers.
   [[nodiscard]] std::size_t tiers() const noexcept { return tiers_.size(); }
   /// @brief Capacity of tier `i` in bytes.
@@ -560,7 +566,8 @@ class placement {
                                     const move_kind* report = nullptr);
 
   std::vector<tier_state> tiers_;
-  std::size_t home_ = 0;  // the last tier: tiers_.size() - 1
+  std::vector<const char*> names_;  // of the tiers, for messages (name_tiers)
+  std::size_t home_ = 0;            // the last tier: tiers_.size() - 1
   typename detail::placement_table<KeyIndex, Key, location, Hash, KeyEqual>::type where_;
   [[no_unique_address]] Prefetch prefetch_;
   placement_options options_;

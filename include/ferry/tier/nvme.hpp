@@ -44,9 +44,9 @@
 /// | tier/nvme_region.hpp  | `nvme_region`, the handle of allocated bytes |
 /// | tier/nvme_options.hpp | `nvme_options`, `file_sizing`, `nvme_file_info`, `nvme_stats` |
 /// | tier/nvme_engine.hpp  | `io::default_engine` |
-/// | tier/ticket.hpp       | `io_ticket`, the ticket of an asynchronous transfer (its drop rule: neither waits nor
-/// cancels) | | tier/nvme_tier.hpp    | `basic_nvme_tier`, `nvme_tier` | | detail/tier/nvme_transfer.hpp | the transfer
-/// state machine |
+/// | tier/ticket.hpp       | `io_ticket`, the ticket of an asynchronous transfer (its drop rule: neither waits nor cancels) |
+/// | tier/nvme_tier.hpp    | `basic_nvme_tier`, `nvme_tier` |
+/// | detail/tier/nvme_transfer.hpp | the transfer state machine |
 #pragma once
 
 #include "ferry/tier/nvme_engine.hpp"

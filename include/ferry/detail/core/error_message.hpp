@@ -23,9 +23,7 @@ named_value<T> make_named(const char* name, const T& value) noexcept {
 }
 
 template <class T>
-concept ostreamable = requires(std::ostream& os, const T& v) {
-  os << v;
-};
+concept ostreamable = requires(std::ostream& os, const T& v) { os << v; };
 
 /// Writes a string quoted, with control characters, quotes and backslashes escaped,
 /// so a value cannot break a log line.
@@ -52,9 +50,8 @@ inline void put_quoted(std::ostream& os, std::string_view text) {
 }
 
 template <class T>
-inline constexpr bool is_char_like_v =
-    std::is_same_v<T, char> || std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char> ||
-    std::is_same_v<T, char8_t>;
+inline constexpr bool is_char_like_v = std::is_same_v<T, char> || std::is_same_v<T, signed char> ||
+                                       std::is_same_v<T, unsigned char> || std::is_same_v<T, char8_t>;
 
 /// Writes one value: booleans as true/false, characters, enums and std::byte as
 /// numbers, strings quoted and escaped (a character array bounded by its extent, a null
@@ -123,12 +120,50 @@ void put_message(std::ostream& os, const Message& message) {
   }
 }
 
+/// Writes the name of a value as a reader of the message knows it: the expression a
+/// check captured, without the spelling of ferry's own members (`o_.device_blocks` ->
+/// `device_blocks`, `tiers_.size()` -> `tiers.size()`, `this->depth_` -> `depth`): an
+/// identifier ending in `_` followed by `.` or `->` and a field is dropped with it, any
+/// other loses its trailing `_`, and `this->` goes.
+inline void put_name(std::ostream& os, const char* name) {
+  const auto word = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  };
+  // whether `rest` (".x..." or "->x...") names a function called there: `tiers_.size()`
+  const auto calls = [&word](std::string_view rest) {
+    std::size_t k = rest[0] == '.' ? 1 : 2;
+    while (k < rest.size() && word(rest[k])) ++k;
+    return k < rest.size() && rest[k] == '(';
+  };
+  const std::string_view n = name == nullptr ? std::string_view{} : std::string_view{name};
+  std::size_t i = 0;
+  while (i < n.size()) {
+    if (!word(n[i])) {
+      os << n[i++];
+      continue;
+    }
+    std::size_t end = i;
+    while (end < n.size() && word(n[end])) ++end;
+    const std::string_view id = n.substr(i, end - i);
+    const std::string_view rest = n.substr(end);
+    const bool member = id.size() > 1 && id.back() == '_';
+    if (id == "this" && rest.starts_with("->")) {
+      i = end + 2;
+    } else if (member && (rest.starts_with(".") || rest.starts_with("->")) && !calls(rest)) {
+      i = end + (rest[0] == '.' ? 1 : 2);  // `o_.device_blocks`: the field's own name says it
+    } else {
+      os << (member ? id.substr(0, id.size() - 1) : id);
+      i = end;
+    }
+  }
+}
+
 template <class... T>
 void put_values(std::ostream& os, const named_value<T>&... values) {
   if constexpr (sizeof...(T) > 0) {
     os << " [";
     const char* sep = "";
-    ((os << sep << values.name << " = ", put_value(os, values.value), sep = ", "), ...);
+    ((os << sep, put_name(os, values.name), os << " = ", put_value(os, values.value), sep = ", "), ...);
     os << ']';
   }
 }

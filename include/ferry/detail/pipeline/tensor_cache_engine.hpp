@@ -72,6 +72,13 @@ class tensor_cache_engine {
 
   [[nodiscard]] void* allocate(std::size_t bytes, stream_type s) { return device_->allocate(bytes, s); }
 
+  void deallocate(void* p, std::size_t bytes, stream_type s) {
+    for (const auto& [k, r] : records_) {
+      FERRY_EXPECTS(r->device != p, "tensor_cache::deallocate of a buffer the cache holds (erase it instead)", k, p);
+    }
+    device_->deallocate(p, bytes, s);
+  }
+
   void store(const key_type& key, void* p, std::size_t bytes, stream_type producer) {
     reap();
     FERRY_EXPECTS(p != nullptr && bytes > 0, "tensor_cache::store of a null or empty tensor", key, p, bytes);

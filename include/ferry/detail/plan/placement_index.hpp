@@ -345,11 +345,17 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::remove
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
 auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::refuse(std::size_t i, std::size_t bytes) const
     -> void {
-  std::string resource = "ferry::placement tier ";
+  std::string resource;
+  if (i < names_.size()) {
+    resource += names_[i];
+    resource += " (placement tier ";
+  } else {
+    resource += "placement tier ";
+  }
   resource += std::to_string(i);
-  resource += " (of ";
+  resource += " of ";
   resource += std::to_string(tiers_.size());
-  resource += ')';
+  if (i < names_.size()) resource += ')';
   FERRY_THROW_OUT_OF_CAPACITY(resource, bytes, tiers_[i].used, tiers_[i].capacity);
 }
 
