@@ -280,8 +280,9 @@ class offload_plan {
     const std::size_t b = bytes_.at(placed_as);
     placement_->erase(placed_as);
     try {
-      placement_->place(placed_as, b, tier, [&](const move_event<Key>& e) {
-        if (e.kind != move_kind::create) mover(e);
+      placement_->place(placed_as, b, tier, [&](const move_event<Key>& e) -> decltype(mover(e)) {
+        if (e.kind == move_kind::create) return decltype(mover(e))();
+        return mover(e);
       });
     } catch (...) {
       bytes_.erase(placed_as);

@@ -9,6 +9,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/detail/policy/id_table.hpp"
 #include "ferry/detail/policy/keyed_pool.hpp"
+#include "ferry/plan/move_result.hpp"
 #include "ferry/policy/access_schedule.hpp"
 #include "ferry/policy/prefetch/no_prefetch.hpp"
 
@@ -158,6 +159,14 @@ struct placement_table<dense_keys, Key, Payload, Hash, KeyEqual> {
 /// Swaps: a key fetched from tier `j` still occupies tier `j` while tier 0 makes room
 /// (its victims may go to tier `j`), so tier `j` needs room for both at once; a home
 /// tier filled to the byte cannot take a victim in exchange for a key it gives up.
+///
+/// Movers: `mover(const move_event<Key>&)` carries out each move and returns `void` or a
+/// `ferry::move_result`. A mover that throws leaves the key where it was (the move is
+/// undone; moves made before it stand). One that returns `move_result::refused` for an
+/// eviction into tier `t` (the memory behind `t` cannot take bytes its count allowed) has
+/// one more victim of `t` evicted, and is asked again: a refusal is a value the placement
+/// acts on, not an error; with no victim left, `ferry::out_of_capacity` is thrown from
+/// the refusal's values (a prefetch gives up instead).
 ///
 /// Positions: `position()` counts accesses from 0; the schedule-aware policies given
 /// to it must start at position 0 (their default).
@@ -336,8 +345,9 @@ class placement {
 
   /// @brief Evicts one victim of tier `i`'s policy to the tier below (what a pipeline
   /// does when the memory behind tier `i` refuses an allocation the placement's byte
-  /// count allowed: fragmentation, or a pool shared with others). Reported as
-  /// `move_kind::evict`; a mover that throws leaves the victim where it was.
+  /// count allowed: fragmentation, or a pool shared with others; a mover may also answer
+  /// such a refusal with `move_result::refused`, and the placement evicts for it). Reported
+  /// as `move_kind::evict`; a mover that throws leaves the victim where it was.
   /// @return false when tier `i` keeps no policy or has no victim (all pinned)
   /// @throws ferry::logic_error if `i` is out of range; what making room below throws
   template <class Mover>
@@ -518,9 +528,16 @@ class placement {
   // Moves node `vid` from tier `i` down to tier `to` (room made there): the destination's
   // policy is told first (one that refuses leaves the key where it was), then the mover
   // moves the bytes (one that throws leaves the key where it was: the move is undone in
-  // the destination), then the key leaves tier `i`.
+  // the destination), then the key leaves tier `i`. A mover's `move_result::refused`
+  // undoes the move in `to`, evicts one victim of `to` (`evict_victim`) and asks again;
+  // with none left: false for a prefetch (`ahead`), else out_of_capacity from the refusal.
   template <class Mover>
-  FERRY_ALWAYS_INLINE void move_down(detail::node_id vid, std::size_t i, std::size_t to, Mover& mover);
+  FERRY_ALWAYS_INLINE bool move_down(detail::node_id vid, std::size_t i, std::size_t to, bool ahead, Mover& mover);
+
+  // Evicts one victim of tier `i` to the tier below (room made there); false when tier
+  // `i` keeps no policy or has no victim, or (`ahead`) room cannot be made below.
+  template <class Mover>
+  [[gnu::noinline]] bool evict_victim(std::size_t i, bool ahead, Mover& mover);
 
   // The prefetch of node `aid` from tier `src`: false when it cannot be made now (no
   // room, or the mover failed: the key stays where it was). A mover that may throw is

@@ -6,6 +6,7 @@
 
 #include "ferry/core/error.hpp"
 #include "ferry/detail/pipeline/kv_cache_parts.hpp"
+#include "ferry/detail/pipeline/move_executor.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/kv_cache_options.hpp"
 #include "ferry/plan/kv_plan.hpp"
@@ -46,6 +47,7 @@ class kv_cache_engine {
         device_(&device),
         host_(&host),
         nvme_(nvme),
+        exec_(sched, host, this),
         o_(kv_checked_options<scheduler_type, HasNvme>(o)),
         plan_(kv_plan_options_of<HasNvme>(o_, host, nvme)) {
     layer_bytes_ = o_.layer_block_bytes;
@@ -71,9 +73,9 @@ class kv_cache_engine {
     }
     // The block-copy kernel may read and write the pinned tier only where it is mapped.
     if (pinned_base_ != nullptr && host_->is_device_mapped(pinned_base_)) host_side_ = host_mapping::mapped;
-    for (std::size_t i = o_.device_blocks; i-- > 0;) free_device_.push_back(static_cast<std::uint32_t>(i));
-    for (std::size_t i = pinned_slots_; i-- > 0;) free_pinned_.push_back(static_cast<std::uint32_t>(i));
-    for (std::size_t i = nvme_slots_; i-- > 0;) free_nvme_.push_back(static_cast<std::uint32_t>(i));
+    free_device_.reset(o_.device_blocks);
+    free_pinned_.reset(pinned_slots_);
+    free_nvme_.reset(nvme_slots_);
   }
   kv_cache_engine(const kv_cache_engine&) = delete;
   kv_cache_engine& operator=(const kv_cache_engine&) = delete;
@@ -332,18 +334,25 @@ class kv_cache_engine {
     return [this, &r](const move_event<kv_block_id>& e) { apply(r, e); };
   }
 
-  std::uint32_t take(std::vector<std::uint32_t>& free, const char* what) {
-    FERRY_EXPECTS(!free.empty(), "the KV cache's slots disagree with its plan", what);
-    const std::uint32_t s = free.back();
-    free.pop_back();
-    return s;
+  // A free slot of `space`: the plan counts whole slots, so one is free whenever it
+  // decided a move into that tier (a slot still read by a move in flight is settled first).
+  static std::uint32_t take(slot_space& space, const char* what) {
+    const std::optional<std::uint32_t> s = space.take();
+    FERRY_EXPECTS(s.has_value(), "the KV cache's slots disagree with its plan", what);
+    return *s;
   }
 
   void apply(round& r, const move_event<kv_block_id>& e) {
     block_state& s = state_of(e.key);
-    switch (e.kind) {
-      case move_kind::create: s.slot = take(free_device_, "device"); break;
-      case move_kind::fetch:
+    switch (step_of(e)) {
+      case move_step::none:
+        if (e.kind == move_kind::create) {
+          s.slot = take(free_device_, "device");
+        } else {
+          drop(r, e, s);
+        }
+        break;
+      case move_step::fetch:
         if (e.from == tier_index(tier_kind::pinned)) {
           const std::uint32_t dst = take(free_device_, "device");
           for (std::size_t l = 0; l < o_.layers; ++l)
@@ -361,59 +370,48 @@ class kv_cache_engine {
         }
         stats_.bytes_to_device += block_bytes_;
         break;
-      case move_kind::evict:
-        if (e.from == tier_index(tier_kind::device)) {
-          if (free_pinned_.empty() && !r.freed_pinned.empty()) flush(r);  // reuse after the H2D read it
-          const std::uint32_t dst = take(free_pinned_, "pinned");
-          if (s.produced) r.waits.push_back(std::move(s.produced));
-          for (auto& u : s.last_uses) r.waits.push_back(std::move(u));
-          s.last_uses.clear();
-          for (std::size_t l = 0; l < o_.layers; ++l)
-            r.d2h[l].push_back({pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_,
-                                device_block(s.slot, l), layer_bytes_});
-          free_device_.push_back(s.slot);  // its reuse is ordered after this round's D2H (flush)
-          s.landing.clear();
-          s.produced.reset();  // waited for by the D2H lane (above); a reload is ordered by its own load
-          s.slot = dst;
-          s.fill_pending = true;
-          r.filling.push_back(e.key);
-          ++stats_.offloaded;
-          stats_.bytes_to_host += block_bytes_;
-        } else {
-          spill(r, e.key, s);
-        }
-        break;
-      case move_kind::drop: drop(r, e, s); break;
+      case move_step::offload: {
+        if (free_pinned_.empty() && !r.freed_pinned.empty()) flush(r);  // reuse after the H2D read it
+        const std::uint32_t dst = take(free_pinned_, "pinned");
+        if (s.produced) r.waits.push_back(std::move(s.produced));
+        for (auto& u : s.last_uses) r.waits.push_back(std::move(u));
+        s.last_uses.clear();
+        for (std::size_t l = 0; l < o_.layers; ++l)
+          r.d2h[l].push_back({pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_,
+                              device_block(s.slot, l), layer_bytes_});
+        free_device_.give(s.slot);  // its reuse is ordered after this round's D2H (flush)
+        s.landing.clear();
+        s.produced.reset();  // waited for by the D2H lane (above); a reload is ordered by its own load
+        s.slot = dst;
+        s.fill_pending = true;
+        r.filling.push_back(e.key);
+        ++stats_.offloaded;
+        stats_.bytes_to_host += block_bytes_;
+      } break;
+      case move_step::spill: spill(r, s); break;
       default: break;
     }
   }
 
-  // Pinned -> NVMe, waited for (it is what makes room in pinned memory).
-  void spill(round& r, kv_block_id b, block_state& s) {
+  // Pinned -> NVMe, waited for (it is what makes room in pinned memory); a failed write
+  // gives the NVMe slot back and keeps the block in pinned memory (the executor's spill).
+  void spill(round& r, block_state& s) {
     if constexpr (HasNvme) {
       if (s.fill_pending) flush(r);
-      if (s.filled) s.filled->wait();  // the pinned copy is complete (throws a failed D2H's error)
-      if (free_nvme_.empty()) {        // slots of reads back still in flight, or not yet issued
+      if (free_nvme_.empty()) {  // slots of reads back still in flight, or not yet issued
         if (!r.nvme_loads.empty()) flush(r);
         settle_reads();
       }
       const std::uint32_t dst = take(free_nvme_, "nvme");
-      try {
-        sched_
-            ->host_to_nvme(*nvme_, *region_, std::uint64_t{dst} * block_bytes_,
-                           std::span<const std::byte>(pinned_block(s.slot), block_bytes_))
-            .wait();
-      } catch (...) {
-        free_nvme_.push_back(dst);
-        throw;  // the block stays in pinned memory
-      }
-      free_pinned_.push_back(s.slot);
+      exec_.spill(s.filled.get(), *nvme_, *region_, std::uint64_t{dst} * block_bytes_,
+                  std::span<const std::byte>(pinned_block(s.slot), block_bytes_),
+                  [&]() noexcept { free_nvme_.give(dst); });
+      free_pinned_.give(s.slot);
       s.slot = dst;
       s.filled.reset();
       ++stats_.spilled;
-      (void)b;
     } else {
-      (void)r, (void)b, (void)s;
+      (void)r, (void)s;
       FERRY_EXPECTS(false, "a KV plan without NVMe moved a block past pinned memory");
     }
   }
@@ -423,14 +421,14 @@ class kv_cache_engine {
       // A private block released, or a device block dropped: its reuse waits for its
       // last user (the D2H lane waits for it before the next round's moves).
       for (auto& u : s.last_uses) pending_.push_back(std::move(u));
-      free_device_.push_back(s.slot);
+      free_device_.give(s.slot);
     } else if (e.from == tier_index(tier_kind::pinned)) {
       // Dropped from pinned memory: reusable by a D2H on the same lane as its own fill
       // (issued first, so that one batch never writes a slot twice).
       if (s.fill_pending) flush(r);
-      free_pinned_.push_back(s.slot);
+      free_pinned_.give(s.slot);
     } else {
-      free_nvme_.push_back(s.slot);
+      free_nvme_.give(s.slot);
     }
     if (e.from != tier_index(tier_kind::device)) ++stats_.dropped;
     s = block_state{};
@@ -459,7 +457,7 @@ class kv_cache_engine {
     std::shared_ptr<ticket_type> before;
     if (reused) before = std::make_shared<ticket_type>(sched_->mark(lane::d2h));
     std::shared_ptr<ticket_type> last_d2h;
-    std::vector<in_flight> reads;  // this round's reads back from NVMe, every layer's
+    std::vector<landing_type> reads;  // this round's reads back from NVMe, every layer's
     for (std::size_t l = 0; l < o_.layers; ++l) {
       if (!r.d2h[l].empty()) {
         auto t = std::make_shared<ticket_type>(sched_->to_host_blocks(r.d2h[l], d2h, host_side_));
@@ -493,17 +491,17 @@ class kv_cache_engine {
     }
     r.nvme_loads.clear();
     r.loading.clear();
-    for (auto& f : reads) nvme_reads_.push_back(std::move(f));
+    for (auto& f : reads) nvme_reads_.add(std::move(f));
     for (const kv_block_id b : r.filling) {
       blocks_[b].fill_pending = false;
       blocks_[b].filled = last_d2h;
-      fills_.push_back({b, 0, {last_d2h}, false});
+      fills_.add({b, 0, {last_d2h}, false});
     }
     r.filling.clear();
     if (!r.freed_pinned.empty()) {  // a later D2H into these slots comes after this round's H2D
       ticket_type h2d_done = sched_->mark(lane::h2d);
       h2d_done.enqueue_wait(d2h);
-      free_pinned_.insert(free_pinned_.end(), r.freed_pinned.begin(), r.freed_pinned.end());
+      for (const std::uint32_t slot : r.freed_pinned) free_pinned_.give(slot);
       r.freed_pinned.clear();
     }
   }
@@ -522,12 +520,7 @@ class kv_cache_engine {
   void settle_reads() {
     reap_reads();
     if (free_nvme_.empty() && !nvme_reads_.empty()) {
-      for (const auto& t : nvme_reads_.front().done) {
-        try {
-          t->wait();
-        } catch (...) {  // reported by reap_reads
-        }
-      }
+      nvme_reads_.entries().front().wait();  // a failure is reported by reap_reads
       reap_reads();
     }
   }
@@ -538,31 +531,28 @@ class kv_cache_engine {
   void reap() noexcept {
     try {
       reap_reads();
-      for (auto it = fills_.begin(); it != fills_.end();) {
-        if (!it->all_ready()) {
-          ++it;
-          continue;
-        }
-        if (it->failed() && it->block < blocks_.size() && blocks_[it->block].filled == it->done[0]) discard(it->block);
-        it = fills_.erase(it);
-      }
+      fills_.reap([](const landing_type& f) { return f.all_ready(); },
+                  [this](const landing_type& f) {
+                    if (f.failed() && f.id < blocks_.size() && blocks_[f.id].filled == f.done[0]) discard(f.id);
+                    return true;
+                  });
     } catch (...) {  // a discard the mover refused: tried again at the next call
     }
   }
 
   void reap_reads() {
-    for (auto it = nvme_reads_.begin(); it != nvme_reads_.end();) {
-      if (!it->discarded && it->failed()) {  // a layer's read failed: the block is garbage
-        it->discarded = true;
-        discard(it->block);
-      }
-      if (!it->all_ready()) {
-        ++it;
-        continue;
-      }
-      free_nvme_.push_back(it->slot);
-      it = nvme_reads_.erase(it);
-    }
+    nvme_reads_.reap(
+        [this](landing_type& f) {
+          if (!f.discarded && f.failed()) {  // a layer's read failed: the block is garbage
+            f.discarded = true;
+            discard(f.id);
+          }
+          return f.all_ready();
+        },
+        [this](const landing_type& f) {
+          free_nvme_.give(f.slot);
+          return true;
+        });
   }
 
   void discard(kv_block_id b) {
@@ -576,6 +566,7 @@ class kv_cache_engine {
   DeviceMemory* device_;
   pinned_pool* host_;
   Nvme* nvme_;
+  move_executor<Backend> exec_;  // spills pinned blocks to NVMe
   kv_cache_options o_;
   plan_type plan_;
   std::size_t layer_bytes_ = 0;
@@ -586,10 +577,10 @@ class kv_cache_engine {
   std::size_t pinned_slots_ = 0;
   std::size_t nvme_slots_ = 0;
   std::optional<nvme_region> region_;
-  std::vector<std::uint32_t> free_device_, free_pinned_, free_nvme_;
-  using in_flight = kv_in_flight<ticket_type>;
-  std::vector<in_flight> nvme_reads_;  // reads back from NVMe in flight
-  std::vector<in_flight> fills_;       // D2H into pinned memory in flight
+  slot_space free_device_, free_pinned_, free_nvme_;
+  using landing_type = landing<ticket_type, kv_block_id>;
+  move_ledger<landing_type> nvme_reads_;  // reads back from NVMe in flight
+  move_ledger<landing_type> fills_;       // D2H into pinned memory in flight
   std::vector<block_state> blocks_;
   std::vector<marker_ptr> pending_;  // last users of freed device slots, for the next round
   kv_cache_stats stats_;

@@ -1,7 +1,7 @@
 /// @file
 /// @brief Pieces of `ferry::kv_cache`'s body (detail/pipeline/kv_cache_engine.hpp): a
 /// backend marker shared by the blocks it orders, the check of a cache's shape, its plan's
-/// sizes, and a move in flight. Not part of the public interface.
+/// sizes. Not part of the public interface.
 #pragma once
 
 #include "ferry/core/error.hpp"
@@ -50,20 +50,5 @@ kv_plan_options kv_plan_options_of(const kv_cache_options& o, const pinned_pool&
   }
   return p;
 }
-
-// A move of a block still in flight: every layer's ticket.
-template <class Ticket>
-struct kv_in_flight {
-  kv_block_id block;
-  std::uint32_t slot;  // NVMe reads: the slot freed once every layer's read has landed
-  std::vector<std::shared_ptr<Ticket>> done;
-  bool discarded = false;
-  [[nodiscard]] bool all_ready() const noexcept {
-    return std::all_of(done.begin(), done.end(), [](const auto& t) { return t->ready(); });
-  }
-  [[nodiscard]] bool failed() const {
-    return std::any_of(done.begin(), done.end(), [](const auto& t) { return t->ready() && t->error() != nullptr; });
-  }
-};
 
 }  // namespace ferry::detail

@@ -6,6 +6,7 @@
 
 #include "ferry/core/error.hpp"
 #include "ferry/detail/core/lifetime.hpp"
+#include "ferry/detail/pipeline/move_executor.hpp"
 #include "ferry/detail/pipeline/tensor_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
@@ -47,6 +48,7 @@ class tensor_cache_engine {
         device_(&device),
         host_(&host),
         nvme_(HasNvme ? nvme : nullptr),
+        exec_(sched, host, this),
         plan_(host.budget(), HasNvme,
               offload_rules{options.resident_below_bytes, options.keep_last, options.prefetch_budget_bytes}) {
     stats_.reserved_pinned_bytes = reserve_pinned(*host_, options);
@@ -59,14 +61,13 @@ class tensor_cache_engine {
     for (auto& [k, r] : records_) {
       if (std::find(unique.begin(), unique.end(), r.get()) == unique.end()) unique.push_back(r.get());
     }
-    for (auto& r : erased_) unique.push_back(r.get());  // erased, their moves still in flight
-    for (record* r : unique) quiesce(*r);
+    for (auto& r : erased_.entries()) unique.push_back(r.get());  // erased, their moves still in flight
+    for (record* r : unique) r->moves.wait();
     for (record* r : unique) {
       const bool stored_buffer = static_cast<bool>(r->produced);  // never offloaded: freed after its producer
       release_all(*r, stored_buffer ? *r->producer : sched_->h2d());
     }
-    host_->settle_deferred(this);  // the blocks left behind copies hold tickets of the scheduler: before it goes
-    sched_->synchronize();
+    sched_->synchronize();  // then exec_ settles the blocks left behind copies (tickets of the scheduler)
   }
 
   [[nodiscard]] void* allocate(std::size_t bytes, stream_type s) { return device_->allocate(bytes, s); }
@@ -124,10 +125,12 @@ class tensor_cache_engine {
     // A store that throws changes nothing (`unstore`); a refused demotion names both keys.
     // The store is made once the key is in tier 0 and the tensor leaving the window is
     // demoted; the prefetch after it moves other tensors, whose moves stand.
+    // A pinned pool that refuses a block the plan's count allowed answers the plan with a
+    // refusal (`offload`), and the plan spills one more pinned tensor for it and asks again.
     std::optional<key_type> leaving;
     try {
       leaving = plan_.store_deferring_prefetch(key, bytes, mover());
-      if (leaving) demote(*leaving);
+      if (leaving) plan_.demote_deferring_prefetch(*leaving, mover());
     } catch (const out_of_capacity& e) {
       unstore(key, *rec, leaving);
       if (leaving) throw_store_refused(key, *leaving, e);
@@ -142,7 +145,6 @@ class tensor_cache_engine {
     try {
       plan_.run_owed_prefetch(mover());
     } catch (const out_of_capacity&) {
-      pool_refused_ = false;
       ++stats_.prefetch_refusals;
     }
   }
@@ -151,20 +153,20 @@ class tensor_cache_engine {
     reap();
     record& r = find(key, "tensor_cache::get: the cache does not hold this key");
     (void)plan_.get(key, r.bytes, r.key, mover());
-    if (!r.in.valid() && r.produced) sched_->backend().wait(consumer, r.produced.get());  // the stored buffer itself
-    if (r.in.valid()) {
+    if (!r.moves.in.valid() && r.produced) sched_->backend().wait(consumer, r.produced.get());  // the stored buffer
+    if (r.moves.in.valid()) {
       // A copy that has landed, or any read from NVMe (a disk read fails more often than a
       // copy, and its failure must reach this get, not garbage): the host waits for it.
-      if (landed(r) || r.in_from == tier_index(tier_kind::nvme)) {
+      if (r.moves.landed() || r.in_from == tier_index(tier_kind::nvme)) {
         try {
-          wait_landed(r);
+          r.moves.wait_landed();
         } catch (...) {  // the fetched copy is garbage: drop it, keep the other copy
           recover(r);
           throw;
         }
         settle_fetch(r);
       } else {
-        r.in.enqueue_wait(consumer);
+        r.moves.in.enqueue_wait(consumer);
       }
     }
     return r.device;
@@ -185,8 +187,8 @@ class tensor_cache_engine {
                   key);
     auto rec = it->second;
     reap();
-    if (rec->keys == 1 && rec->device != nullptr && rec->in.valid() && !rec->in.ready()) {
-      rec->in.enqueue_wait(last_user);  // the device copy is freed after the H2D that fills it (on the GPU)
+    if (rec->keys == 1 && rec->device != nullptr && rec->moves.in.valid() && !rec->moves.in.ready()) {
+      rec->moves.in.enqueue_wait(last_user);  // the device copy is freed after the H2D that fills it (on the GPU)
     }
     records_.erase(it);
     if (--rec->keys > 0) {
@@ -199,9 +201,12 @@ class tensor_cache_engine {
     // A pinned block still read or written by a copy goes back to the pool behind that
     // copy: the pool gives it back (or waits for it) when anyone sharing it needs room,
     // not only when this cache is called again.
-    if (rec->host != nullptr && !rec->disk && in_flight(*rec)) release_behind_moves(*rec);
-    if (in_flight(*rec)) {
-      erased_.push_back(rec);  // its NVMe extent goes once its moves are done
+    if (rec->host != nullptr && !rec->disk && rec->moves.in_flight()) {
+      exec_.give_block_after(rec->host, rec->encoded, std::move(rec->moves));
+      rec->host = nullptr;
+    }
+    if (rec->moves.in_flight()) {
+      erased_.add(rec);  // its NVMe extent goes once its moves are done
     } else {
       release_all(*rec, last_user);
     }
@@ -223,36 +228,37 @@ class tensor_cache_engine {
  private:
   using record = tensor_cache_record<Key, Backend>;
 
-  // The mover the plan's decisions are carried out by.
+  // The mover the plan's decisions are carried out by: each move made, or the pinned
+  // pool's refusal as a value (the plan then spills one more pinned tensor and asks again).
   auto mover() {
-    return [this](const move_event<key_type>& e) { apply(e); };
+    return [this](const move_event<key_type>& e) { return apply(e); };
   }
 
-  void apply(const move_event<key_type>& e) {
-    if (e.kind == move_kind::create || e.kind == move_kind::drop) {  // nothing moves
-      tell_observer(observer_, e, stats_.observer_failures);
-      return;
-    }
-    record& r = *by_plan_key(e.key);
-    switch (e.kind) {
-      case move_kind::evict:
-        if (e.from == tier_index(tier_kind::device)) {
-          offload(r, e.to);
-        } else {
-          spill(r);
-        }
+  move_result apply(const move_event<key_type>& e) {
+    const bool after_refusal = std::exchange(refused_, false);  // the plan's next move is the spill it makes for it
+    move_result done = move_result::placed();
+    switch (step_of(e)) {
+      case move_step::none: break;
+      case move_step::offload: done = offload(*by_plan_key(e.key), e.to); break;
+      case move_step::spill:
+        spill(*by_plan_key(e.key));
+        if (after_refusal) ++stats_.pool_refusals;
         break;
-      case move_kind::fetch:
-      case move_kind::prefetch: fetch(r, e.from, e.kind == move_kind::prefetch); break;
+      case move_step::fetch: fetch(*by_plan_key(e.key), e.from, e.kind == move_kind::prefetch); break;
       default: FERRY_EXPECTS(false, "a tensor cache's plan moved a tensor past tier 0", e.from, e.to);
     }
+    if (!done) {
+      refused_ = true;
+      return done;
+    }
     tell_observer(observer_, e, stats_.observer_failures);
+    return done;
   }
 
   std::shared_ptr<record> by_plan_key(const key_type& key) {
     auto it = records_.find(key);
     if (it == records_.end()) {
-      for (auto& r : erased_) {
+      for (auto& r : erased_.entries()) {
         if (r->key == key) return r;
       }
     }
@@ -290,33 +296,34 @@ class tensor_cache_engine {
   }
 
   // Device -> pinned (`to` 1) or -> NVMe (`to` 2, a tensor larger than the pinned tier):
-  // encoded, the device memory freed behind the copy on the D2H stream.
-  void offload(record& r, std::size_t to) {
+  // encoded, the device memory freed behind the copy on the D2H stream. The pinned block
+  // is taken first: a pool that refuses it (once the sources of this cache's fetches that
+  // land are freed) is answered as a value, with nothing issued.
+  move_result offload(record& r, std::size_t to) {
+    std::byte* block = nullptr;
+    if (to == tier_index(tier_kind::pinned)) {
+      const move_result took = exec_.take_block(r.encoded, to, block, [this] { return settle_one(); });
+      if (!took) return took;
+    }
     // The stored buffer is read after its producer's work; a fetched copy (the plan does
     // not demote one, but a copy is a copy) after the move that filled it.
     const stream_type producer = r.produced ? *r.producer : sched_->h2d();
-    if (r.in.valid()) r.in.enqueue_wait(producer);
-    // One buffer stored by several producers: the copy reads it after all of them.
-    if (r.produced && r.chained_producers) sched_->backend().wait(producer, r.produced.get());
     const stream_type d2h = sched_->d2h();
     const void* src = r.device;
     std::byte* staging = nullptr;
-    if constexpr (!is_identity_codec<Codec>) {
-      staging = static_cast<std::byte*>(device_->allocate(r.encoded, producer));
-      codec_on_stream<Codec>::encode(codec_, producer, r.device, r.bytes / sizeof(element_type), staging, r.encoded);
-      src = staging;
-    }
     try {
-      if (to == tier_index(tier_kind::pinned)) {
-        std::byte* block = take_host_block(r.encoded);
-        try {
-          r.out = sched_->to_host(block, src, r.encoded, producer);
-        } catch (...) {
-          host_->deallocate(block, r.encoded);
-          throw;
-        }
-        r.host = block;
-        if (!host_->is_pinned(block)) ++stats_.pageable_offloads;  // a D2H into pageable memory: slow, may block
+      if (r.moves.in.valid()) r.moves.in.enqueue_wait(producer);
+      // One buffer stored by several producers: the copy reads it after all of them.
+      if (r.produced && r.chained_producers) sched_->backend().wait(producer, r.produced.get());
+      if constexpr (!is_identity_codec<Codec>) {
+        staging = static_cast<std::byte*>(device_->allocate(r.encoded, producer));
+        codec_on_stream<Codec>::encode(codec_, producer, r.device, r.bytes / sizeof(element_type), staging, r.encoded);
+        src = staging;
+      }
+      if (block != nullptr) {
+        r.moves.out = sched_->to_host(block, src, r.encoded, producer);
+        r.host = std::exchange(block, nullptr);
+        if (!host_->is_pinned(r.host)) ++stats_.pageable_offloads;  // a D2H into pageable memory: slow, may block
       } else {
         const nvme_region region = nvme_->allocate(r.encoded);
         try {
@@ -330,6 +337,7 @@ class tensor_cache_engine {
         stats_.spilled_bytes += r.encoded;
       }
     } catch (...) {
+      if (block != nullptr) exec_.give_block(block, r.encoded);
       if (staging != nullptr) device_->deallocate(staging, r.encoded, producer);
       throw;
     }
@@ -340,53 +348,18 @@ class tensor_cache_engine {
     r.produced.reset();  // from now on a device copy is a fetched one, ordered by its ticket
     ++stats_.offloaded;
     stats_.offloaded_bytes += r.encoded;
+    return move_result::placed();
   }
 
-  // Demotes the tensor the plan names (the one leaving the window of the last stored).
-  // When the pinned pool refuses a block the plan's count allowed (fragmentation, a pool
-  // shared with others), the plan spills one pinned tensor and the demotion is tried
-  // again; with nothing to spill the pool's out_of_capacity is thrown (and the store that
-  // asked for it undone).
-  void demote(const key_type& placed_as) {
-    for (;;) {
-      try {
-        plan_.demote_deferring_prefetch(placed_as, mover());
-        return;
-      } catch (const out_of_capacity&) {
-        if (!std::exchange(pool_refused_, false) || !plan_.spill_one(mover())) throw;
-        ++stats_.pool_refusals;
-      }
-    }
-  }
-
-  // A pinned block of `bytes`. The pool itself gives back (or waits for) the blocks left
-  // behind copies, this cache's and others'; while it still refuses, the sources of this
-  // cache's fetched copies are freed as those land. Throws the pool's `out_of_capacity`
-  // when that is not enough, marking it as the pool's (`demote`).
-  std::byte* take_host_block(std::size_t bytes) {
-    for (;;) {
-      if (void* p = host_->try_allocate(bytes)) return static_cast<std::byte*>(p);
-      if (!settle_one()) {
-        pool_refused_ = true;
-        FERRY_THROW_OUT_OF_CAPACITY("pinned_pool", host_->cost_of(bytes), host_->used(), host_->budget());
-      }
-    }
-  }
-
-  // Pinned -> NVMe: the write waited for (it is what makes room), then the block freed.
+  // Pinned -> NVMe (the executor's spill: a failed write keeps the tensor in pinned memory).
   void spill(record& v) {
-    v.out.wait();  // the block is complete (throws a failed D2H's error)
     const nvme_region region = nvme_->allocate(v.encoded);
-    try {
-      sched_->host_to_nvme(*nvme_, region, 0, std::span<const std::byte>(v.host, v.encoded)).wait();
-    } catch (...) {
-      nvme_->deallocate(region);
-      throw;  // the tensor stays in pinned memory
-    }
+    exec_.spill(&v.moves.out, *nvme_, region, 0, std::span<const std::byte>(v.host, v.encoded),
+                [&]() noexcept { nvme_->deallocate(region); });
     v.disk = region;
-    host_->deallocate(v.host, v.encoded);
+    exec_.give_block(v.host, v.encoded);
     v.host = nullptr;
-    v.out = ticket_type{};
+    v.moves.out = ticket_type{};
     ++stats_.spilled;
     stats_.spilled_bytes += v.encoded;
   }
@@ -395,7 +368,8 @@ class tensor_cache_engine {
   // until the copy has landed (`settle_fetch`), so a failed copy loses nothing.
   void fetch(record& r, std::size_t from, bool ahead) {
     const stream_type h2d = sched_->h2d();
-    if (from == tier_index(tier_kind::pinned)) r.out.enqueue_wait(h2d);  // the block is complete before it is read
+    if (from == tier_index(tier_kind::pinned))
+      r.moves.out.enqueue_wait(h2d);  // the block is complete before it is read
     void* dst = device_->allocate(r.bytes, h2d);
     std::byte* staging = nullptr;
     try {
@@ -414,10 +388,10 @@ class tensor_cache_engine {
         codec_on_stream<Codec>::decode(codec_, h2d, staging, r.encoded, dst, r.bytes / sizeof(element_type));
         device_->deallocate(staging, r.encoded, h2d);
         staging = nullptr;
-        r.in = sched_->mark(lane::h2d);  // copy and decode
-        r.in_copy = std::move(copy);
+        r.moves.in = sched_->mark(lane::h2d);  // copy and decode
+        r.moves.in_copy = std::move(copy);
       } else {
-        r.in = std::move(copy);
+        r.moves.in = std::move(copy);
       }
     } catch (...) {
       if (staging != nullptr) device_->deallocate(staging, r.encoded, h2d);
@@ -430,17 +404,16 @@ class tensor_cache_engine {
     stats_.fetched_bytes += r.encoded;
     if (ahead) ++stats_.prefetched;
     if (from == tier_index(tier_kind::nvme)) ++stats_.read_back;
-    retiring_.push_back(by_plan_key(r.key));
+    retiring_.add(by_plan_key(r.key));
   }
 
   // A fetched copy has landed: its source (the pinned block or the NVMe extent) is freed.
   void settle_fetch(record& r) noexcept {
-    r.in = ticket_type{};
-    r.in_copy = ticket_type{};
+    r.moves.clear_in();
     if (r.in_from == tier_index(tier_kind::pinned) && r.host != nullptr) {
-      host_->deallocate(r.host, r.encoded);
+      exec_.give_block(r.host, r.encoded);
       r.host = nullptr;
-      r.out = ticket_type{};
+      r.moves.out = ticket_type{};
     } else if (r.in_from == tier_index(tier_kind::nvme) && r.disk) {
       nvme_->deallocate(*r.disk);
       r.disk.reset();
@@ -453,8 +426,7 @@ class tensor_cache_engine {
     const std::size_t from = r.in_from;
     if (r.device != nullptr) device_->deallocate(r.device, r.bytes, sched_->h2d());
     r.device = nullptr;
-    r.in = ticket_type{};
-    r.in_copy = ticket_type{};
+    r.moves.clear_in();
     r.in_from = 0;
     // Only the live record of its key is counted in the plan (an erased one's key may name
     // a tensor stored since).
@@ -471,78 +443,59 @@ class tensor_cache_engine {
   // tensors kept for moves that are done, and has the pool give back the blocks left
   // behind copies that are over. Never blocks.
   void reap() noexcept {
-    for (auto it = retiring_.begin(); it != retiring_.end();) {
-      record& r = **it;
-      if (r.in.valid() && !landed(r)) {
-        ++it;
-        continue;
-      }
-      if (r.in.valid()) {
-        try {
-          wait_landed(r);
-          settle_fetch(r);
-        } catch (...) {
-          recover(r);
-        }
-      }
-      it = retiring_.erase(it);
-    }
-    for (auto it = erased_.begin(); it != erased_.end();) {
-      if (in_flight(**it)) {
-        ++it;
-        continue;
-      }
-      quiesce(**it);  // consumes the tickets (ready: nothing waits)
-      release_all(**it, sched_->h2d());
-      it = erased_.erase(it);
-    }
-    (void)host_->reclaim();
+    retiring_.reap([](const auto& p) { return !p->moves.in.valid() || p->moves.landed(); },
+                   [this](const auto& p) {
+                     if (p->moves.in.valid()) {
+                       try {
+                         p->moves.wait_landed();
+                         settle_fetch(*p);
+                       } catch (...) {
+                         recover(*p);
+                       }
+                     }
+                     return true;
+                   });
+    erased_.reap([](const auto& p) { return !p->moves.in_flight(); }, [this](const auto& p) { return retire(*p); });
+    exec_.reclaim();
   }
 
-  // Waits for the oldest move whose end frees pinned memory (an erased tensor's that
-  // still holds a block, or a fetch whose source is a pinned block); false when there is
-  // none. Runs inside a move of the plan (a mover), so it never changes the plan: a fetch
-  // that failed is left to `reap`, which puts its tensor back where its source is.
+  // An erased tensor whose moves are over (or waited for): everything it kept freed.
+  bool retire(record& r) noexcept {
+    r.moves.wait();  // consumes the tickets (errors stay with them)
+    release_all(r, sched_->h2d());
+    return true;
+  }
+
+  // Frees pinned memory for a block the pool refused: waits for the oldest move whose end
+  // frees some (an erased tensor's that still holds a block, or a fetch whose source is a
+  // pinned block); false when there is none. Runs inside a move of the plan (a mover), so
+  // it never changes the plan: a fetch that failed is left to `reap`, which puts its
+  // tensor back where its source is.
   bool settle_one() noexcept {
-    const auto holding = std::find_if(erased_.begin(), erased_.end(), [](const auto& r) { return r->host != nullptr; });
-    if (holding != erased_.end()) {
-      auto rec = *holding;
-      erased_.erase(holding);
-      quiesce(*rec);
-      release_all(*rec, sched_->h2d());
+    if (erased_.settle_oldest([](const auto& r) { return r->host != nullptr; },
+                              [this](const auto& r) { return retire(*r); })) {
       return true;
     }
-    for (auto it = retiring_.begin(); it != retiring_.end(); ++it) {
-      record& r = **it;
-      if (r.in_from != tier_index(tier_kind::pinned) || !r.in.valid()) continue;
-      try {
-        wait_landed(r);
-      } catch (...) {
-        continue;  // failed: its block stays the tensor's only copy
-      }
-      settle_fetch(r);
-      retiring_.erase(it);
-      return true;
-    }
-    return false;
-  }
-
-  // Hands an erased tensor's pinned block to the pool with the tickets of the copies
-  // that still use it (the pool frees it once they are over); the record keeps neither.
-  void release_behind_moves(record& r) noexcept {
-    host_->deallocate_after(r.host, r.encoded,
-                            block_moves<ticket_type>{std::move(r.out), std::move(r.in), std::move(r.in_copy)}, this);
-    r.host = nullptr;
+    return retiring_.settle_oldest(
+        [](const auto& p) { return p->in_from == tier_index(tier_kind::pinned) && p->moves.in.valid(); },
+        [this](const auto& p) {
+          try {
+            p->moves.wait_landed();
+          } catch (...) {
+            return false;  // failed: its block stays the tensor's only copy
+          }
+          settle_fetch(*p);
+          return true;
+        });
   }
 
   void release_all(record& r, stream_type last_user) noexcept {
     release_device(r, last_user);
-    if (r.host != nullptr) host_->deallocate(r.host, r.encoded);
+    if (r.host != nullptr) exec_.give_block(r.host, r.encoded);
     if (r.disk && nvme_ != nullptr) nvme_->deallocate(*r.disk);
     r.host = nullptr;
     r.disk.reset();
-    retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(), [&](const auto& p) { return p.get() == &r; }),
-                    retiring_.end());
+    retiring_.forget_if([&](const auto& p) { return p.get() == &r; });
   }
 
   // Frees the device copy on `last_user` (the stored buffer also after its producer).
@@ -577,15 +530,16 @@ class tensor_cache_engine {
   DeviceMemory* device_;
   pinned_pool* host_;
   Nvme* nvme_;
+  move_executor<Backend> exec_;  // takes pinned blocks, spills, hands blocks back behind copies
   [[no_unique_address]] Codec codec_{};
   plan_type plan_;
   std::unordered_map<key_type, std::shared_ptr<record>> records_;
   std::unordered_map<void*, std::shared_ptr<record>> by_pointer_;
-  std::vector<std::shared_ptr<record>> retiring_;  // fetched copies in flight, their sources kept
-  std::vector<std::shared_ptr<record>> erased_;    // erased, with moves still in flight
+  move_ledger<std::shared_ptr<record>> retiring_;  // fetched copies in flight, their sources kept
+  move_ledger<std::shared_ptr<record>> erased_;    // erased, with moves still in flight
   observer_type observer_;
   tensor_cache_stats stats_;
-  bool pool_refused_ = false;  // the last out_of_capacity came from the pinned pool
+  bool refused_ = false;  // the last move was refused by the pinned pool (the next is the spill made for it)
   // Destroying the pool or the NVMe tier first stops the process (detail/core/lifetime.hpp).
   lifetime_link pool_link_{anchor_of(host_), this, "tensor_cache"};
   lifetime_link nvme_link_{anchor_of(nvme_), this, "tensor_cache"};

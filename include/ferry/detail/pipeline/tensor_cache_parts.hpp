@@ -6,6 +6,7 @@
 
 #include "ferry/codec/identity.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/detail/pipeline/move_executor.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/tier/nvme_region.hpp"
@@ -39,12 +40,10 @@ struct tensor_cache_record {
   std::byte* host = nullptr;        // pinned copy (encoded)
   std::optional<nvme_region> disk;  // NVMe copy (encoded)
   std::optional<typename Backend::stream_type> producer;
-  basic_marker<Backend> produced;  // end of the producer's work, while the stored buffer
-  basic_ticket<Backend> out;       // D2H into `host`
-  basic_ticket<Backend> in;        // H2D or NVMe -> device (+ decode) into `device`
-  basic_ticket<Backend> in_copy;   // the copy of `in` when a decode follows it
-  std::size_t in_from = 0;         // tier the copy of `in` comes from (its source is kept until it lands)
-  bool chained_producers = false;  // `produced` marks the work of several producers (one buffer, many keys)
+  basic_marker<Backend> produced;             // end of the producer's work, while the stored buffer
+  move_tickets<basic_ticket<Backend>> moves;  // D2H into `host`; H2D or NVMe -> device (+ decode), its copy
+  std::size_t in_from = 0;                    // tier the copy of `in` comes from (its source is kept until it lands)
+  bool chained_producers = false;             // `produced` marks the work of several producers (one buffer, many keys)
 };
 
 // Tells a tensor cache's observer of a move the cache has made: what it throws cannot
@@ -128,58 +127,6 @@ inline std::uint64_t reserve_pinned(pinned_pool& pool, const tensor_cache_option
     if (!whole) throw;
   }
   return pool.reserved() - std::min(held, pool.reserved());
-}
-
-// Waits for every move of a tensor (its tickets `out`, `in`, `in_copy`), quietly:
-// errors stay with the tickets.
-template <class Record>
-void quiesce(Record& r) noexcept {
-  for (auto* t : {&r.out, &r.in, &r.in_copy}) {
-    if (!t->valid()) continue;
-    try {
-      t->wait();
-    } catch (...) {
-    }
-  }
-}
-
-// The copies that still use a pinned block an erased tensor leaves (its D2H, its H2D
-// and the copy before a decode): the `release_condition` the pool frees it behind.
-template <class Ticket>
-struct block_moves {
-  Ticket out, in, in_copy;
-  [[nodiscard]] bool ready() const noexcept { return out.ready() && in.ready() && in_copy.ready(); }
-  void wait() const noexcept {
-    for (const Ticket* t : {&out, &in_copy, &in}) {
-      try {
-        t->wait();
-      } catch (...) {  // failed: over all the same
-      }
-    }
-  }
-};
-
-// Whether the fetched copy of a tensor (and its decode) has completed, failed or not.
-template <class Record>
-[[nodiscard]] bool landed(const Record& r) noexcept {
-  return r.in.ready() && (!r.in_copy.valid() || r.in_copy.ready());
-}
-
-// Waits for the fetched copy and its decode; throws the copy's error first (a decode
-// after a failed copy completes, on garbage).
-template <class Record>
-void wait_landed(const Record& r) {
-  if (r.in_copy.valid()) r.in_copy.wait();
-  r.in.wait();
-}
-
-// A move of a tensor still in flight (its pinned block or NVMe extent in use).
-template <class Record>
-[[nodiscard]] bool in_flight(const Record& r) noexcept {
-  for (const auto* t : {&r.out, &r.in, &r.in_copy}) {
-    if (t->valid() && !t->ready()) return true;
-  }
-  return false;
 }
 
 // `tensor_cache::store(key, bytes)` of a tensor that will leave the device (not below

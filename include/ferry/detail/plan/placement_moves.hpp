@@ -160,7 +160,7 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::demote
     const pin_scope pinned{*this, id};
     make_room(to, bytes, false, mover);
   }
-  move_down(id, from, to, mover);
+  (void)move_down(id, from, to, false, mover);
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
@@ -168,6 +168,13 @@ template <class Mover>
 inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::evict_one(std::size_t i, Mover&& mover)
     -> bool {
   FERRY_EXPECTS(i < tiers_.size(), "no such tier", i, tiers_.size());
+  return evict_victim(i, false, mover);
+}
+
+template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
+template <class Mover>
+auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::evict_victim(std::size_t i, bool ahead, Mover& mover)
+    -> bool {
   if (!has_policy(i)) {
     return false;
   }
@@ -183,11 +190,10 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::evict_
     const std::size_t fit = first_fit_below(to, vb);
     to = fit == no_tier ? to : fit;
   }
-  if (vb > tiers_[to].capacity - tiers_[to].used) {
-    make_room(to, vb, false, mover);
+  if (vb > tiers_[to].capacity - tiers_[to].used && !make_room(to, vb, ahead, mover)) {
+    return false;
   }
-  move_down(vid, i, to, mover);
-  return true;
+  return move_down(vid, i, to, ahead, mover);
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
@@ -343,7 +349,9 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::make_r
     if (vb > tiers_[to].capacity - tiers_[to].used && !make_room_below(to, vb, ahead, mover)) {
       return false;
     }
-    move_down(vid, i, to, mover);
+    if (!move_down(vid, i, to, ahead, mover)) {
+      return false;
+    }
   }
   return true;
 }
@@ -351,21 +359,45 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::make_r
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
 template <class Mover>
 inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::move_down(detail::node_id vid, std::size_t i,
-                                                                                    std::size_t to, Mover& mover)
-    -> void {
+                                                                                    std::size_t to, bool ahead,
+                                                                                    Mover& mover) -> bool {
   const std::size_t vb = where_[vid].bytes;
-  const Key& k = where_.key(vid);
-  insert_into(to, k, vb);
-  try {
-    mover(move_event<Key>{k, vb, i, to, move_kind::evict});
-  } catch (...) {
-    remove_from(to, k, vb);
-    throw;
+  for (;;) {
+    const Key& k = where_.key(vid);
+    insert_into(to, k, vb);
+    if constexpr (std::is_same_v<std::invoke_result_t<Mover&, const move_event<Key>&>, move_result>) {
+      move_result r;
+      try {
+        r = mover(move_event<Key>{k, vb, i, to, move_kind::evict});
+      } catch (...) {
+        remove_from(to, k, vb);
+        throw;
+      }
+      if (!r) {  // the memory behind `to` refused what the count allowed: one more victim, and again
+        remove_from(to, k, vb);
+        if (evict_victim(to, ahead, mover)) {
+          continue;
+        }
+        if (ahead) {
+          return false;
+        }
+        throw out_of_capacity(r.resource(), r.bytes(), r.used(), r.capacity(), FERRY_DETAIL_SITE());
+      }
+    } else {
+      try {
+        mover(move_event<Key>{k, vb, i, to, move_kind::evict});
+      } catch (...) {
+        remove_from(to, k, vb);
+        throw;
+      }
+    }
+    remove_from(i, k, vb);
+    break;
   }
-  remove_from(i, k, vb);
   where_[vid].tier = static_cast<std::uint32_t>(to);
   ++tiers_[i].evictions;
   keep_at_home(vid);
+  return true;
 }
 
 template <class Key, class Eviction, class Prefetch, class Hash, class KeyEqual, class KeyIndex>
@@ -379,9 +411,9 @@ inline auto placement<Key, Eviction, Prefetch, Hash, KeyEqual, KeyIndex>::prefet
     up = bring_up(aid, src, true, mover, &kind);
   } else {
     bool mover_failed = false;
-    auto guarded = [&mover, &mover_failed](const move_event<Key>& e) {
+    auto guarded = [&mover, &mover_failed](const move_event<Key>& e) -> decltype(mover(e)) {
       try {
-        mover(e);
+        return mover(e);
       } catch (...) {
         mover_failed = true;
         throw;
