@@ -33,8 +33,8 @@
 #include "harness/report.hpp"
 
 #include <ferry/core/error.hpp>
-#include <ferry/policy.hpp>
 #include <ferry/core/units.hpp>
+#include <ferry/policy.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +43,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -190,8 +191,8 @@ class schedule_format_error : public std::invalid_argument {
 
 /// @brief The phase named `name` (as `phase_name` writes it), or `std::nullopt`.
 [[nodiscard]] inline std::optional<ferry::phase> parse_phase(std::string_view name) noexcept {
-  for (const ferry::phase p : {ferry::phase::forward, ferry::phase::backward, ferry::phase::optimizer,
-                               ferry::phase::other}) {
+  for (const ferry::phase p :
+       {ferry::phase::forward, ferry::phase::backward, ferry::phase::optimizer, ferry::phase::other}) {
     if (phase_name(p) == name) return p;
   }
   return std::nullopt;
@@ -368,9 +369,9 @@ struct policy_candidate {
 /// @brief What `advise_policy` found: every candidate, in simplicity order, and the
 /// preferred one.
 struct policy_advice {
-  std::vector<std::size_t> capacities;  ///< bytes of each tier, tier 0 first, as given
-  std::size_t iterations = 0;           ///< iterations replayed per candidate
-  std::size_t prefetch_budget_bytes = 0;  ///< the prefetch budget asked for (before capping at tier 0)
+  std::vector<std::size_t> capacities;       ///< bytes of each tier, tier 0 first, as given
+  std::size_t iterations = 0;                ///< iterations replayed per candidate
+  std::size_t prefetch_budget_bytes = 0;     ///< the prefetch budget asked for (before capping at tier 0)
   std::vector<policy_candidate> candidates;  ///< all candidates, simplest first
   std::size_t preferred = 0;                 ///< index of the preferred candidate in `candidates`
   /// One line for people, e.g. "belady + schedule_replay moves 1.2 GiB per step, 3.1x
@@ -385,38 +386,8 @@ struct policy_advice {
 
 namespace detail {
 
-
-/// The reason line of `advice` (candidates counted, `preferred` set).
-inline std::string advice_reason(const policy_advice& a) {
-  const policy_candidate& best = a.best();
-  const double n = static_cast<double>(a.iterations);
-  const double best_bytes = static_cast<double>(best.result.bytes_moved()) / n;
-  const double best_misses = static_cast<double>(best.result.misses) / n;
-  char buf[64];
-  std::string out = best.name() + " moves " + size_text(best_bytes) + " per step";
-  // The baseline: the simplest candidate that ran (lru + no_prefetch unless it failed).
-  const auto base_it =
-      std::find_if(a.candidates.begin(), a.candidates.end(), [](const policy_candidate& c) { return c.feasible(); });
-  const policy_candidate& base = *base_it;
-  if (&base == &best) {
-    return out + ", as little as any candidate, and is the simplest of those that do";
-  }
-  const double base_bytes = static_cast<double>(base.result.bytes_moved()) / n;
-  const double base_misses = static_cast<double>(base.result.misses) / n;
-  if (best_bytes < base_bytes) {
-    if (best_bytes > 0.0) {
-      std::snprintf(buf, sizeof buf, ", %.1fx less than ", base_bytes / best_bytes);
-      out += buf;
-    } else {
-      out += ", where ";
-    }
-    out += base.name() + (best_bytes > 0.0 ? " (" + size_text(base_bytes) + ")" : " moves " + size_text(base_bytes));
-  } else {
-    out += ", as " + base.name() + " does";
-  }
-  std::snprintf(buf, sizeof buf, "; %.4g misses per step against %.4g", best_misses, base_misses);
-  return out + buf;
-}
+/// The reason line of `advice` (candidates counted, `preferred` set); in policy_advice.cpp.
+std::string advice_reason(const policy_advice& a);
 
 }  // namespace detail
 
@@ -538,6 +509,15 @@ template <class Key, class Hash, class KeyEqual>
   return a;
 }
 
+// Compiled once, in the harness library (policy_advice.cpp, policy_advice_trace.cpp):
+// `advise_policy` on the two key types ferry-bench advises on, and the 28 simulations
+// of the one on `named_schedule`, which the tests' recounts share. Each instantiation
+// simulates 28 policy pairs: it was most of the compile time of every file calling it.
+extern template policy_advice advise_policy(const named_schedule&, std::span<const std::size_t>, std::size_t,
+                                            std::size_t, ferry::admission);
+extern template policy_advice advise_policy(const ferry::access_schedule<std::uint64_t>&, std::span<const std::size_t>,
+                                            std::size_t, std::size_t, ferry::admission);
+
 /// @brief `advise_policy` with the capacities as a braced list.
 template <class Key, class Hash, class KeyEqual>
 [[nodiscard]] policy_advice advise_policy(const ferry::access_schedule<Key, Hash, KeyEqual>& schedule,
@@ -558,44 +538,35 @@ template <class Key, class Hash, class KeyEqual>
 /// than it; byte counts over all
 /// iterations unless named per step; `bytes_up[b]`/`bytes_down[b]` per boundary `b`
 /// between tiers `b` and `b + 1`).
-[[nodiscard]] inline nlohmann::json to_json(const policy_advice& a) {
-  nlohmann::json caps = nlohmann::json::array();
-  for (const std::size_t c : a.capacities) {
-    caps.push_back(c == ferry::unlimited_bytes ? nlohmann::json("unlimited") : nlohmann::json(c));
-  }
-  nlohmann::json list = nlohmann::json::array();
-  for (const policy_candidate& c : a.candidates) {
-    const ferry::simulation_result& r = c.result;
-    list.push_back({{"name", c.name()},
-                    {"eviction", c.eviction},
-                    {"prefetch", c.prefetch},
-                    {"feasible", c.feasible()},
-                    {"error", c.error},
-                    {"accesses", r.accesses},
-                    {"hits", r.hits},
-                    {"misses", r.misses},
-                    {"miss_ratio", r.accesses == 0 ? 0.0 : static_cast<double>(r.misses) /
-                                                               static_cast<double>(r.accesses)},
-                    {"hit_ratio", r.hit_ratio()},
-                    {"bypassed", r.bypassed},
-                    {"bytes_moved", r.bytes_moved()},
-                    {"bytes_moved_per_step",
-                     a.iterations == 0 ? 0.0 : static_cast<double>(r.bytes_moved()) / static_cast<double>(a.iterations)},
-                    {"bytes_up", r.bytes_up},
-                    {"bytes_down", r.bytes_down},
-                    {"prefetches", r.prefetches},
-                    {"prefetch_bytes", r.prefetch_bytes},
-                    {"peak_bytes", r.peak_bytes}});
-  }
-  return {{"capacities", caps},
-          {"iterations", a.iterations},
-          {"oversized", a.oversized == ferry::admission::bypass ? "bypass" : "refuse"},
-          {"prefetch_budget_bytes", a.prefetch_budget_bytes == ferry::unlimited_bytes
-                                        ? nlohmann::json(nullptr)
-                                        : nlohmann::json(a.prefetch_budget_bytes)},
-          {"preferred", a.candidates.empty() ? std::string() : a.best().name()},
-          {"reason", a.reason},
-          {"candidates", list}};
-}
+[[nodiscard]] nlohmann::json to_json(const policy_advice& a);
 
 }  // namespace ferry::bench
+
+/// `ferry::simulate` on `named_schedule` with eviction `EVICTION` and each of the four
+/// prefetch policies of `advise_policy`: `PREFIX` is `extern` (here) or empty (the
+/// definitions, in policy_advice.cpp).
+#define FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, EVICTION)                                                      \
+  PREFIX template ferry::simulation_result ferry::simulate(const ferry::bench::named_schedule&,                 \
+                                                           std::span<const std::size_t>, const EVICTION&,       \
+                                                           ferry::no_prefetch, const ferry::simulate_options&); \
+  PREFIX template ferry::simulation_result ferry::simulate(                                                     \
+      const ferry::bench::named_schedule&, std::span<const std::size_t>, const EVICTION&,                       \
+      ferry::lookahead<std::string, 1>, const ferry::simulate_options&);                                        \
+  PREFIX template ferry::simulation_result ferry::simulate(                                                     \
+      const ferry::bench::named_schedule&, std::span<const std::size_t>, const EVICTION&,                       \
+      ferry::lookahead<std::string, 2>, const ferry::simulate_options&);                                        \
+  PREFIX template ferry::simulation_result ferry::simulate(                                                     \
+      const ferry::bench::named_schedule&, std::span<const std::size_t>, const EVICTION&,                       \
+      ferry::schedule_replay<std::string>, const ferry::simulate_options&)
+
+/// The 28 simulations of `advise_policy` on `named_schedule`, `PREFIX` as above.
+#define FERRY_BENCH_NAMED_SIMULATIONS(PREFIX)                                     \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::lru<std::string>);              \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::fifo<std::string>);             \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::lfu<std::string>);              \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::lfu_da<std::string>);           \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::greedy_dual_size<std::string>); \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::gdsf<std::string>);             \
+  FERRY_BENCH_NAMED_SIMULATIONS_OF(PREFIX, ferry::belady<std::string>)
+
+FERRY_BENCH_NAMED_SIMULATIONS(extern);
