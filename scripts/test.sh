@@ -54,7 +54,9 @@ cmake --build --preset "$preset"
 # cores, so that they run under load. FERRY_SANITIZERS=0 skips this (a quicker local
 # run); CI runs it. A sanitizer report fails the test (halt_on_error, abort_on_error).
 # The tests whose code no sanitizer sees (compile-fail, docs, packages, the GPU check's
-# dry run) and the timing-mode runs are the ci preset's alone (CMakePresets.json).
+# dry run) and the timing-mode runs are the ci preset's alone (CMakePresets.json); the
+# runs of ferry-bench and the micro-benchmarks (label bench_tools) are asan's and ci's:
+# the tsan preset builds only the suites (host tests, the harness's tests, host examples).
 if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}  # three builds' objects stay cached
   for sanitizer in asan tsan; do
