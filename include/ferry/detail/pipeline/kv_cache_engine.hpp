@@ -125,7 +125,7 @@ class kv_cache_engine {
     const kv_prefix p = plan_.lookup(tokens, keys);
     const std::size_t needed = (tokens.size() + o_.block_tokens - 1) / o_.block_tokens;
     FERRY_EXPECTS(needed <= o_.device_blocks, "a sequence needs more blocks than the device pool has", needed,
-                  o_.device_blocks);
+                  o_.device_blocks, named("tokens", tokens.size()), o_.block_tokens);
     seq.reset(o_.layers);
     seq.keys_ = keys;  // before any hold: a failed copy holds nothing
     round r(o_.layers, &seq);

@@ -74,7 +74,8 @@ class tensor_cache_engine {
 
   void deallocate(void* p, std::size_t bytes, stream_type s) {
     for (const auto& [k, r] : records_) {
-      FERRY_EXPECTS(r->device != p, "tensor_cache::deallocate of a buffer the cache holds (erase it instead)", k, p);
+      FERRY_EXPECTS(r->device != p, "tensor_cache::deallocate of a buffer the cache holds (erase it instead)",
+                    named("key", k), p);
     }
     device_->deallocate(p, bytes, s);
   }
