@@ -11,13 +11,13 @@
 //     cudaMemcpyAsync costs the host on the H200 machine (docs/anchors/h200-2026-11-30.txt).
 // (b) With a GPU only (CUDA builds, registered when a device is present): the real
 //     `stream_scheduler::to_device` of 4 KiB against cudaMemcpyAsync + cudaEventRecord.
-// (c) The GPU-less path: `host_executor::to_device` of one 4 KiB chunk and its `wait()`
+// (c) The GPU-less path: `cpu_executor::to_device` of one 4 KiB chunk and its `wait()`
 //     (a round trip to the lane's thread), against a 4 KiB memcpy.
 //
 // (d) Block moves (scattered 16 KiB blocks, as a paged KV cache moves them): one
 //     `to_host_blocks` against a loop of `to_host`, one per block — through the no-op
 //     runtime (the host cost per block of ferry's check, merge and batches against one
-//     move per block) and on the CPU model (`host_executor`, the copies done; waits
+//     move per block) and on the CPU model (`cpu_executor`, the copies done; waits
 //     included).
 //
 // Every benchmark counts calls of the global operator new during its timed loop
@@ -27,8 +27,8 @@
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/device_runtime.hpp>
 #include <ferry/memory/pinned_pool.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 #include <ferry/transfer/device_backend.hpp>
-#include <ferry/transfer/host_executor.hpp>
 #include <ferry/transfer/scheduler.hpp>
 
 #if FERRY_HAS_CUDA
@@ -143,7 +143,7 @@ ferry::scheduler_options options() {
   return o;
 }
 
-// Memory the moves name (the no-op API never touches it; host_executor copies it).
+// Memory the moves name (the no-op API never touches it; cpu_executor copies it).
 std::byte* source() {
   static std::vector<std::byte> v(4 * chunk, std::byte{1});
   return v.data();
@@ -153,12 +153,12 @@ std::byte* destination() {
   return v.data();
 }
 
-// --- (c) host_executor: the GPU-less path -------------------------------------------
+// --- (c) cpu_executor: the GPU-less path -------------------------------------------
 
 void BM_host_executor_to_device_wait(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute, options());
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute, options());
   for (int i = 0; i < 16; ++i) ex.to_device(destination(), source(), bytes).wait();
   const allocation_probe probe;
   for (auto _ : state) {
@@ -422,8 +422,8 @@ BENCHMARK(BM_noop_ferry_per_block)->Arg(64)->Arg(1024)->ArgName("blocks");
 
 void BM_host_executor_blocks(benchmark::State& state) {
   const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute, block_options());
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute, block_options());
   for (int i = 0; i < 4; ++i) ex.to_host_blocks(blocks, compute).wait();
   const allocation_probe probe;
   for (auto _ : state) ex.to_host_blocks(blocks, compute).wait();
@@ -435,11 +435,11 @@ BENCHMARK(BM_host_executor_blocks)->Arg(64)->Arg(1024)->ArgName("blocks")->UseRe
 
 void BM_host_executor_per_block(benchmark::State& state) {
   const auto blocks = kv_blocks(static_cast<std::size_t>(state.range(0)));
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute, block_options());
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute, block_options());
   const allocation_probe probe;
   for (auto _ : state) {
-    ferry::host_executor::ticket_type last;
+    ferry::cpu_executor::ticket_type last;
     for (const auto& b : blocks) last = ex.to_host(b.dst, b.src, b.bytes, compute);
     last.wait();
   }

@@ -67,7 +67,7 @@ if [[ "${FERRY_SANITIZERS:-1}" != 0 && "$preset" == ci ]]; then
   done
   stage "concurrent suites under ThreadSanitizer once more, 4 jobs on $(nproc) cores"
   ctest --preset tsan --no-label-summary --quiet --output-log build/tsan/ctest-repeat.log -j4 \
-    -R "tensor_cache|layer_streamer|scheduler|host_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" ||
+    -R "tensor_cache|layer_streamer|scheduler|cpu_executor|CPU model|CPU runtime|cpu_runtime|ordering|device_arena|pinned_pool: 8 threads|engine|concurren|threads" ||
     { show_failures build/tsan/ctest-repeat.log; exit 1; }
   echo "   all passed (log: build/tsan/ctest-repeat.log)"
 fi

@@ -32,7 +32,7 @@
 //
 // With a GPU the moves run on CUDA (`stream_scheduler`, cudaMemcpyAsync, pinned memory
 // from a registered `pinned_pool`). Without one (or with --cpu-model) the same code runs
-// on the CPU model of the device runtime (`host_executor`, copies that are std::memcpy on
+// on the CPU model of the device runtime (`cpu_executor`, copies that are std::memcpy on
 // the model's stream threads): the figures then measure the host's memory and the
 // model's per-operation costs, not a link — the GPU figures need a GPU.
 #include "harness/gpu.hpp"

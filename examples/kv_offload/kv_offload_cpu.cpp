@@ -1,7 +1,7 @@
 // kv_offload without a GPU: the toy decoder of toy_decoder.hpp on the CPU model of the
 // device runtime. "Device memory" is host memory, the kernels are host functions
-// enqueued on a ferry::host_stream (they run in order on its worker thread), and the
-// kv_cache, its scheduler (ferry::host_executor: its H2D and D2H lanes are streams of the
+// enqueued on a ferry::cpu_stream (they run in order on its worker thread), and the
+// kv_cache, its scheduler (ferry::cpu_executor: its H2D and D2H lanes are streams of the
 // model) and the NVMe tier are the same code a GPU build runs.
 //   kv_offload_cpu [--seed N] [FOLDER for the NVMe tier's file; default: the temp folder]
 // --seed N runs it on a CPU device of its own with adversarial delays (seed N, up to 50 us
@@ -9,7 +9,7 @@
 // then shows as different outputs.
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/device_arena.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -35,9 +35,9 @@ ferry::pinned_pool_options unpinned(std::size_t bytes) {
 
 class cpu_map {
  public:
-  using device_tier = ferry::host_device_tier;
-  using scheduler_type = ferry::host_executor;
-  using stream_ref = ferry::host_stream_ref;
+  using device_tier = ferry::cpu_device_tier;
+  using scheduler_type = ferry::cpu_executor;
+  using stream_ref = ferry::cpu_stream_ref;
   static constexpr const char* name = "CPU model of the device runtime";
 
   explicit cpu_map(std::uint64_t seed)
@@ -50,7 +50,7 @@ class cpu_map {
         sched_(compute_, scheduler_options(), runtime_) {}
 
   scheduler_type& scheduler() { return sched_; }
-  ferry::host_device_arena& arena() { return arena_; }
+  ferry::cpu_device_arena& arena() { return arena_; }
   ferry::pinned_pool& pinned() { return pinned_; }
   stream_ref compute() const { return compute_; }
 
@@ -105,11 +105,11 @@ class cpu_map {
 
   ferry::cpu_runtime runtime_;              // the process's default CPU device, or one with delays
   std::deque<std::vector<float>> buffers_;  // weights and activations; outlive the stream's work
-  ferry::host_device_arena arena_;          // the KV pool's device memory: freed after the lanes' work
+  ferry::cpu_device_arena arena_;           // the KV pool's device memory: freed after the lanes' work
   ferry::pinned_pool bounce_;
   ferry::pinned_pool pinned_;  // the cache's pinned tier
-  ferry::host_stream compute_;
-  ferry::host_executor sched_;
+  ferry::cpu_stream compute_;
+  ferry::cpu_executor sched_;
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The toy decoder and the serving loop of the kv_offload example, written once over a
 // "device map": the few operations a build provides (allocate, upload, GEMM, the three
 // row kernels, download), each enqueued on the map's compute stream. The CPU build's
-// map (kv_offload_cpu.cpp) runs them as host functions on a ferry::host_stream of the
+// map (kv_offload_cpu.cpp) runs them as host functions on a ferry::cpu_stream of the
 // CPU model of the device runtime; the CUDA build's (kv_offload.cpp) as cuBLAS GEMMs and
 // the kernels of kv_kernels.cu on a ferry::stream. Everything ferry does — the cache, its
 // tiers, the scheduler's moves, the waits — is this file's, the same in both builds.

@@ -50,9 +50,9 @@
 #include "ferry/codec.hpp"
 // transfer: the scheduler, its tickets, the transfer knob
 #include "ferry/transfer/block_copy.hpp"
+#include "ferry/transfer/cpu_executor.hpp"
 #include "ferry/transfer/defaults.hpp"
 #include "ferry/transfer/device_backend.hpp"
-#include "ferry/transfer/host_executor.hpp"
 #include "ferry/transfer/scheduler.hpp"
 #include "ferry/transfer/scheduler_options.hpp"
 #include "ferry/transfer/ticket.hpp"

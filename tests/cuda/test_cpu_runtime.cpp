@@ -12,7 +12,7 @@
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/tier/nvme.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -49,8 +49,8 @@ using ferry_test::watchdog;
 
 using stream_t = cpu_runtime::stream_handle;
 using event_t = cpu_runtime::event_handle;
-using model_scheduler = ferry::host_executor;
-using model_ticket = ferry::host_executor::ticket_type;
+using model_scheduler = ferry::cpu_executor;
+using model_ticket = ferry::cpu_executor::ticket_type;
 
 constexpr std::size_t chunk = 64 * 1024;
 
@@ -72,7 +72,7 @@ ferry::scheduler_options options(std::size_t slots = 3) {
   return o;
 }
 
-ferry::host_stream_ref ref(stream_t s) { return ferry::host_stream_ref{s}; }
+ferry::cpu_stream_ref ref(stream_t s) { return ferry::cpu_stream_ref{s}; }
 
 bool ok(const cpu_status& s) { return cpu_runtime::ok(s); }
 
@@ -276,7 +276,7 @@ TEST_CASE("CPU model: a scheduler over a stream of device 1 works on device 1 wh
     } else {
       sched.emplace(ref(compute), options());
     }
-    for (const ferry::host_stream_ref lane : {sched->h2d(), sched->d2h()}) {
+    for (const ferry::cpu_stream_ref lane : {sched->h2d(), sched->d2h()}) {
       REQUIRE(ok(rt.stream_get_device(cpu_runtime::handle(lane), &d)));
       CHECK(d == 1);
     }
@@ -755,10 +755,10 @@ TEST_CASE("CPU runtime: a stream that waits for a failed record fails too, one t
   }
 }
 
-TEST_CASE("CPU runtime: host_stream::synchronize rethrows the kernel's own exception, for good", "[cpu_runtime]") {
+TEST_CASE("CPU runtime: cpu_stream::synchronize rethrows the kernel's own exception, for good", "[cpu_runtime]") {
   auto m = std::make_shared<cpu_device>(cpu_options{.seed = 12, .max_delay_us = 50});
   const cpu_runtime rt{m};
-  ferry::host_stream s(rt);
+  ferry::cpu_stream s(rt);
   s.enqueue([] {});
   REQUIRE_NOTHROW(s.synchronize());
   CHECK(s.error() == nullptr);
@@ -768,7 +768,7 @@ TEST_CASE("CPU runtime: host_stream::synchronize rethrows the kernel's own excep
   CHECK_THROWS_AS(std::rethrow_exception(s.error()), kernel_fault);
   s.enqueue([] {});
   CHECK_THROWS_WITH(s.synchronize(), "bad kernel");  // sticky: work after it does not clear it
-  const ferry::host_stream_ref r = s;
+  const ferry::cpu_stream_ref r = s;
   CHECK_THROWS_AS(r.synchronize(), kernel_fault);
   r.enqueue([] { throw std::logic_error("a second failure"); });
   CHECK_THROWS_AS(s.synchronize(), kernel_fault);  // the first error stays the stream's
@@ -782,15 +782,15 @@ TEST_CASE("CPU runtime: a move ordered after a failed kernel fails with the kern
   ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
   auto m = std::make_shared<cpu_device>(cpu_options{.seed = 6, .max_delay_us = 100});
   const cpu_runtime rt{m};
-  ferry::host_stream compute(rt);
-  ferry::host_stream producer(rt);
-  ferry::host_stream healthy(rt);
+  ferry::cpu_stream compute(rt);
+  ferry::cpu_stream producer(rt);
+  ferry::cpu_stream healthy(rt);
   const std::size_t n = 3 * chunk + 5;
   std::vector<std::byte> src(n), host(n), src2(n), host2(n);
   fill(src, 31);
   const auto r = tier.allocate(n);
   {
-    ferry::host_executor ex(ferry::host_stream_ref{compute}, options(), rt);
+    ferry::cpu_executor ex(ferry::cpu_stream_ref{compute}, options(), rt);
     producer.enqueue([] { throw kernel_fault("the producer's kernel"); });
     auto copy = ex.to_host(host.data(), src.data(), n, producer);
     auto disk = ex.device_to_nvme(tier, r, 0, src.data(), n, producer);
@@ -821,7 +821,7 @@ TEST_CASE("CPU runtime: a move ordered after a failed kernel fails with the kern
   {
     // The error is the failed stream's, not the device's: a scheduler on the same device,
     // moving after a stream that did not fail, is not affected.
-    ferry::host_executor ex(ferry::host_stream_ref{healthy}, options(), rt);
+    ferry::cpu_executor ex(ferry::cpu_stream_ref{healthy}, options(), rt);
     healthy.enqueue([&src2] { fill(src2, 32); });
     auto good = ex.to_host(host2.data(), src2.data(), n, healthy);
     REQUIRE_NOTHROW(good.wait());
@@ -907,15 +907,14 @@ TEST_CASE("CPU runtime: a stream that waits for an event recorded in a capture j
   REQUIRE(ok(rt.event_destroy(e)));
 }
 
-// --- host_stream: the caller's own stream --------------------------------------------
+// --- cpu_stream: the caller's own stream --------------------------------------------
 
-TEST_CASE("host_stream runs items in order and an event recorded after them covers what was enqueued",
-          "[cpu_runtime]") {
-  const cpu_runtime rt;  // the process's default device, as host_executor users get it
-  ferry::host_stream s;
+TEST_CASE("cpu_stream runs items in order and an event recorded after them covers what was enqueued", "[cpu_runtime]") {
+  const cpu_runtime rt;  // the process's default device, as cpu_executor users get it
+  ferry::cpu_stream s;
   std::vector<int> seen;
   for (int i = 0; i < 50; ++i) s.enqueue([&seen, i] { seen.push_back(i); });
-  const ferry::host_stream_ref r = s;
+  const ferry::cpu_stream_ref r = s;
   for (int i = 50; i < 100; ++i) r.enqueue([&seen, i] { seen.push_back(i); });
   const event_t e = make_event(rt);
   REQUIRE(ok(rt.event_record(e, s.get())));
@@ -926,10 +925,10 @@ TEST_CASE("host_stream runs items in order and an event recorded after them cove
   REQUIRE(ok(rt.event_destroy(e)));
 }
 
-TEST_CASE("host_stream: a stream waits for another's event without blocking the caller", "[cpu_runtime]") {
+TEST_CASE("cpu_stream: a stream waits for another's event without blocking the caller", "[cpu_runtime]") {
   const cpu_runtime rt;
-  ferry::host_stream a;
-  ferry::host_stream b;
+  ferry::cpu_stream a;
+  ferry::cpu_stream b;
   gate g;
   int value = 0;
   a.enqueue([&] {
@@ -952,9 +951,9 @@ TEST_CASE("host_stream: a stream waits for another's event without blocking the 
   REQUIRE(ok(rt.event_destroy(eb)));
 }
 
-TEST_CASE("host_stream: an item's exception fails the stream from there on, like a sticky error", "[cpu_runtime]") {
+TEST_CASE("cpu_stream: an item's exception fails the stream from there on, like a sticky error", "[cpu_runtime]") {
   const cpu_runtime rt;
-  ferry::host_stream s;
+  ferry::cpu_stream s;
   s.enqueue([] {});
   const event_t before = make_event(rt);
   const event_t after = make_event(rt);
@@ -978,10 +977,10 @@ TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's devi
           "[cpu_runtime][scheduler]") {
   const cpu_runtime a(cpu_options{.seed = 3, .max_delay_us = 50});
   const cpu_runtime b(cpu_options{});
-  ferry::host_stream on_a(a);
+  ferry::cpu_stream on_a(a);
   {
     // No runtime given: the lanes are made on on_a's device (not the process's default).
-    ferry::host_executor ex(ferry::host_stream_ref{on_a}, options());
+    ferry::cpu_executor ex(ferry::cpu_stream_ref{on_a}, options());
     CHECK(ex.backend().api().shared_device() == a.shared_device());
     std::vector<std::byte> src(3 * chunk + 7), dst(src.size());
     fill(src, 9);
@@ -993,7 +992,7 @@ TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's devi
     // A runtime given that is not the stream's: refused when the scheduler is made (the
     // runtime cannot tell the device of another device object's stream).
     const int before = b.device().foreign_streams();
-    CHECK_THROWS_AS(ferry::host_executor(ferry::host_stream_ref{on_a}, options(), b), ferry::device_error);
+    CHECK_THROWS_AS(ferry::cpu_executor(ferry::cpu_stream_ref{on_a}, options(), b), ferry::device_error);
     CHECK(b.device().foreign_streams() > before);
   }
   {
@@ -1001,7 +1000,7 @@ TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's devi
     // move is refused by the runtime (a handle of another device object), nothing is copied.
     ferry::scheduler_options on0 = options();
     on0.device = 0;
-    ferry::host_executor ex(ferry::host_stream_ref{on_a}, on0, b);
+    ferry::cpu_executor ex(ferry::cpu_stream_ref{on_a}, on0, b);
     std::vector<std::byte> src(chunk, std::byte{1}), dst(chunk, std::byte{0});
     const int before = b.device().foreign_streams();
     CHECK_THROWS_AS(ex.to_host(dst.data(), src.data(), chunk, on_a), ferry::device_error);
@@ -1010,23 +1009,23 @@ TEST_CASE("CPU runtime: a scheduler made for a stream runs on that stream's devi
     CHECK(dst[0] == std::byte{0});
   }
   // Device memory of one device, allocated on a stream of another: refused, budget unchanged.
-  ferry::host_device_arena arena(MiB, {}, b);
+  ferry::cpu_device_arena arena(MiB, {}, b);
   CHECK_THROWS_AS(arena.allocate(4096, on_a), ferry::device_error);
   CHECK(arena.used() == 0);
   // A null stream: refused by the calls that take one.
-  CHECK_THROWS_AS(ferry::host_stream_ref{nullptr}.enqueue([] {}), ferry::logic_error);
-  CHECK_THROWS_AS(ferry::host_stream_ref{nullptr}.synchronize(), ferry::logic_error);
-  CHECK_THROWS_AS(cpu_runtime::of(ferry::host_stream_ref{nullptr}), ferry::logic_error);
+  CHECK_THROWS_AS(ferry::cpu_stream_ref{nullptr}.enqueue([] {}), ferry::logic_error);
+  CHECK_THROWS_AS(ferry::cpu_stream_ref{nullptr}.synchronize(), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_runtime::of(ferry::cpu_stream_ref{nullptr}), ferry::logic_error);
 }
 
 TEST_CASE("CPU runtime: a kernel that synchronizes its own stream is refused instead of hanging", "[cpu_runtime]") {
   const watchdog dog("a kernel synchronizing its own stream", 30);
   const cpu_runtime rt(cpu_options{});
-  ferry::host_stream s(rt);
+  ferry::cpu_stream s(rt);
   std::atomic<int> outcome{0};
   s.enqueue([&] {
     try {
-      ferry::host_stream_ref{s}.synchronize();
+      ferry::cpu_stream_ref{s}.synchronize();
       outcome.store(1);
     } catch (const ferry::device_error& e) {
       outcome.store(e.code() == static_cast<int>(cpu_errc::not_permitted) ? 2 : 3);
@@ -1059,8 +1058,8 @@ TEST_CASE("CPU runtime: settings outside their range are refused", "[cpu_runtime
 TEST_CASE("CPU runtime: the pools' footprint stays near the peak in use when allocation sizes vary",
           "[cpu_runtime][device_arena]") {
   const cpu_runtime rt(cpu_options{});
-  ferry::host_stream s(rt);
-  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  ferry::cpu_stream s(rt);
+  ferry::cpu_device_arena arena(8 * MiB, {}, rt);
   std::size_t most = 0;
   for (std::size_t k = 0; k < 200; ++k) {
     const std::size_t n = 2 * MiB + k * 256;  // a new size every time: no block fits exactly

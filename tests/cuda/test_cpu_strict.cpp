@@ -7,7 +7,7 @@
 #include <ferry/memory/cpu_pinning.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/tier/nvme.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -43,7 +43,7 @@ using ferry::copy_direction;
 
 bool ok(const ferry::cpu_status& s) { return cpu_runtime::ok(s); }
 
-ferry::host_stream_ref ref(stream_t s) { return ferry::host_stream_ref{s}; }
+ferry::cpu_stream_ref ref(stream_t s) { return ferry::cpu_stream_ref{s}; }
 
 cpu_options timed(cpu_timing t) {
   cpu_options o;
@@ -110,7 +110,7 @@ TEST_CASE("CPU model: moves over a pool registered in pieces never put one copy 
   ferry::pinned_pool pool(po);
   ferry::scheduler_options so;
   so.chunk_bytes = 256 * KiB;
-  ferry::host_executor sched(ref(compute), so, rt);
+  ferry::cpu_executor sched(ref(compute), so, rt);
   const std::size_t n = 768 * KiB + 12345;  // over 13 registrations, starting inside one
   auto* host = static_cast<std::byte*>(pool.allocate(n + 4096)) + 4096 + 100;
   REQUIRE(pool.state() == ferry::pinning_state::pinned);
@@ -147,7 +147,7 @@ TEST_CASE("CPU model: an allocation used from a stream with no edge after it is 
   const cpu_runtime rt{m};
   const stream_t a = model_stream(*m);
   const stream_t b = model_stream(*m);
-  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  ferry::cpu_device_arena arena(8 * MiB, {}, rt);
   std::vector<std::byte> host(64 * KiB);
   void* p = arena.allocate(64 * KiB, ref(a));
   // On the stream it was allocated on: ordered.
@@ -316,8 +316,8 @@ TEST_CASE("CPU model: an NVMe read into memory allocated on another stream needs
   ferry::scheduler_options so;
   so.chunk_bytes = 64 * KiB;
   so.bounce_pool = &bounce;
-  ferry::host_executor sched(ref(compute), so, rt);
-  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  ferry::cpu_executor sched(ref(compute), so, rt);
+  ferry::cpu_device_arena arena(8 * MiB, {}, rt);
   const std::size_t n = 200 * KiB + 7;
   std::vector<std::byte> want(n);
   fill(want, 3);
@@ -355,7 +355,7 @@ TEST_CASE("scheduler: destruction ends after a staged move failed with chunks in
   po.pin = false;
   po.budget_bytes = 8 * MiB;
   ferry::pinned_pool bounce(po);
-  ferry::host_device_arena arena(8 * MiB, {}, rt);
+  ferry::cpu_device_arena arena(8 * MiB, {}, rt);
   const std::size_t n = 1 * MiB + 4097;  // 17 chunks through 3 slots
   std::vector<std::byte> want(n);
   fill(want, 11);
@@ -367,7 +367,7 @@ TEST_CASE("scheduler: destruction ends after a staged move failed with chunks in
     so.bounce_pool = &bounce;
     void* dst = nullptr;
     {
-      ferry::host_executor sched(ref(compute), so, rt);
+      ferry::cpu_executor sched(ref(compute), so, rt);
       sched.host_to_nvme(tier, r, 0, want).wait();
       dst = arena.allocate(n, ref(compute));
       auto failed = sched.nvme_to_device(tier, r, 0, dst, n);  // no edge: its copies are refused
@@ -428,7 +428,7 @@ TEST_CASE("scheduler: a pending continuation neither breaks a user's global capt
   const cpu_runtime rt{m};
   const stream_t compute = model_stream(*m);
   const stream_t user = model_stream(*m);
-  ferry::host_executor sched(ref(compute), {}, rt);
+  ferry::cpu_executor sched(ref(compute), {}, rt);
   const std::size_t n = 1 * MiB;
   std::vector<std::byte> src(n), dst(n);
   fill(src, 9);

@@ -1,5 +1,5 @@
 // basic_device_arena (the arena every pipeline allocates from) on the stream-ordered
-// memory pools of the CPU model of the device runtime (`ferry::host_device_arena` over
+// memory pools of the CPU model of the device runtime (`ferry::cpu_device_arena` over
 // `ferry::cpu_runtime`): exact accounting against the budget before the runtime is
 // called, device memory exhausted, stream-ordered reuse, bad arguments, a device
 // without memory pools, and every block given back before the pool goes.
@@ -24,11 +24,11 @@ using ferry::cpu_device;
 using ferry::cpu_runtime;
 using ferry::MiB;
 using ferry_test::model_stream;
-using arena_type = ferry::host_device_arena;
+using arena_type = ferry::cpu_device_arena;
 using stream_t = cpu_runtime::stream_handle;
 using Catch::Matchers::Contains;
 
-ferry::host_stream_ref ref(stream_t s) { return ferry::host_stream_ref{s}; }
+ferry::cpu_stream_ref ref(stream_t s) { return ferry::cpu_stream_ref{s}; }
 
 bool ok(const ferry::cpu_status& s) { return cpu_runtime::ok(s); }
 
@@ -117,11 +117,11 @@ TEST_CASE("device_arena on the CPU model: bad arguments and a device without mem
   arena_type arena(MiB, {}, cpu_runtime{m});
   CHECK(arena.device() == 0);
   CHECK_THROWS_AS(arena.allocate(0, ref(s)), ferry::logic_error);
-  CHECK_THROWS_AS(arena.allocate(16, ferry::host_stream_ref{nullptr}), ferry::logic_error);
+  CHECK_THROWS_AS(arena.allocate(16, ferry::cpu_stream_ref{nullptr}), ferry::logic_error);
   CHECK_THROWS_AS(arena.allocate(~std::size_t{0}, ref(s)), ferry::out_of_capacity);
   CHECK(arena.used() == 0);
   void* p = arena.allocate(4096, ref(s));
-  CHECK_THROWS_WITH(arena.deallocate(p, 4096, ferry::host_stream_ref{nullptr}), Contains("legacy default stream"));
+  CHECK_THROWS_WITH(arena.deallocate(p, 4096, ferry::cpu_stream_ref{nullptr}), Contains("legacy default stream"));
   CHECK(arena.used() == 4096);  // still allocated: nothing freed on the refused call
   arena.deallocate(p, 4096, ref(s));
   CHECK(arena.used() == 0);
@@ -192,13 +192,13 @@ TEST_CASE("device_arena on the CPU model: sizes up to SIZE_MAX are out_of_capaci
   REQUIRE(ok(m->stream_synchronize(s)));
 }
 
-TEST_CASE("host_device_tier: the tier view of an arena on one stream, sharing its budget",
+TEST_CASE("cpu_device_tier: the tier view of an arena on one stream, sharing its budget",
           "[device_arena][cpu_runtime]") {
   const cpu_runtime rt(ferry::cpu_options{.seed = 4, .max_delay_us = 50});
-  ferry::host_stream s(rt);
+  ferry::cpu_stream s(rt);
   arena_type arena(MiB, {}, rt);
-  ferry::host_device_tier a(arena, s);
-  ferry::host_device_tier b(arena, s);
+  ferry::cpu_device_tier a(arena, s);
+  ferry::cpu_device_tier b(arena, s);
   CHECK(a.capacity() == MiB);
   const ferry::device_region r = a.allocate(1000);
   REQUIRE(r.ptr != nullptr);
@@ -213,7 +213,7 @@ TEST_CASE("host_device_tier: the tier view of an arena on one stream, sharing it
   a.deallocate(r);
   s.synchronize();
   CHECK(a.used() == 0);
-  CHECK(a.stream() == ferry::host_stream_ref{s});
+  CHECK(a.stream() == ferry::cpu_stream_ref{s});
   CHECK(&a.arena() == &arena);
-  CHECK_THROWS_AS(ferry::host_device_tier(arena, ferry::host_stream_ref{nullptr}), ferry::logic_error);
+  CHECK_THROWS_AS(ferry::cpu_device_tier(arena, ferry::cpu_stream_ref{nullptr}), ferry::logic_error);
 }

@@ -7,7 +7,7 @@
 #include <ferry/pipeline/tensor_cache.hpp>
 #include <ferry/tier/host_tier.hpp>
 #include <ferry/tier/nvme.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -440,20 +440,20 @@ TEST_CASE("fault matrix: an extent_allocator double free aborts with one stderr 
 TEST_CASE(
     "fault matrix: tensor_cache refuses sizes that do not match and device memory past its budget, nothing changes",
     "[faults][tensor_cache]") {
-  using two_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
+  using two_tiers = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>;
   using cache_type = ferry::tensor_cache<int, two_tiers, ferry::automatic, ferry::automatic, ferry::identity<float>>;
-  ferry::host_stream compute;
-  ferry::host_executor sched{ferry::host_stream_ref(compute)};
-  ferry::host_device_arena device(MiB);
+  ferry::cpu_stream compute;
+  ferry::cpu_executor sched{ferry::cpu_stream_ref(compute)};
+  ferry::cpu_device_arena device(MiB);
   ferry::pinned_pool_options po;
   po.pin = false;
   po.budget_bytes = 4 * MiB;
   po.slab_bytes = MiB;
   ferry::pinned_pool pool(po);
   {
-    cache_type cache(sched, two_tiers(ferry::host_device_tier(device, sched.h2d()), ferry::pinned_tier(pool)),
+    cache_type cache(sched, two_tiers(ferry::cpu_device_tier(device, sched.h2d()), ferry::pinned_tier(pool)),
                      {.keep_last = 0});
-    const ferry::host_stream_ref s(compute);
+    const ferry::cpu_stream_ref s(compute);
     // Device memory past its budget: out_of_capacity with the rounded request, use, budget.
     try {
       (void)cache.allocate(MiB + 1, s);
@@ -506,18 +506,18 @@ namespace {
 
 // A three-tier cache on the host runtime: 4 MiB pinned, `nvme_bytes` of NVMe, 64 MiB of
 // "device" memory; tensors of floats.
-using three_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier, ferry::nvme_tier>;
+using three_tiers = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier, ferry::nvme_tier>;
 using three_tier_cache =
     ferry::tensor_cache<int, three_tiers, ferry::lru<int>, ferry::no_prefetch, ferry::identity<float>>;
 
 struct three_tier_rig {
-  ferry::host_stream compute;
-  ferry::host_executor sched{ferry::host_stream_ref(compute)};
-  ferry::host_device_arena device{64 * MiB};
+  ferry::cpu_stream compute;
+  ferry::cpu_executor sched{ferry::cpu_stream_ref(compute)};
+  ferry::cpu_device_arena device{64 * MiB};
   ferry::pinned_pool pool;
   scratch_path path{ferry_test::disk_dir};
   ferry::nvme_tier tier;
-  ferry::host_stream_ref s{compute};
+  ferry::cpu_stream_ref s{compute};
 
   explicit three_tier_rig(std::uint64_t nvme_bytes)
       : pool([] {
@@ -530,7 +530,7 @@ struct three_tier_rig {
         tier(ferry_test::small_options({path.path()}, nvme_bytes)) {}
 
   three_tiers tiers() {
-    return three_tiers(ferry::host_device_tier(device, sched.h2d()), ferry::pinned_tier(pool), tier);
+    return three_tiers(ferry::cpu_device_tier(device, sched.h2d()), ferry::pinned_tier(pool), tier);
   }
 
   // A tensor of `bytes` filled with a pattern of `seed`; its checksum.
@@ -762,17 +762,17 @@ TEST_CASE(
 #endif
 }
 
-TEST_CASE("fault matrix: host_device_arena sizes up to SIZE_MAX are out_of_capacity, nothing allocated",
+TEST_CASE("fault matrix: cpu_device_arena sizes up to SIZE_MAX are out_of_capacity, nothing allocated",
           "[faults][tensor_cache]") {
-  ferry::host_stream stream;
-  ferry::host_device_arena device(MiB);
-  void* kept = device.allocate(1000, ferry::host_stream_ref(stream));
+  ferry::cpu_stream stream;
+  ferry::cpu_device_arena device(MiB);
+  void* kept = device.allocate(1000, ferry::cpu_stream_ref(stream));
   const std::uint64_t sum = fill_memory(kept, 1000, 3);
   for (const std::size_t bytes : {~std::size_t{0}, ~std::size_t{0} - 1, ~std::size_t{0} - 254, ~std::size_t{0} - 255,
                                   ~std::size_t{0} / 2, MiB + 1}) {
     INFO(bytes);
     try {
-      (void)device.allocate(bytes, ferry::host_stream_ref(stream));
+      (void)device.allocate(bytes, ferry::cpu_stream_ref(stream));
       FAIL("allocated more than the budget");
     } catch (const ferry::out_of_capacity& e) {
       CHECK_THAT(e.what(), Catch::Contains("device_arena"));
@@ -783,7 +783,7 @@ TEST_CASE("fault matrix: host_device_arena sizes up to SIZE_MAX are out_of_capac
     CHECK(device.used() == 1024);
   }
   CHECK(sum_memory(kept, 1000) == sum);
-  device.deallocate(kept, 1000, ferry::host_stream_ref(stream));
+  device.deallocate(kept, 1000, ferry::cpu_stream_ref(stream));
   stream.synchronize();
   CHECK(device.used() == 0);
 }

@@ -288,8 +288,8 @@ TEST_CASE(
     "kv_cache: the one-statement form makes its scheduler, stream and memory, and blocks spill and come back bit "
     "for bit",
     "[pipeline][kv]") {
-  using cache_t = ferry::kv_cache<ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
-  ferry::host_stream compute;  // the caller's stream: the cache's pool is ready for it once constructed
+  using cache_t = ferry::kv_cache<ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
+  ferry::cpu_stream compute;  // the caller's stream: the cache's pool is ready for it once constructed
   {
     cache_t cache(shape(4, 8));
     constexpr int requests = 4;  // 8 blocks: 4 on the device, 4 pinned

@@ -3,7 +3,7 @@
 // "Device memory" is host memory; kernels are items on a compute stream; "not yet" is made
 // deterministic with gates that hold a stream until the test opens them.
 #include <ferry/pipeline/layer_streamer.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -301,7 +301,7 @@ TEMPLATE_TEST_CASE("ordering: store and erase on the legacy default stream are r
   auto& device = td.memory(64 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB, true));
   cache_on<TestType, pinned_only> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 4});
-  const ferry::host_stream_ref legacy{nullptr};  // the CPU runtime's counterpart of the legacy default stream
+  const ferry::cpu_stream_ref legacy{nullptr};  // the CPU runtime's counterpart of the legacy default stream
   void* p = cache.allocate(4096, a);
   CHECK_THROWS_AS(cache.store(1, p, 4096, legacy), ferry::logic_error);
   CHECK(cache.size() == 0);

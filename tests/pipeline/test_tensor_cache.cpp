@@ -354,7 +354,7 @@ struct one_byte_prefetch {
   template <class Sink>
   void prefetch(const int& /*key*/, std::size_t /*budget_bytes*/, Sink&& /*sink*/) noexcept {}
 };
-using host_tiers = ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>;
+using host_tiers = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>;
 using lru_no_prefetch = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, ferry::no_prefetch>;
 using lru_one_byte = ferry::tensor_cache<int, host_tiers, ferry::lru<int>, one_byte_prefetch>;
 }  // namespace
@@ -365,7 +365,7 @@ TEMPLATE_TEST_CASE("tensor_cache: the two-statement form owns its device and pin
   INFO(dev.name());
   auto& compute = dev.stream();
   auto& sched = dev.scheduler(compute, small_chunks());
-  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
   {
     cache_type cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
     producer prod{compute};
@@ -399,12 +399,12 @@ TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns m
   auto m = std::make_shared<ferry::cpu_device>(ferry::cpu_options{.devices = 2});
   const ferry::cpu_runtime rt{m};
   REQUIRE(ferry::cpu_runtime::ok(rt.set_device(1)));
-  ferry::host_stream compute(rt);  // a stream of device 1
+  ferry::cpu_stream compute(rt);  // a stream of device 1
   REQUIRE(ferry::cpu_runtime::ok(rt.set_device(0)));
   {
-    ferry::host_executor sched(compute, small_chunks());
+    ferry::cpu_executor sched(compute, small_chunks());
     CHECK(sched.backend().device() == 1);
-    using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
+    using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
     // Its own arena is on device 1: an arena of the current device (0) would refuse
     // every allocation on `compute` (a stream of device 1).
     cache_type cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
@@ -414,8 +414,8 @@ TEST_CASE("tensor_cache: the two-statement form over a stream of device 1 owns m
     }
     CHECK(cache.stats().offloaded == 3);
     // A buffer of device 0 handed to this cache of device 1: refused naming both, nothing stored.
-    ferry::host_device_arena arena0(MiB, {.device = 0}, rt);
-    ferry::host_stream on0(rt);  // device 0 is current
+    ferry::cpu_device_arena arena0(MiB, {.device = 0}, rt);
+    ferry::cpu_stream on0(rt);  // device 0 is current
     void* p0 = arena0.allocate(4096, on0);
     CHECK_THROWS_WITH(cache.store(99, p0, 4096, compute), Catch::Contains("another device") &&
                                                               Catch::Contains("buffer_device = 0") &&
@@ -440,8 +440,8 @@ TEST_CASE(
     "tensor_cache: the one-statement form makes its scheduler, stream, arena and pool, and tensors come back bit "
     "for bit",
     "[pipeline][tensor_cache]") {
-  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::host_device_tier, ferry::pinned_tier>>;
-  ferry::host_stream compute;  // the caller's stream: nothing of the cache's is ordered on it
+  using cache_type = ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
+  ferry::cpu_stream compute;  // the caller's stream: nothing of the cache's is ordered on it
   {
     cache_type cache({.keep_last = 1, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
     producer prod{compute};
@@ -475,7 +475,7 @@ TEST_CASE(
 #if !FERRY_HAS_CUDA
   // Where the CPU model is the default runtime, the defaults serve: one statement, no argument.
   ferry::tensor_cache<int> plain;
-  STATIC_REQUIRE(std::is_same_v<decltype(plain)::device_tier_type, ferry::host_device_tier>);
+  STATIC_REQUIRE(std::is_same_v<decltype(plain)::device_tier_type, ferry::cpu_device_tier>);
   CHECK(plain.stats().reserved_pinned_bytes == 0);  // the default budget (half of RAM) is pinned on use only
   producer prod{compute};
   plain.store(7, prod.make(plain, 4096, 7), 4096, compute);

@@ -2,9 +2,9 @@
 // "test device" that makes compute streams, schedulers and device memory, so the same
 // case runs on ferry's device backend (`device_backend<cpu_runtime>`, the code that
 // runs on a GPU) over the CPU model of the device runtime (ferry/cuda/cpu_runtime.hpp)
-// with device memory from `host_device_arena` (the arena itself, on the model's
+// with device memory from `cpu_device_arena` (the arena itself, on the model's
 // stream-ordered pools):
-// - `host_device`: the process's default CPU device, as `host_executor` users get it
+// - `host_device`: the process's default CPU device, as `cpu_executor` users get it
 //   (no delays), and
 // - `model_device<Seed>`: a device of its own with adversarial delays from `Seed` (0:
 //   none), whose controls (held streams, counters) the test may use.
@@ -23,10 +23,10 @@
 #pragma once
 
 #include <ferry/core/config.hpp>
+#include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
-#include <ferry/cuda/cpu_runtime.hpp>
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -37,10 +37,10 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <tuple>
-#include <type_traits>
 #include <span>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -74,9 +74,9 @@ class owner {
 // What both test devices share: a runtime, its streams, schedulers and arenas.
 class cpu_test_device {
  public:
-  using backend_type = ferry::host_backend;
-  using scheduler_type = ferry::host_executor;
-  using memory_type = ferry::host_device_arena;
+  using backend_type = ferry::cpu_backend;
+  using scheduler_type = ferry::cpu_executor;
+  using memory_type = ferry::cpu_device_arena;
 
   /// A compute stream of the device: items run in order on its worker thread.
   class compute_stream {
@@ -87,12 +87,12 @@ class cpu_test_device {
       s_.enqueue(std::forward<F>(f));
     }
     void synchronize() { s_.synchronize(); }
-    operator ferry::host_stream_ref() const { return s_; }  // NOLINT(google-explicit-constructor)
+    operator ferry::cpu_stream_ref() const { return s_; }  // NOLINT(google-explicit-constructor)
     [[nodiscard]] ferry::cpu_runtime::stream_handle native() const { return s_.get(); }
-    ferry::host_stream& stream() { return s_; }
+    ferry::cpu_stream& stream() { return s_; }
 
    private:
-    ferry::host_stream s_;
+    ferry::cpu_stream s_;
   };
 
   explicit cpu_test_device(ferry::cpu_runtime rt) : rt_(std::move(rt)) {}
@@ -114,11 +114,11 @@ class cpu_test_device {
   }
   /// A scheduler on `compute`; without a bounce pool in `o`, one that does not pin.
   scheduler_type& scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return own_.make<scheduler_type>(ferry::host_stream_ref(compute), unpinned_ring(o), rt_);
+    return own_.make<scheduler_type>(ferry::cpu_stream_ref(compute), unpinned_ring(o), rt_);
   }
   /// A scheduler the test destroys itself (to test what its destructor does).
   std::unique_ptr<scheduler_type> scoped_scheduler(compute_stream& compute, ferry::scheduler_options o = {}) {
-    return std::make_unique<scheduler_type>(ferry::host_stream_ref(compute), unpinned_ring(o), rt_);
+    return std::make_unique<scheduler_type>(ferry::cpu_stream_ref(compute), unpinned_ring(o), rt_);
   }
   memory_type& memory(std::size_t budget_bytes) {
     return memory_.make<memory_type>(budget_bytes, ferry::device_arena_options{}, rt_);
@@ -142,7 +142,7 @@ class cpu_test_device {
 };
 }  // namespace detail
 
-/// The process's default CPU device (what `host_executor` users get): no delays.
+/// The process's default CPU device (what `cpu_executor` users get): no delays.
 class host_device : public detail::cpu_test_device {
  public:
   static constexpr bool is_model = false;

@@ -5,7 +5,7 @@
 // starts, a kernel refused at issue, the `after` stream of an H2D move, many threads at
 // once (run it under ThreadSanitizer too), pinned pools that are and are not mapped, and
 // malformed values of the kernel's knobs.
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,7 @@
 // it orders a stream after another's work, gives its event back to the backend's pool
 // exactly once (destroyed, reset, or moved from and then destroyed), and hands it over
 // on release. And scheduler::mark: a marker on a lane, not a move.
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 #include <ferry/transfer/marker.hpp>
 
 #include <catch2/catch.hpp>
@@ -16,13 +16,13 @@
 #include "backend_harness.hpp"
 
 namespace {
-using marker = ferry::basic_marker<ferry::host_backend>;
+using marker = ferry::basic_marker<ferry::cpu_backend>;
 }  // namespace
 
 TEST_CASE("basic_marker: orders a stream after the recorded work and gives its event back once", "[transfer][marker]") {
-  ferry::host_stream compute;
-  ferry::host_stream other;
-  ferry::host_executor ex(compute, ferry_test::small_chunks());
+  ferry::cpu_stream compute;
+  ferry::cpu_stream other;
+  ferry::cpu_executor ex(compute, ferry_test::small_chunks());
   auto& b = ex.backend();
 
   std::atomic<int> produced{0};
@@ -68,8 +68,8 @@ TEST_CASE("basic_marker: orders a stream after the recorded work and gives its e
 }
 
 TEST_CASE("scheduler::mark: a ticket for a lane's work so far, not a move", "[transfer][marker]") {
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute, ferry_test::small_chunks());
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute, ferry_test::small_chunks());
   std::atomic<int> done{0};
   ex.h2d().enqueue([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

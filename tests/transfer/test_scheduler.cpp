@@ -1,6 +1,6 @@
 // The scheduler's ordering, chunking, bounce ring, cancellation and error logic, run by
-// the host backend (`host_executor`): the same code the CUDA backend runs, on threads.
-#include <ferry/transfer/host_executor.hpp>
+// the host backend (`cpu_executor`): the same code the CUDA backend runs, on threads.
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -17,7 +17,7 @@
 
 namespace {
 
-using ferry::host_executor;
+using ferry::cpu_executor;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;

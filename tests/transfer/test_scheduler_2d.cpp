@@ -1,13 +1,10 @@
 // Pitched 2D moves (`to_host_2d`, `to_device_2d`): a region of rows with a pitch moves
 // between device and host memory in chunks of whole rows and comes back with its pitch;
 // the bytes between a row's end and the next row are never touched; bad pitches and
-// sizes are refused with their values. On `host_executor` over the process's default CPU
+// sizes are refused with their values. On `cpu_executor` over the process's default CPU
 // device, and over a CPU device of its own with adversarial timing.
 #include <ferry/cuda/cpu_runtime.hpp>
-#include <ferry/transfer/host_executor.hpp>
-
-#include "cpu_model.hpp"
-#include "io_test_support.hpp"
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -17,6 +14,9 @@
 #include <memory>
 #include <span>
 #include <vector>
+
+#include "cpu_model.hpp"
+#include "io_test_support.hpp"
 
 namespace {
 
@@ -98,15 +98,15 @@ void refusals(Scheduler& sched, Stream producer) {
 
 }  // namespace
 
-TEST_CASE("host_executor: pitched 2D moves come back with their pitch, padding untouched", "[scheduler][2d]") {
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute, small_chunks());
+TEST_CASE("cpu_executor: pitched 2D moves come back with their pitch, padding untouched", "[scheduler][2d]") {
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute, small_chunks());
   for (const std::size_t row_bytes : {std::size_t{1}, std::size_t{1000}, std::size_t{4096}, std::size_t{10000}}) {
     for (const std::size_t rows : {std::size_t{1}, std::size_t{3}, std::size_t{37}}) {
-      round_trip(ex, ferry::host_stream_ref{compute}, row_bytes, rows);
+      round_trip(ex, ferry::cpu_stream_ref{compute}, row_bytes, rows);
     }
   }
-  refusals(ex, ferry::host_stream_ref{compute});
+  refusals(ex, ferry::cpu_stream_ref{compute});
 }
 
 TEST_CASE("CPU model: pitched 2D moves after a producer, under adversarial timing", "[cpu_runtime][scheduler][2d]") {
@@ -122,17 +122,17 @@ TEST_CASE("CPU model: pitched 2D moves after a producer, under adversarial timin
       return po;
     }());
     o.bounce_pool = &pool;
-    ferry::host_executor sched(ferry::host_stream_ref{compute}, o, ferry::cpu_runtime{m});
+    ferry::cpu_executor sched(ferry::cpu_stream_ref{compute}, o, ferry::cpu_runtime{m});
     // The producer writes the rows on its stream when it gets there; the 2D copy must wait.
     const std::size_t row_bytes = 1000, rows = 37;
     pitched device(1024, row_bytes, rows), host(1500, row_bytes, rows);
     m->launch(compute, [&] { device.fill_rows(77); });
     auto out = sched.to_host_2d(host.bytes.data(), host.pitch, device.bytes.data(), device.pitch, row_bytes, rows,
-                                ferry::host_stream_ref{compute});
+                                ferry::cpu_stream_ref{compute});
     out.wait();
     CHECK(host.holds(77));
-    round_trip(sched, ferry::host_stream_ref{compute}, 1000, 37);
-    round_trip(sched, ferry::host_stream_ref{compute}, 10000, 5);
-    refusals(sched, ferry::host_stream_ref{compute});
+    round_trip(sched, ferry::cpu_stream_ref{compute}, 1000, 37);
+    round_trip(sched, ferry::cpu_stream_ref{compute}, 10000, 5);
+    refusals(sched, ferry::cpu_stream_ref{compute});
   }
 }

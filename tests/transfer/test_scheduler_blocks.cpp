@@ -5,7 +5,7 @@
 // ticket. Each runs without delays (the model copies a batch's blocks in reverse order)
 // and at two adversarial seeds (shuffled order, a delay inside the batch, delays before
 // every operation).
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -337,7 +337,7 @@ TEMPLATE_TEST_CASE("block moves: overlapping destinations, a destination over a 
     starts_nothing();
   }
   CHECK_THROWS_AS(
-      ex.to_host_blocks(std::vector<block_copy>{{host.data(), device.data(), 1}}, ferry::host_stream_ref{nullptr}),
+      ex.to_host_blocks(std::vector<block_copy>{{host.data(), device.data(), 1}}, ferry::cpu_stream_ref{nullptr}),
       ferry::logic_error);  // the legacy default stream's counterpart
   starts_nothing();
 }
@@ -547,13 +547,13 @@ TEMPLATE_TEST_CASE("block moves (kernel): a runtime without the kernel, or large
   // A model without the kernel (as a CUDA program with no translation unit including
   // ferry/transfer/block_kernel.cuh): the same move, batched.
   ferry::cpu_runtime plain(ferry::cpu_options{.seed = 0, .max_delay_us = 0, .devices = 1, .copy_kernel = false});
-  ferry::host_stream s(plain);
+  ferry::cpu_stream s(plain);
   ferry::pinned_pool_options ring;
   ring.budget_bytes = 16 * MiB;
   ring.pin = false;
   ferry::pinned_pool ring_pool(ring);
   o.bounce_pool = &ring_pool;
-  ferry::host_executor other(s, o, plain);
+  ferry::cpu_executor other(s, o, plain);
   CHECK(other.engine_for(d2h_blocks(small, device, host), ferry::host_mapping::mapped) == ferry::block_engine::batched);
   std::fill(host.begin(), host.end(), std::byte{0});
   other.to_host_blocks(d2h_blocks(small, device, host), s, ferry::host_mapping::mapped).wait();

@@ -1,7 +1,7 @@
 // Edge cases of the scheduler (host backend): hostile sizes and settings, cancellation at
 // every stage, tiers that always fail, many moves on a ring of one slot, continuations,
 // tickets shared between threads or outliving the scheduler, and failed producers.
-#include <ferry/transfer/host_executor.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -21,8 +21,8 @@
 
 namespace {
 
-using ferry::host_executor;
-using ferry::host_stream;
+using ferry::cpu_executor;
+using ferry::cpu_stream;
 using ferry::MiB;
 using ferry_test::checksum;
 using ferry_test::fill;
@@ -53,8 +53,8 @@ TEST_CASE("scheduler edge: the docs' host example runs as written", "[scheduler]
   const auto want = pattern(bytes, 1);
   const auto region = tier.allocate(bytes);
   {
-    ferry::host_stream compute;
-    ferry::host_executor ex(compute, options());
+    ferry::cpu_stream compute;
+    ferry::cpu_executor ex(compute, options());
     compute.enqueue([&] { std::memcpy(buffer.data(), want.data(), bytes); });    // produce(buffer)
     auto t = ex.device_to_nvme(tier, region, 0, buffer.data(), bytes, compute);  // after produce()
     t.wait();
@@ -72,15 +72,15 @@ TEMPLATE_TEST_CASE("scheduler edge: defaults match the docs", "[scheduler][edge]
   auto& ex = td.scheduler(compute);
   CHECK(ex.chunk_bytes() == ferry::transfer::defaults::current().chunk_bytes);
   CHECK(ex.bounce_slots() == 4);
-  CHECK(host_executor::disk_alignment == 4096);
+  CHECK(cpu_executor::disk_alignment == 4096);
 }
 
 TEST_CASE("scheduler edge: settings at and beyond their limits", "[scheduler][edge]") {
-  host_stream compute;
-  CHECK_NOTHROW(host_executor(compute, options(1, 4096)));
-  CHECK_THROWS_AS(host_executor(compute, options(1025, 4096)), ferry::logic_error);
-  CHECK_THROWS_AS(host_executor(compute, options(1, 4096 + 1)), ferry::logic_error);
-  CHECK_THROWS_AS(host_executor(compute, options(2, std::size_t{1} << 40)), ferry::logic_error);  // ring > 1 TiB
+  cpu_stream compute;
+  CHECK_NOTHROW(cpu_executor(compute, options(1, 4096)));
+  CHECK_THROWS_AS(cpu_executor(compute, options(1025, 4096)), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_executor(compute, options(1, 4096 + 1)), ferry::logic_error);
+  CHECK_THROWS_AS(cpu_executor(compute, options(2, std::size_t{1} << 40)), ferry::logic_error);  // ring > 1 TiB
 }
 
 TEMPLATE_TEST_CASE("scheduler edge: zero-byte moves of every kind complete at once", "[scheduler][edge][nvme]",
@@ -409,13 +409,13 @@ TEMPLATE_TEST_CASE("scheduler edge: every continuation of a move runs, each once
 }
 
 TEST_CASE("scheduler edge: a ticket of another scheduler is refused by then()", "[scheduler][edge]") {
-  host_stream compute;
-  host_executor a(compute, options());
-  host_executor b(compute, options());
+  cpu_stream compute;
+  cpu_executor a(compute, options());
+  cpu_executor b(compute, options());
   std::vector<std::byte> src(chunk), dst(chunk);
   auto t = a.to_device(dst.data(), src.data(), src.size());
   CHECK_THROWS_AS(b.then(t, [](std::exception_ptr) {}), ferry::logic_error);
-  ferry::basic_ticket<ferry::host_backend> empty;
+  ferry::basic_ticket<ferry::cpu_backend> empty;
   CHECK_THROWS_AS(a.then(empty, [](std::exception_ptr) {}), ferry::logic_error);
   t.wait();
 }

@@ -2,8 +2,8 @@
 // default (4 MiB), the environment over it, and the values it refuses (out of range, or
 // not a multiple of 4 KiB). How values are written in general is tested once, in
 // tests/core/test_knobs.cpp.
+#include <ferry/transfer/cpu_executor.hpp>
 #include <ferry/transfer/defaults.hpp>
-#include <ferry/transfer/host_executor.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -108,12 +108,12 @@ TEST_CASE("transfer knobs: current() reads the environment once, and a scheduler
   CHECK(transfer_defaults::current().chunk_bytes == 64 * KiB);
   CHECK(&transfer_defaults::current() == &first);
   ::unsetenv("FERRY_CHUNK_BYTES");
-  ferry::host_stream compute;
-  ferry::host_executor ex(compute);
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute);
   CHECK(ex.chunk_bytes() == 64 * KiB);
   ferry::scheduler_options given;
   given.chunk_bytes = 16 * KiB;
-  ferry::host_executor mine(compute, given);
+  ferry::cpu_executor mine(compute, given);
   CHECK(mine.chunk_bytes() == 16 * KiB);  // a chunk given in code wins
 }
 

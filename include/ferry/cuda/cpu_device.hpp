@@ -5,7 +5,7 @@
 /// (`cpu_options`).
 ///
 /// cuda/cpu_runtime.hpp describes which of CUDA's semantics the model keeps, and holds
-/// `ferry::cpu_runtime`, the `device_runtime` over a `cpu_device`, and `host_stream`.
+/// `ferry::cpu_runtime`, the `device_runtime` over a `cpu_device`, and `cpu_stream`.
 /// The members' bodies are in detail/cuda/cpu_device.hpp.
 #pragma once
 

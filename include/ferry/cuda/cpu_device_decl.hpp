@@ -113,10 +113,10 @@ struct cpu_options {
 /// shared by `cpu_runtime` handles.
 class cpu_device : public std::enable_shared_from_this<cpu_device> {
  public:
-  using status = cpu_status;             ///< what the calls return
-  using stream_t = detail::cpu_stream*;  ///< a stream handle
-  using event_t = detail::cpu_event*;    ///< an event handle
-  using pool_t = detail::cpu_pool*;      ///< a memory-pool handle
+  using status = cpu_status;                   ///< what the calls return
+  using stream_t = detail::cpu_stream_state*;  ///< a stream handle
+  using event_t = detail::cpu_event*;          ///< an event handle
+  using pool_t = detail::cpu_pool*;            ///< a memory-pool handle
 
   /// @brief Starts the callback thread.
   /// @throws std::system_error when it cannot be started
@@ -383,8 +383,8 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   }
   static int current_device() { return current_device_ref(); }
   // The stream whose worker the calling thread is (null: none).
-  static const detail::cpu_stream*& worker_of() {
-    thread_local const detail::cpu_stream* stream = nullptr;
+  static const detail::cpu_stream_state*& worker_of() {
+    thread_local const detail::cpu_stream_state* stream = nullptr;
     return stream;
   }
   static bool& in_callback() {
@@ -466,7 +466,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
     std::lock_guard lock(mutex_);
     return events_.at(e);
   }
-  static const detail::cpu_stream* capture_origin(stream_t s) {
+  static const detail::cpu_stream_state* capture_origin(stream_t s) {
     std::lock_guard lock(s->mutex);
     return s->capturing ? s->capture_origin : nullptr;
   }
@@ -525,9 +525,9 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::mutex gate_mutex_;  // held_, keep_
   std::condition_variable gate_cv_;
   bool held_ = false;
-  const detail::cpu_stream* keep_ = nullptr;
+  const detail::cpu_stream_state* keep_ = nullptr;
   std::mutex mutex_;  // streams_, events_, live_host_
-  std::set<detail::cpu_stream*> streams_;
+  std::set<detail::cpu_stream_state*> streams_;
   std::uint64_t streams_made_ = 0;
   std::map<const detail::cpu_event*, std::shared_ptr<detail::cpu_event>> events_;
   std::map<const void*, std::size_t> live_host_;  // host_alloc_mapped allocations

@@ -1,16 +1,16 @@
 /// @file
 /// @brief `ferry::cpu_runtime`: the device runtime (cuda/device_runtime.hpp) on host
 /// threads — a CPU model of a GPU that orders, races and deadlocks like one — and
-/// `ferry::host_stream`, an owning stream of it for the caller's own work.
+/// `ferry::cpu_stream`, an owning stream of it for the caller's own work.
 ///
-/// In every build (no CUDA header). It is what `ferry::host_executor` and the host
-/// pipelines (a `tensor_cache` over `host_device_tier`, `host_layer_streamer`) run on: the same scheduler
+/// In every build (no CUDA header). It is what `ferry::cpu_executor` and the host
+/// pipelines (a `tensor_cache` over `cpu_device_tier`, `host_layer_streamer`) run on: the same scheduler
 /// backend, device arena and pipelines as on a GPU, with host memory as device memory.
 /// So CI, which has no GPU, runs the code a GPU runs — also with adversarial timing and
 /// under ThreadSanitizer.
 ///
 /// ```cpp
-/// ferry::host_stream compute;                         // a stream of the default CPU device
+/// ferry::cpu_stream compute;                         // a stream of the default CPU device
 /// compute.enqueue([] { /* a "kernel": runs on the stream's worker, in order */ });
 /// compute.synchronize();                              // rethrows what a kernel threw
 /// ```
@@ -51,12 +51,12 @@ namespace ferry {
 /// @brief A non-owning reference to a stream of a `cpu_device` (the `stream_ref` of
 /// `cpu_runtime`), passed by value like `cuda::stream_ref`. Null: no stream (refused by
 /// the scheduler as the legacy default stream is on CUDA).
-class host_stream_ref {
+class cpu_stream_ref {
  public:
   /// @brief Refers to stream `s` (a `cpu_runtime` stream handle).
-  explicit host_stream_ref(detail::cpu_stream* s) noexcept : s_(s) {}
+  explicit cpu_stream_ref(detail::cpu_stream_state* s) noexcept : s_(s) {}
   /// @brief The handle.
-  [[nodiscard]] detail::cpu_stream* get() const noexcept { return s_; }
+  [[nodiscard]] detail::cpu_stream_state* get() const noexcept { return s_; }
   /// @brief Enqueues `f()` on the stream: it runs on the stream's worker after what was
   /// enqueued before it (a kernel, in effect); an exception from it fails the stream.
   /// @throws std::bad_alloc
@@ -65,10 +65,10 @@ class host_stream_ref {
   void enqueue(F&& f) const;
   /// @brief Blocks until the stream has run what was enqueued; rethrows its first error.
   void synchronize() const;
-  friend bool operator==(host_stream_ref a, host_stream_ref b) noexcept { return a.s_ == b.s_; }
+  friend bool operator==(cpu_stream_ref a, cpu_stream_ref b) noexcept { return a.s_ == b.s_; }
 
  private:
-  detail::cpu_stream* s_;
+  detail::cpu_stream_state* s_;
 };
 
 /// @brief The device runtime on host threads: a shared handle to a `cpu_device` (see
@@ -77,11 +77,11 @@ class host_stream_ref {
 /// device). Each call is the `cpu_device` member of the same name.
 class cpu_runtime {
  public:
-  using status_type = cpu_status;             ///< what every call returns
-  using stream_handle = detail::cpu_stream*;  ///< a stream
-  using event_handle = detail::cpu_event*;    ///< an event
-  using pool_handle = detail::cpu_pool*;      ///< a stream-ordered memory pool
-  using stream_ref = host_stream_ref;         ///< how callers pass streams
+  using status_type = cpu_status;                   ///< what every call returns
+  using stream_handle = detail::cpu_stream_state*;  ///< a stream
+  using event_handle = detail::cpu_event*;          ///< an event
+  using pool_handle = detail::cpu_pool*;            ///< a stream-ordered memory pool
+  using stream_ref = cpu_stream_ref;                ///< how callers pass streams
 
   /// @brief The process's default device.
   cpu_runtime() : device_(default_device()) {}
@@ -96,8 +96,8 @@ class cpu_runtime {
   /// @brief The runtime of the device stream `s` belongs to (what a scheduler made for
   /// `s` runs on: `basic_scheduler` asks for it when given no runtime).
   /// @throws ferry::logic_error for a null stream, or a device not owned by a `shared_ptr`
-  static cpu_runtime of(host_stream_ref s) {
-    FERRY_EXPECTS(s.get() != nullptr, "a null host_stream_ref has no device",
+  static cpu_runtime of(cpu_stream_ref s) {
+    FERRY_EXPECTS(s.get() != nullptr, "a null cpu_stream_ref has no device",
                   ferry::named("stream", static_cast<const void*>(s.get())));
     std::shared_ptr<cpu_device> device = s.get()->owner->weak_from_this().lock();
     FERRY_EXPECTS(device != nullptr, "the stream's cpu_device is not owned by a std::shared_ptr",
@@ -141,11 +141,11 @@ class cpu_runtime {
     throw device_error(message, static_cast<int>(s.code), site);  // a refusal's report is in the message
   }
   /// @brief `s.get()`.
-  static stream_handle handle(host_stream_ref s) noexcept { return s.get(); }
-  /// @brief `host_stream_ref{s}`.
-  static host_stream_ref ref(stream_handle s) noexcept { return host_stream_ref{s}; }
+  static stream_handle handle(cpu_stream_ref s) noexcept { return s.get(); }
+  /// @brief `cpu_stream_ref{s}`.
+  static cpu_stream_ref ref(stream_handle s) noexcept { return cpu_stream_ref{s}; }
   /// @brief A null stream (the counterpart of CUDA's legacy default stream).
-  static bool is_legacy_default(host_stream_ref s) noexcept { return s.get() == nullptr; }
+  static bool is_legacy_default(cpu_stream_ref s) noexcept { return s.get() == nullptr; }
 
   /// @brief A copy of `n` bytes, run when `s` reaches it.
   cpu_status memcpy_async(void* dst, const void* src, std::size_t n, copy_direction d, stream_handle s) const {
@@ -274,19 +274,19 @@ static_assert(device_memory_runtime<cpu_runtime>, "cpu_runtime must model ferry:
 /// program without a GPU): items enqueued run in order on the stream's worker thread;
 /// an item that throws fails the stream from there on (its records carry the error, and
 /// streams and tickets that wait for them fail with it; `synchronize` rethrows it).
-/// Pass it to the scheduler and the pipelines as a `host_stream_ref` (implicitly).
+/// Pass it to the scheduler and the pipelines as a `cpu_stream_ref` (implicitly).
 /// Not copyable or movable (references hold its handle).
-class host_stream {
+class cpu_stream {
  public:
   /// @brief A stream on `runtime`'s device (the default device unless given).
   /// @throws ferry::device_error, std::system_error when its worker cannot start
-  explicit host_stream(cpu_runtime runtime = {}, int priority = 0) : runtime_(std::move(runtime)) {
+  explicit cpu_stream(cpu_runtime runtime = {}, int priority = 0) : runtime_(std::move(runtime)) {
     FERRY_RUNTIME_TRY(cpu_runtime, runtime_.stream_create(&s_, priority), priority);
   }
-  host_stream(const host_stream&) = delete;
-  host_stream& operator=(const host_stream&) = delete;
+  cpu_stream(const cpu_stream&) = delete;
+  cpu_stream& operator=(const cpu_stream&) = delete;
   /// @brief Runs what is still queued, then stops the worker. Must not run on the worker.
-  ~host_stream() { FERRY_RUNTIME_ASSERT(cpu_runtime, runtime_.stream_destroy(s_)); }
+  ~cpu_stream() { FERRY_RUNTIME_ASSERT(cpu_runtime, runtime_.stream_destroy(s_)); }
 
   /// @brief Enqueues `f()`; it runs on the worker after everything enqueued before it.
   /// @throws std::bad_alloc
@@ -304,26 +304,26 @@ class host_stream {
     return s_->error;
   }
   /// @brief The handle.
-  [[nodiscard]] detail::cpu_stream* get() const noexcept { return s_; }
+  [[nodiscard]] detail::cpu_stream_state* get() const noexcept { return s_; }
   /// @brief The runtime the stream belongs to.
   [[nodiscard]] const cpu_runtime& runtime() const noexcept { return runtime_; }
   /// @brief A reference to this stream.
-  operator host_stream_ref() const noexcept { return host_stream_ref{s_}; }  // NOLINT(google-explicit-constructor)
+  operator cpu_stream_ref() const noexcept { return cpu_stream_ref{s_}; }  // NOLINT(google-explicit-constructor)
 
  private:
   cpu_runtime runtime_;
-  detail::cpu_stream* s_ = nullptr;
+  detail::cpu_stream_state* s_ = nullptr;
 };
 
 template <class F>
   requires std::is_invocable_v<std::decay_t<F>&>
-void host_stream_ref::enqueue(F&& f) const {
-  FERRY_EXPECTS(s_ != nullptr, "enqueue on a null host_stream_ref");
+void cpu_stream_ref::enqueue(F&& f) const {
+  FERRY_EXPECTS(s_ != nullptr, "enqueue on a null cpu_stream_ref");
   s_->owner->launch(s_, std::forward<F>(f));
 }
 
-inline void host_stream_ref::synchronize() const {
-  FERRY_EXPECTS(s_ != nullptr, "synchronize of a null host_stream_ref");
+inline void cpu_stream_ref::synchronize() const {
+  FERRY_EXPECTS(s_ != nullptr, "synchronize of a null cpu_stream_ref");
   FERRY_RUNTIME_TRY(cpu_runtime, s_->owner->stream_synchronize(s_));
 }
 

@@ -1,7 +1,7 @@
 /// @file
 /// @brief `ferry::basic_device_arena<Runtime>`: stream-ordered device memory under a
 /// byte budget the user sets — `ferry::device_arena` on CUDA (when `FERRY_HAS_CUDA` is
-/// 1), `ferry::host_device_arena` on the CPU model of the runtime (every build).
+/// 1), `ferry::cpu_device_arena` on the CPU model of the runtime (every build).
 ///
 /// Plain host C++.
 ///
@@ -61,7 +61,7 @@ struct device_arena_options {
 template <device_memory_runtime Runtime>
 class basic_device_arena {
  public:
-  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  /// @brief How streams are passed (`cuda::stream_ref`, `cpu_stream_ref`).
   using stream_ref = typename Runtime::stream_ref;
 
   /// @brief An arena of at most `budget_bytes` bytes on a device.
@@ -192,7 +192,7 @@ class basic_device_arena {
 
 /// @brief "Device memory" under a byte budget on the CPU model (host memory, freed in
 /// stream order, reused as CUDA's pools reuse it; see `basic_device_arena`).
-using host_device_arena = basic_device_arena<cpu_runtime>;
+using cpu_device_arena = basic_device_arena<cpu_runtime>;
 
 #if FERRY_HAS_CUDA
 /// @brief Device memory under a byte budget on the CUDA runtime (see `basic_device_arena`).

@@ -4,7 +4,7 @@
 /// allocation made and freed through two functions.
 ///
 /// Plain host C++. On the CPU runtime "device memory" is host memory
-/// (`slot_memory::host(k)`, or `slot_memory::arena` of a `host_device_arena`); on a GPU
+/// (`slot_memory::host(k)`, or `slot_memory::arena` of a `cpu_device_arena`); on a GPU
 /// it is device memory (`slot_memory::arena` of a `device_arena`, or a lent span).
 #pragma once
 

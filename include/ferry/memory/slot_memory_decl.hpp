@@ -57,12 +57,12 @@ class slot_memory {
   slot_memory(std::size_t slots, allocate_function allocate, free_function free);
 
   /// @brief `slots` slots in ordinary host memory (aligned `operator new`): device
-  /// memory on the CPU runtime (`host_executor`).
+  /// memory on the CPU runtime (`cpu_executor`).
   /// @throws ferry::logic_error for 0 or more than 1024 slots
   [[nodiscard]] static slot_memory host(std::size_t slots);
 
   /// @brief `slots` slots in one allocation of `arena` (a `device_arena`, or a
-  /// `host_device_arena` on the CPU runtime), made on `stream` (which is then
+  /// `cpu_device_arena` on the CPU runtime), made on `stream` (which is then
   /// synchronised once, so the scheduler's H2D lane may write the memory) and freed on
   /// `stream` in stream order when this is destroyed — pass the compute stream, so the
   /// free is ordered after the last kernel that reads a slot. `arena` must outlive this.

@@ -6,7 +6,7 @@
 ///
 /// ```cpp
 /// // the common case: device and pinned memory the cache owns
-/// ferry::stream_scheduler sched(compute);  // ferry::host_executor on the CPU model
+/// ferry::stream_scheduler sched(compute);  // ferry::cpu_executor on the CPU model
 /// ferry::tensor_cache<int> cache(sched);
 /// // NVMe named once: its type in the list, its object in the constructor
 /// ferry::nvme_options o;
@@ -44,11 +44,11 @@ namespace ferry {
 struct automatic {};
 
 /// @brief The device tier a pipeline defaults to: `device_tier` when ferry's CUDA part is
-/// on (`FERRY_HAS_CUDA`), else `host_device_tier` (the CPU model of the device runtime).
+/// on (`FERRY_HAS_CUDA`), else `cpu_device_tier` (the CPU model of the device runtime).
 #if FERRY_HAS_CUDA
 using default_device_tier = device_tier;
 #else
-using default_device_tier = host_device_tier;
+using default_device_tier = cpu_device_tier;
 #endif
 
 namespace detail {

@@ -68,7 +68,7 @@ struct gradient_sink_stats {
 /// @brief Gradients of L layers streamed out to pinned memory and handed to callbacks
 /// (see the file comment).
 ///
-/// @tparam Backend the scheduler's backend: `device_backend<cuda_runtime>` or `host_backend`
+/// @tparam Backend the scheduler's backend: `device_backend<cuda_runtime>` or `cpu_backend`
 template <class Backend>
 class basic_gradient_sink {
  public:
@@ -76,7 +76,7 @@ class basic_gradient_sink {
   using backend_type = Backend;
   /// @brief The scheduler that moves the bytes.
   using scheduler_type = basic_scheduler<Backend>;
-  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  /// @brief How streams are passed (`cuda::stream_ref`, `cpu_stream_ref`).
   using stream_type = typename Backend::stream_type;
   /// @brief What pushes return.
   using ticket_type = basic_ticket<Backend>;

@@ -205,14 +205,14 @@ template <class Tiers>
 struct kv_tiers {
   static constexpr bool ok = false;
   static constexpr bool has_nvme = false;
-  using device = host_device_tier;
+  using device = cpu_device_tier;
   using nvme = nvme_tier;
 };
 template <class D, class H, class... N>
 struct kv_tiers<tiers<D, H, N...>> {
   static constexpr bool ok = is_device_tier<D> && std::is_same_v<H, pinned_tier> && sizeof...(N) <= 1;
   static constexpr bool has_nvme = ok && sizeof...(N) == 1;
-  using device = std::conditional_t<ok, D, host_device_tier>;
+  using device = std::conditional_t<ok, D, cpu_device_tier>;
   using nvme = std::conditional_t<ok, std::tuple_element_t<0, std::tuple<N..., nvme_tier>>, nvme_tier>;
 };
 template <class P>

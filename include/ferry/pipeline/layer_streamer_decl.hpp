@@ -14,7 +14,7 @@
 #include "ferry/memory/stage_ring.hpp"
 #include "ferry/pipeline/gradient_sink.hpp"
 #include "ferry/tier/nvme.hpp"
-#include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/cpu_executor.hpp"
 #include "ferry/transfer/scheduler.hpp"
 #include "ferry/transfer/ticket.hpp"
 
@@ -68,7 +68,7 @@ struct layer_streamer_stats {
 /// streamed out to pinned memory (see the file comment).
 ///
 /// @tparam Backend the scheduler's backend: `device_backend<cuda_runtime>` (`ferry::layer_streamer`)
-///         or `host_backend` (`ferry::host_layer_streamer`)
+///         or `cpu_backend` (`ferry::host_layer_streamer`)
 template <class Backend>
 class basic_layer_streamer {
  public:
@@ -76,7 +76,7 @@ class basic_layer_streamer {
   using backend_type = Backend;
   /// @brief The scheduler that moves the bytes.
   using scheduler_type = basic_scheduler<Backend>;
-  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  /// @brief How streams are passed (`cuda::stream_ref`, `cpu_stream_ref`).
   using stream_type = typename Backend::stream_type;
   /// @brief What loads and pushes return.
   using ticket_type = basic_ticket<Backend>;
@@ -302,8 +302,8 @@ class basic_layer_streamer {
   layer_streamer_stats stats_;  // the load counters (the gradient counters are the sink's)
 };
 
-/// @brief A layer streamer on the CPU runtime (`host_executor`): "device memory" is host memory.
-using host_layer_streamer = basic_layer_streamer<host_backend>;
+/// @brief A layer streamer on the CPU runtime (`cpu_executor`): "device memory" is host memory.
+using host_layer_streamer = basic_layer_streamer<cpu_backend>;
 
 #if FERRY_HAS_CUDA
 /// @brief A layer streamer on CUDA streams (`stream_scheduler`).

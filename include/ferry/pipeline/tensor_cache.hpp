@@ -24,7 +24,7 @@
 /// default:
 /// | slot | allowed | default |
 /// |---|---|---|
-/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`: `D` a `basic_device_tier<Runtime>` (`device_tier` on CUDA, `host_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier, pinned_tier>` |
+/// | `Tiers` | `tiers<D, pinned_tier>` or `tiers<D, pinned_tier, N>`: `D` a `basic_device_tier<Runtime>` (`device_tier` on CUDA, `cpu_device_tier` on the CPU model), `N` a file-backed tier (`nvme_tier`) | `tiers<default_device_tier, pinned_tier>` |
 /// | `Eviction` (which pinned tensor spills to NVMe) | any `ferry::eviction_policy<P, Key>` | `automatic`: `belady<Key>` (replays the recorded iteration; LRU for keys it has not seen) |
 /// | `Prefetch` (which tensor comes back early) | any `ferry::prefetch_policy<P, Key>` | `automatic`: `schedule_replay<Key>` (the recorded iteration within a byte budget) |
 /// | `Codec` | any `ferry::codec` | `automatic`: `identity<std::byte>` |
@@ -162,14 +162,14 @@ template <class Tiers>
 struct cache_tiers {
   static constexpr bool ok = false;
   static constexpr bool has_nvme = false;
-  using device = host_device_tier;
+  using device = cpu_device_tier;
   using nvme = nvme_tier;
 };
 template <class D, class H, class... N>
 struct cache_tiers<tiers<D, H, N...>> {
   static constexpr bool ok = is_device_tier<D> && std::is_same_v<H, pinned_tier> && sizeof...(N) <= 1;
   static constexpr bool has_nvme = ok && sizeof...(N) == 1;
-  using device = std::conditional_t<ok, D, host_device_tier>;
+  using device = std::conditional_t<ok, D, cpu_device_tier>;
   using nvme = std::conditional_t<ok, std::tuple_element_t<0, std::tuple<N..., nvme_tier>>, nvme_tier>;
 };
 /// @endcond
@@ -190,7 +190,7 @@ class tensor_cache {
   using shape = detail::cache_tiers<Tiers>;
   static_assert(shape::ok,
                 "ferry::tensor_cache: Tiers must be ferry::tiers<D, ferry::pinned_tier> or ferry::tiers<D, "
-                "ferry::pinned_tier, N> with D a ferry::basic_device_tier (device_tier, host_device_tier) and N a "
+                "ferry::pinned_tier, N> with D a ferry::basic_device_tier (device_tier, cpu_device_tier) and N a "
                 "file-backed tier (tensors are produced and consumed on the device, offloaded to pinned memory, "
                 "and spill from there to NVMe)");
 

@@ -6,7 +6,7 @@
 ///
 /// Why this header is in `policy/` and not `schedule/`: `schedule/` is the layer that
 /// orders moves on CUDA streams and I/O workers (`stream_scheduler`,
-/// `host_executor`), below the policies. An access schedule is what the policies read
+/// `cpu_executor`), below the policies. An access schedule is what the policies read
 /// to decide *what* to move; placing it beside them keeps the dependency pointing down
 /// (policies do not include the stream layer) and keeps it plain host C++ with no
 /// stream types in sight.
@@ -18,8 +18,8 @@
 /// of a 10-entry schedule has `next_use(key, 8) == 13`.
 #pragma once
 
-#include "ferry/detail/policy/keyed_pool.hpp"
 #include "ferry/core/error.hpp"
+#include "ferry/detail/policy/keyed_pool.hpp"
 
 #include <algorithm>
 #include <cstddef>

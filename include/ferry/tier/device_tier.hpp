@@ -1,7 +1,7 @@
 /// @file
 /// @brief `ferry::basic_device_tier<Runtime>`: the `ferry::tier` view of a
 /// `ferry::basic_device_arena`, on one stream — `ferry::device_tier` on CUDA (when
-/// `FERRY_HAS_CUDA` is 1), `ferry::host_device_tier` on the CPU runtime (every build).
+/// `FERRY_HAS_CUDA` is 1), `ferry::cpu_device_tier` on the CPU runtime (every build).
 #pragma once
 
 #include "ferry/concepts.hpp"
@@ -34,7 +34,7 @@ struct device_region {
 template <class Runtime>
 class basic_device_tier {
  public:
-  /// @brief How streams are passed (`cuda::stream_ref`, `host_stream_ref`).
+  /// @brief How streams are passed (`cuda::stream_ref`, `cpu_stream_ref`).
   using stream_ref = typename Runtime::stream_ref;
   /// @brief The arena type.
   using arena_type = basic_device_arena<Runtime>;
@@ -55,7 +55,9 @@ class basic_device_tier {
   /// @throws ferry::out_of_capacity past the arena's budget (or when the device is full)
   /// @throws ferry::logic_error for 0 bytes
   /// @throws ferry::device_error (`ferry::cuda_error` on CUDA) when the runtime fails otherwise
-  [[nodiscard]] device_region allocate(std::size_t bytes) { return device_region{arena_->allocate(bytes, stream_), bytes}; }
+  [[nodiscard]] device_region allocate(std::size_t bytes) {
+    return device_region{arena_->allocate(bytes, stream_), bytes};
+  }
   /// @brief Frees a region after the work enqueued on `stream()` so far; never throws.
   void deallocate(device_region r) noexcept { arena_->deallocate(r.ptr, r.bytes, stream_); }
   /// @brief The arena's budget in bytes.
@@ -73,8 +75,8 @@ class basic_device_tier {
 };
 
 /// @brief Device memory as a tier on the CPU runtime (host memory standing for it).
-using host_device_tier = basic_device_tier<cpu_runtime>;
-static_assert(check_tier<host_device_tier>());
+using cpu_device_tier = basic_device_tier<cpu_runtime>;
+static_assert(check_tier<cpu_device_tier>());
 
 #if FERRY_HAS_CUDA
 /// @brief Device memory as a tier on CUDA.

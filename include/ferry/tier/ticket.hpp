@@ -57,12 +57,12 @@ inline constexpr bool has_device_completion = requires {
 // host-signalled value of a disk move, and the backend that owns both.
 template <class Backend, bool = has_device_completion<Backend>>
 struct device_completion {
-  Backend* backend = nullptr;                    // valid while the state is referenced
-  bool by_marker = false;                        // completion is the marker, not `finished`
-  bool has_marker = false;                       // `marker` was recorded
-  bool armed = false;                            // `signal` is in use
-  typename Backend::marker_type marker{};        // recorded behind the last chunk of a copy
-  typename Backend::signal_type signal{};        // raised when `finished` is set
+  Backend* backend = nullptr;              // valid while the state is referenced
+  bool by_marker = false;                  // completion is the marker, not `finished`
+  bool has_marker = false;                 // `marker` was recorded
+  bool armed = false;                      // `signal` is in use
+  typename Backend::marker_type marker{};  // recorded behind the last chunk of a copy
+  typename Backend::signal_type signal{};  // raised when `finished` is set
 };
 template <class Backend>
 struct device_completion<Backend, false> {};
@@ -71,10 +71,10 @@ struct device_completion<Backend, false> {};
 /// from it (progress, what is moved, continuations) and sets `recycle`.
 template <class Backend>
 struct ticket_state : device_completion<Backend> {
-  std::atomic<std::uint32_t> refs{0};        // tickets and the runner's own references
-  std::atomic<std::uint32_t> finished{0};    // 1 once the move has completed (set by the runner)
-  std::exception_ptr error;                  // written before `finished` (or before the marker)
-  std::atomic<bool> cancel_requested{false}; // set by `cancel()`; read by runners that can stop
+  std::atomic<std::uint32_t> refs{0};         // tickets and the runner's own references
+  std::atomic<std::uint32_t> finished{0};     // 1 once the move has completed (set by the runner)
+  std::exception_ptr error;                   // written before `finished` (or before the marker)
+  std::atomic<bool> cancel_requested{false};  // set by `cancel()`; read by runners that can stop
   // Builds the error in the asking thread (null: `error` is it): no exception object is
   // then shared between threads. Read only after `finished`.
   std::exception_ptr (*make_error)(const ticket_state&) noexcept = nullptr;
@@ -99,7 +99,7 @@ inline void drop_ref(ticket_state<Backend>* s) noexcept {
 /// @brief The handle of one move (see the file comment, and its drop rule); move-only.
 ///
 /// @tparam Backend the runner's completion backend: a scheduler's backend
-///         (`device_backend<cuda_runtime>`, `host_backend`), or `host_completion` for the
+///         (`device_backend<cuda_runtime>`, `cpu_backend`), or `host_completion` for the
 ///         NVMe tier's transfers
 template <class Backend>
 class basic_ticket {

@@ -5,8 +5,8 @@
 /// completion threads that carry disk moves from the copy engines to the I/O engine and
 /// back, and host-signalled stream waits for disk moves. Written once: on a GPU it runs
 /// on `cuda_runtime` (`ferry::stream_scheduler`, transfer/stream_scheduler.hpp), in CI and
-/// in programs without a GPU on `cpu_runtime` (`ferry::host_executor`,
-/// transfer/host_executor.hpp). Plain C++20; needs no CUDA header.
+/// in programs without a GPU on `cpu_runtime` (`ferry::cpu_executor`,
+/// transfer/cpu_executor.hpp). Plain C++20; needs no CUDA header.
 ///
 /// Contract in brief: a stream waits for a disk move on the GPU (a 32-bit flag in mapped
 /// pinned memory, `cuStreamWaitValue32`), or on the host where stream memory operations are

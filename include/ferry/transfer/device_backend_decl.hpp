@@ -38,7 +38,7 @@ class device_backend {
   /// @brief The runtime.
   using runtime_type = Api;
   /// @brief Streams are passed as the runtime's `stream_ref` (`cuda::stream_ref`,
-  /// `host_stream_ref`).
+  /// `cpu_stream_ref`).
   using stream_type = typename Api::stream_ref;
   /// @brief The runtime's stream handle.
   using stream_handle = typename Api::stream_handle;

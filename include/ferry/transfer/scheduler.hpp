@@ -3,8 +3,8 @@
 /// host memory and NVMe, ordered on an H2D and a D2H lane — one implementation of the
 /// ordering logic over one backend (`ferry::device_backend<Runtime>`,
 /// transfer/device_backend.hpp) on two device runtimes: CUDA (`ferry::stream_scheduler`,
-/// transfer/stream_scheduler.hpp) and the CPU model of it (`ferry::host_executor`,
-/// transfer/host_executor.hpp), so that what runs on the GPU is tested without one.
+/// transfer/stream_scheduler.hpp) and the CPU model of it (`ferry::cpu_executor`,
+/// transfer/cpu_executor.hpp), so that what runs on the GPU is tested without one.
 ///
 /// Moves: `to_host`, `to_device`, `copy_on`, their `_2d` and `_blocks` forms, `device_to_nvme`,
 /// `nvme_to_device` (through a ring of pinned bounce buffers), `host_to_nvme`, `nvme_to_host`

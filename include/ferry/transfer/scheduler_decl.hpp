@@ -45,7 +45,7 @@ class basic_scheduler {
  public:
   /// @brief The backend type.
   using backend_type = Backend;
-  /// @brief How streams are passed: `cuda::stream_ref` or `host_stream_ref` (the runtime's `stream_ref`).
+  /// @brief How streams are passed: `cuda::stream_ref` or `cpu_stream_ref` (the runtime's `stream_ref`).
   using stream_type = typename Backend::stream_type;
   /// @brief What every move returns.
   using ticket_type = basic_ticket<Backend>;

@@ -28,7 +28,7 @@ namespace ferry {
 
 inline cpu_device::~cpu_device() {
   release_streams();
-  std::vector<detail::cpu_stream*> streams;
+  std::vector<detail::cpu_stream_state*> streams;
   {
     std::lock_guard lock(mutex_);
     streams.assign(streams_.begin(), streams_.end());
@@ -101,7 +101,7 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
     return {cpu_errc::invalid_resource_handle};
   }
   std::shared_ptr<detail::cpu_event> ev = shared(e);
-  const detail::cpu_stream* origin = capture_origin(s);
+  const detail::cpu_stream_state* origin = capture_origin(s);
   // Its clock, published with the record (a wait in between would find none): what `s`
   // holds, what this thread saw, one tick; the op's own clock (enqueue) contains it.
   detail::cpu_clock clock;
@@ -159,7 +159,7 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (capture_forbids()) return {cpu_errc::capture_unsupported};
   std::unique_lock lock(events_mutex_);
   const std::uint64_t target = e->recorded;
-  const detail::cpu_stream* on = e->pending_on(target);
+  const detail::cpu_stream_state* on = e->pending_on(target);
   if (on != nullptr && on == worker_of()) {
     return {cpu_errc::not_permitted};  // a kernel waiting for its own stream's later record: never
   }
@@ -178,7 +178,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   std::shared_ptr<detail::cpu_event> ev = shared(e);
   std::uint64_t target = 0;
-  const detail::cpu_stream* joins = nullptr;
+  const detail::cpu_stream_state* joins = nullptr;
   detail::cpu_clock after;
   {
     std::lock_guard lock(events_mutex_);
@@ -215,7 +215,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
 
 inline cpu_device::status cpu_device::stream_create(stream_t* out, int priority) {
   if (refused()) return {cpu_errc::not_permitted};
-  auto* r = new (std::nothrow) detail::cpu_stream;
+  auto* r = new (std::nothrow) detail::cpu_stream_state;
   if (r == nullptr) return {cpu_errc::memory_allocation};
   r->owner = this;
   r->device = current_device();
@@ -381,7 +381,7 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
     if (b.state == detail::cpu_block::live || b.bytes != n) continue;
     if (b.state == detail::cpu_block::free_pending && b.freed_on != s) {  // the driver's inserted wait
       const settle_pause no_settle;  // instant timing: the free it waits behind needs pool_mutex_
-      const status st = insert_wait(s, const_cast<detail::cpu_stream*>(b.freed_on));
+      const status st = insert_wait(s, const_cast<detail::cpu_stream_state*>(b.freed_on));
       if (!(st == cpu_errc::success)) return st;
     }
     if (b.state == detail::cpu_block::free_pending) b.priors.push_back({b.generation, b.alloc_stream, b.alloc_seq});

@@ -31,7 +31,7 @@ class cpu_op {
  public:
   cpu_op() noexcept = default;
   template <class F>
-  requires(!std::is_same_v<std::decay_t<F>, cpu_op> && std::is_invocable_v<std::decay_t<F>&>)
+    requires(!std::is_same_v<std::decay_t<F>, cpu_op> && std::is_invocable_v<std::decay_t<F>&>)
   explicit cpu_op(F&& f) {
     using T = std::decay_t<F>;
     if constexpr (sizeof(T) <= inline_bytes && alignof(T) <= alignof(std::max_align_t) &&
@@ -84,13 +84,12 @@ class cpu_op {
     return t;
   }
   template <class T>
-  static constexpr vtable inline_ops{
-      [](void* p) { (*static_cast<T*>(p))(); },
-      [](void* d, void* src) noexcept {
-        ::new (d) T(std::move(*static_cast<T*>(src)));
-        static_cast<T*>(src)->~T();
-      },
-      [](void* p) noexcept { static_cast<T*>(p)->~T(); }};
+  static constexpr vtable inline_ops{[](void* p) { (*static_cast<T*>(p))(); },
+                                     [](void* d, void* src) noexcept {
+                                       ::new (d) T(std::move(*static_cast<T*>(src)));
+                                       static_cast<T*>(src)->~T();
+                                     },
+                                     [](void* p) noexcept { static_cast<T*>(p)->~T(); }};
   template <class T>
   static constexpr vtable heap_ops{[](void* p) { (*heap_of<T>(p))(); },
                                    [](void* d, void* src) noexcept { std::memcpy(d, src, sizeof(T*)); },
@@ -176,7 +175,7 @@ class cpu_clock {
 };
 
 // A stream of a cpu_device. Its address is the stream handle.
-struct cpu_stream {
+struct cpu_stream_state {
   cpu_device* owner = nullptr;
   int device = 0;
   int priority = 0;
@@ -193,11 +192,11 @@ struct cpu_stream {
   bool busy = false;
   bool stopping = false;
   bool capturing = false;
-  const cpu_stream* capture_origin = nullptr;  // the stream whose capture this one is in
-  int capture_mode = 0;                        // of a capture begun on it (cpu_capture_mode)
-  std::thread::id capture_thread;              // the thread that began it
-  bool capture_invalidated = false;            // an unsafe call broke it (end_capture says so)
-  std::exception_ptr error;                    // the first error (sticky)
+  const cpu_stream_state* capture_origin = nullptr;  // the stream whose capture this one is in
+  int capture_mode = 0;                              // of a capture begun on it (cpu_capture_mode)
+  std::thread::id capture_thread;                    // the thread that began it
+  bool capture_invalidated = false;                  // an unsafe call broke it (end_capture says so)
+  std::exception_ptr error;                          // the first error (sticky)
   std::mt19937_64 rng;
   std::thread worker;
 };
@@ -205,15 +204,15 @@ struct cpu_stream {
 // only that record's completion satisfies it.
 struct cpu_event {
   int device = 0;
-  std::uint64_t recorded = 0;                         // number of the latest record (0: never)
-  std::vector<std::pair<std::uint64_t, const cpu_stream*>> pending;  // records not passed yet, and their stream
-  std::map<std::uint64_t, std::exception_ptr> failed; // records made on a failed stream
+  std::uint64_t recorded = 0;                                              // number of the latest record (0: never)
+  std::vector<std::pair<std::uint64_t, const cpu_stream_state*>> pending;  // records not passed yet, and their stream
+  std::map<std::uint64_t, std::exception_ptr> failed;                      // records made on a failed stream
   // Records made on a capturing stream, and the capture's origin: until that capture
   // ends (whether or not the stream has passed them), a wait for one joins the capture.
-  std::map<std::uint64_t, const cpu_stream*> captured;
+  std::map<std::uint64_t, const cpu_stream_state*> captured;
   cpu_clock clock;  // the stream order the record numbered clock_of comes after
   std::uint64_t clock_of = 0;
-  [[nodiscard]] const cpu_stream* pending_on(std::uint64_t gen) const {
+  [[nodiscard]] const cpu_stream_state* pending_on(std::uint64_t gen) const {
     for (const auto& [g, s] : pending) {
       if (g == gen) return s;
     }
@@ -236,7 +235,7 @@ struct cpu_block {
   enum state_type { live, free_pending, free_done };
   std::size_t bytes = 0;
   state_type state = live;
-  const cpu_stream* freed_on = nullptr;
+  const cpu_stream_state* freed_on = nullptr;
   std::uint64_t generation = 0;
   std::uint64_t alloc_stream = 0;  // the id of the stream the allocation is ordered on
   std::uint64_t alloc_seq = 0;     // its position there: work ordered after it may use the block
@@ -258,7 +257,7 @@ struct cpu_pool : std::enable_shared_from_this<cpu_pool> {
   cpu_pool(const cpu_pool&) = delete;
   cpu_pool& operator=(const cpu_pool&) = delete;
   ~cpu_pool() {
-    for (auto& [p, b] : blocks) ::operator delete (p, std::align_val_t{256});
+    for (auto& [p, b] : blocks) ::operator delete(p, std::align_val_t{256});
   }
 };
 // An access accepted as one to an earlier allocation of a reused block: checked again

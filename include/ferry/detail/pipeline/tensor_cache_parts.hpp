@@ -10,7 +10,7 @@
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/tier/nvme_region.hpp"
 #include "ferry/tier/ticket.hpp"
-#include "ferry/transfer/host_executor.hpp"
+#include "ferry/transfer/cpu_executor.hpp"
 #include "ferry/transfer/marker.hpp"
 
 #include <algorithm>
@@ -79,13 +79,13 @@ void refuse_other_device(const Api& api, const void* p, int device, const Key& k
 template <class Codec>
 struct codec_on_stream {
   using T = typename Codec::value_type;
-  static void encode(const Codec& c, host_stream_ref s, const void* in, std::size_t n, std::byte* out,
+  static void encode(const Codec& c, cpu_stream_ref s, const void* in, std::size_t n, std::byte* out,
                      std::size_t out_bytes) {
     s.enqueue([c, in, n, out, out_bytes] {
       (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
     });
   }
-  static void decode(const Codec& c, host_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
+  static void decode(const Codec& c, cpu_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
                      std::size_t n) {
     s.enqueue([c, in, in_bytes, out, n] {
       c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));

@@ -1,5 +1,5 @@
 /// @file
-/// @brief `ferry::host_executor`: the scheduler of transfer/scheduler.hpp on host
+/// @brief `ferry::cpu_executor`: the scheduler of transfer/scheduler.hpp on host
 /// threads — `basic_scheduler<device_backend<cpu_runtime>>`: the same backend the GPU
 /// runs (transfer/device_backend.hpp) over the CPU model of the device runtime
 /// (cuda/cpu_runtime.hpp), for pipelines with no GPU and so that everything a GPU
@@ -11,8 +11,8 @@
 /// `std::memcpy` run when the stream reaches them.
 ///
 /// ```cpp
-/// ferry::host_stream compute;
-/// ferry::host_executor ex(compute);
+/// ferry::cpu_stream compute;
+/// ferry::cpu_executor ex(compute);
 /// compute.enqueue([&] { produce(activations); });
 /// auto t = ex.device_to_nvme(tier, region, 0, activations, bytes, compute);  // after produce()
 /// t.wait();
@@ -25,10 +25,10 @@
 
 namespace ferry {
 
-/// @brief The backend of `host_executor`: the device backend on the CPU model.
-using host_backend = device_backend<cpu_runtime>;
+/// @brief The backend of `cpu_executor`: the device backend on the CPU model.
+using cpu_backend = device_backend<cpu_runtime>;
 
 /// @brief A scheduler on host threads (see the file comment and `basic_scheduler`).
-using host_executor = basic_scheduler<host_backend>;
+using cpu_executor = basic_scheduler<cpu_backend>;
 
 }  // namespace ferry
