@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -222,6 +223,79 @@ TEST_CASE(
   REQUIRE(ok(m->free_async(r, a)));
   REQUIRE(ok(m->stream_synchronize(a)));
   REQUIRE(ok(m->stream_synchronize(b)));
+  REQUIRE(ok(m->mem_pool_destroy(pool)));
+}
+
+// A staged NVMe read's H2D chunk copies land in a staging buffer on a stream of the move's
+// own, ordered after the buffer's allocation on the H2D stream by an event; the H2D stream
+// waits for the move's flag (raised by the host once the last chunk has landed), decodes
+// and frees the buffer, and the next read's staging buffer takes the same block on that
+// stream at once (CUDA's same-stream reuse). The first move's later chunks, issued only
+// now, go to its own allocation: the flag orders them before its free. CUDA allows it;
+// an access that really runs after that free is still refused.
+TEST_CASE(
+    "CPU model: a block reused on its stream while its free waits for the host takes accesses to the earlier "
+    "allocation ordered before that free",
+    "[cpu_runtime][strict]") {
+  auto m = std::make_shared<cpu_device>();
+  const cpu_runtime rt{m};
+  const stream_t h2d = model_stream(*m);
+  const stream_t own = model_stream(*m);
+  cpu_runtime::pool_handle pool{};
+  REQUIRE(ok(m->mem_pool_create(&pool, 0)));
+  void* page = nullptr;  // three host-signalled flags
+  REQUIRE(ok(m->host_alloc_mapped(&page, 3 * sizeof(std::uint32_t))));
+  auto* flags = static_cast<std::uint32_t*>(page);
+  flags[0] = flags[1] = flags[2] = 0;
+  const auto raise = [&](int i) { std::atomic_ref<std::uint32_t>(flags[i]).store(1, std::memory_order_release); };
+  std::vector<std::byte> host(64 * KiB);
+  fill(host, 5);
+  // The staging buffer, then the move's own stream ordered after it.
+  void* staging = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&staging, 64 * KiB, pool, h2d)));
+  cpu_runtime::event_handle e{};
+  REQUIRE(ok(rt.event_create(&e)));
+  REQUIRE(ok(rt.event_record(e, h2d)));
+  REQUIRE(ok(rt.stream_wait_event(own, e)));
+  // The H2D stream waits for the flag, frees the buffer; the next one takes its block.
+  REQUIRE(ok(m->wait_value32(h2d, &flags[0], 1)));
+  REQUIRE(ok(m->free_async(staging, h2d)));
+  void* next = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&next, 64 * KiB, pool, h2d)));
+  REQUIRE(next == staging);
+  // A stream with no edge after either allocation: refused.
+  const stream_t other = model_stream(*m);
+  CHECK(m->memcpy_async(host.data(), next, 4096, copy_direction::device_to_host, other) == cpu_errc::unordered_access);
+  CHECK(m->use_before_alloc() == 1);
+  // The move's chunk, issued now: an access to the earlier allocation, before its free.
+  CHECK(ok(m->memcpy_async(staging, host.data(), 64 * KiB, copy_direction::host_to_device, own)));
+  REQUIRE(ok(m->stream_synchronize(own)));
+  raise(0);  // the last chunk has landed
+  REQUIRE(ok(m->stream_synchronize(h2d)));
+  CHECK(m->use_before_alloc() == 1);
+  CHECK(m->use_after_free_access() == 0);
+  // The same access held on the move's stream until that free has run: refused when it
+  // runs (its stream fails), as it writes the newer allocation.
+  REQUIRE(ok(rt.event_record(e, h2d)));  // after `next`'s allocation
+  REQUIRE(ok(rt.stream_wait_event(own, e)));
+  REQUIRE(ok(m->wait_value32(h2d, &flags[1], 1)));
+  REQUIRE(ok(m->free_async(next, h2d)));
+  void* third = nullptr;
+  REQUIRE(ok(m->malloc_from_pool_async(&third, 64 * KiB, pool, h2d)));
+  REQUIRE(third == next);
+  REQUIRE(ok(m->wait_value32(own, &flags[2], 1)));  // the copy below runs after the free
+  CHECK(ok(m->memcpy_async(next, host.data(), 64 * KiB, copy_direction::host_to_device, own)));
+  raise(1);
+  REQUIRE(ok(m->stream_synchronize(h2d)));  // the free has run
+  raise(2);
+  const ferry::cpu_status st = m->stream_synchronize(own);
+  CHECK(st == cpu_errc::stream_failed);
+  CHECK_THAT(cpu_runtime::describe(st), Catch::Contains("use-after-free"));
+  CHECK(m->use_after_free_access() == 1);
+  REQUIRE(ok(m->free_async(third, h2d)));
+  REQUIRE(ok(m->stream_synchronize(h2d)));
+  REQUIRE(ok(rt.event_destroy(e)));
+  REQUIRE(ok(m->free_host(page)));
   REQUIRE(ok(m->mem_pool_destroy(pool)));
 }
 

@@ -415,6 +415,15 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   // allocation ordered before `s` reaches the copy. Success or the refusal.
   // `registrations`: false for the block-copy kernel (it loads through the mapping).
   status check_access(const void* p, std::size_t n, stream_t s, const char* role, bool registrations = true);
+  // The accesses the checks since the last clear took as ones to an earlier allocation of
+  // a reused block (`detail::cpu_block::priors`): the copy enqueued carries them and
+  // checks them once it has run (`check_prior_uses`: refused, and its stream failed, when
+  // one's free ran first).
+  static std::vector<detail::cpu_prior_use>& prior_uses() {
+    thread_local std::vector<detail::cpu_prior_use> uses;
+    return uses;
+  }
+  void check_prior_uses(const std::vector<detail::cpu_prior_use>& uses, stream_t s);
   // The entry of owner_of_ whose allocation `p` points into, or its end (pool_mutex_ held).
   std::map<void*, detail::cpu_pool*>::const_iterator allocation_of(const void* p) const;
   status check_copy(const void* dst, const void* src, std::size_t n, stream_t s, bool registrations = true) {

@@ -41,6 +41,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (count == 0) return {};
+  prior_uses().clear();
   if (dsts == nullptr || srcs == nullptr || sizes == nullptr) return {cpu_errc::invalid_value};
   struct piece {
     std::byte* dst;
@@ -90,7 +91,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
   for (const piece& p : pieces) total += p.n;
   enqueue(
       s,
-      [this, s, pieces = std::move(pieces), fails, kernel]() mutable {
+      [this, s, pieces = std::move(pieces), fails, kernel, uses = std::exchange(prior_uses(), {})]() mutable {
         // On the stream's worker, the only user of its generator.
         std::mt19937_64& rng = s->rng;
         const bool adversarial = options_.seed != 0 && options_.max_delay_us != 0;
@@ -117,6 +118,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
             std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
           }
         }
+        check_prior_uses(uses, s);
         if (fails) {
           fail(s, std::make_exception_ptr(device_error(
                       std::string("cpu_device: an injected ") +

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iterator>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -136,12 +138,25 @@ inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n,
     return refuse(use_after_free_access_, cpu_errc::unordered_access, describe(os.str()));
   }
   if (!options_.check_stream_order || b.alloc_stream == s->id) return {};
-  std::uint64_t seen = thread_clock().at(b.alloc_stream);
-  {
+  const auto seen_of = [&](std::uint64_t stream) {
+    if (stream == s->id) return ~std::uint64_t{0};
+    const std::uint64_t mine = thread_clock().at(stream);
     std::lock_guard stream_lock(s->mutex);
-    seen = std::max(seen, s->clock.at(b.alloc_stream));
-  }
+    return std::max(mine, s->clock.at(stream));
+  };
+  const std::uint64_t seen = seen_of(b.alloc_stream);
   if (seen >= b.alloc_seq) return {};
+  // The block was reused while the free of an earlier allocation of it was still queued
+  // (on the same stream, or behind the driver's inserted wait): an access ordered after
+  // that allocation may still come before its free, which CUDA allows (the free ordered
+  // after the access by a host wait on it, as a scheduler's flag does). So it is taken as
+  // an access to that allocation, and checked again once it has run: that free must not
+  // have run before (`check_prior_uses`).
+  for (const detail::cpu_prior& q : b.priors) {
+    if (seen_of(q.alloc_stream) < q.alloc_seq) continue;
+    prior_uses().push_back({o->second->shared_from_this(), o->first, q.generation});
+    return {};
+  }
   std::ostringstream os;
   os << "use-before-alloc: an access from a stream with no edge after the allocation (" << b.bytes << " bytes at "
      << o->first << ", allocated on stream " << b.alloc_stream << " at its operation " << b.alloc_seq
@@ -283,6 +298,33 @@ inline void cpu_device::release_streams() {
     keep_ = nullptr;
   }
   gate_cv_.notify_all();
+}
+
+inline void cpu_device::poison(void* p, std::size_t bytes) noexcept {
+  constexpr std::size_t whole = std::size_t{64} << 20;
+  constexpr std::size_t ends = std::size_t{16} << 20;
+  if (bytes <= whole) {
+    std::memset(p, 0xDB, bytes);
+    return;
+  }
+  std::memset(p, 0xDB, ends);
+  std::memset(static_cast<std::byte*>(p) + bytes - ends, 0xDB, ends);
+}
+
+inline void cpu_device::check_prior_uses(const std::vector<detail::cpu_prior_use>& uses, stream_t s) {
+  for (const auto& u : uses) {
+    std::size_t bytes = 0;
+    {
+      std::lock_guard lock(pool_mutex_);
+      const auto b = u.pool->blocks.find(u.block);
+      if (b != u.pool->blocks.end() && b->second.frees_run <= u.generation) continue;  // its free is still to run
+      if (b != u.pool->blocks.end()) bytes = b->second.bytes;
+    }
+    std::ostringstream os;
+    os << "use-after-free: an access accepted as one to an earlier allocation of a reused block (" << bytes
+       << " bytes at " << u.block << ") ran after that allocation's free [stream " << s->id << "]";
+    fail(s, refuse(use_after_free_access_, cpu_errc::unordered_access, std::move(os).str()).error);
+  }
 }
 
 }  // namespace ferry

@@ -49,10 +49,14 @@ inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, s
                                                   stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
+  prior_uses().clear();
   if (status st = check_copy(dst, src, n, s); !(st == cpu_errc::success)) return st;
   if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
   if (fail_copies_after_.load() > 0) --fail_copies_after_;
-  enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); }, n);
+  enqueue(s, [this, s, dst, src, n, uses = std::exchange(prior_uses(), {})] {
+    std::memcpy(dst, src, n);
+    check_prior_uses(uses, s);
+  }, n);
   return {};
 }
 
@@ -62,6 +66,7 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
+  prior_uses().clear();
   if (height > 0 && width > 0) {  // the footprints: first row to the end of the last
     const std::size_t most = ~std::size_t{0};
     if (height - 1 > (most - width) / std::max(dpitch, spitch)) return {cpu_errc::invalid_value};  // wraps around
@@ -69,10 +74,11 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
     if (st == cpu_errc::success) st = check_access(src, (height - 1) * spitch + width, s, "source");
     if (!(st == cpu_errc::success)) return st;
   }
-  enqueue(s, [=] {
+  enqueue(s, [=, this, uses = std::exchange(prior_uses(), {})] {
     for (std::size_t i = 0; i < height; ++i) {
       std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
     }
+    check_prior_uses(uses, s);
   }, width * height);
   return {};
 }
@@ -378,6 +384,7 @@ inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::si
       const status st = insert_wait(s, const_cast<detail::cpu_stream_state*>(b.freed_on));
       if (!(st == cpu_errc::success)) return st;
     }
+    if (b.state == detail::cpu_block::free_pending) b.priors.push_back({b.generation, b.alloc_stream, b.alloc_seq});
     b.state = detail::cpu_block::live;
     ++b.generation;
     mark_allocation(b, s);
@@ -433,6 +440,7 @@ inline cpu_device::status cpu_device::free_async(void* p, stream_t s) {
   enqueue(s, [this, pool, p, generation] {
     std::lock_guard lock(pool_mutex_);
     detail::cpu_block& b = pool->blocks.at(p);
+    b.free_ran(generation);
     if (b.generation != generation || b.state != detail::cpu_block::free_pending) return;  // reused first
     poison(p, b.bytes);
     b.state = detail::cpu_block::free_done;
@@ -476,17 +484,6 @@ inline cpu_options cpu_device::checked(cpu_options o) {
                 ferry::named("slow_bytes_per_us", o.slow_bytes_per_us), ferry::named("slow_op_us", o.slow_op_us));
   o.timing = timing_of(o.timing);
   return o;
-}
-
-inline void cpu_device::poison(void* p, std::size_t bytes) noexcept {
-  constexpr std::size_t whole = std::size_t{64} << 20;
-  constexpr std::size_t ends = std::size_t{16} << 20;
-  if (bytes <= whole) {
-    std::memset(p, 0xDB, bytes);
-    return;
-  }
-  std::memset(p, 0xDB, ends);
-  std::memset(static_cast<std::byte*>(p) + bytes - ends, 0xDB, ends);
 }
 
 inline cpu_device::status cpu_device::insert_wait(stream_t s, stream_t on) {

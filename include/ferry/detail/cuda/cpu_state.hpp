@@ -224,6 +224,13 @@ struct cpu_event {
     return it == failed.end() ? nullptr : it->second;
   }
 };
+// An earlier allocation of a block, reused while its free was still queued: an access
+// ordered after it may still be ordered before that free (a host wait on the access).
+struct cpu_prior {
+  std::uint64_t generation = 0;
+  std::uint64_t alloc_stream = 0;
+  std::uint64_t alloc_seq = 0;
+};
 struct cpu_block {
   enum state_type { live, free_pending, free_done };
   std::size_t bytes = 0;
@@ -232,6 +239,15 @@ struct cpu_block {
   std::uint64_t generation = 0;
   std::uint64_t alloc_stream = 0;  // the id of the stream the allocation is ordered on
   std::uint64_t alloc_seq = 0;     // its position there: work ordered after it may use the block
+  // Frees run in generation order (a reuse on another stream waits for the free): those
+  // of the generations below `frees_run` have run.
+  std::uint64_t frees_run = 0;
+  std::vector<cpu_prior> priors{};  // earlier allocations reused before their frees ran
+  // The free of `gen` has run: its allocation is no longer there to be accessed.
+  void free_ran(std::uint64_t gen) {
+    frees_run = gen + 1;
+    std::erase_if(priors, [gen](const cpu_prior& q) { return q.generation == gen; });
+  }
 };
 // A stream-ordered memory pool. Its address is the pool handle.
 struct cpu_pool : std::enable_shared_from_this<cpu_pool> {
@@ -243,6 +259,13 @@ struct cpu_pool : std::enable_shared_from_this<cpu_pool> {
   ~cpu_pool() {
     for (auto& [p, b] : blocks) ::operator delete(p, std::align_val_t{256});
   }
+};
+// An access accepted as one to an earlier allocation of a reused block: checked again
+// once it has run (its free must not have run before).
+struct cpu_prior_use {
+  std::shared_ptr<cpu_pool> pool;
+  void* block = nullptr;
+  std::uint64_t generation = 0;
 };
 }  // namespace detail
 }  // namespace ferry
