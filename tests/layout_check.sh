@@ -32,16 +32,16 @@ while IFS= read -r f; do
 done < <(find "$root" -type f \( -name '*.hpp' -o -name '*.cuh' \) | sort)
 includers_of() {  # every header that includes $1, directly or through others
   local -A seen=()
-  local todo=("$1") cur h inc
-  while ((${#todo[@]})); do
-    cur=${todo[-1]}
-    unset 'todo[-1]'
+  local pending=("$1") cur h inc
+  while ((${#pending[@]})); do
+    cur=${pending[-1]}
+    unset 'pending[-1]'
     for h in "${headers[@]}"; do
       [[ -n ${seen[$h]:-} ]] && continue
       for inc in ${includes[$h]}; do
         if [[ $inc == "$cur" ]]; then
           seen[$h]=1
-          todo+=("$h")
+          pending+=("$h")
           break
         fi
       done
