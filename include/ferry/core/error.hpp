@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <ostream>
 #include <sstream>
@@ -193,12 +194,15 @@ class io_error : public std::system_error, public error {
   /// @param site        where the failure was detected
   io_error(int errno_value, std::string_view operation, std::string path, std::uint64_t offset, std::size_t bytes,
            source_site site)
-      : std::system_error(errno_value, std::generic_category(), describe(operation, path, offset, bytes, site)),
+      : std::system_error(errno_value, std::generic_category(), std::string(operation)),
         error(site),
+        what_(describe(operation, path, offset, bytes, errno_value, site)),
         path_(std::move(path)),
         offset_(offset),
         bytes_(bytes) {}
-  [[nodiscard]] const char* what() const noexcept override { return std::system_error::what(); }
+  /// @brief "pwrite of 4097 bytes on '/mnt/nvme0/ferry.0' at offset 1048576 failed: No space
+  /// left on device (ENOSPC) (at ferry/io/direct_file.hpp:57 in write)": the cause before the site.
+  [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
   /// @brief The file the operation was on.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   /// @brief Byte offset of the operation in the file, or `no_offset`.
@@ -208,7 +212,7 @@ class io_error : public std::system_error, public error {
 
  private:
   static std::string describe(std::string_view operation, const std::string& path, std::uint64_t offset,
-                              std::size_t bytes, const source_site& site) {
+                              std::size_t bytes, int errno_value, const source_site& site) {
     std::ostringstream os;
     os << operation;
     if (bytes != 0) {
@@ -218,11 +222,15 @@ class io_error : public std::system_error, public error {
     if (offset != no_offset) {
       os << " at offset " << offset;
     }
-    os << " failed";
+    os << " failed: " << std::generic_category().message(errno_value);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    if (const char* name = ::strerrorname_np(errno_value)) os << " (" << name << ')';
+#endif
     detail::put_site(os, site);
     return std::move(os).str();
   }
 
+  std::string what_;
   std::string path_;
   std::uint64_t offset_;
   std::size_t bytes_;
