@@ -200,8 +200,7 @@ class io_error : public std::system_error, public error {
         path_(std::move(path)),
         offset_(offset),
         bytes_(bytes) {}
-  /// @brief "pwrite of 4097 bytes on '/mnt/nvme0/ferry.0' at offset 1048576 failed: No space
-  /// left on device (ENOSPC) (at ferry/io/direct_file.hpp:57 in write)": the cause before the site.
+  /// @brief "pwrite of 4097 bytes on 'f' at offset 0 failed: No space left on device (ENOSPC) (at SITE)".
   [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
   /// @brief The file the operation was on.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
@@ -215,13 +214,9 @@ class io_error : public std::system_error, public error {
                               std::size_t bytes, int errno_value, const source_site& site) {
     std::ostringstream os;
     os << operation;
-    if (bytes != 0) {
-      os << " of " << bytes << " bytes";
-    }
+    if (bytes != 0) os << " of " << bytes << " bytes";
     os << " on '" << path << '\'';
-    if (offset != no_offset) {
-      os << " at offset " << offset;
-    }
+    if (offset != no_offset) os << " at offset " << offset;
     os << " failed: " << std::generic_category().message(errno_value);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
     if (const char* name = ::strerrorname_np(errno_value)) os << " (" << name << ')';
