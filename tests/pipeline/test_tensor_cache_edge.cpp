@@ -366,3 +366,30 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
     CHECK(pool.reserved() == 0);
   }
 }
+
+TEST_CASE("tensor_cache edge: a buffer freed after its offload is refused by store and deallocate, the data kept",
+          "[pipeline][tensor_cache][faults]") {
+  // Bug (found by a new user): storing the same pointer again after the cache had
+  // offloaded it (and freed its device memory) copied freed memory and freed it twice,
+  // which aborted the process in the device arena. The CPU model knows the memory is
+  // freed: store and deallocate refuse it with a logic_error, and the stored tensor stays.
+  ferry::cpu_stream compute;
+  ferry::tensor_cache<int> cache({.keep_last = 0, .pinned_budget_bytes = 16 * MiB});
+  constexpr std::size_t bytes = 2 * MiB;
+  void* p = cache.allocate(bytes, compute);
+  produce(compute, p, bytes, 30);
+  cache.store(30, p, bytes, compute);
+  REQUIRE(cache.tier_of(30) == ferry::tier_kind::pinned);  // offloaded: `p` is freed behind the copy
+  CHECK_THROWS_AS(cache.store(31, p, bytes, compute), ferry::logic_error);
+  CHECK_THROWS_WITH(cache.store(31, p, bytes, compute),
+                    Catch::Matchers::Contains("tensor_cache::store of a buffer whose device memory was freed") &&
+                        Catch::Matchers::Contains("key = 31"));
+  CHECK_FALSE(cache.contains(31));
+  CHECK_THROWS_AS(cache.deallocate(p, bytes, compute), ferry::logic_error);
+  CHECK_THROWS_WITH(cache.deallocate(p, bytes, compute),
+                    Catch::Matchers::Contains("tensor_cache::deallocate of device memory already freed"));
+  CHECK(cache.stats().stored == 1);
+  CHECK(sum_on(compute, cache.get(30, compute), bytes) == expected_sum(bytes, 30));
+  cache.erase(30, compute);
+  compute.synchronize();
+}

@@ -207,6 +207,9 @@ class cpu_runtime {
   /// @brief The device of the stream-ordered allocation `p` points into (as
   /// `cudaPointerGetAttributes`), -1 for host memory.
   cpu_status pointer_device(const void* p, int* device) const { return device_->pointer_device(p, device); }
+  /// @brief Whether `p` points into a stream-ordered allocation already freed (the model's
+  /// own check: CUDA cannot tell; `cpu_device::pointer_freed`).
+  [[nodiscard]] bool pointer_freed(const void* p) const { return device_->pointer_freed(p); }
   /// @brief Whether `s` is being captured.
   cpu_status stream_is_capturing(stream_handle s, bool* capturing) const {
     return device_->stream_is_capturing(s, capturing);

@@ -83,6 +83,12 @@ inline cpu_device::status cpu_device::pointer_device(const void* p, int* device)
   return {};
 }
 
+inline bool cpu_device::pointer_freed(const void* p) {
+  std::lock_guard lock(pool_mutex_);
+  const auto o = allocation_of(p);
+  return o != owner_of_.end() && o->second->blocks.at(o->first).state != detail::cpu_block::live;
+}
+
 inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role,
                                                    bool registrations) {
   if (p == nullptr || n == 0) return {};

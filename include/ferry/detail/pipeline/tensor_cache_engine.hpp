@@ -7,7 +7,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/detail/core/lifetime.hpp"
 #include "ferry/detail/pipeline/move_executor.hpp"
-#include "ferry/detail/pipeline/tensor_cache_parts.hpp"
+#include "ferry/detail/pipeline/tensor_cache_checks.hpp"
 #include "ferry/detail/pipeline/tensor_moves.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
@@ -70,6 +70,10 @@ class tensor_cache_engine {
       FERRY_EXPECTS(r->device != p, "tensor_cache::deallocate of a buffer the cache holds (erase it instead)",
                     named("key", k), p);
     }
+    FERRY_EXPECTS(!pointer_freed(sched().backend().api(), p),
+                  "tensor_cache::deallocate of device memory already freed (a stored buffer is freed by the cache "
+                  "once it is offloaded, and by `erase`)",
+                  p, bytes);
     moves_.device().deallocate(p, bytes, s);
   }
 
@@ -81,13 +85,17 @@ class tensor_cache_engine {
                   named("element_bytes", sizeof(element_type)));
     FERRY_EXPECTS(records_.find(key) == records_.end(),
                   "tensor_cache::store: this key is already stored (erase it first)", key);
+    FERRY_EXPECTS(!pointer_freed(sched().backend().api(), p),
+                  "tensor_cache::store of a buffer whose device memory was freed (a stored buffer is freed once it is "
+                  "offloaded: store the pointer `get` returns, or allocate anew)",
+                  key, p, bytes);
     refuse_other_device(sched().backend().api(), p, sched().backend().device(), key);
     const auto same = by_pointer_.find(p);
     if (same != by_pointer_.end()) {
       FERRY_EXPECTS(same->second->bytes == bytes, "tensor_cache::store: the same buffer stored again with another size",
                     key, bytes, named("stored_bytes", same->second->bytes), named("stored_as", same->second->key));
     } else {
-      refuse_unplaceable(plan_, key, bytes, *host_, HasNvme ? nvme_ : nullptr);  // tensor_cache_parts.hpp
+      refuse_unplaceable(plan_, key, bytes, *host_, HasNvme ? nvme_ : nullptr);  // tensor_cache_checks.hpp
     }
     // A tensor that stays on the device is handed out as it is: a `get` (or the free of
     // `erase`) on another stream waits for this marker, the end of the producer's work.

@@ -6,24 +6,83 @@
 /// plan. Not part of the public interface.
 #pragma once
 
+#include "ferry/codec/identity.hpp"
 #include "ferry/core/error.hpp"
 #include "ferry/detail/pipeline/move_executor.hpp"
-#include "ferry/detail/pipeline/tensor_cache_parts.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
 #include "ferry/plan/move_result.hpp"
 #include "ferry/tier/nvme_region.hpp"
+#include "ferry/tier/ticket.hpp"
 #include "ferry/tier/tier_kind.hpp"
+#include "ferry/transfer/cpu_executor.hpp"
 #include "ferry/transfer/marker.hpp"
 #include "ferry/transfer/scheduler.hpp"
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
+#if FERRY_HAS_CUDA
+#include <cuda/stream_ref>
+#endif
+
 namespace ferry::detail {
+
+// What a tensor cache knows of one stored buffer: where its copies are, the moves
+// that make them, and the keys that name it.
+template <class Key, class Backend>
+struct tensor_cache_record {
+  Key key{};                        // the name the plan knows the buffer by
+  std::size_t keys = 1;             // keys naming this buffer
+  std::size_t bytes = 0;            // raw bytes
+  std::size_t encoded = 0;          // offloaded (encoded) bytes
+  void* device = nullptr;           // device copy: the stored buffer, or fetched
+  std::byte* host = nullptr;        // pinned copy (encoded)
+  std::optional<nvme_region> disk;  // NVMe copy (encoded)
+  std::optional<typename Backend::stream_type> producer;
+  basic_marker<Backend> produced;             // end of the producer's work, while the stored buffer
+  move_tickets<basic_ticket<Backend>> moves;  // D2H into `host`; H2D or NVMe -> device (+ decode), its copy
+  std::size_t in_from = 0;                    // tier the copy of `in` comes from (its source is kept until it lands)
+  bool chained_producers = false;             // `produced` marks the work of several producers (one buffer, many keys)
+};
+
+// Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
+// queued host function) on a stream of the CPU runtime.
+template <class Codec>
+struct codec_on_stream {
+  using T = typename Codec::value_type;
+  static void encode(const Codec& c, cpu_stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t out_bytes) {
+    s.enqueue([c, in, n, out, out_bytes] {
+      (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
+    });
+  }
+  static void decode(const Codec& c, cpu_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
+                     std::size_t n) {
+    s.enqueue([c, in, in_bytes, out, n] {
+      c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));
+    });
+  }
+#if FERRY_HAS_CUDA
+  static void encode(const Codec& c, ::cuda::stream_ref s, const void* in, std::size_t n, std::byte* out,
+                     std::size_t /*out_bytes*/) {
+    (void)c.encode(static_cast<const T*>(in), n, out, s);
+  }
+  static void decode(const Codec& c, ::cuda::stream_ref s, const std::byte* in, std::size_t /*in_bytes*/, void* out,
+                     std::size_t n) {
+    c.decode(in, n, static_cast<T*>(out), s);
+  }
+#endif
+};
+
+template <class C>
+inline constexpr bool is_identity_codec = false;
+template <class T>
+inline constexpr bool is_identity_codec<identity<T>> = true;
 
 // Carries out a tensor cache's moves on records (`tensor_cache_record<Key, Backend>`):
 // the copies of the codec's shape through the scheduler, the places through the move

@@ -1,50 +1,21 @@
 /// @file
-/// @brief Pieces of `ferry::tensor_cache`'s body: the record of a stored buffer, the codec run on a backend's stream,
-/// the pinned reservation
-/// and the waits on a tensor's moves.
+/// @brief The checks of `ferry::tensor_cache::store` and the errors it throws (a buffer of
+/// another device, a tensor no tier below can hold, a store undone for want of room), its
+/// observer's call, and the pinned reservation made when a cache is built. Not part of the
+/// public interface.
 #pragma once
 
-#include "ferry/codec/identity.hpp"
 #include "ferry/core/error.hpp"
-#include "ferry/detail/pipeline/move_executor.hpp"
 #include "ferry/memory/pinned_pool.hpp"
 #include "ferry/pipeline/tensor_cache_options.hpp"
-#include "ferry/tier/nvme_region.hpp"
-#include "ferry/tier/ticket.hpp"
-#include "ferry/transfer/cpu_executor.hpp"
-#include "ferry/transfer/marker.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <span>
 #include <sstream>
 #include <utility>
 
-#if FERRY_HAS_CUDA
-#include <cuda/stream_ref>
-#endif
-
 namespace ferry::detail {
-
-// What a tensor cache knows of one stored buffer: where its copies are, the moves
-// that make them, and the keys that name it.
-template <class Key, class Backend>
-struct tensor_cache_record {
-  Key key{};                        // the name the plan knows the buffer by
-  std::size_t keys = 1;             // keys naming this buffer
-  std::size_t bytes = 0;            // raw bytes
-  std::size_t encoded = 0;          // offloaded (encoded) bytes
-  void* device = nullptr;           // device copy: the stored buffer, or fetched
-  std::byte* host = nullptr;        // pinned copy (encoded)
-  std::optional<nvme_region> disk;  // NVMe copy (encoded)
-  std::optional<typename Backend::stream_type> producer;
-  basic_marker<Backend> produced;             // end of the producer's work, while the stored buffer
-  move_tickets<basic_ticket<Backend>> moves;  // D2H into `host`; H2D or NVMe -> device (+ decode), its copy
-  std::size_t in_from = 0;                    // tier the copy of `in` comes from (its source is kept until it lands)
-  bool chained_producers = false;             // `produced` marks the work of several producers (one buffer, many keys)
-};
 
 // Tells a tensor cache's observer of a move the cache has made: what it throws cannot
 // undo that move (the plan would count the tensor where its bytes no longer are), so it
@@ -56,6 +27,19 @@ void tell_observer(const Observer& observer, const Event& e, Count& failures) no
     observer(e);
   } catch (...) {
     ++failures;
+  }
+}
+
+// Whether `p` points into device memory already freed (the cache frees a stored buffer
+// once it has offloaded it; or its owner freed it): taken again, it would be read from
+// freed memory and freed twice. Only the CPU model can tell (`cpu_runtime::pointer_freed`);
+// under CUDA the second free fails (the destructor error handler).
+template <class Api>
+[[nodiscard]] bool pointer_freed(const Api& api, const void* p) {
+  if constexpr (requires { api.pointer_freed(p); }) {
+    return api.pointer_freed(p);
+  } else {
+    return false;
   }
 }
 
@@ -72,40 +56,6 @@ void refuse_other_device(const Api& api, const void* p, int device, const Key& k
                   named("buffer_device", on), named("cache_device", device));
   }
 }
-
-// Runs the codec on a stream of the backend: kernels on a CUDA stream, a kernel (a
-// queued host function) on a stream of the CPU runtime.
-template <class Codec>
-struct codec_on_stream {
-  using T = typename Codec::value_type;
-  static void encode(const Codec& c, cpu_stream_ref s, const void* in, std::size_t n, std::byte* out,
-                     std::size_t out_bytes) {
-    s.enqueue([c, in, n, out, out_bytes] {
-      (void)c.encode(std::span<const T>(static_cast<const T*>(in), n), std::span<std::byte>(out, out_bytes));
-    });
-  }
-  static void decode(const Codec& c, cpu_stream_ref s, const std::byte* in, std::size_t in_bytes, void* out,
-                     std::size_t n) {
-    s.enqueue([c, in, in_bytes, out, n] {
-      c.decode(std::span<const std::byte>(in, in_bytes), std::span<T>(static_cast<T*>(out), n));
-    });
-  }
-#if FERRY_HAS_CUDA
-  static void encode(const Codec& c, ::cuda::stream_ref s, const void* in, std::size_t n, std::byte* out,
-                     std::size_t /*out_bytes*/) {
-    (void)c.encode(static_cast<const T*>(in), n, out, s);
-  }
-  static void decode(const Codec& c, ::cuda::stream_ref s, const std::byte* in, std::size_t /*in_bytes*/, void* out,
-                     std::size_t n) {
-    c.decode(in, n, static_cast<T*>(out), s);
-  }
-#endif
-};
-
-template <class C>
-inline constexpr bool is_identity_codec = false;
-template <class T>
-inline constexpr bool is_identity_codec<identity<T>> = true;
 
 // Maps and pins `options.reserve_pinned_bytes` of `pool` (clamped to what is left of
 // its budget) now, not inside the first stores; returns the bytes reserved.
