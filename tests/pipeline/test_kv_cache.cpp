@@ -197,6 +197,60 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a fa
   rig.check_nothing_leaked();
 }
 
+// Each layer of a block on NVMe is read by its own move: when one layer's read fails,
+// the block is discarded while the others may still be in flight. Its device slot is
+// reused only after they have landed (a slow disk keeps them in flight here); before,
+// a late read overwrote the block that took the slot next (seen by ThreadSanitizer in CI).
+TEMPLATE_TEST_CASE(
+    "kv_cache: a block discarded after one layer's read failed keeps its slot until its other reads land",
+    "[pipeline][kv][faults]", FERRY_TEST_DEVICES) {
+  auto plan = std::make_shared<ferry::io::fault_plan>();
+  pipeline_rig<TestType, faulty_tier> rig({.sched = small_chunks(64 * 1024)}, ferry::io::faulty_syscalls<>(plan));
+  INFO(rig.dev.name());
+  auto [compute, sched] = rig.parts();
+  {
+    kv_of<TestType, faulty_tier> cache(sched, rig.tiers(), shape(2, 2, 8));
+    for (int r = 0; r < 6; ++r) serve(cache, tokens_of(r, 1), compute);  // 2 on the device, 2 pinned, 2 on NVMe
+    int on_disk = -1;
+    for (int r = 0; r < 6 && on_disk < 0; ++r) {
+      const auto p = cache.lookup(tokens_of(r, 1));
+      if (p.tokens == bt && p.tiers[0] == ferry::tier_kind::nvme) on_disk = r;
+    }
+    REQUIRE(on_disk >= 0);
+    // The first read back fails at once; the others take 200 ms each.
+    const std::size_t failed = plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO});
+    const std::size_t slow = plan->add({.call = ferry::io::syscall_kind::pread,
+                                        .delay = std::chrono::milliseconds(200),
+                                        .times = ferry::io::fault::forever});
+    {
+      auto seq = cache.admit(tokens_of(on_disk, 1));
+      CHECK_THROWS_AS(seq.wait(), ferry::io_error);
+      cache.release(seq, compute);
+    }
+    CHECK(plan->fired(failed) == 1);
+    // A new block takes the discarded block's slot and is written at once; the late
+    // reads of the old one must not land over it (checked once every move has ended).
+    serve(cache, tokens_of(9, 1), compute);
+    settle(sched, compute);
+    CHECK(plan->fired(slow) >= 2);  // the block's other layers were read, slowly
+    plan->clear();
+    CHECK(cache.lookup(tokens_of(on_disk, 1)).tokens == 0);
+    for (const int r : {9, 0, 1, 2, 3, 4, 5}) {
+      if (r == on_disk) continue;
+      INFO("request " << r);
+      const auto t = tokens_of(r, 1);
+      if (cache.lookup(t).tokens == 0) continue;  // dropped past the last tier, never lost silently
+      auto seq = cache.admit(t);
+      CHECK(seq.cached_tokens() == bt);
+      CHECK(blocks_intact(cache, seq, t, compute));
+      cache.release(seq, compute);
+    }
+    CHECK(cache.stats().dropped == 0);
+    settle(sched, compute);
+  }
+  rig.check_nothing_leaked();
+}
+
 TEMPLATE_TEST_CASE("kv_cache: a sequence dropped without release releases its blocks, one outliving the cache is inert",
                    "[pipeline][kv]", FERRY_TEST_DEVICES) {
   pipeline_rig<TestType> rig({.sched = small_chunks(64 * 1024)});

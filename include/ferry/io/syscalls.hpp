@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +57,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -198,8 +200,12 @@ struct fault {
   syscall_kind call = syscall_kind::pwrite;  ///< the call it applies to (pread/pwrite cover io_uring requests too)
   int error = 0;                             ///< errno to fail with; 0 with `short_bytes` set: a short transfer
   std::optional<std::size_t> short_bytes{};  ///< pread/pwrite: move only this many bytes and report that count
-  std::string path_contains{};               ///< only files whose path contains this ("" = any)
-  std::uint64_t min_offset = 0;              ///< pread/pwrite/fallocate: only at offsets >= this
+  /// pread/pwrite (thread-pool engine): sleep this long before the call, a slow device;
+  /// with `error` 0 and no `short_bytes` the call then goes through in full. An io_uring
+  /// request is not delayed (the kernel runs it).
+  std::chrono::microseconds delay{0};
+  std::string path_contains{};   ///< only files whose path contains this ("" = any)
+  std::uint64_t min_offset = 0;  ///< pread/pwrite/fallocate: only at offsets >= this
   std::uint64_t max_offset = std::numeric_limits<std::uint64_t>::max();  ///< ... and < this
   /// Only when the call's flags contain all of these: open's (e.g. O_DIRECT), flock's
   /// operation (e.g. LOCK_EX), the ring's setup flags (e.g. IORING_SETUP_SQPOLL).
@@ -304,6 +310,7 @@ class faulty_syscalls {
   /// @brief `pread`; a `pread` fault fails it with `-error` or reads only `short_bytes`.
   std::int64_t pread(int fd, void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
     if (const auto f = fire(syscall_kind::pread, path_of(fd), offset, 0)) {
+      if (f->delay.count() > 0) std::this_thread::sleep_for(f->delay);
       if (f->error != 0) return -f->error;
       if (f->short_bytes) return base_.pread(fd, buffer, std::min(bytes, *f->short_bytes), offset);
     }
@@ -312,6 +319,7 @@ class faulty_syscalls {
   /// @brief `pwrite`; a `pwrite` fault fails it with `-error` or writes only `short_bytes`.
   std::int64_t pwrite(int fd, const void* buffer, std::size_t bytes, std::uint64_t offset) noexcept {
     if (const auto f = fire(syscall_kind::pwrite, path_of(fd), offset, 0)) {
+      if (f->delay.count() > 0) std::this_thread::sleep_for(f->delay);
       if (f->error != 0) return -f->error;
       if (f->short_bytes) return base_.pwrite(fd, buffer, std::min(bytes, *f->short_bytes), offset);
     }

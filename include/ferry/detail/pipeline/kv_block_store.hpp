@@ -105,6 +105,7 @@ class kv_block_store {
     }
     nvme_reads_.clear();
     fills_.clear();
+    pending_loads_.clear();
     blocks_.clear();  // the markers
     pending_.clear();
     if constexpr (HasNvme) nvme_->deallocate(*region_);
@@ -204,6 +205,8 @@ class kv_block_store {
     const stream_type d2h = sched_->d2h();
     for (auto& w : pending_) be.wait(d2h, w->get());
     pending_.clear();
+    for (auto& t : pending_loads_) t->enqueue_wait(d2h);
+    pending_loads_.clear();
     for (auto& w : r.waits) be.wait(d2h, w->get());
     r.waits.clear();
     // Compute writing a slot an earlier offload reads waits for the lane so far.
@@ -339,6 +342,7 @@ class kv_block_store {
     if (s.produced) r.waits.push_back(std::move(s.produced));
     for (auto& u : s.last_uses) r.waits.push_back(std::move(u));
     s.last_uses.clear();
+    hold_landing(s);  // a load still in flight lands before the D2H reads the slot
     for (std::size_t l = 0; l < layers_; ++l)
       r.d2h[l].push_back(
           {pinned_base_ + std::size_t{dst} * block_bytes_ + l * layer_bytes_, device_block(s.slot, l), layer_bytes_});
@@ -380,6 +384,7 @@ class kv_block_store {
       // A private block released, or a device block dropped: its reuse waits for its
       // last user (the D2H lane waits for it before the next round's moves).
       for (auto& u : s.last_uses) pending_.push_back(std::move(u));
+      hold_landing(s);  // and for its loads still in flight (a block discarded after one layer failed)
       free_device_.give(s.slot);
     } else if (e.from == tier_index(tier_kind::pinned)) {
       // Dropped from pinned memory: reusable by a D2H on the same lane as its own fill
@@ -391,6 +396,15 @@ class kv_block_store {
     }
     if (e.from != tier_index(tier_kind::device)) ++stats_.dropped;
     s = block_state{};
+  }
+
+  // The loads of block `s` into its device slot still in flight (from NVMe, on their own
+  // streams), for the D2H lane to wait for before the slot is read or reused: one layer's
+  // read can fail (and the block be discarded) while the other layers' reads still run.
+  void hold_landing(const block_state& s) {
+    for (const auto& t : s.landing) {
+      if (t && !t->ready()) pending_loads_.push_back(t);
+    }
   }
 
   // NVMe slots whose read-back has landed are free again; waits for the oldest if none
@@ -447,6 +461,7 @@ class kv_block_store {
   std::vector<block_state> blocks_;
   std::vector<kv_block_id> failed_reads_;  // blocks whose read back failed, settled by a spill
   std::vector<marker_ptr> pending_;        // last users of freed device slots, for the next round
+  std::vector<ticket_ptr> pending_loads_;  // loads in flight into freed or offloaded device slots, likewise
   kv_cache_stats stats_;
 };
 
