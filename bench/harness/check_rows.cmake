@@ -3,6 +3,8 @@
 # CASES: the rows' "case" names, all of them, in order ("|" between names).
 # PARAMS: "INDEX:KEY=VALUE" entries ("|" between them): row INDEX (from 0) has params.KEY
 # equal to VALUE (numbers compared as written by the JSON writer, strings without quotes).
+# MIN_RATIO: every row's "ratio" (ferry / reference, for higher-is-better rows) at least this
+# (the timed CPU model's rows are deterministic: a drop is a regression of ferry's moves).
 # Fails (a FATAL_ERROR naming the file, the row and both values) on the first mismatch.
 cmake_minimum_required(VERSION 3.25)
 
@@ -49,6 +51,16 @@ if(DEFINED PARAMS)
     endif()
     if(NOT value STREQUAL want)
       message(FATAL_ERROR "check_rows: ${JSON}: row ${index} params.${key} is '${value}', expected '${want}'")
+    endif()
+  endforeach()
+endif()
+if(DEFINED MIN_RATIO AND rows_count GREATER 0)
+  math(EXPR last "${rows_count} - 1")
+  foreach(i RANGE ${last})
+    string(JSON ratio GET "${doc}" rows ${i} ratio)
+    string(JSON name GET "${doc}" rows ${i} case)
+    if(ratio LESS MIN_RATIO)
+      message(FATAL_ERROR "check_rows: ${JSON}: row ${i} (${name}) has ratio ${ratio}, below ${MIN_RATIO}")
     endif()
   endforeach()
 endif()

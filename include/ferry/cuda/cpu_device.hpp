@@ -13,3 +13,4 @@
 #include "ferry/detail/cuda/cpu_batch.hpp"   // IWYU pragma: export
 #include "ferry/detail/cuda/cpu_checks.hpp"  // IWYU pragma: export
 #include "ferry/detail/cuda/cpu_device.hpp"  // IWYU pragma: export
+#include "ferry/detail/cuda/cpu_pools.hpp"   // IWYU pragma: export

@@ -10,6 +10,7 @@
 #include "ferry/detail/cuda/cpu_state.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +55,7 @@ enum class cpu_errc : int {
 
 /// @brief How a `cpu_device` times its operations.
 enum class cpu_timing : std::uint8_t {
-  /// Read `FERRY_CPU_TIMING` when the device is made: `instant`, `slow` or `adversarial`
+  /// Read `FERRY_CPU_TIMING` when the device is made: `instant`, `slow`, `timed` or `adversarial`
   /// (unset or empty: `adversarial`; anything else: `ferry::config_error`). So a test
   /// binary runs its pipeline tests under each timing without a line changed (CTest
   /// registers them three times: tests/CMakeLists.txt).
@@ -68,6 +69,9 @@ enum class cpu_timing : std::uint8_t {
   /// A device 10-100x slower than the host: every operation costs `slow_op_us`, a copy
   /// its bytes at `slow_bytes_per_us` more; the host runs far ahead of the device.
   slow,
+  /// Work runs at once; a virtual clock says when it would run on the GPU of `cpu_options::link` (an H200):
+  /// copies at the link's figures, kernels their stated cost, calls their host cost (detail/cuda/cpu_timed.hpp).
+  timed,
 };
 
 /// @brief A thread's capture interaction mode (`cudaStreamCaptureMode`): which of its
@@ -101,6 +105,7 @@ struct cpu_options {
   cpu_timing timing = cpu_timing::environment;  ///< how operations are timed (see `cpu_timing`)
   std::uint32_t slow_op_us = 50;                ///< `cpu_timing::slow`: what every operation costs, microseconds
   std::uint32_t slow_bytes_per_us = 1000;       ///< `cpu_timing::slow`: a copy's rate, bytes per microsecond (1 GB/s)
+  cpu_link link{};                              ///< `cpu_timing::timed`: the link and call costs charged
   /// Refuse an access to a stream-ordered allocation from a stream with no edge after its
   /// allocation (`cpu_errc::unordered_access`, counted either way; one enqueued after its
   /// free has run is refused always).
@@ -244,11 +249,20 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   status free_async(void* p, stream_t s);
 
   /// @brief Runs `f` on stream `s` when the stream reaches it (a kernel); an exception
-  /// from `f` fails the stream (see the file comment).
+  /// from `f` fails the stream (see the file comment). `cost`: its time under `cpu_timing::timed`.
   /// @throws std::bad_alloc
   template <class F>
     requires std::is_invocable_v<std::decay_t<F>&>
-  void launch(stream_t s, F&& f);
+  void launch(stream_t s, F&& f, std::chrono::nanoseconds cost = {});
+
+  /// @brief `cpu_timing::timed`: the copy engines' figures so far (zeros otherwise).
+  [[nodiscard]] cpu_link_stats link_stats() const { return link_.stats(); }
+  /// @brief `cpu_timing::timed`: the calling thread's virtual clock, ns (0 otherwise): it advances by each
+  /// call's host cost and, on a synchronisation, to when the work ends.
+  [[nodiscard]] std::uint64_t host_time_ns() const { return detail::cpu_link_clock::host_ns(serial_); }
+  /// @brief `cpu_timing::timed`: the calling thread's clock to the end of every copy so far (after a wait the
+  /// model does not see, such as a flag another thread set once it saw the work end).
+  void host_catch_up() const { host_reached(link_.stats().end_ns); }
 
   // --- the model's controls (tests) -------------------------------------------------
 
@@ -381,7 +395,7 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
  private:
   // The body of memcpy_batch_async and copy_kernel_async (detail/cuda/cpu_batch.hpp).
   status enqueue_pieces(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
-                        bool kernel, stream_t s);
+                        bool kernel, stream_t s, detail::cpu_work w);
   static int& current_device_ref() {
     thread_local int device = 0;
     return device;
@@ -491,9 +505,13 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   // wait's event); `snapshot` gets `r`'s clock with `f` in it (an event record's).
   // `kernel`: the caller's own work (`launch`), which may wait for the host: under
   // instant timing no one waits for it, nor for what is queued behind it.
+  // `work`, `cost_ns`, `pieces`: what `cpu_timing::timed` charges it (detail::cpu_op).
   template <class F>
   void enqueue(stream_t r, F&& f, std::size_t bytes = 0, const detail::cpu_clock* after = nullptr,
-               detail::cpu_clock* snapshot = nullptr, bool kernel = false);
+               detail::cpu_clock* snapshot = nullptr, bool kernel = false,
+               detail::cpu_work work = detail::cpu_work::other, std::uint64_t cost_ns = 0, std::size_t pieces = 1);
+  std::uint64_t begin_timed(stream_t r, const detail::cpu_op& op);  // timed: `op` starts on `r`; when it ends
+  static void raise(stream_t r, std::uint64_t ns);                  // timed: `r`'s work ends no earlier than `ns`
   // The allocation of `b` on `s` becomes a point of `s`'s order (under pool_mutex_).
   void mark_allocation(detail::cpu_block& b, stream_t s);
   // Under instant timing: waits until `r` has run its operation `position`, or waits
@@ -573,7 +591,10 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   std::condition_variable cb_cv_;
   std::deque<std::function<void()>> cb_queue_;
   bool cb_stopping_ = false;
-  std::thread callbacks_;  // last: started after every other member exists
+  detail::cpu_link_clock link_;               // timed: the copy engines
+  void spend(std::uint32_t ns) const;         // timed: the calling thread spends `ns` of host time (a call's cost)
+  void host_reached(std::uint64_t ns) const;  // timed: it has seen work that ends at `ns` complete
+  std::thread callbacks_;                     // last: started after every other member exists
 };
 
 }  // namespace ferry

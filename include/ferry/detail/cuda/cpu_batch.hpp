@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <new>
 #include <random>
 #include <string>
@@ -22,9 +23,10 @@
 namespace ferry {
 
 inline cpu_device::status cpu_device::memcpy_batch_async(void* const* dsts, const void* const* srcs,
-                                                         const std::size_t* sizes, std::size_t count,
-                                                         copy_direction /*d*/, stream_t s) {
-  return enqueue_pieces(dsts, srcs, sizes, count, false, s);
+                                                         const std::size_t* sizes, std::size_t count, copy_direction d,
+                                                         stream_t s) {
+  return enqueue_pieces(dsts, srcs, sizes, count, false, s,
+                        d == copy_direction::host_to_device ? detail::cpu_work::h2d : detail::cpu_work::d2h);
 }
 
 inline cpu_device::status cpu_device::copy_kernel_async(void* const* dsts, const void* const* srcs,
@@ -32,12 +34,17 @@ inline cpu_device::status cpu_device::copy_kernel_async(void* const* dsts, const
                                                         stream_t s) {
   if (!options_.copy_kernel) return {cpu_errc::not_supported};
   if (ctas == 0) return {cpu_errc::invalid_value};
-  return enqueue_pieces(dsts, srcs, sizes, count, true, s);
+  detail::cpu_work w = detail::cpu_work::d2h;  // the kernel's direction: towards device memory or not
+  if (count > 0 && dsts != nullptr && dsts[0] != nullptr) {
+    std::lock_guard lock(pool_mutex_);
+    if (allocation_of(dsts[0]) != owner_of_.end()) w = detail::cpu_work::h2d;
+  }
+  return enqueue_pieces(dsts, srcs, sizes, count, true, s, w);
 }
 
 inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const void* const* srcs,
                                                      const std::size_t* sizes, std::size_t count, bool kernel,
-                                                     stream_t s) {
+                                                     stream_t s, detail::cpu_work w) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (count == 0) return {};
@@ -89,6 +96,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
   }
   std::size_t total = 0;
   for (const piece& p : pieces) total += p.n;
+  spend(kernel ? options_.link.launch_call_ns : options_.link.copy_call_ns);
   enqueue(
       s,
       [this, s, pieces = std::move(pieces), fails, kernel, uses = std::exchange(prior_uses(), {})]() mutable {
@@ -128,7 +136,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
                       static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
         }
       },
-      total);
+      total, nullptr, nullptr, false, w, 0, kernel ? 0 : count);
   return {};
 }
 

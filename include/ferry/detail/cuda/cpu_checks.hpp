@@ -14,6 +14,7 @@
 #include "ferry/core/error.hpp"
 #include "ferry/cuda/cpu_device_decl.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -253,15 +254,32 @@ inline cpu_timing cpu_device::timing_of(cpu_timing t) {
   if (v.empty() || v == "adversarial") return cpu_timing::adversarial;
   if (v == "instant") return cpu_timing::instant;
   if (v == "slow") return cpu_timing::slow;
-  throw config_error("FERRY_CPU_TIMING='" + std::string(v) +
-                         "' is not a timing of the CPU model: give instant, slow or adversarial (or leave it unset)",
-                     "FERRY_CPU_TIMING", std::string(v), source_site{__FILE__, __LINE__, __func__});
+  if (v == "timed") return cpu_timing::timed;
+  throw config_error(
+      "FERRY_CPU_TIMING='" + std::string(v) +
+          "' is not a timing of the CPU model: give instant, slow, timed or adversarial (or leave it unset)",
+      "FERRY_CPU_TIMING", std::string(v), source_site{__FILE__, __LINE__, __func__});
 }
 
 inline void cpu_device::charge(std::size_t bytes) const {
   if (options_.timing != cpu_timing::slow) return;
   const std::uint64_t us = options_.slow_op_us + bytes / options_.slow_bytes_per_us;
   if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+inline void cpu_device::spend(std::uint32_t ns) const {
+  if (options_.timing == cpu_timing::timed) detail::cpu_link_clock::host_ns(serial_) += ns;
+}
+
+inline void cpu_device::raise(stream_t r, std::uint64_t ns) {
+  for (std::uint64_t t = r->vt_ns.load(); t < ns && !r->vt_ns.compare_exchange_weak(t, ns);) {
+  }
+}
+
+inline void cpu_device::host_reached(std::uint64_t ns) const {
+  if (options_.timing != cpu_timing::timed) return;
+  std::uint64_t& mine = detail::cpu_link_clock::host_ns(serial_);
+  mine = std::max(mine, ns);
 }
 
 inline void cpu_device::settle(stream_t r, std::uint64_t position) {

@@ -45,7 +45,7 @@ inline cpu_device::~cpu_device() {
   for (auto& [p, n] : live_host_) std::free(const_cast<void*>(p));  // NOLINT(cppcoreguidelines-no-malloc)
 }
 
-inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, std::size_t n, copy_direction /*d*/,
+inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, std::size_t n, copy_direction d,
                                                   stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
@@ -53,16 +53,17 @@ inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, s
   if (status st = check_copy(dst, src, n, s); !(st == cpu_errc::success)) return st;
   if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
   if (fail_copies_after_.load() > 0) --fail_copies_after_;
+  spend(options_.link.copy_call_ns);
   enqueue(s, [this, s, dst, src, n, uses = std::exchange(prior_uses(), {})] {
     std::memcpy(dst, src, n);
     check_prior_uses(uses, s);
-  }, n);
+  }, n, nullptr, nullptr, false, d == copy_direction::host_to_device ? detail::cpu_work::h2d : detail::cpu_work::d2h);
   return {};
 }
 
 inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpitch, const void* src,
                                                     std::size_t spitch, std::size_t width, std::size_t height,
-                                                    copy_direction /*d*/, stream_t s) {
+                                                    copy_direction d, stream_t s) {
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
@@ -74,12 +75,14 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
     if (st == cpu_errc::success) st = check_access(src, (height - 1) * spitch + width, s, "source");
     if (!(st == cpu_errc::success)) return st;
   }
+  spend(options_.link.copy_call_ns);
   enqueue(s, [=, this, uses = std::exchange(prior_uses(), {})] {
     for (std::size_t i = 0; i < height; ++i) {
       std::memcpy(static_cast<std::byte*>(dst) + i * dpitch, static_cast<const std::byte*>(src) + i * spitch, width);
     }
     check_prior_uses(uses, s);
-  }, width * height);
+  }, width * height, nullptr, nullptr, false,
+  d == copy_direction::host_to_device ? detail::cpu_work::h2d : detail::cpu_work::d2h);
   return {};
 }
 
@@ -121,6 +124,7 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
     ev->clock = std::move(clock);
     ev->clock_of = gen;
   }
+  spend(options_.link.event_call_ns);
   enqueue(
       s,
       [this, ev, gen, s] {
@@ -133,6 +137,10 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
       std::lock_guard lock(events_mutex_);
       std::erase_if(ev->pending, [gen](const auto& entry) { return entry.first == gen; });
       if (error) ev->failed[gen] = error;
+      if (options_.timing == cpu_timing::timed) {  // when the record passed, for its waits
+        if (ev->times.size() >= 8) ev->times.erase(ev->times.begin());
+        ev->times.emplace_back(gen, s->vt_ns.load());
+      }
     }
     events_cv_.notify_all();
       },
@@ -144,13 +152,16 @@ inline cpu_device::status cpu_device::event_query(event_t e) {
   if (refused()) return {cpu_errc::not_permitted};
   if (capture_forbids()) return {cpu_errc::capture_unsupported};
   detail::cpu_clock seen;
+  std::uint64_t ends = 0;
   {
     std::lock_guard lock(events_mutex_);
     if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
     if (std::exception_ptr error = e->error_of(e->recorded)) return of(std::move(error));
     if (e->clock_of == e->recorded) seen = e->clock;  // published with the record
+    ends = e->time_of(e->recorded);
   }
   host_saw(seen);
+  host_reached(ends);
   return {};
 }
 
@@ -168,8 +179,10 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   if (e->clock_of == target) seen = e->clock;
   events_cv_.wait(lock, [&] { return e->passed(target); });
   if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
+  const std::uint64_t ends = e->time_of(target);
   lock.unlock();
   if (seen) host_saw(*seen);
+  host_reached(ends);
   return {};
 }
 
@@ -192,6 +205,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
     s->capturing = true;
     s->capture_origin = joins;
   }
+  spend(options_.link.event_call_ns);
   enqueue(
       s,
       [this, ev, target, s] {
@@ -206,6 +220,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
             lock.lock();
           }
           error = ev->error_of(target);
+          raise(s, ev->time_of(target));  // timed: the stream goes on once the record has passed
         }
         if (error) fail(s, error);  // the error spreads along the wait
       },
@@ -270,6 +285,7 @@ inline cpu_device::status cpu_device::stream_synchronize(stream_t s) {
   detail::cpu_clock seen = s->clock;
   lock.unlock();
   host_saw(seen);
+  host_reached(s->vt_ns.load());
   return {};
 }
 
@@ -277,13 +293,16 @@ inline cpu_device::status cpu_device::launch_host_func(stream_t s, void (*fn)(vo
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   host_funcs_.fetch_add(1);
+  spend(options_.link.launch_call_ns);
   enqueue(s, [this, s, fn, data] {
     // The stream waits for its host function, which runs on the callback thread.
     auto done = std::make_shared<std::atomic<bool>>(false);
     {
       std::lock_guard lock(cb_mutex_);
-      cb_queue_.push_back([fn, data, done] {
+      cb_queue_.push_back([this, s, at = s->vt_ns.load(), fn, data, done] {
+        host_reached(at);  // timed: it runs once the stream has got there, and the stream waits for it
         fn(data);
+        raise(s, host_time_ns());
         done->store(true);
         done->notify_all();
       });
@@ -324,6 +343,7 @@ inline cpu_device::status cpu_device::wait_value32(stream_t s, void* address, st
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (!wait_value_supported_.load()) return {cpu_errc::not_supported};
   auto* word = static_cast<std::uint32_t*>(address);
+  spend(options_.link.event_call_ns);
   enqueue(s, [this, s, word, value] {
     bool blocked = false;
     for (;;) {
@@ -348,111 +368,12 @@ inline cpu_device::status cpu_device::stream_is_capturing(stream_t s, bool* capt
   return {};
 }
 
-inline cpu_device::status cpu_device::mem_pool_create(pool_t* pool, int device) {
-  if (refused()) return {cpu_errc::not_permitted};
-  if (device < 0 || device >= options_.devices) return {cpu_errc::invalid_device};
-  auto r = std::make_shared<detail::cpu_pool>();
-  r->device = device;
-  std::lock_guard lock(pool_mutex_);
-  pools_.push_back(r);
-  *pool = r.get();
-  return {};
-}
-
-inline cpu_device::status cpu_device::mem_pool_destroy(pool_t pool) {
-  std::lock_guard lock(pool_mutex_);
-  for (auto it = pools_.begin(); it != pools_.end(); ++it) {
-    if (it->get() != pool) continue;
-    for (auto& [p, b] : (*it)->blocks) {
-      if (b.state == detail::cpu_block::live) ++leaked_blocks_;
-      owner_of_.erase(p);
-    }
-    pools_.erase(it);  // what pending frees hold keeps it until they have run
-    return {};
-  }
-  return {cpu_errc::invalid_value};
-}
-
-inline cpu_device::status cpu_device::malloc_from_pool_async(void** out, std::size_t n, pool_t pool, stream_t s) {
-  if (refused()) return {cpu_errc::not_permitted};
-  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
-  std::unique_lock lock(pool_mutex_);
-  for (auto& [p, b] : pool->blocks) {
-    if (b.state == detail::cpu_block::live || b.bytes != n) continue;
-    if (b.state == detail::cpu_block::free_pending && b.freed_on != s) {  // the driver's inserted wait
-      const settle_pause no_settle;  // instant timing: the free it waits behind needs pool_mutex_
-      const status st = insert_wait(s, const_cast<detail::cpu_stream_state*>(b.freed_on));
-      if (!(st == cpu_errc::success)) return st;
-    }
-    if (b.state == detail::cpu_block::free_pending) b.priors.push_back({b.generation, b.alloc_stream, b.alloc_seq});
-    b.state = detail::cpu_block::live;
-    ++b.generation;
-    mark_allocation(b, s);
-    device_bytes_ += n;
-    ++pool_reused_;
-    *out = p;
-    return {};
-  }
-  if (n > device_limit_ - std::min(device_bytes_, device_limit_)) return {cpu_errc::memory_allocation};
-  // Blocks whose free has run, of other sizes, leave the pool before a new one is made (a
-  // CUDA pool reuses freed memory of any size), into the quarantine; the oldest go back.
-  std::erase_if(pool->blocks, [&](const auto& e) {
-    if (e.second.state != detail::cpu_block::free_done) return false;
-    owner_of_.erase(e.first);
-    quarantine_.emplace(e.first, e.second.bytes);
-    quarantine_order_.push_back(e.first);
-    quarantine_bytes_ += e.second.bytes;
-    return true;
-  });
-  for (; quarantine_bytes_ > quarantine_limit; quarantine_order_.pop_front()) {
-    void* old = quarantine_order_.front();
-    quarantine_bytes_ -= quarantine_.at(old);
-    quarantine_.erase(old);
-    ::operator delete (old, std::align_val_t{256});
-  }
-  void* p = ::operator new (n, std::align_val_t{256}, std::nothrow);
-  if (p == nullptr) return {cpu_errc::memory_allocation};
-  detail::cpu_block& made = pool->blocks.emplace(p, detail::cpu_block{n}).first->second;
-  mark_allocation(made, s);
-  owner_of_[p] = pool;
-  device_bytes_ += n;
-  *out = p;
-  return {};
-}
-
-inline cpu_device::status cpu_device::free_async(void* p, stream_t s) {
-  if (refused()) return {cpu_errc::not_permitted};
-  if (foreign(s)) return {cpu_errc::invalid_resource_handle};
-  std::shared_ptr<detail::cpu_pool> pool;
-  std::uint64_t generation = 0;
-  {
-    std::lock_guard lock(pool_mutex_);
-    auto o = owner_of_.find(p);
-    if (o == owner_of_.end()) return {cpu_errc::invalid_value};
-    pool = o->second->shared_from_this();
-    detail::cpu_block& b = pool->blocks.at(p);
-    if (b.state != detail::cpu_block::live) return {cpu_errc::invalid_value};  // a double free
-    b.state = detail::cpu_block::free_pending;
-    b.freed_on = s;
-    generation = b.generation;
-    device_bytes_ -= b.bytes;
-  }
-  enqueue(s, [this, pool, p, generation] {
-    std::lock_guard lock(pool_mutex_);
-    detail::cpu_block& b = pool->blocks.at(p);
-    b.free_ran(generation);
-    if (b.generation != generation || b.state != detail::cpu_block::free_pending) return;  // reused first
-    poison(p, b.bytes);
-    b.state = detail::cpu_block::free_done;
-  });
-  return {};
-}
-
 template <class F>
 requires std::is_invocable_v<std::decay_t<F>&>
-void cpu_device::launch(stream_t s, F&& f) {
+void cpu_device::launch(stream_t s, F&& f, std::chrono::nanoseconds cost) {
   FERRY_EXPECTS(s != nullptr && s->owner == this, "a kernel launched on a null stream or one of another cpu_device",
                 ferry::named("stream", static_cast<const void*>(s)));
+  spend(options_.link.launch_call_ns);
   enqueue(
       s,
       [s, f = std::decay_t<F>(std::forward<F>(f))]() mutable {
@@ -462,16 +383,7 @@ void cpu_device::launch(stream_t s, F&& f) {
           fail(s, std::current_exception());
         }
       },
-      0, nullptr, nullptr, true);
-}
-
-inline std::size_t cpu_device::pooled_bytes() {
-  std::lock_guard lock(pool_mutex_);
-  std::size_t total = 0;
-  for (const auto& pool : pools_) {
-    for (const auto& [p, b] : pool->blocks) total += b.bytes;
-  }
-  return total;
+      0, nullptr, nullptr, true, detail::cpu_work::kernel, static_cast<std::uint64_t>(std::max<std::int64_t>(0, cost.count())));
 }
 
 inline cpu_options cpu_device::checked(cpu_options o) {
@@ -482,6 +394,14 @@ inline cpu_options cpu_device::checked(cpu_options o) {
   FERRY_EXPECTS(o.slow_bytes_per_us > 0 && o.slow_op_us <= 1000000,
                 "a slow device copies at least 1 byte per microsecond and costs at most 1 s per operation",
                 ferry::named("slow_bytes_per_us", o.slow_bytes_per_us), ferry::named("slow_op_us", o.slow_op_us));
+  const cpu_link& l = o.link;
+  const auto rate = [](double v) { return v > 0 && v < 1e6; };  // GB/s; also refuses NaN
+  FERRY_EXPECTS(rate(l.h2d_gbps) && rate(l.d2h_gbps) && rate(l.both_gbps) && rate(l.d2d_gbps) &&
+                    l.kernel_copy_share > 0 && l.kernel_copy_share <= 1,
+                "a timed link's rates are positive GB/s and the kernel's share is in (0, 1]",
+                ferry::named("h2d_gbps", l.h2d_gbps), ferry::named("d2h_gbps", l.d2h_gbps),
+                ferry::named("both_gbps", l.both_gbps), ferry::named("d2d_gbps", l.d2d_gbps),
+                ferry::named("kernel_copy_share", l.kernel_copy_share));
   o.timing = timing_of(o.timing);
   return o;
 }
@@ -506,9 +426,14 @@ inline bool cpu_device::live_host(const void* p) {
 
 template <class F>
 void cpu_device::enqueue(stream_t r, F&& f, std::size_t bytes, const detail::cpu_clock* after,
-                         detail::cpu_clock* snapshot, bool kernel) {
+                         detail::cpu_clock* snapshot, bool kernel, detail::cpu_work work, std::uint64_t cost_ns,
+                         std::size_t pieces) {
   detail::cpu_op op(std::forward<F>(f));  // made outside the lock (it may allocate)
   op.bytes = bytes;
+  op.work = work;
+  op.cost_ns = cost_ns;
+  op.pieces = pieces;
+  op.issued_ns = host_time_ns();
   const detail::cpu_clock& mine = thread_clock();
   std::uint64_t position = 0;
   {
@@ -556,7 +481,9 @@ inline void cpu_device::run_stream(stream_t r) {
     }
     delay(r->rng);
     charge(op.bytes);
+    const std::uint64_t ends = options_.timing == cpu_timing::timed ? begin_timed(r, op) : 0;
     op();
+    raise(r, ends);
     op.reset();  // destroy captures outside the lock
     lock.lock();
     r->busy = false;
@@ -564,6 +491,20 @@ inline void cpu_device::run_stream(stream_t r) {
     if (r->queue.empty() || options_.timing == cpu_timing::instant) r->idle_cv.notify_all();
   }
   r->idle_cv.notify_all();
+}
+
+inline std::uint64_t cpu_device::begin_timed(stream_t r, const detail::cpu_op& op) {
+  const std::uint64_t start = std::max(r->vt_ns.load(), op.issued_ns);
+  raise(r, start);
+  detail::cpu_link_clock::host_ns(serial_) = start;  // what the op's own body enqueues (a kernel's)
+  switch (op.work) {
+    case detail::cpu_work::h2d:
+    case detail::cpu_work::d2h:
+    case detail::cpu_work::d2d:
+      return link_.copy(options_.link, r->device, op.work, op.bytes, op.pieces, start, op.issued_ns);
+    case detail::cpu_work::kernel: return start + op.cost_ns;
+    default: return start;
+  }
 }
 
 inline void cpu_device::stop(stream_t r) {

@@ -4,7 +4,10 @@
 /// whose addresses are the `cpu_runtime` handles.
 #pragma once
 
+#include "ferry/detail/cuda/cpu_timed.hpp"
+
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +47,8 @@ class cpu_op {
       ops_ = &heap_ops<T>;
     }
   }
-  cpu_op(cpu_op&& o) noexcept : bytes(o.bytes), ops_(o.ops_) {
+  cpu_op(cpu_op&& o) noexcept
+      : bytes(o.bytes), pieces(o.pieces), issued_ns(o.issued_ns), cost_ns(o.cost_ns), work(o.work), ops_(o.ops_) {
     if (ops_ != nullptr) ops_->move(buf_, o.buf_);
     o.ops_ = nullptr;
   }
@@ -52,6 +56,10 @@ class cpu_op {
     if (this != &o) {
       reset();
       bytes = o.bytes;
+      pieces = o.pieces;
+      issued_ns = o.issued_ns;
+      cost_ns = o.cost_ns;
+      work = o.work;
       ops_ = o.ops_;
       if (ops_ != nullptr) ops_->move(buf_, o.buf_);
       o.ops_ = nullptr;
@@ -65,6 +73,12 @@ class cpu_op {
   // Bytes the operation moves (a copy's size; 0 for the rest): what a timed device
   // charges it (`cpu_timing::slow`).
   std::size_t bytes = 0;
+  // `cpu_timing::timed` (detail/cuda/cpu_timed.hpp): the host's virtual time when it was
+  // issued, a kernel's stated cost (ns), which engine a copy takes and in how many pieces.
+  std::size_t pieces = 1;
+  std::uint64_t issued_ns = 0;
+  std::uint64_t cost_ns = 0;
+  cpu_work work = cpu_work::other;
   void reset() noexcept {
     if (ops_ != nullptr) ops_->destroy(buf_);
     ops_ = nullptr;
@@ -183,12 +197,13 @@ struct cpu_stream_state {
   std::condition_variable cv;       // work or stopping
   std::condition_variable idle_cv;  // queue drained
   cpu_op_queue queue;
-  std::uint64_t id = 0;         // the stream's number on its device (1, 2, ...), in clocks
-  std::uint64_t enqueued = 0;   // operations enqueued so far (their positions 1..enqueued)
-  std::uint64_t completed = 0;  // operations run so far
-  std::uint64_t kernel_at = 0;  // the position of the latest kernel (`launch`) enqueued
-  cpu_clock clock;              // what work enqueued now comes after (clock.at(id) == enqueued)
-  bool blocked = false;         // the worker waits for another stream, a flag or the gate
+  std::uint64_t id = 0;                 // the stream's number on its device (1, 2, ...), in clocks
+  std::uint64_t enqueued = 0;           // operations enqueued so far (their positions 1..enqueued)
+  std::uint64_t completed = 0;          // operations run so far
+  std::uint64_t kernel_at = 0;          // the position of the latest kernel (`launch`) enqueued
+  std::atomic<std::uint64_t> vt_ns{0};  // timed: the virtual time its work so far ends (written by its worker)
+  cpu_clock clock;                      // what work enqueued now comes after (clock.at(id) == enqueued)
+  bool blocked = false;                 // the worker waits for another stream, a flag or the gate
   bool busy = false;
   bool stopping = false;
   bool capturing = false;
@@ -212,6 +227,13 @@ struct cpu_event {
   std::map<std::uint64_t, const cpu_stream_state*> captured;
   cpu_clock clock;  // the stream order the record numbered clock_of comes after
   std::uint64_t clock_of = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> times;  // timed: when recent records passed (virtual ns)
+  [[nodiscard]] std::uint64_t time_of(std::uint64_t gen) const {
+    for (const auto& [g, ns] : times) {
+      if (g == gen) return ns;
+    }
+    return 0;
+  }
   [[nodiscard]] const cpu_stream_state* pending_on(std::uint64_t gen) const {
     for (const auto& [g, s] : pending) {
       if (g == gen) return s;

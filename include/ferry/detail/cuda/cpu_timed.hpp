@@ -1,0 +1,219 @@
+/// @file
+/// @brief The virtual clock of a `ferry::cpu_device` under `cpu_timing::timed` (private to
+/// ferry; its public types, `ferry::cpu_link` and `ferry::cpu_link_stats`, are documented
+/// here and re-exported by cuda/cpu_device_decl.hpp): the copy engines of each device, the
+/// host threads' clocks and the arithmetic of a copy's time over the link.
+///
+/// The model charges time without spending it: every operation still runs at once on its
+/// stream's worker, and a clock of nanoseconds beside it says when it would have run on
+/// the GPU the figures describe. A stream's operation starts when the stream has finished
+/// its previous one, the host has issued it and (a copy) its direction's copy engine is
+/// free; it ends after its cost. Where the figures come from: `docs/anchors/h200-2026-11-30.txt`
+/// (an H200 on PCIe 5 x16) and `docs/transfers.md#the-timed-model`.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+/// @brief The link and call costs a `cpu_device` charges under `cpu_timing::timed`.
+/// Defaults: one H200 on PCIe 5 x16 (docs/anchors/h200-2026-11-30.txt). A copy of `n` bytes
+/// in one direction takes `latency + n / rate` on that direction's copy engine, one copy
+/// after another; while the other direction's engine is busy too, both share `both_gbps`.
+struct cpu_link {
+  double h2d_gbps = 55.3;    ///< host -> device rate, GB/s (pinned, 256 MiB copies: 55.3)
+  double d2h_gbps = 55.3;    ///< device -> host rate, GB/s (55.3)
+  double both_gbps = 90.9;   ///< both directions at once, in total, GB/s (two streams: 90.91)
+  double d2d_gbps = 2122.9;  ///< a device -> device copy, GB/s (no copy engine; d2d_copy 2122.9)
+  /// A copy engine's fixed cost per copy, ns: the 64 KiB copies' 16.6 GB/s H2D and 23.7 GB/s D2H
+  /// against 55.3 (2.8 and 1.6 us), checked by the 1 MiB row (48.1 / 50.3 GB/s).
+  std::uint32_t h2d_latency_ns = 2800;
+  std::uint32_t d2h_latency_ns = 1650;  ///< see `h2d_latency_ns`
+  /// Each further copy of a batch (`memcpy_batch_async`), ns: the H200's KV block moves of
+  /// 4, 16 and 32 KiB reached 0.22, 0.55 and 0.70 of one contiguous copy (262, 242, 254 ns a block more).
+  std::uint32_t batch_piece_ns = 250;
+  /// The share of the link the block-copy kernel reaches (it loads over the mapping, with no
+  /// engine latency): 0.84 of one contiguous copy at 256 KiB blocks on the H200.
+  double kernel_copy_share = 0.84;
+  /// Host time an asynchronous copy call costs its thread, ns (not measured alone: below the
+  /// 2.64 us per 4 KiB copy back to back, which the engine's latency binds).
+  std::uint32_t copy_call_ns = 1000;
+  std::uint32_t launch_call_ns = 3594;  ///< a kernel launch or host function, ns (empty_kernel_launch_host 3.594 us)
+  std::uint32_t event_call_ns =
+      163;  ///< an event record or stream wait, ns (half of event_record_plus_wait_host 0.326 us)
+};
+
+/// @brief What the copy engines of a timed `cpu_device` did (`cpu_device::link_stats`), in
+/// virtual nanoseconds. Index 0: host -> device, 1: device -> host.
+struct cpu_link_stats {
+  std::uint64_t copies[2]{};   ///< copies run
+  std::uint64_t bytes[2]{};    ///< bytes they moved
+  std::uint64_t busy_ns[2]{};  ///< time the engine was copying
+  /// Time the engine sat idle while a copy had been issued to it but could not start (its
+  /// stream was still busy with earlier work, or waited for an event): what a pipeline
+  /// loses to its own ordering.
+  std::uint64_t idle_queued_ns[2]{};
+  std::uint64_t end_ns = 0;  ///< when the last copy ended
+};
+
+namespace detail {
+
+/// @brief A copy's kind for the timed model: which engine it takes.
+enum class cpu_work : std::uint8_t { other, h2d, d2h, d2d, kernel };
+
+/// @brief The busy intervals of one resource of the timed model (a copy engine, the
+/// link), in virtual ns, sorted and disjoint. Work is placed in the earliest gap at or
+/// after it is ready, so what a stream's worker happens to run first in real time does
+/// not push work that is earlier in virtual time behind it.
+class cpu_calendar {
+ public:
+  /// @brief The earliest start at or after `ready` of a gap of `len` ns.
+  [[nodiscard]] std::uint64_t fit(std::uint64_t ready, std::uint64_t len) const {
+    std::uint64_t t = ready;
+    for (const auto& [b, e] : busy_) {
+      if (e <= t) continue;
+      if (b >= t + len) break;
+      t = e;
+    }
+    return t;
+  }
+  /// @brief Idle ns within [from, to).
+  [[nodiscard]] std::uint64_t idle(std::uint64_t from, std::uint64_t to) const {
+    std::uint64_t idle = 0;
+    for (const auto& [b, e] : busy_) {
+      if (from >= to) break;
+      if (e <= from) continue;
+      if (b > from) idle += std::min(b, to) - from;
+      from = std::max(from, e);
+    }
+    return from < to ? idle + (to - from) : idle;
+  }
+  /// @brief Marks [b, e) busy (a gap `fit` found).
+  void take(std::uint64_t b, std::uint64_t e) {
+    if (e <= b) return;
+    auto it = std::lower_bound(busy_.begin(), busy_.end(), std::pair{b, e});
+    busy_.insert(it, {b, e});
+    if (busy_.size() > max_intervals) busy_.erase(busy_.begin(), busy_.begin() + max_intervals / 2);  // the oldest
+  }
+  /// @brief When `need` ns of idle time from `from` on have passed (idle time in pieces,
+  /// a share of a link); with `take`, marks those pieces busy.
+  std::uint64_t fill(std::uint64_t from, std::uint64_t need, bool take_them) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;
+    std::uint64_t t = from;
+    for (const auto& [b, e] : busy_) {
+      if (need == 0) break;
+      if (e <= t) continue;
+      if (b > t) {
+        const std::uint64_t n = std::min(need, b - t);
+        pieces.emplace_back(t, t + n);
+        need -= n;
+        t += n;
+        if (need == 0) break;
+      }
+      t = std::max(t, e);
+    }
+    if (need > 0) {
+      pieces.emplace_back(t, t + need);
+      t += need;
+    }
+    if (take_them) {
+      for (const auto& [b, e] : pieces) take(b, e);
+      merge();
+    }
+    return t;
+  }
+
+ private:
+  void merge() {  // touching intervals become one
+    std::size_t out = 0;
+    for (std::size_t i = 1; i < busy_.size(); ++i) {
+      if (busy_[i].first <= busy_[out].second) {
+        busy_[out].second = std::max(busy_[out].second, busy_[i].second);
+      } else {
+        busy_[++out] = busy_[i];
+      }
+    }
+    if (!busy_.empty()) busy_.resize(out + 1);
+  }
+  static constexpr std::size_t max_intervals = 4096;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy_;
+};
+
+/// @brief The copy engines and host clocks of one `cpu_device` (`cpu_timing::timed`).
+class cpu_link_clock {
+ public:
+  /// @brief Places `pieces` copies of `bytes` in all, in direction `w` (h2d, d2h or d2d),
+  /// whose stream is ready at `ready_ns` and whose host issued them at `issued_ns`, on
+  /// device `device`; returns when they end. The first piece costs the engine's latency,
+  /// each further one (a batch) `batch_piece_ns`; 0 pieces: the block-copy kernel's copy,
+  /// at `kernel_copy_share` of the rate. The copy holds its direction's engine from start to
+  /// end, and `bytes / both_gbps` of the link's time within it (in pieces, the link's idle
+  /// time from its start on): two directions at once share `both_gbps`, one alone is bound
+  /// by its engine.
+  std::uint64_t copy(const cpu_link& link, int device, cpu_work w, std::size_t bytes, std::size_t pieces,
+                     std::uint64_t ready_ns, std::uint64_t issued_ns) {
+    if (w == cpu_work::d2d) return ready_ns + ns_for(bytes, link.d2d_gbps);
+    std::lock_guard lock(mutex_);
+    if (devices_.size() <= static_cast<std::size_t>(device)) devices_.resize(static_cast<std::size_t>(device) + 1);
+    const std::size_t e = w == cpu_work::h2d ? 0 : 1;
+    auto& d = devices_[static_cast<std::size_t>(device)];
+    const std::uint64_t fixed =
+        pieces == 0 ? 0 : (e == 0 ? link.h2d_latency_ns : link.d2h_latency_ns) + (pieces - 1) * link.batch_piece_ns;
+    const double rate = (e == 0 ? link.h2d_gbps : link.d2h_gbps) * (pieces == 0 ? link.kernel_copy_share : 1.0);
+    const std::uint64_t alone = fixed + ns_for(bytes, rate);
+    const std::uint64_t on_link = ns_for(bytes, link.both_gbps);
+    std::uint64_t start = d.engine[e].fit(ready_ns, alone);
+    std::uint64_t end = 0;
+    for (std::uint64_t len = alone;;) {  // the engine's gap must hold the copy with its share of the link
+      end = std::max(start + alone, d.link.fill(start, on_link, false));
+      if (end - start <= len) {
+        (void)d.link.fill(start, on_link, true);
+        break;
+      }
+      len = end - start;
+      start = d.engine[e].fit(start, len);
+    }
+    if (issued_ns < ready_ns) stats_.idle_queued_ns[e] += d.engine[e].idle(issued_ns, ready_ns);
+    d.engine[e].take(start, end);
+    ++stats_.copies[e];
+    stats_.bytes[e] += bytes;
+    stats_.busy_ns[e] += end - start;
+    stats_.end_ns = std::max(stats_.end_ns, end);
+    return end;
+  }
+
+  /// @brief The figures so far.
+  [[nodiscard]] cpu_link_stats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  /// @brief The calling thread's virtual clock on the device numbered `serial`, ns.
+  static std::uint64_t& host_ns(std::uint64_t serial) {
+    thread_local std::vector<std::pair<std::uint64_t, std::uint64_t>> clocks;
+    for (auto& [s, ns] : clocks) {
+      if (s == serial) return ns;
+    }
+    return clocks.emplace_back(serial, 0).second;
+  }
+
+ private:
+  static std::uint64_t ns_for(std::size_t bytes, double gbps) {
+    return static_cast<std::uint64_t>(static_cast<double>(bytes) / gbps + 0.5);  // GB/s == bytes/ns
+  }
+  struct device_calendars {
+    cpu_calendar engine[2];  // H2D, D2H
+    cpu_calendar link;       // the bytes on the wire, both directions
+  };
+  mutable std::mutex mutex_;
+  std::vector<device_calendars> devices_;
+  cpu_link_stats stats_{};
+};
+
+}  // namespace detail
+}  // namespace ferry
