@@ -65,6 +65,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -77,6 +78,7 @@ struct kv_settings {
   std::vector<std::string> directions{"d2h", "h2d"};
   std::size_t total_mib = 0;  // 0: 256 on a GPU (64 with --quick), 64 on the CPU model (16 with --quick)
   bool cpu_model = false;
+  bool timed = false;  // the CPU model's timed mode: virtual time of an H200's link
   bool samples = false;
 };
 
@@ -222,11 +224,31 @@ struct rig {
     return sched.engine_for(d2h, mapping) == ferry::block_engine::kernel ? "kernel" : "batched";
   }
 
-  double gbps(std::chrono::steady_clock::time_point t0) const {
-    return static_cast<double>(blocks * block) / ferry::bench::seconds_since(t0) / 1e9;
+  // When a sample starts: wall time, and on the timed CPU model its virtual time.
+  struct mark {
+    std::chrono::steady_clock::time_point wall;
+    std::uint64_t virtual_ns;
+  };
+  [[nodiscard]] const ferry::cpu_device* timed_device() const {
+    if constexpr (std::is_same_v<R, ferry::cpu_runtime>) {
+      if (rt.device().options().timing == ferry::cpu_timing::timed) return &rt.device();
+    }
+    return nullptr;
+  }
+  [[nodiscard]] mark now() const {
+    const ferry::cpu_device* d = timed_device();
+    return {std::chrono::steady_clock::now(), d != nullptr ? d->host_time_ns() : 0};
+  }
+  double gbps(const mark& t0) const {
+    if (const ferry::cpu_device* d = timed_device()) {
+      d->host_catch_up();  // a ticket's completion seen by another thread gives this one's clock nothing
+      return static_cast<double>(blocks * block) /
+             static_cast<double>(std::max<std::uint64_t>(1, d->host_time_ns() - t0.virtual_ns));
+    }
+    return static_cast<double>(blocks * block) / ferry::bench::seconds_since(t0.wall) / 1e9;
   }
   double move_once(scheduler_type& sc, ferry::host_mapping m, bool to_host) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = now();
     auto t = to_host ? sc.to_host_blocks(d2h, producer.ref(), m) : sc.to_device_blocks(h2d, m);
     t.wait();
     return gbps(t0);
@@ -237,14 +259,14 @@ struct rig {
   double per_block_once(bool to_host) {
     const auto dir = to_host ? ferry::copy_direction::device_to_host : ferry::copy_direction::host_to_device;
     const auto& list = to_host ? d2h : h2d;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = now();
     for (const ferry::block_copy& b : list)
       FERRY_RUNTIME_TRY(R, rt.memcpy_async(b.dst, b.src, b.bytes, dir, ref.get()));
     ref.synchronize();
     return gbps(t0);
   }
   double contiguous_once(bool to_host) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = now();
     if (to_host) {
       FERRY_RUNTIME_TRY(R,
                         rt.memcpy_async(host, pool, blocks * block, ferry::copy_direction::device_to_host, ref.get()));
@@ -340,7 +362,7 @@ std::vector<row> run_on(const R& rt, const flavour& f, bool pin, std::size_t tot
 
 std::vector<row> run_kv(const run_options& options) {
   const kv_settings& cfg = settings();
-  const bool gpu = ferry::bench::has_gpu() && !cfg.cpu_model;
+  const bool gpu = ferry::bench::has_gpu() && !cfg.cpu_model && !cfg.timed;
   const std::size_t total =
       (cfg.total_mib != 0 ? cfg.total_mib : (gpu ? (options.quick ? 64 : 256) : (options.quick ? 16 : 64))) *
       ferry::MiB;
@@ -352,6 +374,18 @@ std::vector<row> run_kv(const run_options& options) {
         true, total, options);
   }
 #endif
+  if (cfg.timed) {
+    std::printf(
+        "  --timed: on the CPU model's timed mode (virtual time with an H200's link figures, docs/transfers.md, the "
+        "timed model): deterministic, one sample is enough\n");
+    std::fflush(stdout);
+    ferry::cpu_options o;
+    o.timing = ferry::cpu_timing::timed;
+    return run_on(
+        ferry::cpu_runtime(o),
+        {"cpu-model-timed", "one copy per block (timed CPU model)", "one copy of the same bytes (timed CPU model)"},
+        false, total, options);
+  }
   std::printf(
       "  %s: on the CPU model of the device runtime (copies are memcpy on host threads); these are not "
       "link figures: the GPU figures need a GPU\n",
@@ -384,6 +418,8 @@ const ferry::bench::registrar kv_scenario({
               ->check(CLI::Range(1, 16384));
           app.add_flag("--cpu-model", settings().cpu_model,
                        "run on the CPU model of the device runtime even with a GPU");
+          app.add_flag("--timed", settings().timed,
+                       "run on the CPU model's timed mode: virtual time with an H200's link figures");
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
         },
     .run = run_kv,

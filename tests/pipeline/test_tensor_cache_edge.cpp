@@ -28,8 +28,7 @@ using namespace ferry_test;  // the shared pipeline-test helpers (backend_harnes
 
 using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
 
-using lru_no_prefetch = ferry_test::recipe<int, true,
-                                             ferry::lru<int>, ferry::no_prefetch>;
+using lru_no_prefetch = ferry_test::recipe<int, true, ferry::lru<int>, ferry::no_prefetch>;
 
 // belady recording where the cache reports each access of a pinned tensor.
 struct recording_belady : ferry::belady<int> {
@@ -89,7 +88,8 @@ TEMPLATE_TEST_CASE("tensor_cache edge: a failed prefetch read-back fails only th
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(8 * MiB));
   {
-    cache_on<TestType, lru_no_prefetch, faulty_tier> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
+    cache_on<TestType, lru_no_prefetch, faulty_tier> cache(sched, ferry_test::tier_set(sched, device, pool, tier),
+                                                           {.keep_last = 0});
     producer prod{compute};
     for (int i = 0; i < 4; ++i)
       cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i)), 3 * MiB, compute);
@@ -160,7 +160,8 @@ TEMPLATE_TEST_CASE("tensor_cache edge: an iteration longer than the recorded one
   ferry::pinned_pool pool(unpinned(256 * MiB));
   using P = ferry_test::recipe<int, false>;
   {
-    cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
+    cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool),
+                                {.keep_last = 1, .prefetch_budget_bytes = 4 * MiB});
     producer prod{compute};
     const std::size_t bytes = 2 * MiB;
     std::vector<std::uint64_t> prefetched;
@@ -201,8 +202,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: the eviction policy sees each offload jus
   auto& sched = dev.scheduler(compute, small_chunks());
   auto& device = dev.memory(256 * MiB);
   ferry::pinned_pool pool(unpinned(64 * MiB));
-  using P = ferry_test::recipe<int, true, recording_belady,
-                                 ferry::no_prefetch>;
+  using P = ferry_test::recipe<int, true, recording_belady, ferry::no_prefetch>;
   {
     cache_on<TestType, P> cache(sched, ferry_test::tier_set(sched, device, pool, tier), {.keep_last = 0});
     producer prod{compute};
@@ -247,7 +247,8 @@ TEMPLATE_TEST_CASE("tensor_cache edge: destroying the cache frees a stored tenso
   bool open = false;
   std::vector<std::byte> seen(2 * MiB);
   {
-    cache_on<TestType, ferry_test::recipe<int, false>> cache(sched, ferry_test::tier_set(sched, device, pool), {.keep_last = 1});
+    cache_on<TestType, ferry_test::recipe<int, false>> cache(sched, ferry_test::tier_set(sched, device, pool),
+                                                             {.keep_last = 1});
     void* p = cache.allocate(2 * MiB, compute);
     compute.enqueue([&] {
       std::unique_lock lock(m);
@@ -331,15 +332,19 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
   SECTION("a smaller reservation; none when the pool already holds it; 0 reserves nothing") {
     ferry::pinned_pool pool(counted(64 * MiB));
     {
-      cache_on<ferry_test::host_device, P> a(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 16 * MiB});
+      cache_on<ferry_test::host_device, P> a(sched, ferry_test::tier_set(sched, device, pool),
+                                             {.reserve_pinned_bytes = 16 * MiB});
       CHECK(pool.reserved() == 16 * MiB);
-      cache_on<ferry_test::host_device, P> b(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 16 * MiB});
+      cache_on<ferry_test::host_device, P> b(sched, ferry_test::tier_set(sched, device, pool),
+                                             {.reserve_pinned_bytes = 16 * MiB});
       CHECK(pool.reserved() == 16 * MiB);  // the pool holds it already: a second cache on it maps nothing
-      cache_on<ferry_test::host_device, P> c(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 0});
+      cache_on<ferry_test::host_device, P> c(sched, ferry_test::tier_set(sched, device, pool),
+                                             {.reserve_pinned_bytes = 0});
       CHECK(pool.reserved() == 16 * MiB);
     }
     ferry::pinned_pool lazy(counted(64 * MiB));
-    cache_on<ferry_test::host_device, P> d(sched, ferry_test::tier_set(sched, device, lazy), {.reserve_pinned_bytes = 0});
+    cache_on<ferry_test::host_device, P> d(sched, ferry_test::tier_set(sched, device, lazy),
+                                           {.reserve_pinned_bytes = 0});
     CHECK(lazy.reserved() == 0);
   }
   SECTION("a reservation the pool cannot map: the default pins on first use, an explicit one throws") {
@@ -352,7 +357,8 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
       CHECK(cache.stats().reserved_pinned_bytes == 0);
       CHECK(pool.reserved() == 0);
     }
-    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, ferry_test::tier_set(sched, device, pool), {.reserve_pinned_bytes = 8 * MiB})),
+    CHECK_THROWS_AS(static_cast<void>(cache_type(sched, ferry_test::tier_set(sched, device, pool),
+                                                 {.reserve_pinned_bytes = 8 * MiB})),
                     ferry::out_of_capacity);
     CHECK(pool.reserved() == 0);
     CHECK(pins.load() == 0);
@@ -367,14 +373,19 @@ TEST_CASE("tensor_cache edge: the constructor pins the pool's budget, so store m
   }
 }
 
-TEST_CASE("tensor_cache edge: a buffer freed after its offload is refused by store and deallocate, the data kept",
-          "[pipeline][tensor_cache][faults]") {
+TEMPLATE_TEST_CASE(
+    "tensor_cache edge: a buffer freed after its offload is refused by store and deallocate, the data kept",
+    "[pipeline][tensor_cache][faults]", FERRY_TEST_DEVICES) {
   // Bug (found by a new user): storing the same pointer again after the cache had
   // offloaded it (and freed its device memory) copied freed memory and freed it twice,
   // which aborted the process in the device arena. The CPU model knows the memory is
   // freed: store and deallocate refuse it with a logic_error, and the stored tensor stays.
-  ferry::cpu_stream compute;
-  ferry::tensor_cache<int> cache({.keep_last = 0, .pinned_budget_bytes = 16 * MiB});
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks());
+  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
+      sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
   constexpr std::size_t bytes = 2 * MiB;
   void* p = cache.allocate(bytes, compute);
   produce(compute, p, bytes, 30);

@@ -34,10 +34,10 @@ inline cpu_device::status cpu_device::copy_kernel_async(void* const* dsts, const
                                                         stream_t s) {
   if (!options_.copy_kernel) return {cpu_errc::not_supported};
   if (ctas == 0) return {cpu_errc::invalid_value};
-  detail::cpu_work w = detail::cpu_work::d2h;  // the kernel's direction: towards device memory or not
+  detail::cpu_work w = detail::cpu_work::kernel_d2h;  // the kernel's direction: towards device memory or not
   if (count > 0 && dsts != nullptr && dsts[0] != nullptr) {
     std::lock_guard lock(pool_mutex_);
-    if (allocation_of(dsts[0]) != owner_of_.end()) w = detail::cpu_work::h2d;
+    if (allocation_of(dsts[0]) != owner_of_.end()) w = detail::cpu_work::kernel_h2d;
   }
   return enqueue_pieces(dsts, srcs, sizes, count, true, s, w);
 }
@@ -136,7 +136,7 @@ inline cpu_device::status cpu_device::enqueue_pieces(void* const* dsts, const vo
                       static_cast<int>(cpu_errc::invalid_value), source_site{__FILE__, __LINE__, __func__})));
         }
       },
-      total, nullptr, nullptr, false, w, 0, kernel ? 0 : count);
+      total, nullptr, nullptr, false, w, 0, count);
   return {};
 }
 

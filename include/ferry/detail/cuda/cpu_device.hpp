@@ -397,11 +397,13 @@ inline cpu_options cpu_device::checked(cpu_options o) {
   const cpu_link& l = o.link;
   const auto rate = [](double v) { return v > 0 && v < 1e6; };  // GB/s; also refuses NaN
   FERRY_EXPECTS(rate(l.h2d_gbps) && rate(l.d2h_gbps) && rate(l.both_gbps) && rate(l.d2d_gbps) &&
-                    l.kernel_copy_share > 0 && l.kernel_copy_share <= 1,
-                "a timed link's rates are positive GB/s and the kernel's share is in (0, 1]",
+                    l.kernel_copy_share > 0 && l.kernel_copy_share <= 1 && l.batch_copy_share > 0 &&
+                    l.batch_copy_share <= 1,
+                "a timed link's rates are positive GB/s and the kernel's and batches' shares are in (0, 1]",
                 ferry::named("h2d_gbps", l.h2d_gbps), ferry::named("d2h_gbps", l.d2h_gbps),
                 ferry::named("both_gbps", l.both_gbps), ferry::named("d2d_gbps", l.d2d_gbps),
-                ferry::named("kernel_copy_share", l.kernel_copy_share));
+                ferry::named("kernel_copy_share", l.kernel_copy_share),
+                ferry::named("batch_copy_share", l.batch_copy_share));
   o.timing = timing_of(o.timing);
   return o;
 }
@@ -501,6 +503,8 @@ inline std::uint64_t cpu_device::begin_timed(stream_t r, const detail::cpu_op& o
     case detail::cpu_work::h2d:
     case detail::cpu_work::d2h:
     case detail::cpu_work::d2d:
+    case detail::cpu_work::kernel_h2d:
+    case detail::cpu_work::kernel_d2h:
       return link_.copy(options_.link, r->device, op.work, op.bytes, op.pieces, start, op.issued_ns);
     case detail::cpu_work::kernel: return start + op.cost_ns;
     default: return start;

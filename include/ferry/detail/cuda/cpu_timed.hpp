@@ -34,15 +34,19 @@ struct cpu_link {
   /// against 55.3 (2.8 and 1.6 us), checked by the 1 MiB row (48.1 / 50.3 GB/s).
   std::uint32_t h2d_latency_ns = 2800;
   std::uint32_t d2h_latency_ns = 1650;  ///< see `h2d_latency_ns`
-  /// Each further copy of a batch (`memcpy_batch_async`), ns: the H200's KV block moves of
-  /// 4, 16 and 32 KiB reached 0.22, 0.55 and 0.70 of one contiguous copy (262, 242, 254 ns a block more).
-  std::uint32_t batch_piece_ns = 250;
-  /// The share of the link the block-copy kernel reaches (it loads over the mapping, with no
-  /// engine latency): 0.84 of one contiguous copy at 256 KiB blocks on the H200.
-  double kernel_copy_share = 0.84;
-  /// Host time an asynchronous copy call costs its thread, ns (not measured alone: below the
-  /// 2.64 us per 4 KiB copy back to back, which the engine's latency binds).
-  std::uint32_t copy_call_ns = 1000;
+  /// A batch of several copies (`memcpy_batch_async`) costs each piece this, ns, and moves
+  /// its bytes at `batch_copy_share` of the rate: fitted to the H200's batched KV block moves
+  /// (docs/benchmarks.md, kv: 16 and 256 KiB blocks at 13.6 and 41.6 GB/s; 4 to 64 KiB within 12%).
+  std::uint32_t batch_piece_ns = 870;
+  double batch_copy_share = 0.87;  ///< see `batch_piece_ns`
+  /// The block-copy kernel (it loads over the mapping, on the SMs: no copy engine) costs each
+  /// block this, ns, and moves its bytes at `kernel_copy_share` of the rate: fitted to the
+  /// H200's kernel KV block moves (16 and 256 KiB blocks at 29.1 and 46.1 GB/s; 4 to 64 KiB within 11%).
+  std::uint32_t kernel_piece_ns = 220;
+  double kernel_copy_share = 0.87;  ///< see `kernel_piece_ns`
+  /// Host time an asynchronous copy call costs its thread, ns: one `cudaMemcpyAsync` per 4 or
+  /// 16 KiB block took 2.28 and 2.24 us each on the H200, bound by the host (kv, per block).
+  std::uint32_t copy_call_ns = 2200;
   std::uint32_t launch_call_ns = 3594;  ///< a kernel launch or host function, ns (empty_kernel_launch_host 3.594 us)
   std::uint32_t event_call_ns =
       163;  ///< an event record or stream wait, ns (half of event_record_plus_wait_host 0.326 us)
@@ -64,7 +68,7 @@ struct cpu_link_stats {
 namespace detail {
 
 /// @brief A copy's kind for the timed model: which engine it takes.
-enum class cpu_work : std::uint8_t { other, h2d, d2h, d2d, kernel };
+enum class cpu_work : std::uint8_t { other, h2d, d2h, d2d, kernel, kernel_h2d, kernel_d2h };
 
 /// @brief The busy intervals of one resource of the timed model (a copy engine, the
 /// link), in virtual ns, sorted and disjoint. Work is placed in the earliest gap at or
@@ -149,24 +153,34 @@ class cpu_link_clock {
  public:
   /// @brief Places `pieces` copies of `bytes` in all, in direction `w` (h2d, d2h or d2d),
   /// whose stream is ready at `ready_ns` and whose host issued them at `issued_ns`, on
-  /// device `device`; returns when they end. The first piece costs the engine's latency,
-  /// each further one (a batch) `batch_piece_ns`; 0 pieces: the block-copy kernel's copy,
-  /// at `kernel_copy_share` of the rate. The copy holds its direction's engine from start to
-  /// end, and `bytes / both_gbps` of the link's time within it (in pieces, the link's idle
-  /// time from its start on): two directions at once share `both_gbps`, one alone is bound
-  /// by its engine.
+  /// device `device`; returns when they end. One piece costs the engine's latency; a batch
+  /// `batch_piece_ns` a piece at `batch_copy_share` of the rate; the block-copy kernel's
+  /// (`kernel_h2d`, `kernel_d2h`) `kernel_piece_ns` a block at `kernel_copy_share`. The copy holds its direction's
+  /// engine from start to end, and `bytes / both_gbps` of the link's time within it (in pieces, the link's idle time
+  /// from its start on): two directions at once share `both_gbps`, one alone is bound by its engine.
   std::uint64_t copy(const cpu_link& link, int device, cpu_work w, std::size_t bytes, std::size_t pieces,
                      std::uint64_t ready_ns, std::uint64_t issued_ns) {
     if (w == cpu_work::d2d) return ready_ns + ns_for(bytes, link.d2d_gbps);
     std::lock_guard lock(mutex_);
     if (devices_.size() <= static_cast<std::size_t>(device)) devices_.resize(static_cast<std::size_t>(device) + 1);
-    const std::size_t e = w == cpu_work::h2d ? 0 : 1;
+    const bool kernel = w == cpu_work::kernel_h2d || w == cpu_work::kernel_d2h;
+    const std::size_t e = w == cpu_work::h2d || w == cpu_work::kernel_h2d ? 0 : 1;
     auto& d = devices_[static_cast<std::size_t>(device)];
-    const std::uint64_t fixed =
-        pieces == 0 ? 0 : (e == 0 ? link.h2d_latency_ns : link.d2h_latency_ns) + (pieces - 1) * link.batch_piece_ns;
-    const double rate = (e == 0 ? link.h2d_gbps : link.d2h_gbps) * (pieces == 0 ? link.kernel_copy_share : 1.0);
-    const std::uint64_t alone = fixed + ns_for(bytes, rate);
+    const double full = e == 0 ? link.h2d_gbps : link.d2h_gbps;
+    std::uint64_t alone = 0;
+    if (kernel) {
+      alone = pieces * link.kernel_piece_ns + ns_for(bytes, full * link.kernel_copy_share);
+    } else if (pieces > 1) {
+      alone = pieces * link.batch_piece_ns + ns_for(bytes, full * link.batch_copy_share);
+    } else {
+      alone = (e == 0 ? link.h2d_latency_ns : link.d2h_latency_ns) + ns_for(bytes, full);
+    }
     const std::uint64_t on_link = ns_for(bytes, link.both_gbps);
+    if (kernel) {  // on the SMs: no copy engine, only its share of the link
+      const std::uint64_t end = std::max(ready_ns + alone, d.link.fill(ready_ns, on_link, true));
+      stats_.end_ns = std::max(stats_.end_ns, end);
+      return end;
+    }
     std::uint64_t start = d.engine[e].fit(ready_ns, alone);
     std::uint64_t end = 0;
     for (std::uint64_t len = alone;;) {  // the engine's gap must hold the copy with its share of the link
