@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_model.hpp"
@@ -251,4 +252,84 @@ TEST_CASE("timed CPU model: a link with a rate that is not positive is refused w
   o.link.kernel_copy_share = 0.84;
   o.link.both_gbps = -1;
   CHECK_THROWS_WITH(cpu_device(o), Catch::Contains("both_gbps = -1"));
+  o.link.both_gbps = 1e-300;  // positive, but a 1 MiB copy would take longer than the clock holds
+  CHECK_THROWS_WITH(cpu_device(o), Catch::Contains("both_gbps = 1e-300"));
+  o.link.both_gbps = 90.9;
+  o.link.batch_copy_share = 0;
+  CHECK_THROWS_WITH(cpu_device(o), Catch::Contains("batch_copy_share = 0"));
+}
+
+TEST_CASE("timed CPU model: a wait keeps the time of its record however many records follow it",
+          "[cpu_runtime][timed]") {
+  // Bug (found by a new user): only the last 8 records' times were kept, so a stream that
+  // lagged behind 8 newer records of the event it waited for went on as if it had not waited.
+  cpu_device m(timed_options());
+  const cpu_link& link = m.options().link;
+  std::vector<std::byte> host(4096), dev(4096);
+  const stream_t a = model_stream(m);
+  const stream_t b = model_stream(m);
+  event_t e = nullptr;
+  REQUIRE(ok(m.event_create(&e)));
+  for (const int later_records : {0, 8, 100}) {
+    INFO(later_records << " records after the awaited one");
+    m.hold_streams_except(a);  // `b` reaches its wait only after every record has run
+    const std::uint64_t t0 = m.host_time_ns();
+    m.launch(a, [] {}, std::chrono::milliseconds(1));
+    REQUIRE(ok(m.event_record(e, a)));
+    REQUIRE(ok(m.stream_wait_event(b, e)));
+    REQUIRE(ok(m.memcpy_async(dev.data(), host.data(), 4096, copy_direction::host_to_device, b)));
+    for (int i = 0; i < later_records; ++i) REQUIRE(ok(m.event_record(e, a)));
+    REQUIRE(ok(m.stream_synchronize(a)));
+    m.release_streams();
+    REQUIRE(ok(m.stream_synchronize(b)));
+    const std::uint64_t kernel_end = t0 + link.launch_call_ns + 1'000'000;
+    CHECK(m.host_time_ns() == kernel_end + link.h2d_latency_ns + ns_at(4096, link.h2d_gbps));
+  }
+  REQUIRE(ok(m.event_destroy(e)));
+  REQUIRE(ok(m.stream_destroy(a)));
+  REQUIRE(ok(m.stream_destroy(b)));
+}
+
+TEST_CASE("timed CPU model: past its 4096 busy intervals an engine never hands out a gap it has forgotten",
+          "[cpu_runtime][timed]") {
+  // Bug (found by a new user): the oldest half of an engine's intervals was dropped, and a
+  // copy ready early (another thread's clock starts at 0) landed on copies already there.
+  cpu_device m(timed_options());
+  std::vector<std::byte> host(64), dev(64);
+  const stream_t a = model_stream(m);
+  for (int i = 0; i < 5000; ++i) {
+    REQUIRE(ok(m.memcpy_async(dev.data(), host.data(), 64, copy_direction::host_to_device, a)));
+  }
+  REQUIRE(ok(m.stream_synchronize(a)));
+  const std::uint64_t a_end = m.host_time_ns();
+  std::uint64_t b_end = 0;
+  std::thread([&] {
+    const stream_t b = model_stream(m);
+    (void)m.memcpy_async(dev.data(), host.data(), 64, copy_direction::host_to_device, b);
+    (void)m.stream_synchronize(b);
+    b_end = m.host_time_ns();
+    (void)m.stream_destroy(b);
+  }).join();
+  CHECK(b_end > a_end);  // after every copy of `a` on the engine (their span is busy, gaps or not)
+  const auto st = m.link_stats();
+  CHECK(st.copies[0] == 5001);
+  REQUIRE(ok(m.stream_destroy(a)));
+}
+
+TEST_CASE("timed CPU model: a copy with a null pointer or a size past the address space is refused, not run",
+          "[cpu_runtime][timed]") {
+  cpu_device m(timed_options());
+  std::vector<std::byte> host(4096), dev(4096);
+  const stream_t s = model_stream(m);
+  CHECK(m.memcpy_async(nullptr, host.data(), 4096, copy_direction::host_to_device, s) ==
+        ferry::cpu_errc::invalid_value);
+  CHECK(m.memcpy_async(dev.data(), nullptr, 4096, copy_direction::host_to_device, s) == ferry::cpu_errc::invalid_value);
+  CHECK(m.memcpy_async(dev.data(), host.data() + 10, SIZE_MAX, copy_direction::host_to_device, s) ==
+        ferry::cpu_errc::invalid_value);
+  CHECK(m.memcpy2d_async(nullptr, 64, host.data(), 64, 64, 4, copy_direction::host_to_device, s) ==
+        ferry::cpu_errc::invalid_value);
+  CHECK(ok(m.memcpy_async(dev.data(), host.data(), 0, copy_direction::host_to_device, s)));  // nothing to move
+  REQUIRE(ok(m.stream_synchronize(s)));
+  CHECK(m.link_stats().copies[0] == 1);  // only the empty one ran
+  REQUIRE(ok(m.stream_destroy(s)));
 }

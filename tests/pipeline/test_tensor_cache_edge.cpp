@@ -404,3 +404,87 @@ TEMPLATE_TEST_CASE(
   cache.erase(30, compute);
   compute.synchronize();
 }
+
+TEMPLATE_TEST_CASE(
+    "tensor_cache edge: host memory, a pointer inside an allocation or past its end, and a wrong size are "
+    "refused by store and deallocate, the data kept",
+    "[pipeline][tensor_cache][faults]", FERRY_MODEL_DEVICES) {
+  // Bug (found by a new user): these were accepted and aborted the process later, when the
+  // cache freed the buffer (the arena's free failed in a destructor), or copied past the
+  // allocation. The CPU model knows its allocations: refused at once, with the values.
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks());
+  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
+      sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+  constexpr std::size_t bytes = MiB;
+  void* p = cache.allocate(bytes, compute);
+  produce(compute, p, bytes, 40);
+  cache.store(40, p, bytes, compute);
+  std::vector<std::byte> host(bytes);
+  CHECK_THROWS_WITH(cache.store(41, host.data(), bytes, compute),
+                    Catch::Matchers::Contains("store of memory that is not device memory from `allocate`"));
+  void* q = cache.allocate(8192, compute);
+  CHECK_THROWS_WITH(cache.store(42, static_cast<std::byte*>(q) + 4096, 4096, compute),
+                    Catch::Matchers::Contains("store of a buffer that is not an allocation from `allocate`") &&
+                        Catch::Matchers::Contains("allocation_bytes = 8192"));
+  CHECK_THROWS_WITH(
+      cache.store(43, q, 2 * MiB, compute),
+      Catch::Matchers::Contains("not an allocation from `allocate`") && Catch::Matchers::Contains("bytes = 2097152"));
+  CHECK_THROWS_AS(cache.deallocate(host.data(), bytes, compute), ferry::logic_error);
+  CHECK_THROWS_WITH(cache.deallocate(q, 1, compute),
+                    Catch::Matchers::Contains("deallocate of a buffer that is not an allocation from `allocate` as a "
+                                              "whole"));
+  cache.deallocate(nullptr, 4096, compute);  // nothing to give back, as the arena
+  CHECK_FALSE(cache.contains(41));
+  CHECK_FALSE(cache.contains(42));
+  CHECK_FALSE(cache.contains(43));
+  cache.deallocate(q, 8192, compute);  // the right size is taken
+  CHECK(sum_on(compute, cache.get(40, compute), bytes) == expected_sum(bytes, 40));
+  cache.erase(40, compute);
+  compute.synchronize();
+}
+
+TEMPLATE_TEST_CASE("tensor_cache edge: an offload whose D2H copy failed gives its error at get, never its bytes",
+                   "[pipeline][tensor_cache][faults]", FERRY_MODEL_DEVICES) {
+  // Bug (found by a new user): a D2H that failed after the cache had freed the device copy
+  // left the tensor counted in pinned memory, and `get` handed out the pinned block's
+  // garbage. The copy is refused as it is issued here (the model's fail_copies_after): the
+  // store that pushed it out throws and the tensor stays on the device; a failure found
+  // later makes `get` throw the move's error.
+  TestType dev;
+  INFO(dev.name());
+  auto& compute = dev.stream();
+  auto& sched = dev.scheduler(compute, small_chunks(4 * MiB));
+  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
+      sched, {.keep_last = 1, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+  constexpr std::size_t bytes = 2 * MiB;
+  void* a = cache.allocate(bytes, compute);
+  produce(compute, a, bytes, 50);
+  cache.store(50, a, bytes, compute);  // kept: the last one
+  dev.model().fail_copies_after(0);
+  void* b = cache.allocate(bytes, compute);
+  produce(compute, b, bytes, 51);
+  bool refused = false;
+  try {
+    cache.store(51, b, bytes, compute);  // pushes 50 out: its D2H is refused
+  } catch (const ferry::error&) {
+    refused = true;
+  }
+  dev.model().fail_copies_after(-1);
+  compute.synchronize();
+  sched.synchronize();
+  if (refused) {  // known at once: nothing moved, 50 still on the device and intact
+    CHECK(cache.tier_of(50) == ferry::tier_kind::device);
+    CHECK(sum_on(compute, cache.get(50, compute), bytes) == expected_sum(bytes, 50));
+    cache.deallocate(b, bytes, compute);
+  } else {  // known after the store: 50's bytes are gone, and get says so
+    CHECK(cache.tier_of(50) == ferry::tier_kind::pinned);
+    CHECK_THROWS_AS(cache.get(50, compute), ferry::error);
+    CHECK(sum_on(compute, cache.get(51, compute), bytes) == expected_sum(bytes, 51));
+    cache.erase(51, compute);
+  }
+  cache.erase(50, compute);
+  compute.synchronize();
+}

@@ -210,6 +210,11 @@ class cpu_runtime {
   /// @brief Whether `p` points into a stream-ordered allocation already freed (the model's
   /// own check: CUDA cannot tell; `cpu_device::pointer_freed`).
   [[nodiscard]] bool pointer_freed(const void* p) const { return device_->pointer_freed(p); }
+  /// @brief The stream-ordered allocation `p` points into (the model's own check:
+  /// `cpu_device::allocation_span`); false for memory that is in none.
+  bool allocation_span(const void* p, const void** base, std::size_t* bytes, bool* live) const {
+    return device_->allocation_span(p, base, bytes, live);
+  }
   /// @brief Whether `s` is being captured.
   cpu_status stream_is_capturing(stream_handle s, bool* capturing) const {
     return device_->stream_is_capturing(s, capturing);

@@ -301,7 +301,8 @@ class tensor_cache {
   /// @param bytes the bytes given to `allocate`
   /// @param s     the last stream that used the buffer
   /// @throws ferry::logic_error when `p` is a buffer the cache holds, or (on the CPU model)
-  ///         memory already freed (nothing is freed)
+  ///         memory already freed, host memory, a pointer inside an allocation, or `bytes`
+  ///         not the size given to `allocate` (nothing is freed). A null `p` does nothing.
   void deallocate(void* p, std::size_t bytes, stream_type s) { engine_.deallocate(p, bytes, s); }
 
   /// @brief Takes ownership of the device tensor `p` (`bytes` bytes, written by work
@@ -310,7 +311,8 @@ class tensor_cache {
   /// @throws ferry::logic_error (a key already stored, null `p`, `bytes` not a multiple of
   ///         the element size, `p` in memory of another device than the scheduler's:
   ///         `buffer_device`, `cache_device`; on the CPU model, `p` in memory already freed,
-  ///         such as a buffer stored before and offloaded), naming the key; ferry::out_of_capacity for a tensor no
+  ///         such as a buffer stored before and offloaded, host memory, a pointer inside an
+  ///         allocation or `bytes` past its end), naming the key; ferry::out_of_capacity for a tensor no
   ///         tier below the device can ever hold, or when the tensor this store pushes out
   ///         of the window cannot be demoted (both keys named); the scheduler's errors.
   ///         Whatever it throws, nothing changed: the key is not stored and `p` is the

@@ -90,6 +90,17 @@ inline bool cpu_device::pointer_freed(const void* p) {
   return o != owner_of_.end() && o->second->blocks.at(o->first).state != detail::cpu_block::live;
 }
 
+inline bool cpu_device::allocation_span(const void* p, const void** base, std::size_t* bytes, bool* live) {
+  std::lock_guard lock(pool_mutex_);
+  const auto o = allocation_of(p);
+  if (o == owner_of_.end()) return false;
+  const detail::cpu_block& b = o->second->blocks.at(o->first);
+  *base = o->first;
+  *bytes = b.bytes;
+  *live = b.state == detail::cpu_block::live;
+  return true;
+}
+
 inline cpu_device::status cpu_device::check_access(const void* p, std::size_t n, stream_t s, const char* role,
                                                    bool registrations) {
   if (p == nullptr || n == 0) return {};

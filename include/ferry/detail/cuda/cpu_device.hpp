@@ -50,6 +50,8 @@ inline cpu_device::status cpu_device::memcpy_async(void* dst, const void* src, s
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   prior_uses().clear();
+  const auto wraps = [n](const void* p) { return n > ~std::uintptr_t{0} - reinterpret_cast<std::uintptr_t>(p); };
+  if (n > 0 && (dst == nullptr || src == nullptr || wraps(dst) || wraps(src))) return {cpu_errc::invalid_value};
   if (status st = check_copy(dst, src, n, s); !(st == cpu_errc::success)) return st;
   if (fail_copies_after_.load() == 0) return {cpu_errc::invalid_value};
   if (fail_copies_after_.load() > 0) --fail_copies_after_;
@@ -67,6 +69,7 @@ inline cpu_device::status cpu_device::memcpy2d_async(void* dst, std::size_t dpit
   if (refused()) return {cpu_errc::not_permitted};
   if (foreign(s)) return {cpu_errc::invalid_resource_handle};
   if (dpitch < width || spitch < width) return {cpu_errc::invalid_pitch};  // as CUDA checks
+  if (height > 0 && width > 0 && (dst == nullptr || src == nullptr)) return {cpu_errc::invalid_value};
   prior_uses().clear();
   if (height > 0 && width > 0) {  // the footprints: first row to the end of the last
     const std::size_t most = ~std::size_t{0};
@@ -115,9 +118,12 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
   clock.merge(thread_clock());
   clock.set(s->id, clock.at(s->id) + 1);
   std::uint64_t gen = 0;
+  std::shared_ptr<std::atomic<std::uint64_t>> time;  // timed: when this record passes
+  if (options_.timing == cpu_timing::timed) time = std::make_shared<std::atomic<std::uint64_t>>(0);
   {
     std::lock_guard lock(events_mutex_);
     gen = ++ev->recorded;
+    ev->time = time;
     ev->pending.emplace_back(gen, s);
     ev->captured.clear();  // only the latest record is ever waited for from now on
     if (origin != nullptr) ev->captured[gen] = origin;
@@ -127,7 +133,7 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
   spend(options_.link.event_call_ns);
   enqueue(
       s,
-      [this, ev, gen, s] {
+      [this, ev, gen, s, time] {
     std::exception_ptr error;
     {
       std::lock_guard lock(s->mutex);
@@ -137,10 +143,7 @@ inline cpu_device::status cpu_device::event_record(event_t e, stream_t s) {
       std::lock_guard lock(events_mutex_);
       std::erase_if(ev->pending, [gen](const auto& entry) { return entry.first == gen; });
       if (error) ev->failed[gen] = error;
-      if (options_.timing == cpu_timing::timed) {  // when the record passed, for its waits
-        if (ev->times.size() >= 8) ev->times.erase(ev->times.begin());
-        ev->times.emplace_back(gen, s->vt_ns.load());
-      }
+      if (time) time->store(s->vt_ns.load());  // timed: when it passed, for its waits
     }
     events_cv_.notify_all();
       },
@@ -158,7 +161,7 @@ inline cpu_device::status cpu_device::event_query(event_t e) {
     if (!e->passed(e->recorded)) return {cpu_errc::not_ready};
     if (std::exception_ptr error = e->error_of(e->recorded)) return of(std::move(error));
     if (e->clock_of == e->recorded) seen = e->clock;  // published with the record
-    ends = e->time_of(e->recorded);
+    if (e->time) ends = e->time->load();
   }
   host_saw(seen);
   host_reached(ends);
@@ -177,9 +180,10 @@ inline cpu_device::status cpu_device::event_synchronize(event_t e) {
   // The order the awaited record comes after, kept before the wait (a later record replaces it).
   std::optional<detail::cpu_clock> seen;
   if (e->clock_of == target) seen = e->clock;
+  const std::shared_ptr<std::atomic<std::uint64_t>> time = e->time;  // the awaited record's
   events_cv_.wait(lock, [&] { return e->passed(target); });
   if (std::exception_ptr error = e->error_of(target)) return of(std::move(error));
-  const std::uint64_t ends = e->time_of(target);
+  const std::uint64_t ends = time ? time->load() : 0;
   lock.unlock();
   if (seen) host_saw(*seen);
   host_reached(ends);
@@ -193,9 +197,11 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   std::uint64_t target = 0;
   const detail::cpu_stream_state* joins = nullptr;
   detail::cpu_clock after;
+  std::shared_ptr<std::atomic<std::uint64_t>> time;  // timed: when that record passes
   {
     std::lock_guard lock(events_mutex_);
     target = ev->recorded;  // the record before this call; none: complete at once
+    time = ev->time;
     if (ev->clock_of == target) after = ev->clock;  // published with the record
     auto c = ev->captured.find(target);
     if (c != ev->captured.end()) joins = c->second;
@@ -208,7 +214,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
   spend(options_.link.event_call_ns);
   enqueue(
       s,
-      [this, ev, target, s] {
+      [this, ev, target, s, time] {
         std::exception_ptr error;
         {
           std::unique_lock lock(events_mutex_);
@@ -220,7 +226,7 @@ inline cpu_device::status cpu_device::stream_wait_event(stream_t s, event_t e) {
             lock.lock();
           }
           error = ev->error_of(target);
-          raise(s, ev->time_of(target));  // timed: the stream goes on once the record has passed
+          if (time) raise(s, time->load());  // timed: the stream goes on once the record has passed
         }
         if (error) fail(s, error);  // the error spreads along the wait
       },
@@ -395,11 +401,11 @@ inline cpu_options cpu_device::checked(cpu_options o) {
                 "a slow device copies at least 1 byte per microsecond and costs at most 1 s per operation",
                 ferry::named("slow_bytes_per_us", o.slow_bytes_per_us), ferry::named("slow_op_us", o.slow_op_us));
   const cpu_link& l = o.link;
-  const auto rate = [](double v) { return v > 0 && v < 1e6; };  // GB/s; also refuses NaN
+  const auto rate = [](double v) { return v >= 1e-3 && v <= 1e6; };  // GB/s, 1 MB/s to 1 PB/s; refuses NaN
   FERRY_EXPECTS(rate(l.h2d_gbps) && rate(l.d2h_gbps) && rate(l.both_gbps) && rate(l.d2d_gbps) &&
                     l.kernel_copy_share > 0 && l.kernel_copy_share <= 1 && l.batch_copy_share > 0 &&
                     l.batch_copy_share <= 1,
-                "a timed link's rates are positive GB/s and the kernel's and batches' shares are in (0, 1]",
+                "a timed link's rates are 0.001 to 10^6 GB/s and the kernel's and batches' shares are in (0, 1]",
                 ferry::named("h2d_gbps", l.h2d_gbps), ferry::named("d2h_gbps", l.d2h_gbps),
                 ferry::named("both_gbps", l.both_gbps), ferry::named("d2d_gbps", l.d2d_gbps),
                 ferry::named("kernel_copy_share", l.kernel_copy_share),

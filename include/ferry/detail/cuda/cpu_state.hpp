@@ -227,13 +227,9 @@ struct cpu_event {
   std::map<std::uint64_t, const cpu_stream_state*> captured;
   cpu_clock clock;  // the stream order the record numbered clock_of comes after
   std::uint64_t clock_of = 0;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> times;  // timed: when recent records passed (virtual ns)
-  [[nodiscard]] std::uint64_t time_of(std::uint64_t gen) const {
-    for (const auto& [g, ns] : times) {
-      if (g == gen) return ns;
-    }
-    return 0;
-  }
+  // Timed: when the latest record passed (virtual ns), shared with the waits made on it
+  // (a later record gets a new one: no wait loses the time of the record it waits for).
+  std::shared_ptr<std::atomic<std::uint64_t>> time;
   [[nodiscard]] const cpu_stream_state* pending_on(std::uint64_t gen) const {
     for (const auto& [g, s] : pending) {
       if (g == gen) return s;

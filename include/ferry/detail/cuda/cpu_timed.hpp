@@ -31,7 +31,7 @@ struct cpu_link {
   double both_gbps = 90.9;   ///< both directions at once, in total, GB/s (two streams: 90.91)
   double d2d_gbps = 2122.9;  ///< a device -> device copy, GB/s (no copy engine; d2d_copy 2122.9)
   /// A copy engine's fixed cost per copy, ns: the 64 KiB copies' 16.6 GB/s H2D and 23.7 GB/s D2H
-  /// against 55.3 (2.8 and 1.6 us), checked by the 1 MiB row (48.1 / 50.3 GB/s).
+  /// against 55.3 (2.8 and 1.58 us; 1.65 fits the 1 MiB row's 50.3 GB/s too), checked by the 1 MiB row (48.1 GB/s H2D).
   std::uint32_t h2d_latency_ns = 2800;
   std::uint32_t d2h_latency_ns = 1650;  ///< see `h2d_latency_ns`
   /// A batch of several copies (`memcpy_batch_async`) costs each piece this, ns, and moves
@@ -102,7 +102,11 @@ class cpu_calendar {
     if (e <= b) return;
     auto it = std::lower_bound(busy_.begin(), busy_.end(), std::pair{b, e});
     busy_.insert(it, {b, e});
-    if (busy_.size() > max_intervals) busy_.erase(busy_.begin(), busy_.begin() + max_intervals / 2);  // the oldest
+    if (busy_.size() > max_intervals) {  // the oldest half becomes one busy span: no gap there is handed out again
+      const std::size_t half = max_intervals / 2;
+      busy_[half - 1] = {busy_.front().first, busy_[half - 1].second};
+      busy_.erase(busy_.begin(), busy_.begin() + static_cast<std::ptrdiff_t>(half - 1));
+    }
   }
   /// @brief When `need` ns of idle time from `from` on have passed (idle time in pieces,
   /// a share of a link); with `take`, marks those pieces busy.
@@ -217,8 +221,9 @@ class cpu_link_clock {
   }
 
  private:
-  static std::uint64_t ns_for(std::size_t bytes, double gbps) {
-    return static_cast<std::uint64_t>(static_cast<double>(bytes) / gbps + 0.5);  // GB/s == bytes/ns
+  static std::uint64_t ns_for(std::size_t bytes, double gbps) {  // GB/s == bytes/ns; at most about 292 years
+    const double ns = static_cast<double>(bytes) / gbps + 0.5;
+    return ns < 9.2e18 ? static_cast<std::uint64_t>(ns) : std::uint64_t{9'200'000'000'000'000'000u};
   }
   struct device_calendars {
     cpu_calendar engine[2];  // H2D, D2H

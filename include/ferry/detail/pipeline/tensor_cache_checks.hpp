@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
+#include <string>
 #include <utility>
 
 namespace ferry::detail {
@@ -41,6 +42,32 @@ template <class Api>
   } else {
     return false;
   }
+}
+
+// Whether `p` and `bytes` are a whole allocation of the cache's device memory: found
+// (false: host memory, or another device object's), starting at `p`, holding `bytes`,
+// and (`exact`, for deallocate) allocated with `bytes` rounded to `alignment` (the arena's
+// accounting). Only the CPU model can tell (`cpu_runtime::allocation_span`); under CUDA
+// everything passes, and the copy or the free fails instead.
+struct allocation_check {
+  bool found = true;
+  bool whole = true;
+  const void* base = nullptr;
+  std::size_t bytes = 0;
+};
+template <class Api>
+[[nodiscard]] allocation_check check_allocation(const Api& api, const void* p, std::size_t bytes, std::size_t alignment,
+                                                bool exact) {
+  allocation_check a;
+  if constexpr (requires(const void** b, std::size_t* n, bool* l) { api.allocation_span(p, b, n, l); }) {
+    bool live = false;
+    a.found = api.allocation_span(p, &a.base, &a.bytes, &live);
+    const std::size_t rounded = alignment == 0 ? bytes : (bytes + alignment - 1) / alignment * alignment;
+    a.whole = !a.found || (a.base == p && bytes <= a.bytes && (!exact || rounded == a.bytes));
+  } else {
+    (void)api, (void)p, (void)bytes, (void)alignment, (void)exact;
+  }
+  return a;
 }
 
 // Refuses, at `store`, a buffer of another device than the cache's (its scheduler's):

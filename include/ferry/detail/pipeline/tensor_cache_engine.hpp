@@ -66,6 +66,7 @@ class tensor_cache_engine {
   [[nodiscard]] void* allocate(std::size_t bytes, stream_type s) { return moves_.device().allocate(bytes, s); }
 
   void deallocate(void* p, std::size_t bytes, stream_type s) {
+    if (p == nullptr) return;  // as the arena: nothing to give back
     for (const auto& [k, r] : records_) {
       FERRY_EXPECTS(r->device != p, "tensor_cache::deallocate of a buffer the cache holds (erase it instead)",
                     named("key", k), p);
@@ -74,6 +75,14 @@ class tensor_cache_engine {
                   "tensor_cache::deallocate of device memory already freed (a stored buffer is freed by the cache "
                   "once it is offloaded, and by `erase`)",
                   p, bytes);
+    const allocation_check a = check_allocation(sched().backend().api(), p, bytes, moves_.device().alignment(), true);
+    FERRY_EXPECTS(a.found,
+                  "tensor_cache::deallocate of memory that is not device memory from `allocate` (host memory?)", p,
+                  bytes);
+    FERRY_EXPECTS(a.whole,
+                  "tensor_cache::deallocate of a buffer that is not an allocation from `allocate` as a whole: give the "
+                  "pointer and the bytes `allocate` was given",
+                  p, bytes, named("allocation", a.base), named("allocation_bytes", a.bytes));
     moves_.device().deallocate(p, bytes, s);
   }
 
@@ -95,6 +104,13 @@ class tensor_cache_engine {
       FERRY_EXPECTS(same->second->bytes == bytes, "tensor_cache::store: the same buffer stored again with another size",
                     key, bytes, named("stored_bytes", same->second->bytes), named("stored_as", same->second->key));
     } else {
+      const allocation_check a = check_allocation(sched().backend().api(), p, bytes, 0, false);
+      FERRY_EXPECTS(a.found, "tensor_cache::store of memory that is not device memory from `allocate` (host memory?)",
+                    key, p, bytes);
+      FERRY_EXPECTS(a.whole,
+                    "tensor_cache::store of a buffer that is not an allocation from `allocate`: it must start where "
+                    "`allocate` returned and fit in what it was given",
+                    key, p, bytes, named("allocation", a.base), named("allocation_bytes", a.bytes));
       refuse_unplaceable(plan_, key, bytes, *host_, HasNvme ? nvme_ : nullptr);  // tensor_cache_checks.hpp
     }
     // A tensor that stays on the device is handed out as it is: a `get` (or the free of

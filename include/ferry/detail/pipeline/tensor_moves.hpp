@@ -131,7 +131,10 @@ class tensor_moves {
         src = staging;
       }
       if (block != nullptr) {
-        r.moves.out = sched_->to_host(block, src, r.encoded, producer);
+        ticket_type out = sched_->to_host(block, src, r.encoded, producer);
+        // Refused as it was issued (known at once): the tensor stays on the device, nothing freed.
+        if (out.ready() && out.error() != nullptr) std::rethrow_exception(out.error());
+        r.moves.out = std::move(out);
         r.host = std::exchange(block, nullptr);
         if (!host_->is_pinned(r.host)) ++stats_.pageable_offloads;  // a D2H into pageable memory: slow, may block
       } else {
@@ -178,6 +181,10 @@ class tensor_moves {
   void fetch(const record_ptr& p, std::size_t from, bool ahead) {
     record& r = *p;
     const stream_type h2d = sched_->h2d();
+    // An offload whose D2H failed after the device copy was freed: the pinned bytes are not
+    // the tensor. Its error, never those bytes (docs/reliability.md).
+    if (from == tier_index(tier_kind::pinned) && r.moves.out.ready() && r.moves.out.error() != nullptr)
+      std::rethrow_exception(r.moves.out.error());
     if (from == tier_index(tier_kind::pinned))
       r.moves.out.enqueue_wait(h2d);  // the block is complete before it is read
     void* dst = device_->allocate(r.bytes, h2d);
