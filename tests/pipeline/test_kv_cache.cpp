@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -141,6 +142,32 @@ TEMPLATE_TEST_CASE("kv_cache: a block is offloaded only after the kernel that wr
   rig.check_nothing_leaked();
 }
 
+// The first of one-block requests 0 .. n-1 whose block is on NVMe, or -1.
+template <class Cache>
+int first_on_disk(const Cache& cache, int n) {
+  for (int r = 0; r < n; ++r) {
+    const auto p = cache.lookup(tokens_of(r, 1));
+    if (p.tokens == bt && p.tiers[0] == ferry::tier_kind::nvme) return r;
+  }
+  return -1;
+}
+
+// Every one-block request of `requests` but `except` still cached comes back whole and
+// intact (one dropped past the last tier is skipped: never lost silently, `dropped` says).
+template <class Cache, class Stream>
+void check_one_block_requests(Cache& cache, std::initializer_list<int> requests, int except, Stream& compute) {
+  for (const int r : requests) {
+    if (r == except) continue;
+    INFO("request " << r);
+    const auto t = tokens_of(r, 1);
+    if (cache.lookup(t).tokens == 0) continue;
+    auto seq = cache.admit(t);
+    CHECK(seq.cached_tokens() == bt);
+    CHECK(blocks_intact(cache, seq, t, compute));
+    cache.release(seq, compute);
+  }
+}
+
 TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a failed read loses no other block",
                    "[pipeline][kv][faults]", FERRY_TEST_DEVICES) {
   auto plan = std::make_shared<ferry::io::fault_plan>();
@@ -166,11 +193,7 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a fa
     // A block on NVMe whose read back fails: the sequence's wait reports it, and the
     // block is discarded (never served as garbage); every other block stays intact.
     for (int r = 4; r < 8; ++r) serve(cache, tokens_of(r, 1), compute);
-    int on_disk = -1;
-    for (int r = 0; r < 8 && on_disk < 0; ++r) {
-      const auto p = cache.lookup(tokens_of(r, 1));
-      if (p.tokens == bt && p.tiers[0] == ferry::tier_kind::nvme) on_disk = r;
-    }
+    const int on_disk = first_on_disk(cache, 8);
     REQUIRE(on_disk >= 0);
     plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO, .times = ferry::io::fault::forever});
     {
@@ -181,16 +204,7 @@ TEMPLATE_TEST_CASE("kv_cache: a full disk keeps the block in pinned memory, a fa
     plan->clear();
     serve(cache, tokens_of(9, 1), compute);  // any call settles the failed read
     CHECK(cache.lookup(tokens_of(on_disk, 1)).tokens == 0);
-    for (int r = 0; r < 8; ++r) {
-      if (r == on_disk) continue;
-      INFO("request " << r);
-      const auto t = tokens_of(r, 1);
-      if (cache.lookup(t).tokens == 0) continue;  // dropped past the last tier, never lost silently
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == bt);
-      CHECK(blocks_intact(cache, seq, t, compute));
-      cache.release(seq, compute);
-    }
+    check_one_block_requests(cache, {0, 1, 2, 3, 4, 5, 6, 7}, on_disk, compute);
     CHECK(cache.stats().dropped == 0);
     settle(sched, compute);
   }
@@ -211,11 +225,7 @@ TEMPLATE_TEST_CASE(
   {
     kv_of<TestType, faulty_tier> cache(sched, rig.tiers(), shape(2, 2, 8));
     for (int r = 0; r < 6; ++r) serve(cache, tokens_of(r, 1), compute);  // 2 on the device, 2 pinned, 2 on NVMe
-    int on_disk = -1;
-    for (int r = 0; r < 6 && on_disk < 0; ++r) {
-      const auto p = cache.lookup(tokens_of(r, 1));
-      if (p.tokens == bt && p.tiers[0] == ferry::tier_kind::nvme) on_disk = r;
-    }
+    const int on_disk = first_on_disk(cache, 6);
     REQUIRE(on_disk >= 0);
     // The first read back fails at once; the others take 200 ms each.
     const std::size_t failed = plan->add({.call = ferry::io::syscall_kind::pread, .error = EIO});
@@ -235,16 +245,7 @@ TEMPLATE_TEST_CASE(
     CHECK(plan->fired(slow) >= 2);  // the block's other layers were read, slowly
     plan->clear();
     CHECK(cache.lookup(tokens_of(on_disk, 1)).tokens == 0);
-    for (const int r : {9, 0, 1, 2, 3, 4, 5}) {
-      if (r == on_disk) continue;
-      INFO("request " << r);
-      const auto t = tokens_of(r, 1);
-      if (cache.lookup(t).tokens == 0) continue;  // dropped past the last tier, never lost silently
-      auto seq = cache.admit(t);
-      CHECK(seq.cached_tokens() == bt);
-      CHECK(blocks_intact(cache, seq, t, compute));
-      cache.release(seq, compute);
-    }
+    check_one_block_requests(cache, {9, 0, 1, 2, 3, 4, 5}, on_disk, compute);
     CHECK(cache.stats().dropped == 0);
     settle(sched, compute);
   }
