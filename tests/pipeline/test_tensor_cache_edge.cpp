@@ -27,6 +27,8 @@ using ferry_test::scratch_path;
 using namespace ferry_test;  // the shared pipeline-test helpers (backend_harness.hpp)
 
 using faulty_tier = ferry::basic_nvme_tier<ferry::io::faulty_syscalls<>, ferry::io::thread_pool_engine>;
+// A two-tier cache on the CPU model's tiers, in every build (the default one is CUDA's there).
+using model_cache = ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
 
 using lru_no_prefetch = ferry_test::recipe<int, true, ferry::lru<int>, ferry::no_prefetch>;
 
@@ -384,8 +386,7 @@ TEMPLATE_TEST_CASE(
   INFO(dev.name());
   auto& compute = dev.stream();
   auto& sched = dev.scheduler(compute, small_chunks());
-  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
-      sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+  model_cache cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
   constexpr std::size_t bytes = 2 * MiB;
   void* p = cache.allocate(bytes, compute);
   produce(compute, p, bytes, 30);
@@ -416,8 +417,7 @@ TEMPLATE_TEST_CASE(
   INFO(dev.name());
   auto& compute = dev.stream();
   auto& sched = dev.scheduler(compute, small_chunks());
-  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
-      sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+  model_cache cache(sched, {.keep_last = 0, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
   constexpr std::size_t bytes = MiB;
   void* p = cache.allocate(bytes, compute);
   produce(compute, p, bytes, 40);
@@ -457,8 +457,7 @@ TEMPLATE_TEST_CASE("tensor_cache edge: an offload whose D2H copy failed gives it
   INFO(dev.name());
   auto& compute = dev.stream();
   auto& sched = dev.scheduler(compute, small_chunks(4 * MiB));
-  ferry::tensor_cache<int, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>> cache(
-      sched, {.keep_last = 1, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
+  model_cache cache(sched, {.keep_last = 1, .device_budget_bytes = 32 * MiB, .pinned_budget_bytes = 16 * MiB});
   constexpr std::size_t bytes = 2 * MiB;
   void* a = cache.allocate(bytes, compute);
   produce(compute, a, bytes, 50);

@@ -145,13 +145,11 @@ class cpu_device : public std::enable_shared_from_this<cpu_device> {
   /// (`cudaPointerGetAttributes`' device); -1 for memory no pool of this object holds
   /// (host memory, another device object's).
   status pointer_device(const void* p, int* device);
-  /// @brief Whether `p` points into a stream-ordered allocation whose free was asked for
-  /// (queued or run): memory the program no longer owns. No CUDA call tells this; the
-  /// model answers it so that a buffer handed over and freed is refused where it is
-  /// passed again (`tensor_cache::store`), not where its second free aborts.
-  [[nodiscard]] bool pointer_freed(const void* p);
   /// @brief The stream-ordered allocation `p` points into, live or freed: its start, its bytes and
-  /// whether it is live. False (nothing written): `p` is not in one (host memory, another model's).
+  /// whether it is live (not live: its free was asked for, queued or run). False (nothing written):
+  /// `p` is not in one (host memory, another model's). No CUDA call tells all this; the model answers
+  /// it so that a buffer freed, or not one allocation, is refused where it is passed
+  /// (`tensor_cache::store`), not where its copy or second free fails.
   bool allocation_span(const void* p, const void** base, std::size_t* bytes, bool* live);
 
   /// @brief Whether device `device` has stream-ordered memory pools (`set_memory_pools_supported`).

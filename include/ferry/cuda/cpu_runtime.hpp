@@ -207,9 +207,6 @@ class cpu_runtime {
   /// @brief The device of the stream-ordered allocation `p` points into (as
   /// `cudaPointerGetAttributes`), -1 for host memory.
   cpu_status pointer_device(const void* p, int* device) const { return device_->pointer_device(p, device); }
-  /// @brief Whether `p` points into a stream-ordered allocation already freed (the model's
-  /// own check: CUDA cannot tell; `cpu_device::pointer_freed`).
-  [[nodiscard]] bool pointer_freed(const void* p) const { return device_->pointer_freed(p); }
   /// @brief The stream-ordered allocation `p` points into (the model's own check:
   /// `cpu_device::allocation_span`); false for memory that is in none.
   bool allocation_span(const void* p, const void** base, std::size_t* bytes, bool* live) const {

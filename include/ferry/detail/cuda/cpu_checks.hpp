@@ -84,12 +84,6 @@ inline cpu_device::status cpu_device::pointer_device(const void* p, int* device)
   return {};
 }
 
-inline bool cpu_device::pointer_freed(const void* p) {
-  std::lock_guard lock(pool_mutex_);
-  const auto o = allocation_of(p);
-  return o != owner_of_.end() && o->second->blocks.at(o->first).state != detail::cpu_block::live;
-}
-
 inline bool cpu_device::allocation_span(const void* p, const void** base, std::size_t* bytes, bool* live) {
   std::lock_guard lock(pool_mutex_);
   const auto o = allocation_of(p);

@@ -1,8 +1,8 @@
 /// @file
 /// @brief The virtual clock of a `ferry::cpu_device` under `cpu_timing::timed` (private to
-/// ferry; its public types, `ferry::cpu_link` and `ferry::cpu_link_stats`, are documented
-/// here and re-exported by cuda/cpu_device_decl.hpp): the copy engines of each device, the
-/// host threads' clocks and the arithmetic of a copy's time over the link.
+/// ferry; its public types, `ferry::cpu_link` and `ferry::cpu_link_stats`, are in
+/// cuda/cpu_options.hpp): the copy engines of each device, the host threads' clocks and
+/// the arithmetic of a copy's time over the link.
 ///
 /// The model charges time without spending it: every operation still runs at once on its
 /// stream's worker, and a clock of nanoseconds beside it says when it would have run on
@@ -12,6 +12,8 @@
 /// (an H200 on PCIe 5 x16) and `docs/transfers.md#the-timed-model`.
 #pragma once
 
+#include "ferry/cuda/cpu_options.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -20,50 +22,6 @@
 #include <vector>
 
 namespace ferry {
-
-/// @brief The link and call costs a `cpu_device` charges under `cpu_timing::timed`.
-/// Defaults: one H200 on PCIe 5 x16 (docs/anchors/h200-2026-11-30.txt). A copy of `n` bytes
-/// in one direction takes `latency + n / rate` on that direction's copy engine, one copy
-/// after another; while the other direction's engine is busy too, both share `both_gbps`.
-struct cpu_link {
-  double h2d_gbps = 55.3;    ///< host -> device rate, GB/s (pinned, 256 MiB copies: 55.3)
-  double d2h_gbps = 55.3;    ///< device -> host rate, GB/s (55.3)
-  double both_gbps = 90.9;   ///< both directions at once, in total, GB/s (two streams: 90.91)
-  double d2d_gbps = 2122.9;  ///< a device -> device copy, GB/s (no copy engine; d2d_copy 2122.9)
-  /// A copy engine's fixed cost per copy, ns: the 64 KiB copies' 16.6 GB/s H2D and 23.7 GB/s D2H
-  /// against 55.3 (2.8 and 1.58 us; 1.65 fits the 1 MiB row's 50.3 GB/s too), checked by the 1 MiB row (48.1 GB/s H2D).
-  std::uint32_t h2d_latency_ns = 2800;
-  std::uint32_t d2h_latency_ns = 1650;  ///< see `h2d_latency_ns`
-  /// A batch of several copies (`memcpy_batch_async`) costs each piece this, ns, and moves
-  /// its bytes at `batch_copy_share` of the rate: fitted to the H200's batched KV block moves
-  /// (docs/benchmarks.md, kv: 16 and 256 KiB blocks at 13.6 and 41.6 GB/s; 4 to 64 KiB within 12%).
-  std::uint32_t batch_piece_ns = 870;
-  double batch_copy_share = 0.87;  ///< see `batch_piece_ns`
-  /// The block-copy kernel (it loads over the mapping, on the SMs: no copy engine) costs each
-  /// block this, ns, and moves its bytes at `kernel_copy_share` of the rate: fitted to the
-  /// H200's kernel KV block moves (16 and 256 KiB blocks at 29.1 and 46.1 GB/s; 4 to 64 KiB within 11%).
-  std::uint32_t kernel_piece_ns = 220;
-  double kernel_copy_share = 0.87;  ///< see `kernel_piece_ns`
-  /// Host time an asynchronous copy call costs its thread, ns: one `cudaMemcpyAsync` per 4 or
-  /// 16 KiB block took 2.28 and 2.24 us each on the H200, bound by the host (kv, per block).
-  std::uint32_t copy_call_ns = 2200;
-  std::uint32_t launch_call_ns = 3594;  ///< a kernel launch or host function, ns (empty_kernel_launch_host 3.594 us)
-  std::uint32_t event_call_ns =
-      163;  ///< an event record or stream wait, ns (half of event_record_plus_wait_host 0.326 us)
-};
-
-/// @brief What the copy engines of a timed `cpu_device` did (`cpu_device::link_stats`), in
-/// virtual nanoseconds. Index 0: host -> device, 1: device -> host.
-struct cpu_link_stats {
-  std::uint64_t copies[2]{};   ///< copies run
-  std::uint64_t bytes[2]{};    ///< bytes they moved
-  std::uint64_t busy_ns[2]{};  ///< time the engine was copying
-  /// Time the engine sat idle while a copy had been issued to it but could not start (its
-  /// stream was still busy with earlier work, or waited for an event): what a pipeline
-  /// loses to its own ordering.
-  std::uint64_t idle_queued_ns[2]{};
-  std::uint64_t end_ns = 0;  ///< when the last copy ended
-};
 
 namespace detail {
 

@@ -33,13 +33,17 @@ void tell_observer(const Observer& observer, const Event& e, Count& failures) no
 
 // Whether `p` points into device memory already freed (the cache frees a stored buffer
 // once it has offloaded it; or its owner freed it): taken again, it would be read from
-// freed memory and freed twice. Only the CPU model can tell (`cpu_runtime::pointer_freed`);
+// freed memory and freed twice. Only the CPU model can tell (`cpu_runtime::allocation_span`);
 // under CUDA the second free fails (the destructor error handler).
 template <class Api>
 [[nodiscard]] bool pointer_freed(const Api& api, const void* p) {
-  if constexpr (requires { api.pointer_freed(p); }) {
-    return api.pointer_freed(p);
+  if constexpr (requires(const void** b, std::size_t* n, bool* l) { api.allocation_span(p, b, n, l); }) {
+    const void* base = nullptr;
+    std::size_t bytes = 0;
+    bool live = false;
+    return api.allocation_span(p, &base, &bytes, &live) && !live;
   } else {
+    (void)api, (void)p;
     return false;
   }
 }
