@@ -10,7 +10,9 @@
 //     adds to a move; the budget is a small fraction of the ~2.6 us one real
 //     cudaMemcpyAsync costs the host on the H200 machine (docs/anchors/h200-2026-11-30.txt).
 // (b) With a GPU only (CUDA builds, registered when a device is present): the real
-//     `stream_scheduler::to_device` of 4 KiB against cudaMemcpyAsync + cudaEventRecord.
+//     `stream_scheduler::to_device` of 4 KiB against cudaMemcpyAsync + cudaEventRecord,
+//     the event made as a hand-written loop makes it and as ferry makes its own
+//     (cudaEventBlockingSync: `_blocking`), so the flag's share of ferry's cost shows.
 // (c) The GPU-less path: `cpu_executor::to_device` of one 4 KiB chunk and its `wait()`
 //     (a round trip to the lane's thread), against a 4 KiB memcpy.
 //
@@ -479,7 +481,10 @@ void BM_gpu_ferry_to_device(benchmark::State& state) {
   (void)cudaFreeHost(host);
 }
 
-void BM_gpu_raw_memcpy_record(benchmark::State& state) {
+// `flags`: the event's flags: cudaEventDisableTiming (what a hand-written loop uses), or
+// with cudaEventBlockingSync as well (ferry's events: a host wait sleeps until the device
+// interrupts instead of spinning), so the pair shows what the flag costs per record.
+void raw_memcpy_record(benchmark::State& state, unsigned flags) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   void* host = nullptr;
   void* device = nullptr;
@@ -487,7 +492,7 @@ void BM_gpu_raw_memcpy_record(benchmark::State& state) {
   cudaEvent_t e = nullptr;
   if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess || cudaMalloc(&device, bytes) != cudaSuccess ||
       cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      cudaEventCreateWithFlags(&e, flags) != cudaSuccess) {
     state.SkipWithError("CUDA setup failed");
     return;
   }
@@ -509,6 +514,12 @@ void BM_gpu_raw_memcpy_record(benchmark::State& state) {
   (void)cudaFreeHost(host);
 }
 
+void BM_gpu_raw_memcpy_record(benchmark::State& state) { raw_memcpy_record(state, cudaEventDisableTiming); }
+
+void BM_gpu_raw_memcpy_record_blocking(benchmark::State& state) {
+  raw_memcpy_record(state, cudaEventDisableTiming | cudaEventBlockingSync);
+}
+
 #endif  // FERRY_HAS_CUDA
 
 }  // namespace
@@ -521,6 +532,9 @@ int main(int argc, char** argv) {
   if (ferry::device_count() > 0) {
     benchmark::RegisterBenchmark("BM_gpu_ferry_to_device", BM_gpu_ferry_to_device)->Arg(4096)->UseRealTime();
     benchmark::RegisterBenchmark("BM_gpu_raw_memcpy_record", BM_gpu_raw_memcpy_record)->Arg(4096)->UseRealTime();
+    benchmark::RegisterBenchmark("BM_gpu_raw_memcpy_record_blocking", BM_gpu_raw_memcpy_record_blocking)
+        ->Arg(4096)
+        ->UseRealTime();
   } else {
     benchmark::AddCustomContext("gpu", "none: BM_gpu_* (real stream_scheduler vs cudaMemcpyAsync) not registered");
   }

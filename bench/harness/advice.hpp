@@ -111,7 +111,9 @@ std::map<double, double> sweep(const std::vector<row>& rows, Keep keep, const ch
   std::string text;
   for (const char* dir : {"h2d", "d2h", "bidir"}) {
     const auto keep = [&](const row& r) {
-      return r.scenario == "link" && r.metric == "throughput" && r.text("direction") == dir;
+      const std::string sw = r.text("sweep");  // the chunk sweep's rows (all rows of results without one)
+      return r.scenario == "link" && r.metric == "throughput" && r.text("direction") == dir &&
+             (sw.empty() || sw == "chunk");
     };
     double peak = 0;
     for (const row& r : rows) {

@@ -39,9 +39,9 @@ namespace ferry::bench {
 
 /// @brief One curve of a plot: (x, y) points in increasing x.
 struct plot_series {
-  std::string title;                               ///< legend text, e.g. "ferry seq-read"
+  std::string title;                              ///< legend text, e.g. "ferry seq-read"
   std::vector<std::pair<double, double>> points;  ///< (x, y), sorted by x
-  bool reference = false;                          ///< drawn dashed: the reference's curve
+  bool reference = false;                         ///< drawn dashed: the reference's curve
 };
 
 /// @brief One plot: a PNG with one or more curves over the same axes.
@@ -58,15 +58,14 @@ namespace detail {
 
 inline void sort_points(plot_series& s) {
   std::sort(s.points.begin(), s.points.end());
-  s.points.erase(std::unique(s.points.begin(), s.points.end(),
-                             [](const auto& a, const auto& b) { return a.first == b.first; }),
-                 s.points.end());
+  s.points.erase(
+      std::unique(s.points.begin(), s.points.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+      s.points.end());
 }
 
 // The value of `fixed_key` whose rows cover the most distinct values of `x_key` (ties:
 // the larger value), among `rows`; nullopt when none covers two.
-inline std::optional<double> best_fixed(const std::vector<const row*>& rows, const char* fixed_key,
-                                        const char* x_key) {
+inline std::optional<double> best_fixed(const std::vector<const row*>& rows, const char* fixed_key, const char* x_key) {
   std::map<double, std::set<double>> xs;
   for (const row* r : rows) {
     const auto f = r->number(fixed_key);
@@ -137,6 +136,10 @@ inline std::optional<plot> link_plot(const std::vector<row>& rows, const char* x
   for (const char* dir : {"h2d", "d2h", "bidir"}) {
     std::vector<const row*> rs;
     for (const row& r : rows) {
+      // Rows of the other sweep (or of a variant: "sizes-polled") measured something else
+      // at the same x; rows without a sweep (older results) all count.
+      const std::string sw = r.text("sweep");
+      if (!sw.empty() && sw != (by_chunk ? "chunk" : "sizes")) continue;
       if (r.scenario == "link" && r.metric == "throughput" && r.text("direction") == dir) rs.push_back(&r);
     }
     const auto fixed = best_fixed(rs, fixed_key, x_key);
@@ -291,8 +294,8 @@ inline std::string gnuplot_string(const std::string& s) {
   for (std::size_t i = 0; i < p.series.size(); ++i) {
     const plot_series& ser = p.series[i];
     char style[96];
-    std::snprintf(style, sizeof style, " with linespoints lw 2 pt %zu lc %zu dt %d", 5 + (i % 4),
-                  1 + i / 2, ser.reference ? 2 : 1);
+    std::snprintf(style, sizeof style, " with linespoints lw 2 pt %zu lc %zu dt %d", 5 + (i % 4), 1 + i / 2,
+                  ser.reference ? 2 : 1);
     s += (i == 0 ? "" : ", \\\n     ") + gnuplot_string(p.name + ".dat") + " index " + std::to_string(i) + style +
          " title " + gnuplot_string(ser.title);
   }
@@ -333,7 +336,8 @@ inline std::vector<std::string> render_plots(const output_folder& folder, const 
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir / (p.name + ".png"), ec);
     if (status != 0 || ec || size == 0) {
-      throw std::runtime_error("gnuplot failed on plot " + p.name + " (" + exit_text(status) + "): " + command + "\n" + out);
+      throw std::runtime_error("gnuplot failed on plot " + p.name + " (" + exit_text(status) + "): " + command + "\n" +
+                               out);
     }
     pngs.push_back("plots/" + p.name + ".png");
   }

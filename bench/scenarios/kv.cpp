@@ -3,8 +3,9 @@
 // copy per block and against one contiguous copy of the same bytes, in one invocation,
 // round-robin (harness/stats.hpp).
 //
-// Cases (each a throughput in GB/s, higher is better): for block sizes 4, 16, 32, 64 and
-// 256 KiB (--block-kib), D2H and H2D (--directions), N = --total-mib / block size blocks.
+// Cases (each a throughput in GB/s, higher is better): for block sizes 4, 16, 32, 64,
+// 256 and 1024 KiB (--block-kib; 1 MiB to find where the kernel stops beating batched
+// copies, above 256 KiB on an H200), D2H and H2D (--directions), N = --total-mib / block size blocks.
 // The device pool has 2N slots; block i lives in slot perm[i] of a random permutation
 // (fixed seed), as a KV cache's blocks lie after some serving: few of them adjacent. In
 // pinned memory block i is slot i (the cache's host slots, contiguous).
@@ -74,7 +75,7 @@ using ferry::bench::row;
 using ferry::bench::run_options;
 
 struct kv_settings {
-  std::vector<std::size_t> block_kib{4, 16, 32, 64, 256};
+  std::vector<std::size_t> block_kib{4, 16, 32, 64, 256, 1024};
   std::vector<std::string> directions{"d2h", "h2d"};
   std::size_t total_mib = 0;  // 0: 256 on a GPU (64 with --quick), 64 on the CPU model (16 with --quick)
   bool cpu_model = false;
@@ -400,7 +401,7 @@ std::vector<row> run_kv(const run_options& options) {
 const ferry::bench::registrar kv_scenario({
     .name = "kv",
     .description =
-        "KV blocks of 4-256 KiB scattered in a device pool, to pinned memory and back (GPU, else the CPU model)",
+        "KV blocks of 4 KiB-1 MiB scattered in a device pool, to pinned memory and back (GPU, else the CPU model)",
     .reference = "one copy per block (vLLM swap_blocks) and one contiguous copy (the link floor)",
     .needs_gpu = false,
     .order = 25,
@@ -408,7 +409,7 @@ const ferry::bench::registrar kv_scenario({
     .any_machine = true,
     .add_options =
         [](CLI::App& app) {
-          app.add_option("--block-kib", settings().block_kib, "block sizes in KiB (default 4 16 32 64 256)")
+          app.add_option("--block-kib", settings().block_kib, "block sizes in KiB (default 4 16 32 64 256 1024)")
               ->check(CLI::Range(1, 65536));
           app.add_option("--directions", settings().directions, "d2h, h2d (default: both)")
               ->check(CLI::IsMember({"d2h", "h2d"}));

@@ -4,12 +4,16 @@
 //
 // Cases (each a throughput in GB/s, higher is better):
 //   sizes:  H2D, D2H and both at once ("bidir", GB/s counted over both directions) for
-//           moves of 64 KiB .. 1 GiB, with the chunk size of --chunk-kib (default 4 MiB);
-//   sweep:  the same directions for one 256 MiB move at chunk sizes 256 KiB .. 16 MiB,
-//           so the knob's effect is visible.
+//           moves of 64 KiB .. 1 GiB, in the library's pieces (`piece_bytes`, 64 MiB;
+//           --chunk-kib N: a scheduler given chunks of N KiB, which cut its copies too);
+//   sweep:  the same directions for one 256 MiB move by schedulers given chunk sizes
+//           256 KiB .. 16 MiB (their copies go in pieces of the chunk), so the size's
+//           effect is visible.
 // ferry side: `stream_scheduler::to_device` (no stream to wait for) and `to_host` (after
 // an idle producer stream, as a real offload is ordered after the kernel that wrote the
-// bytes), each move's ticket dropped but the last, which is waited for.
+// bytes), each move's ticket dropped but the last, which is waited for; from 16 MiB a
+// second row (`... polled`) polls that ticket instead (ferry's events are blocking-sync:
+// `wait()` sleeps until the device's interrupt, where the reference's synchronize spins).
 // reference: `cudaMemcpyAsync` of each move in one call on one non-blocking stream per
 // direction, then `cudaStreamSynchronize`.
 // Both sides are timed with steady_clock from the first call to the end of the wait, so
@@ -44,7 +48,7 @@ using ferry::bench::run_options;
 
 struct link_settings {
   std::vector<double> sizes_mib;  // empty: 64 KiB .. 1 GiB in powers of 4 (a smaller set with --quick)
-  std::size_t chunk_kib = 4096;
+  std::size_t chunk_kib = 0;      // 0: the library's defaults (pieces of FERRY_PIECE_BYTES)
   std::vector<std::string> directions{"h2d", "d2h", "bidir"};
   std::vector<std::string> cases{"sizes", "sweep"};
   std::vector<std::size_t> sweep_chunks_kib{256, 1024, 4096, 16384};
@@ -98,7 +102,11 @@ struct rig {
 };
 
 // One sample of ferry: `ops` moves of `bytes` in direction `d`, in GB/s.
-double ferry_once(ferry::stream_scheduler& sched, rig& r, direction d, std::size_t bytes, std::size_t ops) {
+// `poll`: the last tickets are polled (`ready()`, a `cudaEventQuery` per call) instead of
+// waited for (`wait()`: `cudaEventSynchronize` on ferry's blocking-sync events, the thread
+// asleep until the device's interrupt): what the wake-up after a blocking wait costs.
+double ferry_once(ferry::stream_scheduler& sched, rig& r, direction d, std::size_t bytes, std::size_t ops,
+                  bool poll = false) {
   ferry::stream_scheduler::ticket_type in;
   ferry::stream_scheduler::ticket_type out;
   const auto t0 = std::chrono::steady_clock::now();
@@ -106,7 +114,11 @@ double ferry_once(ferry::stream_scheduler& sched, rig& r, direction d, std::size
     if (d != direction::d2h) in = sched.to_device(r.dev_in.data(), r.host_in.data(), bytes);
     if (d != direction::h2d) out = sched.to_host(r.host_out.data(), r.dev_out.data(), bytes, r.producer);
   }
-  in.wait();
+  if (poll) {
+    while (!in.ready() || !out.ready()) {
+    }
+  }
+  in.wait();  // after a poll: returns at once (and throws a failed move's error)
   out.wait();
   const double moved = static_cast<double>(bytes * ops) * (d == direction::bidir ? 2.0 : 1.0);
   return moved / ferry::bench::seconds_since(t0) / 1e9;
@@ -117,7 +129,8 @@ double reference_once(rig& r, direction d, std::size_t bytes, std::size_t ops) {
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < ops; ++i) {
     if (d != direction::d2h) {
-      FERRY_CUDA_TRY(cudaMemcpyAsync(r.dev_in.data(), r.host_in.data(), bytes, cudaMemcpyHostToDevice, r.ref_h2d.get()));
+      FERRY_CUDA_TRY(
+          cudaMemcpyAsync(r.dev_in.data(), r.host_in.data(), bytes, cudaMemcpyHostToDevice, r.ref_h2d.get()));
     }
     if (d != direction::h2d) {
       FERRY_CUDA_TRY(
@@ -140,7 +153,7 @@ ferry::scheduler_options scheduler_options(std::size_t chunk_bytes) {
 // ferry's moves land where they should: a round trip of a size that is not a multiple of
 // the chunk, through both lanes.
 void verify(ferry::stream_scheduler& sched, rig& r, std::size_t capacity) {
-  const std::size_t n = std::min(capacity, 3 * sched.chunk_bytes() + 12345);
+  const std::size_t n = std::min(capacity, 3 * sched.piece_bytes() + 12345);
   ferry::bench::fill_pattern(r.host_in.data(), n, 7);
   std::memset(r.host_out.data(), 0, n);
   sched.to_device(r.dev_in.data(), r.host_in.data(), n).wait();
@@ -178,17 +191,18 @@ std::vector<row> run_link(const run_options& options) {
   // `params`: direction, bytes (per direction, per move), chunk_bytes and the sweep
   // ("sizes" or "chunk") the row belongs to.
   const auto measure = [&](ferry::stream_scheduler& sched, const std::string& label, const std::string& dname,
-                           std::size_t bytes, const char* sweep) {
+                           std::size_t bytes, const char* sweep, bool poll = false) {
     const direction d = parse_direction(dname);
     const std::size_t ops = std::clamp<std::size_t>(per_sample / bytes, 1, 4096);
     const auto res = ferry::bench::alternate(
-        options.repetitions, 1, [&] { return ferry_once(sched, r, d, bytes, ops); },
+        options.repetitions, 1, [&] { return ferry_once(sched, r, d, bytes, ops, poll); },
         [&] { return reference_once(r, d, bytes, ops); });
     rows.push_back({"link", label, "throughput", "GB/s", ferry::bench::better::higher, res.ferry, res.reference,
                     reference_name,
                     nlohmann::json{{"direction", dname},
                                    {"bytes", bytes},
                                    {"chunk_bytes", sched.chunk_bytes()},
+                                   {"piece_bytes", sched.piece_bytes()},
                                    {"sweep", sweep}}});
     std::printf("  %-40s ferry %7.2f GB/s   cudaMemcpyAsync %7.2f GB/s   ratio %.3f\n", label.c_str(), res.ferry,
                 res.reference, rows.back().ratio());
@@ -201,8 +215,14 @@ std::vector<row> run_link(const run_options& options) {
     verify(sched, r, capacity);
     for (const std::string& dname : cfg.directions) {
       for (const std::size_t bytes : sizes) {
-        measure(sched, dname + " size=" + ferry::bench::size_name(bytes) + " chunk=" + ferry::bench::size_name(chunk),
-                dname, bytes, "sizes");
+        const std::string label = dname + " size=" + ferry::bench::size_name(bytes) +
+                                  " piece=" + ferry::bench::size_name(sched.piece_bytes());
+        measure(sched, label, dname, bytes, "sizes");
+        // From 16 MiB, the same moves with the tickets polled: the reference's
+        // cudaStreamSynchronize spins, ferry's wait sleeps; the pair of rows shows what
+        // that costs (the H200 run of 2026-12-04 left ferry 7 points short of raw copies
+        // in 4 MiB pieces, at 16 MiB pieces too).
+        if (bytes >= 16 * ferry::MiB) measure(sched, label + " polled", dname, bytes, "sizes-polled", true);
       }
     }
   }
@@ -242,7 +262,9 @@ const ferry::bench::registrar link_scenario({
                          "move sizes in MiB, fractions allowed (default 0.0625 0.25 1 4 16 64 256 1024; "
                          "0.0625 1 4 16 64 with --quick)")
               ->check(CLI::Range(1.0 / 1024.0, 65536.0));
-          app.add_option("--chunk-kib", settings().chunk_kib, "the scheduler's chunk size in KiB (default 4096)")
+          app.add_option("--chunk-kib", settings().chunk_kib,
+                         "sizes case: a scheduler given this chunk size in KiB, which cuts its copies into pieces of "
+                         "it too (default: the library's pieces, FERRY_PIECE_BYTES)")
               ->check(ferry::bench::chunk_kib_check());
           app.add_option("--directions", settings().directions, "h2d, d2h, bidir (default: all)")
               ->check(CLI::IsMember({"h2d", "d2h", "bidir"}));
@@ -251,7 +273,8 @@ const ferry::bench::registrar link_scenario({
           app.add_option("--sweep-chunks-kib", settings().sweep_chunks_kib,
                          "chunk sizes of the sweep in KiB (default 256 1024 4096 16384)")
               ->check(ferry::bench::chunk_kib_check());
-          app.add_option("--sweep-mib", settings().sweep_mib, "move size of the sweep in MiB (default 256; 64 with --quick)")
+          app.add_option("--sweep-mib", settings().sweep_mib,
+                         "move size of the sweep in MiB (default 256; 64 with --quick)")
               ->check(CLI::Range(1, 65536));
           app.add_flag("--samples", settings().samples, "print every sample, not only the medians");
         },

@@ -7,9 +7,10 @@
 // GPU's own (`ferry-bench link`) is ferry's host side or something the model lacks.
 //
 // Cases (each a throughput in GB/s, higher is better): H2D, D2H and both at once
-// ("bidir", GB/s over both directions) for moves of 64 KiB .. 256 MiB with the chunk
-// size of --chunk-kib (default 4 MiB). Each row's params add the copy engines' idle time
-// while a copy was queued (`idle_queued_ns`, ferry's side).
+// ("bidir", GB/s over both directions) for moves of 64 KiB .. 256 MiB, in the library's
+// pieces (`piece_bytes`, 64 MiB; --chunk-kib N: a scheduler given chunks of N KiB, which
+// cut its copies too). Each row's params add the copy engines' idle time while a copy was
+// queued (`idle_queued_ns`, ferry's side).
 #include "harness/gpu.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
@@ -34,7 +35,7 @@ using ferry::bench::run_options;
 
 struct link_model_settings {
   std::vector<double> sizes_mib;  // empty: 64 KiB .. 256 MiB in powers of 4 (to 16 MiB with --quick)
-  std::size_t chunk_kib = 4096;
+  std::size_t chunk_kib = 0;      // 0: the library's defaults (pieces of FERRY_PIECE_BYTES)
   std::vector<std::string> directions{"h2d", "d2h", "bidir"};
 };
 
@@ -132,7 +133,7 @@ std::vector<row> run_link_model(const run_options& options) {
   so.bounce_slots = 1;  // no disk moves here
   ferry::cpu_executor sched(ferry::cpu_stream_ref{r.producer}, so, r.rt);
   {  // the moves land where they should: a round trip through both lanes
-    const std::size_t n = std::min(capacity, 3 * chunk + 12345);
+    const std::size_t n = std::min(capacity, 3 * sched.piece_bytes() + 12345);
     for (std::size_t i = 0; i < n; ++i) r.host_in[i] = static_cast<std::byte>(i * 131 + 7);
     sched.to_device(r.dev_in.data(), r.host_in.data(), n).wait();
     sched.to_host(r.host_out.data(), r.dev_in.data(), n, ferry::cpu_stream_ref{r.producer}).wait();
@@ -152,11 +153,12 @@ std::vector<row> run_link_model(const run_options& options) {
       const std::uint64_t idle =
           after.idle_queued_ns[0] + after.idle_queued_ns[1] - before.idle_queued_ns[0] - before.idle_queued_ns[1];
       const std::string label =
-          d + " size=" + ferry::bench::size_name(bytes) + " chunk=" + ferry::bench::size_name(chunk);
+          d + " size=" + ferry::bench::size_name(bytes) + " piece=" + ferry::bench::size_name(sched.piece_bytes());
       rows.push_back({"link-model", label, "throughput", "GB/s", ferry::bench::better::higher, f, ref, reference_name,
                       nlohmann::json{{"direction", d},
                                      {"bytes", bytes},
-                                     {"chunk_bytes", chunk},
+                                     {"chunk_bytes", sched.chunk_bytes()},
+                                     {"piece_bytes", sched.piece_bytes()},
                                      {"device", "cpu-model-timed"},
                                      {"idle_queued_ns", idle},
                                      {"sweep", "sizes"}}});
@@ -182,7 +184,9 @@ const ferry::bench::registrar link_model_scenario({
           app.add_option("--sizes-mib", settings().sizes_mib,
                          "move sizes in MiB, fractions allowed (default 0.0625 0.25 1 4 16 64 256; to 16 with --quick)")
               ->check(CLI::Range(1.0 / 256.0, 4096.0));
-          app.add_option("--chunk-kib", settings().chunk_kib, "the scheduler's chunk size in KiB (default 4096)")
+          app.add_option("--chunk-kib", settings().chunk_kib,
+                         "a scheduler given this chunk size in KiB, which cuts its copies into pieces of it too "
+                         "(default: the library's pieces, FERRY_PIECE_BYTES)")
               ->check(ferry::bench::chunk_kib_check());
           app.add_option("--directions", settings().directions, "h2d, d2h, bidir (default: all)")
               ->check(CLI::IsMember({"h2d", "d2h", "bidir"}));

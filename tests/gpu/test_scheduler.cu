@@ -191,7 +191,7 @@ TEST_CASE("stream_scheduler: copy_on on a capturing stream builds a CUDA graph",
   FERRY_CUDA_TRY(cudaStreamEndCapture(capture.get(), &graph));
   size_t nodes = 0;
   FERRY_CUDA_TRY(cudaGraphGetNodes(graph, nullptr, &nodes));
-  CHECK(nodes == 2 * ((n + sched.chunk_bytes() - 1) / sched.chunk_bytes()));
+  CHECK(nodes == 2 * ((n + sched.piece_bytes() - 1) / sched.piece_bytes()));
   cudaGraphExec_t exec = nullptr;
   FERRY_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
   FERRY_CUDA_TRY(cudaGraphLaunch(exec, capture.get()));

@@ -65,6 +65,40 @@ TEMPLATE_TEST_CASE("scheduler: H2D and D2H copies at odd sizes arrive intact, in
   }
 }
 
+TEMPLATE_TEST_CASE("scheduler: copies go in pieces of piece_bytes, the bounce ring in chunks of chunk_bytes",
+                   "[scheduler]", FERRY_TEST_DEVICES) {
+  TestType td;
+  INFO(td.name());
+  auto& compute = td.stream();
+  struct shape {
+    std::size_t chunk_bytes, piece_bytes, expected_piece;
+  };
+  // Given a piece size, the piece size; a chunk size only: pieces of the chunk; neither:
+  // the transfer knob (FERRY_PIECE_BYTES, 64 MiB unless this process's environment says).
+  const std::size_t knob = ferry::transfer::defaults::current().piece_bytes;
+  for (const shape sh : {shape{chunk, 3 * chunk, 3 * chunk}, shape{chunk, 0, chunk}, shape{0, 0, knob},
+                         shape{0, 5000, 5000}, shape{chunk, 1, 1}}) {
+    INFO("chunk_bytes " << sh.chunk_bytes << ", piece_bytes " << sh.piece_bytes);
+    ferry::scheduler_options o;
+    o.chunk_bytes = sh.chunk_bytes;
+    o.piece_bytes = sh.piece_bytes;
+    o.bounce_slots = 1;
+    auto& ex = td.scheduler(compute, o);
+    CHECK(ex.piece_bytes() == sh.expected_piece);
+    CHECK(ex.chunk_bytes() ==
+          (sh.chunk_bytes != 0 ? sh.chunk_bytes : ferry::transfer::defaults::current().chunk_bytes));
+    const std::size_t n = sh.expected_piece == 1 ? 301 : 7 * chunk + 123;  // pieces of one byte: a small move
+    const auto src = pattern(n, n + 1);
+    std::vector<std::byte> device(n), back(n);
+    const auto before = ex.stats();
+    ex.to_device(device.data(), src.data(), n).wait();
+    ex.to_host(back.data(), device.data(), n, compute).wait();
+    CHECK(checksum(back) == checksum(src));
+    const std::size_t pieces = (n + sh.expected_piece - 1) / sh.expected_piece;
+    CHECK(ex.stats().chunks - before.chunks == 2 * pieces);
+  }
+}
+
 TEMPLATE_TEST_CASE("scheduler: a copy out of memory starts only after the producer stream wrote it", "[scheduler]",
                    FERRY_TEST_DEVICES) {
   TestType td;

@@ -117,9 +117,42 @@ TEST_CASE("transfer knobs: current() reads the environment once, and a scheduler
   CHECK(mine.chunk_bytes() == 16 * KiB);  // a chunk given in code wins
 }
 
+TEST_CASE("transfer::defaults: piece_bytes, the largest piece of a copy", "[transfer][defaults]") {
+  CHECK(transfer_defaults::builtin().piece_bytes == 64 * MiB);
+  CHECK(transfer_defaults::spec(knob::piece_bytes).variable == "FERRY_PIECE_BYTES");
+  CHECK(transfer_defaults::parse(knob::piece_bytes, "4K") == 4 * KiB);  // the minimum
+  CHECK(transfer_defaults::parse(knob::piece_bytes, "1GiB") == 1 * GiB);
+  for (const char* bad : {"0", "4095", "5000", "2GiB", "-1", "64MiBx"}) {
+    INFO("FERRY_PIECE_BYTES=\"" << bad << "\"");
+    CHECK_THROWS_AS(transfer_defaults::parse(knob::piece_bytes, bad), ferry::config_error);
+  }
+  const knob_test::env_map env{{"FERRY_PIECE_BYTES", "16MiB"}};
+  const auto s = transfer_defaults::load(knob_test::lookup(env));
+  CHECK(s.piece_bytes == 16 * MiB);
+  CHECK(s.chunk_bytes == 4 * MiB);  // the bounce ring's chunks are their own knob
+}
+
+// A process of its own (catch_discover_tests): FERRY_PIECE_BYTES is read on first use.
+TEST_CASE("transfer knobs: a scheduler given neither piece nor chunk takes FERRY_PIECE_BYTES") {
+  ::setenv("FERRY_PIECE_BYTES", "8MiB", 1);
+  CHECK(transfer_defaults::current().piece_bytes == 8 * MiB);
+  ::unsetenv("FERRY_PIECE_BYTES");
+  ferry::cpu_stream compute;
+  ferry::cpu_executor ex(compute);
+  CHECK(ex.piece_bytes() == 8 * MiB);
+  CHECK(ex.chunk_bytes() == 4 * MiB);
+  ferry::scheduler_options chunked;
+  chunked.chunk_bytes = 64 * KiB;
+  CHECK(ferry::cpu_executor(compute, chunked).piece_bytes() == 64 * KiB);  // a chunk given in code cuts copies too
+  ferry::scheduler_options pieces;
+  pieces.piece_bytes = 12345;
+  CHECK(ferry::cpu_executor(compute, pieces).piece_bytes() == 12345);
+}
+
 TEST_CASE("transfer::defaults: the copy kernel's knobs", "[transfer][defaults]") {
   const auto b = transfer_defaults::builtin();
-  CHECK(b.kernel_block_bytes == 64 * KiB);
+  CHECK(b.kernel_block_bytes ==
+        256 * KiB);  // the H200's kernel still beat batched copies there (docs/benchmarks.md, kv)
   CHECK(b.kernel_ctas == 16);
   CHECK(transfer_defaults::parse(knob::kernel_block_bytes, "0") == 0);  // never the kernel
   CHECK(transfer_defaults::parse(knob::kernel_block_bytes, "16KiB") == 16 * KiB);

@@ -27,8 +27,9 @@
 /// | I/O      | `ferry::io::defaults`       | `ferry/io/defaults.hpp`       | `io_block_bytes`      | `FERRY_IO_BLOCK_BYTES`      | bytes    | 1 MiB                                   | 4 KiB .. 256 MiB, multiple of 4 KiB |
 /// | I/O      | `ferry::io::defaults`       | `ferry/io/defaults.hpp`       | `io_threads`          | `FERRY_IO_THREADS`          | threads  | half the hardware threads, 1 .. 8       | 1 .. 1024                           |
 /// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `chunk_bytes`         | `FERRY_CHUNK_BYTES`         | bytes    | 4 MiB                                   | 4 KiB .. 1 GiB, multiple of 4 KiB   |
-/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_block_bytes`  | `FERRY_KERNEL_BLOCK_BYTES`  | bytes    | 64 KiB                                  | 0 .. 1 GiB (0: never the kernel)    |
+/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_block_bytes`  | `FERRY_KERNEL_BLOCK_BYTES`  | bytes    | 256 KiB                                 | 0 .. 1 GiB (0: never the kernel)    |
 /// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `kernel_ctas`         | `FERRY_KERNEL_CTAS`         | count    | 16                                      | 1 .. 1024                           |
+/// | transfer | `ferry::transfer::defaults` | `ferry/transfer/defaults.hpp` | `piece_bytes`         | `FERRY_PIECE_BYTES`         | bytes    | 64 MiB                                  | 4 KiB .. 1 GiB, multiple of 4 KiB   |
 /// | optim    | `ferry::optim::defaults`    | `ferry/optim/defaults.hpp`    | `optimizer_threads`   | `FERRY_OPTIMIZER_THREADS`   | threads  | the hardware threads, 1 .. 16           | 1 .. 1024                           |
 ///
 /// - `pinned_budget_bytes`: the budget of each pinned host-memory pool made without one
@@ -36,8 +37,10 @@
 ///   pinned memory of the process.
 /// - `io_queue_depth`, `io_block_bytes`, `io_threads`: the I/O engines' requests in
 ///   flight per file, bytes per NVMe request, and the workers of the pread/pwrite engine.
-/// - `chunk_bytes`: the pieces a device<->host move is cut into
-///   (`scheduler_options::chunk_bytes` left at 0), and the size of each bounce buffer.
+/// - `chunk_bytes`: the size of each bounce buffer, the chunks of a move between device
+///   and NVMe (`scheduler_options::chunk_bytes` left at 0).
+/// - `piece_bytes`: the largest piece a copy between device and host memory is cut into
+///   (`scheduler_options::piece_bytes` and `chunk_bytes` left at 0).
 /// - `kernel_block_bytes`, `kernel_ctas`: the copy kernel of block moves
 ///   (transfer/block_copy.hpp): a block move over mapped pinned memory whose pieces
 ///   average at most `kernel_block_bytes` is copied by `kernel_ctas` thread blocks of a

@@ -11,7 +11,7 @@
 ///
 /// A block move checks every block (nothing starts when one fails: `ferry::logic_error`
 /// naming it; destinations must not overlap each other or any source), merges runs that
-/// are adjacent on both sides, chunks them by `chunk_bytes`, chooses the engine
+/// are adjacent on both sides, cuts them into pieces of at most `piece_bytes`, chooses the engine
 /// (`block_engine`: the block-copy kernel for small pieces of mapped pinned memory, batched
 /// copies otherwise; the same result either way) and issues batches of at most
 /// `batch_blocks` pieces on its lane after the producer: one ticket for all. The order of

@@ -88,8 +88,11 @@ class basic_scheduler {
   [[nodiscard]] stream_type h2d() const noexcept { return core_->backend().lane(lane::h2d); }
   /// @brief The D2H lane's stream.
   [[nodiscard]] stream_type d2h() const noexcept { return core_->backend().lane(lane::d2h); }
-  /// @brief Bytes per chunk.
+  /// @brief Bytes per chunk of a move through the bounce ring (and per bounce buffer).
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return options_.chunk_bytes; }
+  /// @brief The largest piece of a copy between device and host memory, in bytes
+  /// (`scheduler_options::piece_bytes`, resolved).
+  [[nodiscard]] std::size_t piece_bytes() const noexcept { return options_.piece_bytes; }
   /// @brief Bounce buffers in the ring (K).
   [[nodiscard]] std::size_t bounce_slots() const noexcept { return ring_->size(); }
   /// @brief The most pieces one batched copy of a block move carries.
@@ -105,8 +108,9 @@ class basic_scheduler {
   // --- device <-> host --------------------------------------------------------------
 
   /// @brief D2H: copies `bytes` from device memory `src` to host memory `dst` (pinned
-  /// for an asynchronous copy) on the D2H lane, in chunks, after everything enqueued on
-  /// `producer` so far (the stream that wrote `src`).
+  /// for an asynchronous copy) on the D2H lane, in pieces of at most `piece_bytes()`
+  /// (ending at pinned registrations' edges), after everything enqueued on `producer` so
+  /// far (the stream that wrote `src`).
   /// @throws ferry::logic_error for null pointers with bytes > 0 or the legacy default
   ///         stream; ferry::cuda_error when ordering after `producer` fails (nothing
   ///         started). A failed chunk fails the ticket instead.
@@ -116,7 +120,8 @@ class basic_scheduler {
   }
 
   /// @brief H2D: copies `bytes` from host memory `src` to device memory `dst` on the
-  /// H2D lane, in chunks. The host wrote `src` before the call, so no stream is waited for.
+  /// H2D lane, in pieces as `to_host`. The host wrote `src` before the call, so no stream
+  /// is waited for.
   [[nodiscard]] ticket_type to_device(void* dst, const void* src, std::size_t bytes) {
     check_pointers(dst, src, bytes);
     return copy_move(lane::h2d, dst, src, bytes, copy_direction::host_to_device, nullptr);
@@ -132,7 +137,7 @@ class basic_scheduler {
   /// @brief D2H of a pitched 2D region: `rows` rows of `row_bytes` bytes from device
   /// memory `src` (row i at `src + i * src_pitch`) to host memory `dst` (row i at
   /// `dst + i * dst_pitch`), on the D2H lane after everything enqueued on `producer` so
-  /// far; in chunks of whole rows (as many as fit in `chunk_bytes`, at least one), each
+  /// far; in chunks of whole rows (as many as fit in `piece_bytes()`, at least one), each
   /// one `cudaMemcpy2DAsync`. The bytes of each pitch past `row_bytes` are not touched,
   /// on either side. Pitches and sizes in bytes; a pitch from `cudaMallocPitch` works.
   /// @throws ferry::logic_error for null pointers, a pitch smaller than `row_bytes`, or a
@@ -225,8 +230,8 @@ class basic_scheduler {
   void copy_on(stream_type s, void* dst, const void* src, std::size_t bytes, copy_direction direction) {
     check_pointers(dst, src, bytes);
     auto& b = core_->backend();
-    for (std::size_t off = 0; off < bytes; off += options_.chunk_bytes) {
-      const std::size_t n = std::min(options_.chunk_bytes, bytes - off);
+    for (std::size_t off = 0; off < bytes; off += options_.piece_bytes) {
+      const std::size_t n = std::min(options_.piece_bytes, bytes - off);
       b.copy(s, static_cast<std::byte*>(dst) + off, static_cast<const std::byte*>(src) + off, n, direction);
     }
   }

@@ -13,10 +13,18 @@ namespace ferry {
 
 /// @brief Settings of a scheduler. Zero means "from ferry::transfer::defaults".
 struct scheduler_options {
-  /// Bytes per chunk of a move, and of each bounce buffer: a positive multiple of 4096
-  /// (the disk's alignment). 0: `transfer::defaults::current().chunk_bytes`
-  /// (`FERRY_CHUNK_BYTES`, 4 MiB).
+  /// Bytes of each bounce buffer (the chunks of a move between device and NVMe): a
+  /// positive multiple of 4096 (the disk's alignment). 0:
+  /// `transfer::defaults::current().chunk_bytes` (`FERRY_CHUNK_BYTES`, 4 MiB). A chunk size
+  /// given here also cuts copies between device and host into pieces of this size where
+  /// `piece_bytes` is 0 (a scheduler told "4 KiB chunks" copies in 4 KiB pieces).
   std::size_t chunk_bytes = 0;
+  /// The largest piece of a copy between device and host memory (`to_device`, `to_host`,
+  /// their 2D forms, block moves, `copy_on`), in bytes, at least 1; pieces also end at each
+  /// edge of a pinned registration (CUDA refuses one copy over two). Each copy costs a copy
+  /// engine a fixed 2-3 us, so large moves go in large pieces. 0: `chunk_bytes` if that was
+  /// given, else `transfer::defaults::current().piece_bytes` (`FERRY_PIECE_BYTES`, 64 MiB).
+  std::size_t piece_bytes = 0;
   /// Bounce buffers (K) for moves between device and NVMe: K chunks are in flight at
   /// once, split between the disk and the link. At least 2 for any overlap.
   std::size_t bounce_slots = 4;
@@ -35,7 +43,7 @@ struct scheduler_options {
   /// Block moves over mapped pinned memory whose pieces average at most this many bytes
   /// are copied by the block-copy kernel where the runtime has it (transfer/block_copy.hpp);
   /// 0: never. Unset: `transfer::defaults::current().kernel_block_bytes`
-  /// (`FERRY_KERNEL_BLOCK_BYTES`, 64 KiB).
+  /// (`FERRY_KERNEL_BLOCK_BYTES`, 256 KiB).
   std::optional<std::size_t> kernel_block_bytes;
   /// Thread blocks of the block-copy kernel, 1 .. 1024. 0:
   /// `transfer::defaults::current().kernel_ctas` (`FERRY_KERNEL_CTAS`, 16).

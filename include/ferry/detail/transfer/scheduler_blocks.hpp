@@ -170,7 +170,7 @@ block_engine basic_scheduler<Backend>::choose_engine(std::size_t pieces, std::si
 template <class Backend>
 block_engine basic_scheduler<Backend>::engine_for(std::span<const block_copy> blocks, host_mapping host) {
   detail::block_plan& plan = detail::block_plan_scratch();
-  detail::plan_block_move(blocks, options_.chunk_bytes, plan);
+  detail::plan_block_move(blocks, options_.piece_bytes, plan);
   std::size_t bytes = 0;
   for (const std::size_t n : plan.sizes) bytes += n;
   return choose_engine(plan.sizes.size(), bytes, host);
@@ -184,7 +184,7 @@ auto basic_scheduler<Backend>::block_move(lane l, std::span<const block_copy> bl
     detail::block_plan& p;
     ~trim_after() { p.trim(); }
   } trim{plan};
-  detail::plan_block_move(blocks, options_.chunk_bytes, plan);  // throws before anything starts
+  detail::plan_block_move(blocks, options_.piece_bytes, plan);  // throws before anything starts
   if (plan.dsts.empty()) {                                      // nothing to move: ready at once, no stream waited for
     state* s = core_->acquire();
     ticket_type t(s);

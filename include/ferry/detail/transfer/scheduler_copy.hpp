@@ -69,7 +69,7 @@ auto basic_scheduler<Backend>::copy_move(lane l, void* dst, const void* src, std
       // refuses one copy over two registrations (detail/memory/registrations.hpp).
       void* d = static_cast<std::byte*>(dst) + off;
       const void* from = static_cast<const std::byte*>(src) + off;
-      const std::size_t n = detail::piece_within_registrations(d, from, std::min(options_.chunk_bytes, bytes - off));
+      const std::size_t n = detail::piece_within_registrations(d, from, std::min(options_.piece_bytes, bytes - off));
       b.copy(lane_stream, d, from, n, direction);
       count_chunk(l, n);
       ++issued;
@@ -83,7 +83,7 @@ auto basic_scheduler<Backend>::pitched_move(lane l, void* dst, std::size_t dst_p
                                             std::size_t src_pitch, std::size_t row_bytes, std::size_t rows,
                                             copy_direction direction, const stream_type* after) -> ticket_type {
   if (row_bytes == 0) rows = 0;
-  const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.chunk_bytes / row_bytes);
+  const std::size_t rows_per_chunk = row_bytes == 0 ? 1 : std::max<std::size_t>(1, options_.piece_bytes / row_bytes);
   return chunked_move(l, after, [&](Backend& b, stream_type lane_stream, std::size_t& issued) {
     for (std::size_t row = 0; row < rows; row += rows_per_chunk) {
       const std::size_t k = std::min(rows_per_chunk, rows - row);

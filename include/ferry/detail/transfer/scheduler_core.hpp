@@ -30,6 +30,9 @@ basic_scheduler<Backend>::basic_scheduler(stream_type compute, scheduler_options
     : options_(options), compute_(compute) {
   FERRY_EXPECTS(options_.device >= -1, "scheduler_options::device must be -1 (the compute stream's) or a device",
                 ferry::named("device", options_.device));
+  if (options_.piece_bytes == 0) {
+    options_.piece_bytes = options_.chunk_bytes != 0 ? options_.chunk_bytes : transfer::defaults::current().piece_bytes;
+  }
   if (options_.chunk_bytes == 0) options_.chunk_bytes = transfer::defaults::current().chunk_bytes;
   const std::size_t chunk_bytes = options_.chunk_bytes;
   const std::size_t bounce_slots = options_.bounce_slots;
