@@ -4,8 +4,9 @@
 # (host code, CUDA code, benchmarks), and runs every test with CTest: host tests, GPU
 # tests (skipped without a GPU), compile-fail tests, the installed-package consumers,
 # the Conan test_package, and the dry run of the GPU check (scripts/gpu-build.sh first
-# builds the GPU machine's binaries when nvcc is there); before that, the host tests
-# under the asan and tsan presets (FERRY_SANITIZERS=0 skips them). Ends with CTest's
+# builds the GPU machine's binaries when nvcc is there), and the PyTorch package's pytest
+# suite (python/, its environment made by scripts/python-env.sh); before that, the host
+# tests under the asan and tsan presets (FERRY_SANITIZERS=0 skips them). Ends with CTest's
 # summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +45,16 @@ if command -v nvcc >/dev/null 2>&1; then
 fi
 
 preset=${FERRY_TEST_PRESET:-ci}
+# The PyTorch package (python/): its environment (torch from PyPI, made once per machine
+# and kept) and ferry-torch built from this checkout into it; CTest then runs its pytest
+# suite (label python). FERRY_PYTHON_TESTS=0 skips it.
+python_args=()
+if [[ "${FERRY_PYTHON_TESTS:-1}" != 0 && "$preset" == ci ]]; then
+  stage "the PyTorch package's environment (scripts/python-env.sh)"
+  python_args=("-DFERRY_PYTHON=$(bash scripts/python-env.sh | tail -n 1)")
+fi
 stage "the $preset build"
-cmake --preset "$preset"
+cmake --preset "$preset" "${python_args[@]}"
 cmake --build --preset "$preset"
 
 # The host suite once more under each sanitizer preset (host code, no CUDA): ASan with

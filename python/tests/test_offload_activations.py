@@ -1,0 +1,292 @@
+"""ferry.torch.offload_activations on CPU tensors, through the CPU model of ferry's device
+runtime: gradients and losses against the same steps without offload (bit for bit), what
+is offloaded and what stays, the cache's record replayed from the second step, graphs
+freed without a backward pass, and the errors."""
+
+import gc
+import math
+
+import pytest
+import torch
+
+import ferry
+import ferry.torch as ft
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(256),
+        torch.nn.Linear(256, 64),
+    )
+
+
+class _Block(torch.nn.Module):
+    """A pre-norm transformer block: attention with a causal mask, an MLP, layer norms,
+    dropout (its masks are saved tensors of another dtype)."""
+
+    def __init__(self, d=64, heads=4, dropout=0.1):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+        self.drop = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        y = (self.drop(att) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(self.ln2(x)))))
+
+
+class _GPT(torch.nn.Module):
+    def __init__(self, vocab=97, d=64, layers=2, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(_Block(d) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _train(model, batches, offload=None, lr=1e-2):
+    """A few AdamW steps; returns the losses and the gradients of the last step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    grads = None
+    for i, (x, y) in enumerate(batches):
+        torch.manual_seed(1000 + i)  # the same dropout masks with and without offload
+        opt.zero_grad()
+        if offload is None:
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        else:
+            with offload:
+                loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def test_the_build_runs_on_the_cpu_model():
+    assert ferry.has_cuda is False
+
+
+def test_an_mlp_step_gives_the_same_gradients_bit_for_bit():
+    x = torch.randn(32, 64)
+    ref_model, model = _mlp(), _mlp()
+    ref_loss = ref_model(x).square().mean()
+    ref_loss.backward()
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        loss = model(x).square().mean()
+    s = off.stats()
+    assert s["offloaded"] == s["stored"] > 0
+    assert s["held"] == s["stored"]
+    loss.backward()
+    assert loss.item() == ref_loss.item()
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    s = off.stats()
+    assert s["fetched"] == s["offloaded"] and s["held"] == 0
+    assert s["kept"]["parameter"] > 0  # the weights stay where they are
+
+
+def test_a_small_transformer_trains_the_same_with_activations_offloaded():
+    torch.manual_seed(7)
+    batches = [(torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))) for _ in range(4)]
+    ref_losses, ref_grads = _train(_GPT(), batches)
+    off = ft.offload_activations(min_bytes=4096, keep_last=1)
+    losses, grads = _train(_GPT(), batches, off)
+    assert losses == ref_losses
+    for a, b in zip(ref_grads, grads):
+        assert torch.equal(a, b)
+    s = off.stats()
+    assert s["steps"] == 4
+    assert s["offloaded"] > 0 and s["held"] == 0
+    assert s["prefetched"] > 0  # steps 2-4 replay the record of step 1
+    assert s["kept"]["small"] > 0
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8]
+)
+def test_saved_tensors_of_every_dtype_come_back_exact(dtype):
+    # A custom function saves a tensor of `dtype` and checks it in its backward pass.
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, side):
+            ctx.save_for_backward(side)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            (side,) = ctx.saved_tensors
+            assert side.dtype == dtype
+            assert torch.equal(side, expected)
+            return g * 2, None
+
+    torch.manual_seed(3)
+    expected = (torch.randn(1000, 3) * 50).to(dtype)
+    x = torch.randn(5, requires_grad=True)
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        y = Keep.apply(x, expected.clone())
+    assert off.stats()["offloaded"] == 1
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((5,), 2.0))
+    assert off.stats()["fetched"] == 1
+
+
+def test_marked_small_and_strided_tensors_stay_as_autograd_saved_them():
+    off = ft.offload_activations(min_bytes=1024)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(64, 64, requires_grad=True)
+    with off:
+        a = ft.keep_on_device(torch.tanh(x))  # tanh saves its output: marked
+        b = a @ w.t()  # saves a (marked) and w.t() (strided view of a parameter)
+        c = torch.sigmoid(torch.randn(4) + 0 * b.sum())  # 16 bytes saved: small
+    kept = off.stats()["kept"]
+    assert kept["marked"] >= 1
+    assert kept["small"] >= 1
+    assert kept["not_contiguous"] + kept["parameter"] >= 1
+    (b.sum() + c.sum()).backward()
+    assert x.grad is not None and w.grad is not None
+
+
+def test_a_graph_freed_without_its_backward_pass_leaves_nothing_held():
+    model = _mlp()
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        loss = model(torch.randn(8, 64)).sum()
+    assert off.stats()["held"] > 0
+    del loss
+    gc.collect()
+    assert off.stats()["held"] == 0
+    with off:  # the next step starts clean
+        loss = model(torch.randn(8, 64)).sum()
+    loss.backward()
+    assert off.stats()["held"] == 0
+
+
+def test_retain_graph_unpacks_twice():
+    model = _mlp()
+    x = torch.randn(8, 64)
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        loss = model(x).square().sum()
+    loss.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    loss.backward()
+    for g, p in zip(first, model.parameters()):
+        assert torch.equal(p.grad, 2 * g)
+
+
+def test_a_tensor_larger_than_the_pinned_budget_stays_and_is_counted():
+    off = ft.offload_activations(min_bytes=0, keep_last=0, pinned_bytes=1 << 20)
+    x = torch.randn(1 << 19, requires_grad=True)  # 2 MiB saved by exp
+    with off:
+        y = torch.exp(x)
+    assert off.stats()["kept"]["no_room"] == 1
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.exp(x.detach()))
+
+
+def test_a_graph_kept_across_steps_does_not_collide_with_the_next():
+    model = _mlp()
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        first = model(torch.ones(4, 64)).sum()
+    with off:  # step 2 begins while step 1's graph is alive
+        second = model(torch.zeros(4, 64)).sum()
+    second.backward()
+    g2 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    first.backward()
+    ref = _mlp()
+    ref(torch.ones(4, 64)).sum().backward()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert any(g.abs().sum() > 0 for g in g2)
+    assert off.stats()["held"] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"min_bytes": -1}, {"keep_last": 1.5}, {"pinned_bytes": "1G"}, {"prefetch_bytes": True}]
+)
+def test_bad_arguments_are_value_errors_naming_the_argument(kwargs):
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        ft.offload_activations(**kwargs)
+
+
+def test_entering_twice_is_refused_and_the_hooks_come_off():
+    off = ft.offload_activations(min_bytes=0)
+    with off:
+        with pytest.raises(RuntimeError, match="already entered"):
+            off.__enter__()
+    x = torch.randn(100, requires_grad=True)
+    torch.exp(x).sum().backward()  # outside: no hook, nothing offloaded
+    assert off.stats()["stored"] == 0
+
+
+def test_keep_on_device_refuses_what_is_not_a_tensor():
+    with pytest.raises(TypeError, match="list"):
+        ft.keep_on_device([1, 2])
+
+
+def test_the_extension_names_the_key_and_the_sizes_in_its_errors():
+    store = ferry._core.ActivationStore(0, 0, 0, 1 << 20)
+    store.offload(5, torch.arange(100, dtype=torch.uint8))
+    with pytest.raises(KeyError, match="already"):
+        store.offload(5, torch.arange(100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="99 bytes, the stored one 100"):
+        store.fetch(5, torch.empty(99, dtype=torch.uint8))
+    assert store.contains(5)  # a refused fetch keeps the bytes
+    out = torch.empty(100, dtype=torch.uint8)
+    store.fetch(5, out)
+    assert torch.equal(out, torch.arange(100, dtype=torch.uint8))
+    with pytest.raises(KeyError, match="key = 5"):
+        store.fetch(5, out)
+    with pytest.raises(ValueError, match="empty"):
+        store.offload(6, torch.empty(0, dtype=torch.uint8))
+    with pytest.raises(TypeError):
+        store.offload(7, torch.arange(10)[::2])  # not C-contiguous: refused by the binding, never copied
+    with pytest.raises(TypeError):
+        store.fetch(5, torch.empty(200, dtype=torch.uint8)[::2])
+    assert len(store) == 0
+
+
+def test_dropping_the_object_loses_nothing_a_graph_still_needs():
+    model = _mlp()
+    x = torch.randn(8, 64)
+
+    def forward():
+        off = ft.offload_activations(min_bytes=0, keep_last=0)
+        with off:
+            return model(x).square().sum()
+
+    loss = forward()  # the object is gone; the graph holds what it saved
+    gc.collect()
+    loss.backward()
+    ref = _mlp()
+    ref(x).square().sum().backward()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The Python environment of ferry's PyTorch package (python/): a virtual environment with
+# torch, numpy and pytest from PyPI, made once per machine and kept (PyPI's torch brings its
+# CUDA libraries, about 3 GB; it runs on CPU tensors without a GPU), and ferry-torch built
+# from this checkout into it on every call (`pip install ./python`: nanobind and
+# scikit-build-core come from PyPI in pip's build environment).
+#   scripts/python-env.sh        prints the environment's python on its last line
+# Environment: FERRY_PYTHON_ENV, the environment's folder (default
+# ~/.cache/ferry-python/venv, beside ccache's cache, so that CI runs reuse it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+env_dir=${FERRY_PYTHON_ENV:-$HOME/.cache/ferry-python/venv}
+py="$env_dir/bin/python"
+if [[ ! -x $py ]]; then
+  echo "python-env: making $env_dir" >&2
+  mkdir -p "$(dirname "$env_dir")"
+  python3 -m venv "$env_dir" >&2 || {
+    # Debian's python3 without ensurepip: the venv package, then again.
+    sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    rm -rf "$env_dir"
+    python3 -m venv "$env_dir" >&2
+  }
+fi
+if ! "$py" -c 'import torch, numpy, pytest' >/dev/null 2>&1; then
+  echo "python-env: installing torch, numpy and pytest from PyPI into $env_dir (once per machine)" >&2
+  "$py" -m pip install -q --upgrade pip >&2
+  "$py" -m pip install -q torch numpy pytest >&2
+fi
+echo "python-env: building ferry-torch from python/ into $env_dir" >&2
+"$py" -m pip install -q --force-reinstall --no-deps ./python >&2
+"$py" -c 'import ferry, ferry.torch, torch; print("python-env: ferry-torch", ferry.__version__, "with torch", torch.__version__, "(CUDA build:", ferry.has_cuda, ")")' >&2
+echo "$py"
