@@ -14,10 +14,16 @@
 // The GIL is released while the cache works.
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
+#include <ferry/memory/pinned_pool.hpp>
+#include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -144,11 +150,104 @@ class activation_store {
   std::unordered_map<std::uint64_t, std::size_t> sizes_;  // bytes stored under each key
 };
 
+// Optimizer states in a pinned pool: `zeros(n)` hands out a float32 torch tensor of n
+// elements over a block of the pool (DLPack: the tensor owns the block, which goes back to
+// the pool when torch frees the tensor; the pool lives until the last one is freed).
+class state_pool {
+ public:
+  explicit state_pool(std::size_t budget_bytes) : pool_(std::make_shared<ferry::pinned_pool>(options(budget_bytes))) {}
+
+  [[nodiscard]] nb::ndarray<nb::pytorch, float, nb::ndim<1>, nb::c_contig> zeros(std::size_t n) {
+    if (n == 0) throw nb::value_error("ferry: a state of 0 elements");
+    const std::size_t bytes = n * sizeof(float);
+    void* p = pool_->allocate(bytes);  // out_of_capacity: MemoryError with the pool's figures
+    std::memset(p, 0, bytes);
+    auto* owner = new block{pool_, p, bytes};
+    nb::capsule keep(owner, [](void* o) noexcept { delete static_cast<block*>(o); });
+    return {static_cast<float*>(p), {n}, keep};
+  }
+
+  [[nodiscard]] std::size_t used() const { return pool_->used(); }
+  [[nodiscard]] std::size_t budget() const { return pool_->budget(); }
+
+ private:
+  struct block {
+    std::shared_ptr<ferry::pinned_pool> pool;
+    void* p;
+    std::size_t bytes;
+    block(std::shared_ptr<ferry::pinned_pool> owner, void* ptr, std::size_t n)
+        : pool(std::move(owner)), p(ptr), bytes(n) {}
+    block(const block&) = delete;
+    block& operator=(const block&) = delete;
+    ~block() { pool->deallocate(p, bytes); }
+  };
+  static ferry::pinned_pool_options options(std::size_t budget_bytes) {
+    ferry::pinned_pool_options o;
+    o.budget_bytes = budget_bytes;
+    return o;
+  }
+  std::shared_ptr<ferry::pinned_pool> pool_;
+};
+
+using f32_array = nb::ndarray<nb::device::cpu, float, nb::ndim<1>, nb::c_contig>;
+
+// ferry's CPU AdamW over one parameter's fp32 arrays: `unfused` rounds every operation as
+// PyTorch's scalar code does, `fused` the moments' multiply-adds as its AVX2 / AVX-512
+// kernels do (optim/adamw.hpp).
+class adamw_runner {
+ public:
+  adamw_runner(std::size_t threads, bool fused) {
+    ferry::adamw_options o;
+    o.threads = threads;
+    if (fused) {
+      fused_.emplace(ferry::adamw_params{}, o);
+    } else {
+      unfused_.emplace(ferry::adamw_params{}, o);
+    }
+  }
+
+  void step(const f32_array& param, const f32_array& grad, const f32_array& m, const f32_array& v, double lr,
+            double beta1, double beta2, double eps, double weight_decay, std::uint64_t step_number) {
+    const std::size_t n = param.shape(0);
+    if (grad.shape(0) != n || m.shape(0) != n || v.shape(0) != n) {
+      throw nb::value_error(("ferry: AdamW arrays of different lengths [param = " + std::to_string(n) +
+                             ", grad = " + std::to_string(grad.shape(0)) + ", exp_avg = " + std::to_string(m.shape(0)) +
+                             ", exp_avg_sq = " + std::to_string(v.shape(0)) + "]")
+                                .c_str());
+    }
+    // PyTorch's constants from its Python-float hyper-parameters (checked: ValueError).
+    const ferry::adamw_constants c =
+        ferry::adamw_constants::from_double(lr, beta1, beta2, eps, weight_decay, step_number);
+    const std::span<float> p(param.data(), n);
+    const std::span<const float> g(grad.data(), n);
+    const std::span<float> mm(m.data(), n);
+    const std::span<float> vv(v.data(), n);
+    const nb::gil_scoped_release unlocked;
+    if (fused_) {
+      fused_->step(p, g, mm, vv, c);
+    } else {
+      unfused_->step(p, g, mm, vv, c);
+    }
+  }
+
+  [[nodiscard]] std::size_t threads() const { return fused_ ? fused_->threads() : unfused_->threads(); }
+  [[nodiscard]] std::string isa() const {
+    return std::string(ferry::adamw_isa_name(fused_ ? fused_->isa() : unfused_->isa()));
+  }
+
+ private:
+  std::optional<ferry::basic_adamw<ferry::adamw_rounding::fused>> fused_;
+  std::optional<ferry::basic_adamw<ferry::adamw_rounding::unfused>> unfused_;
+};
+
 }  // namespace
 
 NB_MODULE(_core, m) {
   m.doc() = "ferry's pipelines for Python: the extension behind ferry.torch";
   m.attr("has_cuda") = false;  // this build runs on the CPU model of the device runtime
+  // A graph alive at exit holds its ActivationStore (each saved tensor holds the cache, so
+  // that nothing it needs is lost): at interpreter shutdown that is no leak to report.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -178,4 +277,19 @@ NB_MODULE(_core, m) {
       .def("tier_of", &activation_store::tier_of, nb::arg("key"), "'device' or 'pinned': where key's bytes are.")
       .def("stats", &activation_store::stats, "The cache's counters and the keys held.")
       .def("__len__", &activation_store::size);
+
+  nb::class_<state_pool>(m, "StatePool", "Optimizer states in a ferry::pinned_pool, handed out as float32 tensors.")
+      .def(nb::init<std::size_t>(), nb::arg("budget_bytes"))
+      .def("zeros", &state_pool::zeros, nb::arg("n"), "A float32 tensor of n zeros over a block of the pool.")
+      .def_prop_ro("used", &state_pool::used, "Bytes of the pool's blocks in use.")
+      .def_prop_ro("budget", &state_pool::budget, "The pool's budget in bytes.");
+
+  nb::class_<adamw_runner>(m, "AdamW", "ferry's CPU AdamW (ferry::basic_adamw) over one parameter's fp32 arrays.")
+      .def(nb::init<std::size_t, bool>(), nb::arg("threads"), nb::arg("fused"))
+      .def("step", &adamw_runner::step, nb::arg("param").noconvert(), nb::arg("grad").noconvert(),
+           nb::arg("exp_avg").noconvert(), nb::arg("exp_avg_sq").noconvert(), nb::arg("lr"), nb::arg("beta1"),
+           nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("step"),
+           "One AdamW step (step >= 1) over contiguous 1-D float32 CPU tensors of one length, in place.")
+      .def_prop_ro("threads", &adamw_runner::threads)
+      .def_prop_ro("isa", &adamw_runner::isa);
 }

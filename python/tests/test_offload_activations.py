@@ -3,8 +3,11 @@ runtime: gradients and losses against the same steps without offload (bit for bi
 is offloaded and what stays, the cache's record replayed from the second step, graphs
 freed without a backward pass, and the errors."""
 
+import copy
 import gc
 import math
+
+import numpy as np
 
 import pytest
 import torch
@@ -155,20 +158,96 @@ def test_saved_tensors_of_every_dtype_come_back_exact(dtype):
     assert off.stats()["fetched"] == 1
 
 
-def test_marked_small_and_strided_tensors_stay_as_autograd_saved_them():
+def test_marked_small_leaf_and_overlapping_tensors_stay_as_autograd_saved_them():
     off = ft.offload_activations(min_bytes=1024)
     w = torch.randn(64, 64, requires_grad=True)
     x = torch.randn(64, 64, requires_grad=True)
     with off:
         a = ft.keep_on_device(torch.tanh(x))  # tanh saves its output: marked
-        b = a @ w.t()  # saves a (marked) and w.t() (strided view of a parameter)
+        b = a @ w  # saves a (marked) and w (a leaf that requires grad)
         c = torch.sigmoid(torch.randn(4) + 0 * b.sum())  # 16 bytes saved: small
+        e = torch.exp(x[:1].expand(64, 64))  # exp saves its output; its input is x (a leaf)
+        f = (e.sum(0, keepdim=True).expand(64, 64) * 1.0).sigmoid()  # not overlapping: fine
     kept = off.stats()["kept"]
-    assert kept["marked"] >= 1
-    assert kept["small"] >= 1
-    assert kept["not_contiguous"] + kept["parameter"] >= 1
-    (b.sum() + c.sum()).backward()
-    assert x.grad is not None and w.grad is not None
+    assert kept["marked"] >= 1 and kept["parameter"] >= 1 and kept["small"] >= 1
+    (b.sum() + c.sum() + f.sum()).backward()
+    ref_x, ref_w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ra = torch.tanh(ref_x)
+    rb = ra @ ref_w
+    rc = torch.sigmoid(torch.randn(4) + 0 * rb.sum())
+    re = torch.exp(ref_x[:1].expand(64, 64))
+    rf = (re.sum(0, keepdim=True).expand(64, 64) * 1.0).sigmoid()
+    (rb.sum() + rc.sum() + rf.sum()).backward()
+    assert torch.equal(x.grad, ref_x.grad) and torch.equal(w.grad, ref_w.grad)
+
+
+def test_channels_last_and_transposed_activations_come_back_with_their_strides():
+    torch.manual_seed(2)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    conv = conv.to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(conv)
+    x = torch.randn(4, 3, 16, 16).to(memory_format=torch.channels_last)
+    proj = torch.randn(8 * 14 * 14, 5) / 100
+
+    def loss_of(net):
+        y = net(x)
+        t = (y.flatten(1) @ proj).t().contiguous().t()  # transposed: dense, not contiguous
+        return y.square().sum() + torch.tanh(t).sum()
+
+    loss_of(ref).backward()
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        loss = loss_of(conv)
+    assert off.stats()["kept"]["not_dense"] == 0
+    assert off.stats()["offloaded"] > 0
+    loss.backward()
+    for a, b in zip(ref.parameters(), conv.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_a_tensor_saved_three_times_is_offloaded_once():
+    torch.manual_seed(4)
+    q, k, v = (torch.nn.Linear(256, 256) for _ in range(3))
+    x = torch.randn(512, 256, requires_grad=True)
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        h = torch.nn.functional.gelu(x)
+        out = (q(h) + k(h) + v(h)).sum()
+    s = off.stats()
+    assert s["deduplicated"] == 2
+    assert s["offloaded"] == s["stored"]
+    out.backward()
+    gx = x.grad.clone()
+    x.grad = None
+    h = torch.nn.functional.gelu(x)
+    (q(h) + k(h) + v(h)).sum().backward()
+    assert torch.equal(gx, x.grad)
+
+
+def test_a_saved_tensor_changed_in_place_is_refused_as_autograd_refuses_it():
+    for min_bytes in (0, 1 << 30):  # offloaded, and kept where it was
+        x = torch.randn(1000, requires_grad=True)
+        with ft.offload_activations(min_bytes=min_bytes, keep_last=0):
+            y = x.exp()
+            z = y.sin()
+        y.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            z.sum().backward()
+
+
+def test_conjugate_and_negative_views_come_back_as_their_values():
+    z0 = torch.randn(64, 64, dtype=torch.complex64, requires_grad=True)
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        z = torch.fft.fft(z0)
+        power = (z * z.conj()).real.mean()
+        n = torch._neg_view(z) * z
+    (power + n.real.sum()).backward()
+    ref = z0.detach().clone().requires_grad_()
+    rz = torch.fft.fft(ref)
+    ((rz * rz.conj()).real.mean() + (torch._neg_view(rz) * rz).real.sum()).backward()
+    assert torch.equal(z0.grad, ref.grad)
+    assert off.stats()["offloaded"] > 0
 
 
 def test_a_graph_freed_without_its_backward_pass_leaves_nothing_held():
@@ -229,12 +308,18 @@ def test_a_graph_kept_across_steps_does_not_collide_with_the_next():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"min_bytes": -1}, {"keep_last": 1.5}, {"pinned_bytes": "1G"}, {"prefetch_bytes": True}]
+    "kwargs",
+    [{"min_bytes": -1}, {"keep_last": 1.5}, {"pinned_bytes": "1G"}, {"prefetch_bytes": True}, {"min_bytes": 2**64}],
 )
 def test_bad_arguments_are_value_errors_naming_the_argument(kwargs):
     (name,) = kwargs
     with pytest.raises(ValueError, match=name):
         ft.offload_activations(**kwargs)
+
+
+def test_numpy_and_torch_integers_are_taken():
+    off = ft.offload_activations(min_bytes=np.int64(4096), keep_last=torch.tensor(2))
+    assert off.min_bytes == 4096
 
 
 def test_entering_twice_is_refused_and_the_hooks_come_off():
@@ -290,3 +375,22 @@ def test_dropping_the_object_loses_nothing_a_graph_still_needs():
     ref(x).square().sum().backward()
     for a, b in zip(ref.parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_weights_and_their_views_are_never_offloaded():
+    torch.manual_seed(6)
+    frozen = torch.nn.Linear(256, 256).requires_grad_(False)
+    layer = torch.nn.Linear(256, 512)
+    x = torch.randn(32, 256, requires_grad=True)
+    off = ft.offload_activations(min_bytes=0, keep_last=0)
+    with off:
+        h = torch.tanh(frozen(x) @ frozen.weight)  # saves frozen.weight.t(), frozen.weight and h
+        out = layer(h).sum()  # saves h again and layer.weight.t()
+    s = off.stats()
+    assert s["kept"]["parameter"] == 3
+    assert s["deduplicated"] == 1
+    assert s["offloaded_bytes"] == h.numel() * 4  # the activation, once
+    out.backward()
+    ref = x.detach().clone().requires_grad_()
+    layer(torch.tanh(frozen(ref) @ frozen.weight)).sum().backward()
+    assert torch.equal(ref.grad, x.grad)

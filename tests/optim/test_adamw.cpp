@@ -84,7 +84,8 @@ void reference_step(const ferry::adamw_params& h, std::uint64_t t, states& s, bo
     const float g = s.g[i];
     const float base = k.from_m ? s.m[i] : g;
     const float m = fused ? std::fma(k.weight, g - s.m[i], base) : base + rounded(k.weight * (g - s.m[i]));
-    const float v = fused ? std::fma(k.c2 * g, g, s.v[i] * h.beta2) : rounded(s.v[i] * h.beta2) + rounded((k.c2 * g) * g);
+    const float v =
+        fused ? std::fma(k.c2 * g, g, s.v[i] * h.beta2) : rounded(s.v[i] * h.beta2) + rounded((k.c2 * g) * g);
     const float denom = std::sqrt(v) / k.bc2_sqrt + h.eps;
     const float p = rounded(s.p[i] * k.decay) + ((-k.step_size) * m) / denom;
     s.m[i] = m;
@@ -115,9 +116,9 @@ Catch::Matchers::Generic::PredicateMatcher<E> message_has(std::vector<std::strin
 
 constexpr std::size_t width = ferry::adamw_simd_width;
 constexpr std::size_t tile = ferry::adamw_tile_elements;
-const std::vector<std::size_t> sizes = {0,        1,        3,        width - 1,        width,     width + 1,
-                                        2 * width + 3, 7, 8, 9, 15, 16, 17, 33, 35, tile - 1, tile, tile + 3,
-                                        4097, 2 * 1024 * 8 + 5, 70001};  // 7..35: around 8 and 16 lanes
+const std::vector<std::size_t> sizes = {
+    0,  1,  3,        width - 1, width,    width + 1, 2 * width + 3,    7,    8, 9, 15, 16, 17,
+    33, 35, tile - 1, tile,      tile + 3, 4097,      2 * 1024 * 8 + 5, 70001};  // 7..35: around 8 and 16 lanes
 
 // The four arrays of `s` copied to the same offset `shift` (in floats) from a 64-byte
 // boundary, so that the kernel sees unaligned spans.
@@ -167,6 +168,53 @@ TEST_CASE("adamw_constants follow the documented formulas", "[adamw]") {
   CHECK_FALSE(low.lerp_from_m);
   CHECK(low.lerp_weight == low.c1 - 1.0f);
   CHECK(low.lerp_weight == -0.25f);
+}
+
+TEST_CASE("adamw_constants::from_double rounds each constant once from double hyper-parameters", "[adamw]") {
+  // PyTorch's hyper-parameters are Python floats: 1 - 0.9 in double, then one rounding.
+  const auto c = ferry::adamw_constants::from_double(1e-3, 0.9, 0.999, 1e-8, 0.01, 2);
+  CHECK(c.c1 == static_cast<float>(1.0 - 0.9));
+  CHECK(c.c1 != static_cast<float>(1.0 - static_cast<double>(0.9f)));  // what float hyper-parameters give
+  CHECK(c.c2 == static_cast<float>(1.0 - 0.999));
+  CHECK(c.step_size == static_cast<float>(1e-3 / (1.0 - 0.9 * 0.9)));
+  CHECK(c.bc2_sqrt == static_cast<float>(std::pow(1.0 - std::pow(0.999, 2.0), 0.5)));
+  CHECK(c.decay == static_cast<float>(1.0 - 1e-3 * 0.01));
+  CHECK(c.eps == 1e-8f);
+  // make() is from_double of the widened floats: the same bits.
+  const ferry::adamw_params h{.lr = 3e-4f, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f, .weight_decay = 0.1f};
+  const auto a = ferry::adamw_constants::make(h, 7);
+  const auto b = ferry::adamw_constants::from_double(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 7);
+  CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+  // Out of range, named; step 0 refused.
+  CHECK_THROWS_WITH(ferry::adamw_constants::from_double(-1.0, 0.9, 0.999, 1e-8, 0.0, 1), Catch::Contains("lr"));
+  CHECK_THROWS_WITH(ferry::adamw_constants::from_double(1e-3, 1.0, 0.999, 1e-8, 0.0, 1), Catch::Contains("beta1"));
+  CHECK_THROWS_WITH(ferry::adamw_constants::from_double(1e-3, 0.9, 0.999, 0.0, 0.0, 1), Catch::Contains("eps"));
+  CHECK_THROWS_AS(ferry::adamw_constants::from_double(1e-3, 0.9, 0.999, 1e-8, 0.0, 0), ferry::logic_error);
+}
+
+TEST_CASE("adamw: a step with the caller's constants is the step that makes them", "[adamw]") {
+  const ferry::adamw_params h{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f};
+  ferry::adamw opt(h, {.threads = 3, .block_elements = 2 * ferry::adamw_tile_elements});
+  const std::size_t n = 10 * ferry::adamw_tile_elements + 5;  // several blocks: the threads' path
+  states by_number(n, 5);
+  states by_constants(n, 5);
+  for (std::uint64_t t = 1; t <= 3; ++t) {
+    by_number.new_gradients(40 + t);
+    by_constants.new_gradients(40 + t);
+    opt.step(by_number.p, by_number.g, by_number.m, by_number.v, t);
+    opt.step(by_constants.p, by_constants.g, by_constants.m, by_constants.v, ferry::adamw_constants::make(h, t));
+  }
+  CHECK(bitwise_equal(by_number.p, by_constants.p));
+  CHECK(bitwise_equal(by_number.m, by_constants.m));
+  CHECK(bitwise_equal(by_number.v, by_constants.v));
+  // Other constants: other bits (the optimizer's own hyper-parameters are not used).
+  states other(n, 5);
+  other.new_gradients(41);
+  opt.step(other.p, other.g, other.m, other.v, ferry::adamw_constants::from_double(0.5, 0.9, 0.999, 1e-8, 0.05, 1));
+  states mine(n, 5);
+  mine.new_gradients(41);
+  opt.step(mine.p, mine.g, mine.m, mine.v, 1);
+  CHECK_FALSE(bitwise_equal(other.p, mine.p));
 }
 
 template <ferry::adamw_rounding R>
@@ -438,7 +486,8 @@ TEST_CASE("adamw: results do not depend on the thread count or the block size", 
   states first(n, 5);
   ferry::adamw one({}, {.threads = 1, .block_elements = 1024});
   one.step(first.p, first.g, first.m, first.v, 7);
-  for (const auto& [threads, block] : std::vector<std::pair<std::size_t, std::size_t>>{{2, 1024}, {3, 3072}, {8, 16384}}) {
+  for (const auto& [threads, block] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{2, 1024}, {3, 3072}, {8, 16384}}) {
     CAPTURE(threads, block);
     states other(n, 5);
     ferry::adamw opt({}, {.threads = threads, .block_elements = block});
@@ -489,7 +538,8 @@ TEST_CASE("adamw: argument errors name the values and write nothing", "[adamw]")
   std::vector<float> p(10, 1.0f), g(10, 1.0f), m(10, 0.0f), v(10, 0.0f), shorter(9, 0.0f);
   CHECK_THROWS_MATCHES(opt.step(p, g, m, shorter, 1), ferry::logic_error,
                        message_has<ferry::logic_error>({"one length", "9"}));
-  CHECK_THROWS_MATCHES(opt.step(p, g, m, v, 0), ferry::logic_error, message_has<ferry::logic_error>({"step_number = 0"}));
+  CHECK_THROWS_MATCHES(opt.step(p, g, m, v, 0), ferry::logic_error,
+                       message_has<ferry::logic_error>({"step_number = 0"}));
   // Overlapping arrays: m and v share memory.
   std::vector<float> both(20, 0.0f);
   CHECK_THROWS_MATCHES(opt.step(p, g, std::span<float>(both).first(10), std::span<float>(both).subspan(5, 10), 1),
@@ -498,9 +548,12 @@ TEST_CASE("adamw: argument errors name the values and write nothing", "[adamw]")
   CHECK(m == std::vector<float>(10, 0.0f));
 
   CHECK_THROWS_MATCHES(ferry::adamw({.lr = -1.0f}), ferry::logic_error, message_has<ferry::logic_error>({"lr = -1"}));
-  CHECK_THROWS_MATCHES(ferry::adamw({.lr = NAN}), ferry::logic_error, message_has<ferry::logic_error>({"learning rate"}));
-  CHECK_THROWS_MATCHES(ferry::adamw({.beta1 = 1.0f}), ferry::logic_error, message_has<ferry::logic_error>({"beta1 = 1"}));
-  CHECK_THROWS_MATCHES(ferry::adamw({.beta2 = -0.5f}), ferry::logic_error, message_has<ferry::logic_error>({"beta2 = -0.5"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.lr = NAN}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"learning rate"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.beta1 = 1.0f}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"beta1 = 1"}));
+  CHECK_THROWS_MATCHES(ferry::adamw({.beta2 = -0.5f}), ferry::logic_error,
+                       message_has<ferry::logic_error>({"beta2 = -0.5"}));
   CHECK_THROWS_MATCHES(ferry::adamw({.eps = 0.0f}), ferry::logic_error, message_has<ferry::logic_error>({"eps = 0"}));
   CHECK_THROWS_MATCHES(ferry::adamw({.weight_decay = -0.1f}), ferry::logic_error,
                        message_has<ferry::logic_error>({"weight_decay = -0.1"}));

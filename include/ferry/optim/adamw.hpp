@@ -228,7 +228,22 @@ class basic_adamw {
   ///         `step_number` is 0 (nothing is written then)
   void step(std::span<float> master, std::span<const float> grad, std::span<float> m, std::span<float> v,
             std::uint64_t step_number) {
-    const adamw_constants c = adamw_constants::make(params_, step_number);
+    step(master, grad, m, v, adamw_constants::make(params_, step_number));
+  }
+
+  /// @brief One AdamW step with constants the caller made, on `threads()` threads (the
+  /// hyper-parameters of `params()` are not used): e.g.
+  /// `adamw_constants::from_double(...)`, PyTorch's constants from its Python-float
+  /// hyper-parameters, as ferry's PyTorch package steps (python/ferry/torch).
+  /// @param master parameters (fp32 master weights), updated in place
+  /// @param grad   gradients, read only
+  /// @param m      first moments, updated in place
+  /// @param v      second moments, updated in place
+  /// @param c      the step's constants
+  /// @throws ferry::logic_error when the lengths differ or the arrays overlap (nothing is
+  ///         written then)
+  void step(std::span<float> master, std::span<const float> grad, std::span<float> m, std::span<float> v,
+            const adamw_constants& c) {
     const std::size_t n = master.size();
     detail::check_adamw_arrays(master, grad, m, v);
     const adamw_isa isa = isa_;

@@ -45,15 +45,15 @@ struct adamw_params {
 
 /// @brief The per-step constants of the update, rounded to `float` (see the file comment).
 struct adamw_constants {
-  float beta1 = 0;        ///< `beta1`
-  float c1 = 0;           ///< `float(1 - beta1)`
-  float beta2 = 0;        ///< `beta2`
-  float c2 = 0;           ///< `float(1 - beta2)`
-  float step_size = 0;    ///< `float(lr / (1 - beta1^t))`
-  float bc2_sqrt = 0;     ///< `float((1 - beta2^t)^0.5)`
-  float decay = 0;        ///< `float(1 - lr * weight_decay)`
-  float eps = 0;          ///< `eps`
-  float lerp_weight = 0;  ///< `c1` when `c1 < 0.5`, else `c1 - 1`
+  float beta1 = 0;          ///< `beta1`
+  float c1 = 0;             ///< `float(1 - beta1)`
+  float beta2 = 0;          ///< `beta2`
+  float c2 = 0;             ///< `float(1 - beta2)`
+  float step_size = 0;      ///< `float(lr / (1 - beta1^t))`
+  float bc2_sqrt = 0;       ///< `float((1 - beta2^t)^0.5)`
+  float decay = 0;          ///< `float(1 - lr * weight_decay)`
+  float eps = 0;            ///< `eps`
+  float lerp_weight = 0;    ///< `c1` when `c1 < 0.5`, else `c1 - 1`
   bool lerp_from_m = true;  ///< `c1 < 0.5`: the first moment's lerp starts from `m`, else from `g`
 
   /// @brief The constants of step `step_number` (1 for the first step), computed in
@@ -62,20 +62,38 @@ struct adamw_constants {
   ///         (see `adamw_params`)
   [[nodiscard]] static adamw_constants make(const adamw_params& p, std::uint64_t step_number) {
     check(p);
+    return from_double(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, step_number);
+  }
+
+  /// @brief The constants of step `step_number` from hyper-parameters in `double`, each
+  /// constant computed in `double` and rounded to `float` once: what PyTorch's
+  /// `torch.optim.AdamW` (`foreach=False`) computes from its Python-float
+  /// hyper-parameters, so a step with these constants gives its bits (`make` widens
+  /// `float` hyper-parameters, whose roundings differ: `1 - 0.9f` is not `float(1 - 0.9)`).
+  /// @param lr, beta1, beta2, eps, weight_decay as `adamw_params`, in `double`
+  /// @param step_number t >= 1
+  /// @throws ferry::logic_error for a step number of 0 or a value out of range (the
+  ///         ranges of `adamw_params`), naming it
+  [[nodiscard]] static adamw_constants from_double(double lr, double beta1, double beta2, double eps,
+                                                   double weight_decay, std::uint64_t step_number) {
+    FERRY_EXPECTS(std::isfinite(lr) && lr >= 0.0, "the learning rate must be finite and >= 0", ferry::named("lr", lr));
+    FERRY_EXPECTS(beta1 >= 0.0 && beta1 < 1.0, "beta1 must be in [0, 1)", ferry::named("beta1", beta1));
+    FERRY_EXPECTS(beta2 >= 0.0 && beta2 < 1.0, "beta2 must be in [0, 1)", ferry::named("beta2", beta2));
+    FERRY_EXPECTS(std::isfinite(eps) && eps > 0.0, "eps must be finite and > 0", ferry::named("eps", eps));
+    FERRY_EXPECTS(std::isfinite(weight_decay) && weight_decay >= 0.0, "weight_decay must be finite and >= 0",
+                  ferry::named("weight_decay", weight_decay));
     FERRY_EXPECTS(step_number >= 1, "AdamW step numbers start at 1 (bias correction divides by 1 - beta^t)",
                   step_number);
     const double t = static_cast<double>(step_number);
-    const double b1 = p.beta1;
-    const double b2 = p.beta2;
     adamw_constants c;
-    c.beta1 = p.beta1;
-    c.c1 = static_cast<float>(1.0 - b1);
-    c.beta2 = p.beta2;
-    c.c2 = static_cast<float>(1.0 - b2);
-    c.step_size = static_cast<float>(static_cast<double>(p.lr) / (1.0 - std::pow(b1, t)));
-    c.bc2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(b2, t), 0.5));
-    c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * static_cast<double>(p.weight_decay));
-    c.eps = p.eps;
+    c.beta1 = static_cast<float>(beta1);
+    c.c1 = static_cast<float>(1.0 - beta1);
+    c.beta2 = static_cast<float>(beta2);
+    c.c2 = static_cast<float>(1.0 - beta2);
+    c.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+    c.bc2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(beta2, t), 0.5));
+    c.decay = static_cast<float>(1.0 - lr * weight_decay);
+    c.eps = static_cast<float>(eps);
     c.lerp_from_m = c.c1 < 0.5f;
     c.lerp_weight = c.lerp_from_m ? c.c1 : c.c1 - 1.0f;
     return c;

@@ -22,14 +22,17 @@ device's place. Gradients are bit for bit those of the same step without offload
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from ferry import _core
+from ferry.torch.optim import OffloadAdamW
 
-__all__ = ["offload_activations", "keep_on_device"]
+__all__ = ["offload_activations", "keep_on_device", "OffloadAdamW"]
 
 _KEEP_ATTR = "_ferry_keep_on_device"
 
@@ -43,33 +46,88 @@ def keep_on_device(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _inplace_error(t: torch.Tensor, saved_version: int) -> RuntimeError:
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[ferry.torch: a tensor of shape {tuple(t.shape)} and dtype {t.dtype} saved at version "
+        f"{saved_version} is now at version {t._version}] (autograd's own check is off under saved-tensor "
+        "hooks; offload_activations makes it)"
+    )
+
+
+class _Kept:
+    """A saved tensor left where autograd saved it, with its version at the save, so
+    that an in-place change before the backward pass is refused as autograd refuses it
+    (saved-tensor hooks turn autograd's own check off)."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.version = t._version
+
+    def get(self) -> torch.Tensor:
+        if self.tensor._version != self.version:
+            raise _inplace_error(self.tensor, self.version)
+        return self.tensor
+
+
 class _Saved:
-    """One offloaded tensor: its key in the store and what it takes to rebuild it. The
-    graph node that saved it holds this object, and this object the cache (so dropping
-    the ``offload_activations`` object loses nothing a graph still needs); the bytes come
+    """One offloaded tensor: its key in the store and what it takes to rebuild it (shape,
+    dtype, and the order of its dimensions in memory, so a dense tensor of any layout,
+    channels_last included, comes back with its strides). The graph node that saved it
+    holds this object, and this object the cache (so dropping the
+    ``offload_activations`` object loses nothing a graph still needs); the bytes come
     back on the first unpack (kept for later unpacks, as ``retain_graph`` needs) and the
-    key is erased then, or when the graph is freed without a backward pass."""
+    key is erased then, or when the graph is freed without a backward pass. A weak
+    reference to the saved tensor checks, at unpack, that it was not changed in place
+    after the save."""
 
-    __slots__ = ("_owner", "key", "nbytes", "shape", "dtype", "_value", "__weakref__")
+    __slots__ = ("_owner", "key", "nbytes", "shape", "dtype", "order", "version", "source", "_value", "__weakref__")
 
-    def __init__(self, owner: "offload_activations", key: int, t: torch.Tensor) -> None:
+    def __init__(self, owner: "offload_activations", key: int, t: torch.Tensor, order: Tuple[int, ...]) -> None:
         self._owner = owner  # the cache lives while a graph still needs its bytes
         self.key = key
         self.nbytes = t.numel() * t.element_size()
         self.shape = t.shape
         self.dtype = t.dtype
+        self.order = order  # dims from outermost to innermost in memory
+        self.version = t._version
+        self.source = weakref.ref(t)
         self._value: Optional[torch.Tensor] = None
 
     def get(self) -> torch.Tensor:
+        source = self.source()
+        if source is not None and source._version != self.version:
+            raise _inplace_error(source, self.version)
         if self._value is None:
             raw = torch.empty(self.nbytes, dtype=torch.uint8)
             self._owner._fetch(self.key, raw)
-            self._value = raw.view(self.dtype).view(self.shape)
+            dense = raw.view(self.dtype).view([self.shape[d] for d in self.order])
+            inverse = [0] * len(self.order)
+            for i, d in enumerate(self.order):
+                inverse[d] = i
+            self._value = dense.permute(inverse) if self.order != tuple(range(len(self.order))) else dense
         return self._value
 
     def __del__(self) -> None:
         if self._value is None:
             self._owner._discard(self.key)
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
+
+
+def _memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The order of `t`'s dimensions in memory (outermost first) when `t` is dense and
+    non-overlapping in some order (contiguous, channels_last, a transposed contiguous
+    tensor), else None."""
+    dims = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
+    order = tuple(dims)
+    if t.permute(order).is_contiguous():
+        return order
+    return None
 
 
 class offload_activations:
@@ -80,13 +138,18 @@ class offload_activations:
     memory and its record of the first step are reused by the later ones (entering it
     again ends the previous step: ``tensor_cache::end_iteration``).
 
-    Which tensors go: those of at least ``min_bytes`` bytes that are on the CPU (this
-    build), contiguous, not parameters (leaves that require grad) and not marked with
+    Which tensors go: those of at least ``min_bytes`` bytes that are not parameters nor
+    views of one (``nn.Parameter``, frozen ones too, leaves that require grad, and the
+    ``w.t()`` a linear layer saves: they stay alive anyway), on the CPU (this build),
+    dense in some layout (contiguous, channels_last, transposed) and not marked with
     :func:`keep_on_device`. The others are saved as autograd saves them, each counted by
-    reason in ``stats()["kept"]``. The last ``keep_last`` tensors stored stay in the
-    cache's device memory (the backward pass reads them first). A tensor the pinned
-    memory cannot hold (``pinned_bytes``) stays as autograd saved it (``kept["no_room"]``),
-    so a step never fails for want of room.
+    reason in ``stats()["kept"]``. A tensor saved several times (one activation read by
+    three projections) is offloaded once. The last ``keep_last`` tensors stored stay in
+    the cache's device memory (the backward pass reads them first). A tensor the pinned
+    memory cannot hold (``pinned_bytes``) stays as autograd saved it
+    (``kept["no_room"]``), so a step never fails for want of room. A saved tensor changed
+    in place before the backward pass is refused at unpack with autograd's own message
+    (saved-tensor hooks turn autograd's check off; this object makes it).
 
     Args:
         min_bytes: tensors smaller than this stay (offloading them costs more than it frees).
@@ -96,7 +159,8 @@ class offload_activations:
         prefetch_bytes: device bytes that prefetched tensors may hold at once.
 
     Raises:
-        ValueError: for a negative or non-integer argument.
+        ValueError: for an argument that is not an integer in [0, 2**63) (Python, numpy
+            and torch integers are taken).
     """
 
     def __init__(
@@ -107,14 +171,16 @@ class offload_activations:
         pinned_bytes: int = 0,
         prefetch_bytes: int = 1 << 30,
     ) -> None:
+        checked = {}
         for name, value in (
             ("min_bytes", min_bytes),
             ("keep_last", keep_last),
             ("pinned_bytes", pinned_bytes),
             ("prefetch_bytes", prefetch_bytes),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"offload_activations: {name} must be an integer >= 0, not {value!r}")
+            checked[name] = _whole(f"offload_activations: {name}", value)
+        min_bytes, keep_last = checked["min_bytes"], checked["keep_last"]
+        pinned_bytes, prefetch_bytes = checked["pinned_bytes"], checked["prefetch_bytes"]
         self.min_bytes = min_bytes
         self._store = _core.ActivationStore(
             resident_below_bytes=min_bytes,
@@ -133,19 +199,26 @@ class offload_activations:
         self._hooks: Optional[Any] = None
         self._steps = 0
         self._kept: Dict[str, int] = {
-            "small": 0,
             "marked": 0,
-            "parameter": 0,
-            "not_contiguous": 0,
             "device": 0,
+            "parameter": 0,
+            "small": 0,
+            "not_dense": 0,
             "no_room": 0,
         }
+        self._deduplicated = 0
+        # Tensors saved more than once (one activation read by the q, k and v projections)
+        # are offloaded once: the live _Saved of each, by what identifies its bytes.
+        self._live: "weakref.WeakValueDictionary[tuple, _Saved]" = weakref.WeakValueDictionary()
 
     # --- the context manager ----------------------------------------------------------
 
     def __enter__(self) -> "offload_activations":
         if self._hooks is not None:
-            raise RuntimeError("offload_activations: already entered (it is not reentrant)")
+            raise RuntimeError(
+                "offload_activations: already entered, on this thread or another (it is not reentrant; "
+                "saved-tensor hooks are per thread: use one object per thread)"
+            )
         if self._steps > 0:
             with self._lock:
                 self._store.end_iteration()
@@ -169,39 +242,47 @@ class offload_activations:
             return "marked"
         if t.device.type != "cpu":
             return "device"
+        if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
+            return "parameter"  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
         if t.numel() * t.element_size() < max(self.min_bytes, 1):
             return "small"
-        if t.requires_grad and t.is_leaf:
-            return "parameter"
-        if not t.is_contiguous():
-            return "not_contiguous"
+        if t.layout != torch.strided or _memory_order(t) is None:
+            return "not_dense"
         return None
 
     def _pack(self, t: torch.Tensor) -> Any:
         reason = self._why_kept(t)
         if reason is not None:
             self._kept[reason] += 1
-            return t
-        key = self._position
-        self._position += 1
+            return _Kept(t)
+        ident = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t._version)
         with self._lock:
+            earlier = self._live.get(ident)
+            if earlier is not None and earlier.source() is t:
+                self._deduplicated += 1
+                return earlier
+        order = _memory_order(t)
+        # Conjugate and negative views hold their values with a bit on the side: resolve
+        # them, so that the bytes are the values.
+        dense = t.detach().resolve_conj().resolve_neg().permute(order)
+        flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
+        with self._lock:
+            key = self._position
+            self._position += 1
             if self._store.contains(key):
                 key = next(self._spare_keys)
-        saved = _Saved(self, key, t)
-        flat = t.detach().reshape(-1).view(torch.uint8)  # any dtype, as bytes
-        try:
-            with self._lock:
+            saved = _Saved(self, key, t, order)
+            try:
                 self._store.offload(key, flat)
-        except MemoryError:
-            saved._value = t  # nothing stored; the tensor stays as autograd saved it
-            self._kept["no_room"] += 1
-            return t
+            except MemoryError:
+                saved._value = t  # nothing stored; the tensor stays as autograd saved it
+                self._kept["no_room"] += 1
+                return _Kept(t)
+            self._live[ident] = saved
         return saved
 
     @staticmethod
     def _unpack(saved: Any) -> torch.Tensor:
-        if isinstance(saved, torch.Tensor):
-            return saved
         return saved.get()
 
     def _fetch(self, key: int, raw: torch.Tensor) -> None:
@@ -217,11 +298,27 @@ class offload_activations:
     def stats(self) -> Dict[str, Any]:
         """The cache's counters (``stored``, ``offloaded``, ``offloaded_bytes``,
         ``fetched``, ``fetched_bytes``, ``prefetched``, ``kept_resident``), the tensors
-        held now (``held``), the steps entered (``steps``), and the tensors left as
-        autograd saved them, by reason (``kept``: small, marked, parameter,
-        not_contiguous, device, no_room)."""
+        held now (``held``), the steps entered (``steps``), the saves of a tensor already
+        offloaded that shared its copy (``deduplicated``), and the tensors left as
+        autograd saved them, by reason (``kept``: marked, device, parameter, small,
+        not_dense, no_room)."""
         with self._lock:
             s = dict(self._store.stats())
         s["steps"] = self._steps
         s["kept"] = dict(self._kept)
+        s["deduplicated"] = self._deduplicated
         return s
+
+
+def _whole(what: str, value: Any) -> int:
+    """`value` as an int in [0, 2**63): Python ints, numpy and torch integers; a ValueError
+    naming `what` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be an integer >= 0, not {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer >= 0, not {value!r}") from None
+    if not 0 <= n < 1 << 63:
+        raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
+    return n

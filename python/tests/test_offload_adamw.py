@@ -1,0 +1,214 @@
+"""ferry.torch.OffloadAdamW against torch.optim.AdamW(foreach=False): moments bit for bit,
+parameters within one rounding of the update per step (PyTorch's vectorised CPU sqrt is
+not correctly rounded; ferry's is), param groups, an lr scheduler, gradient clipping, resuming from a state_dict
+bit for bit, checkpoints moving between the two optimizers, and the errors."""
+
+import copy
+import io
+
+import pytest
+import torch
+
+import ferry.torch as ft
+
+
+def _close(a, b, steps, lr):
+    """|a - b| <= steps * (2**-23 |a| + 2**-20 lr) elementwise: a rounding of the parameter
+    and of the update per step, the bound docs/python.md states."""
+    a, b = a.detach(), b.detach()
+    return bool(((a - b).abs() <= steps * (2.0**-23 * a.abs() + 2.0**-20 * lr)).all())
+
+
+def _grads(shapes, steps, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=g) for s in shapes] for _ in range(steps)]
+
+
+def _run(opt_factory, params, grads, clip=None, scheduler=None):
+    opt = opt_factory(params)
+    sched = scheduler(opt) if scheduler else None
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        if sched:
+            sched.step()
+    return opt
+
+
+def _fresh(shapes, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+
+
+SHAPES = [(257, 129), (4099,), (3, 5, 7), (1,)]
+
+
+@pytest.mark.parametrize("hp", [dict(), dict(lr=3e-4, betas=(0.8, 0.95), weight_decay=0.1), dict(lr=1e-2, weight_decay=0.0, eps=1e-6)])
+def test_moments_bit_for_bit_and_parameters_within_an_ulp_a_step(hp):
+    steps = 6
+    grads = _grads(SHAPES, steps)
+    ref_p, our_p = _fresh(SHAPES), _fresh(SHAPES)
+    ref = _run(lambda ps: torch.optim.AdamW(ps, foreach=False, **hp), ref_p, grads)
+    ours = _run(lambda ps: ft.OffloadAdamW(ps, **hp), our_p, grads)
+    for a, b in zip(ref_p, our_p):
+        assert _close(a, b, steps, hp.get("lr", 1e-3))
+        sa, sb = ref.state[a], ours.state[b]
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"])
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+        assert sa["step"].item() == sb["step"].item() == steps
+    assert ours.state_bytes >= 8 * sum(p.numel() for p in our_p)
+
+
+def test_param_groups_a_scheduler_and_clipping_as_torch():
+    steps = 5
+    grads = _grads(SHAPES, steps, seed=11)
+
+    def groups(ps, cls, **kw):
+        return cls([{"params": ps[:2]}, {"params": ps[2:], "lr": 5e-3, "weight_decay": 0.0}], lr=1e-3, **kw)
+
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)  # noqa: E731
+    ref_p, our_p = _fresh(SHAPES), _fresh(SHAPES)
+    ref = _run(lambda ps: groups(ps, torch.optim.AdamW, foreach=False), ref_p, grads, clip=1.0, scheduler=sched)
+    ours = _run(lambda ps: groups(ps, ft.OffloadAdamW), our_p, grads, clip=1.0, scheduler=sched)
+    for a, b in zip(ref_p, our_p):
+        assert _close(a, b, steps, 5e-3)
+        assert torch.equal(ref.state[a]["exp_avg"], ours.state[b]["exp_avg"])
+    assert [g["lr"] for g in ours.param_groups] == [g["lr"] for g in ref.param_groups]
+
+
+def test_resuming_from_a_state_dict_is_bit_for_bit():
+    grads = _grads(SHAPES, 6, seed=2)
+    straight_p = _fresh(SHAPES)
+    straight = _run(lambda ps: ft.OffloadAdamW(ps, lr=1e-2), straight_p, grads)
+
+    first_p = _fresh(SHAPES)
+    first = _run(lambda ps: ft.OffloadAdamW(ps, lr=1e-2), first_p, grads[:3])
+    buf = io.BytesIO()
+    torch.save({"params": [p.detach().clone() for p in first_p], "opt": first.state_dict()}, buf)
+    del first
+    buf.seek(0)
+    saved = torch.load(buf)
+    resumed_p = [p.clone().requires_grad_() for p in saved["params"]]
+    resumed = ft.OffloadAdamW(resumed_p, lr=1e-2)
+    resumed.load_state_dict(saved["opt"])
+    assert resumed.state_bytes >= 8 * sum(p.numel() for p in resumed_p)  # the moments are in the pool again
+    for gs in grads[3:]:
+        for p, g in zip(resumed_p, gs):
+            p.grad = g.clone()
+        resumed.step()
+    for a, b in zip(straight_p, resumed_p):
+        assert torch.equal(a, b)
+        assert torch.equal(straight.state[a]["exp_avg_sq"], resumed.state[b]["exp_avg_sq"])
+
+
+def test_a_torch_adamw_checkpoint_loads_into_offload_adamw_and_back():
+    grads = _grads(SHAPES, 4, seed=9)
+    p_torch = _fresh(SHAPES)
+    t_opt = _run(lambda ps: torch.optim.AdamW(ps, foreach=False), p_torch, grads[:2])
+    p_ours = [p.detach().clone().requires_grad_() for p in p_torch]
+    ours = ft.OffloadAdamW(p_ours)
+    ours.load_state_dict(copy.deepcopy(t_opt.state_dict()))
+    for gs in grads[2:]:
+        for p, q, g in zip(p_torch, p_ours, gs):
+            p.grad, q.grad = g.clone(), g.clone()
+        t_opt.step()
+        ours.step()
+    for a, b in zip(p_torch, p_ours):
+        assert _close(a, b, 2, 1e-3)
+        assert torch.equal(t_opt.state[a]["exp_avg"], ours.state[b]["exp_avg"])
+    back = torch.optim.AdamW(p_torch, foreach=False)
+    back.load_state_dict(ours.state_dict())  # and the other way
+    assert back.state[p_torch[0]]["step"].item() == 4
+
+
+def test_thread_counts_give_the_same_bits():
+    grads = _grads([(70001,)], 3, seed=4)
+    results = []
+    for threads in (1, 2, 3):
+        ps = _fresh([(70001,)])
+        _run(lambda q: ft.OffloadAdamW(q, threads=threads), ps, grads)
+        results.append(ps[0].detach())
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_parameters_without_gradients_and_empty_ones_are_left_alone():
+    a, b, e = torch.randn(10, requires_grad=True), torch.randn(10, requires_grad=True), torch.zeros(0, requires_grad=True)
+    opt = ft.OffloadAdamW([a, b, e])
+    before = b.detach().clone()
+    a.grad, e.grad = torch.randn(10), torch.zeros(0)
+    opt.step()
+    assert torch.equal(b.detach(), before) and not opt.state.get(b)
+    assert opt.state[e]["step"].item() == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(lr=-1.0), "learning rate"),
+        (dict(betas=(0.9, 1.0)), "beta parameter at index 1"),
+        (dict(eps=0.0), "epsilon"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(amsgrad=True), "amsgrad"),
+        (dict(pinned_bytes=-5), "pinned_bytes"),
+    ],
+)
+def test_bad_hyper_parameters_are_value_errors_naming_them(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ft.OffloadAdamW([torch.randn(3, requires_grad=True)], **kwargs)
+
+
+def test_parameters_ferry_cannot_step_are_refused_with_their_shape_and_dtype():
+    with pytest.raises(ValueError, match="float32.*float64"):
+        ft.OffloadAdamW([torch.randn(3, dtype=torch.float64, requires_grad=True)])
+    with pytest.raises(ValueError, match="contiguous"):
+        ft.OffloadAdamW([torch.randn(4, 4).t().requires_grad_()])
+    with pytest.raises(ValueError, match="CPU parameters only"):
+        ft.OffloadAdamW([torch.randn(3, device="meta", requires_grad=True)])
+
+
+def test_moments_that_do_not_fit_the_pool_are_a_memory_error_and_nothing_changes():
+    small = torch.randn(1000, requires_grad=True)
+    big = torch.randn(1 << 20, requires_grad=True)  # 8 MiB of moments
+    opt = ft.OffloadAdamW([small, big], pinned_bytes=1 << 20)
+    small.grad, big.grad = torch.randn(1000), torch.randn(1 << 20)
+    before = big.detach().clone()
+    with pytest.raises(MemoryError):
+        opt.step()
+    assert torch.equal(big.detach(), before) and not opt.state.get(big)
+    assert opt.state[small]["step"].item() == 1  # updated before the refusal
+
+
+def test_a_small_transformer_trains_with_offloaded_activations_and_states():
+    from test_offload_activations import _GPT
+
+    torch.manual_seed(7)
+    batch = (torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16)))
+    batches = [batch] * 6  # one batch, learnt: the loss must fall
+
+    def train(model, opt, offload):
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            torch.manual_seed(1000 + i)
+            opt.zero_grad()
+            with offload:
+                loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    import contextlib
+
+    ref_model = _GPT()
+    ref = train(ref_model, torch.optim.AdamW(ref_model.parameters(), lr=3e-3, foreach=False), contextlib.nullcontext())
+    model = _GPT()
+    off = ft.offload_activations(min_bytes=4096)
+    ours = train(model, ft.OffloadAdamW(model.parameters(), lr=3e-3), off)
+    assert ours[0] == ref[0]  # the first forward pass sees the same weights
+    assert ours == pytest.approx(ref, rel=1e-4)  # then ulps of the parameters, no more
+    assert ours[-1] < ours[0]
+    assert off.stats()["offloaded"] > 0
