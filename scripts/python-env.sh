@@ -2,9 +2,11 @@
 # The Python environment of ferry's PyTorch package (python/): a virtual environment with
 # torch, numpy and pytest from PyPI, made once per machine and kept (PyPI's torch brings its
 # CUDA libraries, about 3 GB; it runs on CPU tensors without a GPU), and ferry-torch built
-# from this checkout into it on every call (`pip install ./python`: nanobind and
-# scikit-build-core come from PyPI in pip's build environment).
-#   scripts/python-env.sh        prints the environment's python on its last line
+# from this checkout on every call into the checkout's build/python-site (`pip install
+# --target`: nanobind and scikit-build-core come from PyPI in pip's build environment), not
+# into the shared environment, so that two checkouts never test each other's package.
+#   scripts/python-env.sh        prints the environment's python, then the folder to put on
+#                                PYTHONPATH, on its last two lines
 # Environment: FERRY_PYTHON_ENV, the environment's folder (default
 # ~/.cache/ferry-python/venv, beside ccache's cache, so that CI runs reuse it).
 set -euo pipefail
@@ -28,7 +30,10 @@ if ! "$py" -c 'import torch, numpy, pytest' >/dev/null 2>&1; then
   "$py" -m pip install -q --upgrade pip >&2
   "$py" -m pip install -q torch numpy pytest >&2
 fi
-echo "python-env: building ferry-torch from python/ into $env_dir" >&2
-"$py" -m pip install -q --force-reinstall --no-deps ./python >&2
-"$py" -c 'import ferry, ferry.torch, torch; print("python-env: ferry-torch", ferry.__version__, "with torch", torch.__version__, "(CUDA build:", ferry.has_cuda, ")")' >&2
+site="$(pwd)/build/python-site"
+echo "python-env: building ferry-torch from python/ into $site" >&2
+rm -rf "$site"
+"$py" -m pip install -q --no-deps --target "$site" ./python >&2
+PYTHONPATH="$site" "$py" -c 'import ferry, ferry.torch, torch; print("python-env: ferry-torch", ferry.__version__, "from", ferry.__file__, "with torch", torch.__version__, "(CUDA build:", ferry.has_cuda, ")")' >&2
 echo "$py"
+echo "$site"

@@ -51,7 +51,8 @@ preset=${FERRY_TEST_PRESET:-ci}
 python_args=()
 if [[ "${FERRY_PYTHON_TESTS:-1}" != 0 && "$preset" == ci ]]; then
   stage "the PyTorch package's environment (scripts/python-env.sh)"
-  python_args=("-DFERRY_PYTHON=$(bash scripts/python-env.sh | tail -n 1)")
+  python_env=$(bash scripts/python-env.sh | tail -n 2)
+  python_args=("-DFERRY_PYTHON=$(sed -n 1p <<<"$python_env")" "-DFERRY_PYTHON_PATH=$(sed -n 2p <<<"$python_env")")
 fi
 stage "the $preset build"
 cmake --preset "$preset" "${python_args[@]}"
