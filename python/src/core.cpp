@@ -184,6 +184,10 @@ class state_pool {
   static ferry::pinned_pool_options options(std::size_t budget_bytes) {
     ferry::pinned_pool_options o;
     o.budget_bytes = budget_bytes;
+    // Slabs of 16 MiB: a moment larger than that takes a slab of its own size, so the
+    // budget a model's moments need is their bytes plus at most one slab (256 MiB slabs
+    // would strand up to 256 MiB a large moment at a time).
+    o.slab_bytes = std::size_t{16} << 20;
     return o;
   }
   std::shared_ptr<ferry::pinned_pool> pool_;

@@ -6,6 +6,7 @@ bit for bit, checkpoints moving between the two optimizers, and the errors."""
 import copy
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -171,14 +172,121 @@ def test_parameters_ferry_cannot_step_are_refused_with_their_shape_and_dtype():
 
 def test_moments_that_do_not_fit_the_pool_are_a_memory_error_and_nothing_changes():
     small = torch.randn(1000, requires_grad=True)
-    big = torch.randn(1 << 20, requires_grad=True)  # 8 MiB of moments
-    opt = ft.OffloadAdamW([small, big], pinned_bytes=1 << 20)
-    small.grad, big.grad = torch.randn(1000), torch.randn(1 << 20)
-    before = big.detach().clone()
-    with pytest.raises(MemoryError):
+    big = torch.randn(5 << 20, requires_grad=True)  # 40 MiB of moments
+    opt = ft.OffloadAdamW([small, big], pinned_bytes=16 << 20)
+    small.grad, big.grad = torch.randn(1000), torch.randn(5 << 20)
+    before = (small.detach().clone(), big.detach().clone())
+    for _ in range(2):  # and again: nothing stepped twice
+        with pytest.raises(MemoryError):
+            opt.step()
+        assert torch.equal(small.detach(), before[0]) and torch.equal(big.detach(), before[1])
+        assert not opt.state.get(small) and not opt.state.get(big)
+        assert opt.state_bytes == 0
+
+
+def test_the_documented_budget_holds_the_moments():
+    sizes = [(5 << 20) + 3, 1, 777, 1 << 20]
+    params = [torch.randn(n, requires_grad=True) for n in sizes]
+    budget = 8 * sum(sizes) + 512 * len(sizes) + (16 << 20)
+    opt = ft.OffloadAdamW(params, pinned_bytes=budget)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert all(opt.state[p]["step"].item() == 1 for p in params)
+
+
+def test_a_step_that_fails_a_check_changes_nothing():
+    p1, p2 = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = ft.OffloadAdamW([{"params": [p1]}, {"params": [p2]}], lr=0.1)
+    p1.grad = p2.grad = torch.ones(3)
+    opt.param_groups[1]["lr"] = -1.0
+    with pytest.raises(ValueError, match="learning rate"):
         opt.step()
-    assert torch.equal(big.detach(), before) and not opt.state.get(big)
-    assert opt.state[small]["step"].item() == 1  # updated before the refusal
+    assert torch.equal(p1.detach(), torch.ones(3)) and not opt.state.get(p1)
+    opt.param_groups[1]["lr"] = np.float32(0.1)  # numpy and torch numbers are taken
+    opt.param_groups[0]["betas"] = (torch.tensor(0.9), np.float64(0.999))
+    opt.step()
+    assert opt.state[p1]["step"].item() == opt.state[p2]["step"].item() == 1
+
+
+def test_a_group_added_with_a_bad_parameter_or_value_is_refused_and_not_added():
+    opt = ft.OffloadAdamW([torch.randn(3, requires_grad=True)])
+    for group, match in (
+        ({"params": [torch.randn(3, dtype=torch.float64, requires_grad=True)]}, "float32"),
+        ({"params": [torch.randn(4, 4).t().requires_grad_()]}, "contiguous"),
+        ({"params": [torch.randn(3, requires_grad=True)], "lr": -1.0}, "learning rate"),
+        ({"params": [torch.randn(3).to_sparse().requires_grad_()]}, "sparse"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            opt.add_param_group(group)
+        assert len(opt.param_groups) == 1
+
+
+def test_a_failed_load_keeps_the_optimizer_as_it_was():
+    grads = _grads([(3,), (4,)], 2, seed=8)
+    a_params = _fresh([(3,), (4,)])
+    a = _run(lambda ps: ft.OffloadAdamW(ps), a_params, grads)
+    snapshot = copy.deepcopy(a.state_dict())
+    wrong = _run(lambda ps: torch.optim.AdamW(ps, foreach=False), _fresh([(4,), (3,)]), [[torch.randn(4), torch.randn(3)]])
+    sgd = torch.optim.SGD(_fresh([(3,), (4,)]), lr=0.1, momentum=0.9)
+    for p in sgd.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    sgd.step()
+    amsgrad = torch.optim.AdamW(_fresh([(3,), (4,)]), amsgrad=True)
+    for bad, match in ((wrong.state_dict(), "shape"), (sgd.state_dict(), "not an AdamW state"), (amsgrad.state_dict(), "amsgrad")):
+        with pytest.raises(ValueError, match=match):
+            a.load_state_dict(bad)
+        after = a.state_dict()
+        for i in (0, 1):
+            assert torch.equal(after["state"][i]["exp_avg"], snapshot["state"][i]["exp_avg"])
+        assert after["param_groups"][0]["lr"] == snapshot["param_groups"][0]["lr"]
+    for p, g in zip(a_params, grads[0]):
+        p.grad = g.clone()
+    a.step()  # still steps
+
+
+def test_a_copy_of_the_optimizer_has_its_own_pool_and_steps_the_same():
+    import pickle
+
+    grads = _grads(SHAPES, 4, seed=12)
+    params = _fresh(SHAPES)
+    opt = _run(lambda ps: ft.OffloadAdamW(ps, threads=1), params, grads[:2])
+    for twin_of in (copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))):
+        twin = twin_of({"params": params, "opt": opt})
+        tp, to = twin["params"], twin["opt"]
+        assert to.state_bytes == opt.state_bytes and to.threads == 1
+        for p, q, g in zip(params, tp, grads[2]):
+            q.grad = g.clone()
+        to.step()
+        assert opt.state[params[0]]["step"].item() == 2  # the original is untouched
+        ref_params = [p.detach().clone().requires_grad_() for p in params]
+        ref = ft.OffloadAdamW(ref_params, threads=1)
+        ref.load_state_dict(opt.state_dict())
+        for p, g in zip(ref_params, grads[2]):
+            p.grad = g.clone()
+        ref.step()
+        for a, b in zip(ref_params, tp):
+            assert torch.equal(a, b)
+
+
+def test_a_gradient_sharing_its_parameters_memory_is_read_before_the_update():
+    # p.grad = p.detach(): ferry reads the gradient as it was at the call (torch's in-place
+    # weight decay changes such a gradient before its moments read it).
+    p = torch.randn(100, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    p.grad = p.detach()
+    q.grad = q.detach().clone()
+    mine, ref = ft.OffloadAdamW([p]), ft.OffloadAdamW([q])
+    mine.step()
+    ref.step()
+    assert torch.equal(p, q)
+    assert torch.equal(mine.state[p]["exp_avg"], ref.state[q]["exp_avg"])
+
+
+def test_settings_take_numpy_integers_and_refuse_what_does_not_fit():
+    assert ft.OffloadAdamW([torch.randn(2, requires_grad=True)], pinned_bytes=np.int64(1 << 20), threads=np.int32(1)).threads == 1
+    with pytest.raises(ValueError, match="pinned_bytes"):
+        ft.OffloadAdamW([torch.randn(2, requires_grad=True)], pinned_bytes=2**64)
 
 
 def test_a_small_transformer_trains_with_offloaded_activations_and_states():

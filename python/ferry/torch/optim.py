@@ -3,6 +3,9 @@ ferry's vectorised, multi-threaded CPU AdamW (``ferry::basic_adamw``)."""
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -36,13 +39,21 @@ class OffloadAdamW(torch.optim.Optimizer):
     rounded for about one element in six while ferry's is (docs/python.md).
 
     This build steps parameters on the CPU (float32, contiguous); gradients may be
-    strided (they are read through a contiguous copy then).
+    strided (they are read through a contiguous copy then). ``step`` and
+    ``load_state_dict`` are all or nothing: every check and allocation comes before any
+    change. A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
+    ``torch.optim.AdamW``, one optimizer is stepped from one thread at a time.
 
     Args:
         params: parameters or param groups, as for any ``torch.optim.Optimizer``.
-        lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (same defaults).
-        pinned_bytes: the budget of the pool the moments live in (8 bytes per element);
-            0: ``FERRY_PINNED_BUDGET_BYTES`` (half of RAM by default).
+        lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (same defaults; Python,
+            numpy and 0-dim torch numbers; ``eps`` must be > 0).
+        pinned_bytes: the budget of the pool the moments live in; 0:
+            ``FERRY_PINNED_BUDGET_BYTES`` (half of RAM by default). Each moment costs its
+            bytes (4 per element) rounded up to 256; the pool takes memory in slabs of
+            16 MiB, and a moment larger than that in a slab of its own size rounded up to
+            the page; the budget is rounded down to the page. So a budget of 8 bytes per
+            element plus 512 bytes per parameter plus 16 MiB always holds the moments.
         threads: CPU threads of the update; 0: ``FERRY_OPTIMIZER_THREADS`` (the hardware
             threads, at most 16).
         fused_rounding: round the moments' multiply-adds as fused (PyTorch's AVX2 /
@@ -50,9 +61,10 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     Raises:
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
-            ``maximize`` (not supported), a parameter that is not float32 on the CPU.
-        MemoryError: at the first ``step`` of a parameter whose moments do not fit in the
-            pool (nothing of that parameter is updated; the others keep their state).
+            ``maximize`` (not supported), a parameter that is not float32, strided,
+            contiguous and on the CPU (naming its shape, dtype and device).
+        MemoryError: at a ``step`` whose new moments do not fit in the pool (nothing is
+            updated; the step can be called again once there is room).
     """
 
     def __init__(
@@ -71,18 +83,19 @@ class OffloadAdamW(torch.optim.Optimizer):
     ) -> None:
         if amsgrad or maximize:
             raise ValueError("OffloadAdamW: amsgrad and maximize are not supported (ferry's AdamW has neither)")
-        _check_hyper(lr, betas, eps, weight_decay)
-        for name, value in (("pinned_bytes", pinned_bytes), ("threads", threads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"OffloadAdamW: {name} must be an integer >= 0, not {value!r}")
+        _hyper(lr, betas, eps, weight_decay)
+        self._settings = {
+            "pinned_bytes": _whole("OffloadAdamW: pinned_bytes", pinned_bytes),
+            "threads": _whole("OffloadAdamW: threads", threads),
+            "fused_rounding": bool(fused_rounding),
+        }
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        super().__init__(params, defaults)
-        for group in self.param_groups:
-            _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
-            for p in group["params"]:
-                _check_param(p)
-        self._pool = _core.StatePool(pinned_bytes)
-        self._adamw = _core.AdamW(threads, bool(fused_rounding))
+        super().__init__(params, defaults)  # each group through add_param_group: checked
+        self._make_engine()
+
+    def _make_engine(self) -> None:
+        self._pool = _core.StatePool(self._settings["pinned_bytes"])
+        self._adamw = _core.AdamW(self._settings["threads"], self._settings["fused_rounding"])
 
     @property
     def state_bytes(self) -> int:
@@ -99,6 +112,20 @@ class OffloadAdamW(torch.optim.Optimizer):
         """The kernel the update runs (``avx512``, ``avx2`` or ``portable``)."""
         return self._adamw.isa
 
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """As ``torch.optim.Optimizer.add_param_group``, with this optimizer's checks: a
+        group with a hyper-parameter out of range or a parameter it cannot step is refused
+        (``ValueError``) and not added."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            for p in group["params"]:
+                _check_param(p)
+        except Exception:
+            self.param_groups.pop()
+            raise
+
     def _moment(self, p: torch.Tensor) -> torch.Tensor:
         if p.numel() == 0:
             return torch.zeros_like(p)  # nothing to hold
@@ -106,14 +133,17 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """One AdamW step over every parameter that has a gradient."""
+        """One AdamW step over every parameter that has a gradient. All or nothing: every
+        group and gradient is checked and every missing moment allocated before any
+        parameter changes, so an error (``ValueError``, ``MemoryError``) leaves every
+        parameter and state as it was, and the step can be called again."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        work = []
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            _check_hyper(lr, (beta1, beta2), eps, wd)
+            hp = _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -125,81 +155,164 @@ class OffloadAdamW(torch.optim.Optimizer):
                     raise ValueError(
                         f"OffloadAdamW: a gradient unlike its parameter [param: {_describe(p)}; grad: {_describe(grad)}]"
                     )
-                state = self.state[p]
-                if len(state) == 0:
-                    m = self._moment(p)  # MemoryError: nothing of this parameter changes
+                work.append((p, hp))
+        created = []
+        try:
+            for p, _ in work:
+                if not self.state.get(p):
+                    m = self._moment(p)  # MemoryError: the moments made by this call go again
                     v = self._moment(p)
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = m
-                    state["exp_avg_sq"] = v
-                step = int(state["step"].item()) + 1
-                if p.numel() == 0:
-                    state["step"].fill_(float(step))
-                    continue
+                    self.state[p] = {"step": torch.tensor(0.0), "exp_avg": m, "exp_avg_sq": v}
+                    created.append(p)
+        except BaseException:
+            for p in created:
+                del self.state[p]
+            raise
+        for p, (lr, beta1, beta2, eps, wd) in work:
+            state = self.state[p]
+            step = int(state["step"].item()) + 1
+            if p.numel() > 0:
+                grad = p.grad.detach()
+                if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+                    grad = grad.clone()  # a gradient sharing its parameter's memory (p.grad = p.detach())
                 self._adamw.step(
                     p.detach().view(-1),
-                    grad.detach().contiguous().view(-1),
+                    grad.contiguous().view(-1),
                     state["exp_avg"].view(-1),
                     state["exp_avg_sq"].view(-1),
-                    lr=float(lr),
-                    beta1=float(beta1),
-                    beta2=float(beta2),
-                    eps=float(eps),
-                    weight_decay=float(wd),
+                    lr=lr,
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=eps,
+                    weight_decay=wd,
                     step=step,
                 )
-                state["step"].fill_(float(step))
+            state["step"].fill_(float(step))
         return loss
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """As ``torch.optim.Optimizer.load_state_dict``, then each loaded moment is copied
-        into the pool (the loaded tensors are not kept), so the optimizer goes on exactly
-        where the saved one stopped.
+        """As ``torch.optim.Optimizer.load_state_dict`` (a ``torch.optim.AdamW`` state
+        loads too), then each loaded moment is copied into the pool (the loaded tensors
+        are not kept), so the optimizer goes on exactly where the saved one stopped. All
+        or nothing: on an error the optimizer keeps its own state and groups.
 
         Raises:
-            ValueError: a loaded moment whose shape is not its parameter's (naming both).
+            ValueError: a state that is not AdamW's (no ``exp_avg``...), a moment whose
+                shape is not its parameter's, a group with ``amsgrad`` or ``maximize`` on,
+                a hyper-parameter out of range; the base class's errors (a different number
+                of groups or parameters).
+            MemoryError: moments that do not fit the pool.
         """
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state.get(p)
-                if not state:
-                    continue
-                for key in ("exp_avg", "exp_avg_sq"):
-                    loaded = state[key]
-                    if loaded.shape != p.shape:
-                        raise ValueError(
-                            f"OffloadAdamW.load_state_dict: {key} of shape {tuple(loaded.shape)} for a "
-                            f"parameter of shape {tuple(p.shape)}"
-                        )
-                    moment = self._moment(p)
-                    moment.copy_(loaded.to(dtype=torch.float32, device="cpu"))
-                    state[key] = moment
-                step = state["step"]
-                state["step"] = torch.tensor(float(step.item() if isinstance(step, torch.Tensor) else step))
+        for i, group in enumerate(state_dict.get("param_groups", [])):
+            for flag in ("amsgrad", "maximize"):
+                if group.get(flag):
+                    raise ValueError(f"OffloadAdamW.load_state_dict: group {i} has {flag} on, which ferry's AdamW lacks")
+        for index, st in state_dict.get("state", {}).items():
+            missing = sorted({"step", "exp_avg", "exp_avg_sq"} - set(st))
+            if missing:
+                raise ValueError(
+                    f"OffloadAdamW.load_state_dict: the state of parameter {index} lacks {missing} (not an AdamW state)"
+                )
+        old_state, old_groups = self.state, self.param_groups
+        try:
+            super().load_state_dict(state_dict)
+            moments = {}
+            for group in self.param_groups:
+                _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                for p in group["params"]:
+                    st = self.state.get(p)
+                    if not st:
+                        continue
+                    fresh = {}
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        loaded = st[key]
+                        if loaded.shape != p.shape:
+                            raise ValueError(
+                                f"OffloadAdamW.load_state_dict: {key} of shape {tuple(loaded.shape)} for a "
+                                f"parameter of shape {tuple(p.shape)}"
+                            )
+                        fresh[key] = self._moment(p).copy_(loaded.to(dtype=torch.float32, device="cpu"))
+                    step = st["step"]
+                    fresh["step"] = torch.tensor(float(step.item() if isinstance(step, torch.Tensor) else step))
+                    moments[p] = fresh
+        except BaseException:
+            self.state, self.param_groups = old_state, old_groups
+            raise
+        for p, fresh in moments.items():
+            self.state[p] = fresh
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = super().__getstate__()
+        state["_ferry_settings"] = dict(self._settings)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, ``pickle``, ``torch.save`` of the optimizer) gets a
+        pool of its own, with the moments copied in."""
+        self._settings = state.pop(
+            "_ferry_settings", {"pinned_bytes": 0, "threads": 0, "fused_rounding": True}
+        )
+        super().__setstate__(state)
+        self._make_engine()
+        for p, st in list(self.state.items()):
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st and isinstance(st[key], torch.Tensor):
+                    st[key] = self._moment(st[key]).copy_(st[key])
 
 
-def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0.0 <= lr < float("inf"):
+def _whole(what: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be an integer >= 0, not {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer >= 0, not {value!r}") from None
+    if not 0 <= n < 1 << 63:
+        raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
+    return n
+
+
+def _real(value: Any) -> Optional[float]:
+    """`value` as a float: Python, numpy and 0-dim torch numbers (not bools); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.Tensor):
+        return float(value.item()) if value.numel() == 1 and not value.dtype.is_complex else None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> Tuple[float, float, float, float, float]:
+    """The hyper-parameters as floats (lr, beta1, beta2, eps, weight_decay), checked."""
+    flr = _real(lr)
+    if flr is None or not 0.0 <= flr < math.inf:
         raise ValueError(f"OffloadAdamW: invalid learning rate: {lr!r} (a finite number >= 0)")
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"OffloadAdamW: betas must be a pair, not {betas!r}")
+    fb = []
     for i, b in enumerate(betas):
-        if not isinstance(b, (int, float)) or isinstance(b, bool) or not 0.0 <= b < 1.0:
+        f = _real(b)
+        if f is None or not 0.0 <= f < 1.0:
             raise ValueError(f"OffloadAdamW: invalid beta parameter at index {i}: {b!r} (in [0, 1))")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 < eps < float("inf"):
-        raise ValueError(f"OffloadAdamW: invalid epsilon value: {eps!r} (finite, > 0)")
-    if (
-        not isinstance(weight_decay, (int, float))
-        or isinstance(weight_decay, bool)
-        or not 0.0 <= weight_decay < float("inf")
-    ):
+        fb.append(f)
+    feps = _real(eps)
+    if feps is None or not 0.0 < feps < math.inf:
+        raise ValueError(
+            f"OffloadAdamW: invalid epsilon value: {eps!r} (finite and > 0: ferry divides by sqrt(v) + eps, "
+            "and v is 0 where a gradient was)"
+        )
+    fwd = _real(weight_decay)
+    if fwd is None or not 0.0 <= fwd < math.inf:
         raise ValueError(f"OffloadAdamW: invalid weight_decay value: {weight_decay!r} (finite, >= 0)")
+    return flr, fb[0], fb[1], feps, fwd
 
 
 def _check_param(p: torch.Tensor) -> None:
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"OffloadAdamW: a parameter must be a torch.Tensor, not {type(p).__name__}")
+    if p.layout != torch.strided:
+        raise ValueError(f"OffloadAdamW: sparse parameters are not supported [{_describe(p)}, layout = {p.layout}]")
     if p.device.type != "cpu":
         raise ValueError(f"OffloadAdamW: this build steps CPU parameters only [{_describe(p)}]")
     if p.dtype != torch.float32:
