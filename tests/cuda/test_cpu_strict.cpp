@@ -96,7 +96,9 @@ TEST_CASE("CPU model: a copy whose host range lies in two pinned registrations i
 
 // On the code before the fix every move below failed: the pool registers its slab in 64 KiB
 // pieces and the scheduler's 256 KiB chunks crossed their edges (as a 64 MiB window crossed
-// a 1 GiB registration of a 7e9-byte pool on the H200).
+// a 1 GiB registration of a 7e9-byte pool on the H200). Run with those chunks and with the
+// library's default pieces (64 MiB: larger than the whole move, so registration edges are
+// the only cuts).
 TEST_CASE("CPU model: moves over a pool registered in pieces never put one copy over two registrations",
           "[cpu_runtime][strict][scheduler]") {
   auto m = std::make_shared<cpu_device>();
@@ -108,35 +110,40 @@ TEST_CASE("CPU model: moves over a pool registered in pieces never put one copy 
   po.registration_chunk_bytes = 64 * KiB;
   po.hooks = ferry::cpu_pinning_hooks(rt);
   ferry::pinned_pool pool(po);
-  ferry::scheduler_options so;
-  so.chunk_bytes = 256 * KiB;
-  ferry::cpu_executor sched(ref(compute), so, rt);
   const std::size_t n = 768 * KiB + 12345;  // over 13 registrations, starting inside one
-  auto* host = static_cast<std::byte*>(pool.allocate(n + 4096)) + 4096 + 100;
-  REQUIRE(pool.state() == ferry::pinning_state::pinned);
-  REQUIRE(m->registered_bytes() >= 2 * MiB);
-  std::vector<std::byte> dev(n), back(n);
-  std::vector<std::byte> want(n);
-  fill(want, 7);
-  std::memcpy(host, want.data(), n);
-  sched.to_device(dev.data(), host, n).wait();
-  std::memset(host, 0, n);
-  sched.to_host(host, dev.data(), n, ref(compute)).wait();
-  CHECK(checksum(std::span<const std::byte>(host, n)) == checksum(want));
-  // Pitched: 96 rows of 5000 bytes, 8192 apart, over the same edges.
-  sched.to_device_2d(dev.data(), 8192, host, 8192, 5000, 90).wait();
-  std::memset(host, 0, 90 * 8192);
-  sched.to_host_2d(host, 8192, dev.data(), 8192, 5000, 90, ref(compute)).wait();
-  for (std::size_t r = 0; r < 90; ++r) {
-    CHECK(std::memcmp(host + r * 8192, want.data() + r * 8192, 5000) == 0);
+  for (const std::size_t chunk : {256 * KiB, std::size_t{0}}) {
+    INFO("chunk_bytes " << chunk);
+    ferry::scheduler_options so;
+    so.chunk_bytes = chunk;
+    so.bounce_slots = 1;  // no disk moves here
+    ferry::cpu_executor sched(ref(compute), so, rt);
+    REQUIRE(sched.piece_bytes() >= (chunk == 0 ? n : chunk));
+    auto* host = static_cast<std::byte*>(pool.allocate(n + 4096)) + 4096 + 100;
+    REQUIRE(pool.state() == ferry::pinning_state::pinned);
+    REQUIRE(m->registered_bytes() >= 2 * MiB);
+    std::vector<std::byte> dev(n), back(n);
+    std::vector<std::byte> want(n);
+    fill(want, 7);
+    std::memcpy(host, want.data(), n);
+    sched.to_device(dev.data(), host, n).wait();
+    std::memset(host, 0, n);
+    sched.to_host(host, dev.data(), n, ref(compute)).wait();
+    CHECK(checksum(std::span<const std::byte>(host, n)) == checksum(want));
+    // Pitched: 96 rows of 5000 bytes, 8192 apart, over the same edges.
+    sched.to_device_2d(dev.data(), 8192, host, 8192, 5000, 90).wait();
+    std::memset(host, 0, 90 * 8192);
+    sched.to_host_2d(host, 8192, dev.data(), 8192, 5000, 90, ref(compute)).wait();
+    for (std::size_t r = 0; r < 90; ++r) {
+      CHECK(std::memcmp(host + r * 8192, want.data() + r * 8192, 5000) == 0);
+    }
+    // Blocks merged into one run across an edge.
+    std::vector<ferry::block_copy> blocks;
+    for (std::size_t i = 0; i < 8; ++i) blocks.push_back({dev.data() + i * 48 * KiB, host + i * 48 * KiB, 48 * KiB});
+    sched.to_device_blocks(blocks).wait();
+    CHECK(std::memcmp(dev.data(), host, 8 * 48 * KiB) == 0);
+    CHECK(m->registration_spans() == 0);
+    pool.deallocate(host - 4096 - 100, n + 4096);
   }
-  // Blocks merged into one run across an edge.
-  std::vector<ferry::block_copy> blocks;
-  for (std::size_t i = 0; i < 8; ++i) blocks.push_back({dev.data() + i * 48 * KiB, host + i * 48 * KiB, 48 * KiB});
-  sched.to_device_blocks(blocks).wait();
-  CHECK(std::memcmp(dev.data(), host, 8 * 48 * KiB) == 0);
-  CHECK(m->registration_spans() == 0);
-  pool.deallocate(host - 4096 - 100, n + 4096);
 }
 
 // --- stream-ordered allocations ------------------------------------------------------------

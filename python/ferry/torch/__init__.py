@@ -22,7 +22,6 @@ device's place. Gradients are bit for bit those of the same step without offload
 from __future__ import annotations
 
 import itertools
-import operator
 import threading
 import weakref
 from typing import Any, Dict, Optional, Tuple
@@ -30,6 +29,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ferry import _core
+from ferry.torch._checks import whole
 from ferry.torch.optim import OffloadAdamW
 
 __all__ = ["offload_activations", "keep_on_device", "OffloadAdamW"]
@@ -178,7 +178,7 @@ class offload_activations:
             ("pinned_bytes", pinned_bytes),
             ("prefetch_bytes", prefetch_bytes),
         ):
-            checked[name] = _whole(f"offload_activations: {name}", value)
+            checked[name] = whole(f"offload_activations: {name}", value)
         min_bytes, keep_last = checked["min_bytes"], checked["keep_last"]
         pinned_bytes, prefetch_bytes = checked["pinned_bytes"], checked["prefetch_bytes"]
         self.min_bytes = min_bytes
@@ -308,17 +308,3 @@ class offload_activations:
         s["kept"] = dict(self._kept)
         s["deduplicated"] = self._deduplicated
         return s
-
-
-def _whole(what: str, value: Any) -> int:
-    """`value` as an int in [0, 2**63): Python ints, numpy and torch integers; a ValueError
-    naming `what` otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be an integer >= 0, not {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what} must be an integer >= 0, not {value!r}") from None
-    if not 0 <= n < 1 << 63:
-        raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
-    return n

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
 from ferry import _core
+from ferry.torch._checks import whole
 
 __all__ = ["OffloadAdamW"]
 
@@ -85,8 +85,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             raise ValueError("OffloadAdamW: amsgrad and maximize are not supported (ferry's AdamW has neither)")
         _hyper(lr, betas, eps, weight_decay)
         self._settings = {
-            "pinned_bytes": _whole("OffloadAdamW: pinned_bytes", pinned_bytes),
-            "threads": _whole("OffloadAdamW: threads", threads),
+            "pinned_bytes": whole("OffloadAdamW: pinned_bytes", pinned_bytes),
+            "threads": whole("OffloadAdamW: threads", threads),
             "fused_rounding": bool(fused_rounding),
         }
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -258,18 +258,6 @@ class OffloadAdamW(torch.optim.Optimizer):
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in st and isinstance(st[key], torch.Tensor):
                     st[key] = self._moment(st[key]).copy_(st[key])
-
-
-def _whole(what: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be an integer >= 0, not {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what} must be an integer >= 0, not {value!r}") from None
-    if not 0 <= n < 1 << 63:
-        raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
-    return n
 
 
 def _real(value: Any) -> Optional[float]:
