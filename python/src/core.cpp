@@ -12,6 +12,8 @@
 // write into and lose). Each call returns once the copies it
 // started from the caller's memory have run, so the caller's tensor may go at once.
 // The GIL is released while the cache works.
+#include "layers.hpp"
+
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/pinned_pool.hpp>
@@ -296,4 +298,6 @@ NB_MODULE(_core, m) {
            "One AdamW step (step >= 1) over contiguous 1-D float32 CPU tensors of one length, in place.")
       .def_prop_ro("threads", &adamw_runner::threads)
       .def_prop_ro("isa", &adamw_runner::isa);
+
+  bind_layer_stack(m);
 }

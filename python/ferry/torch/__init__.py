@@ -30,9 +30,10 @@ import torch
 
 from ferry import _core
 from ferry.torch._checks import whole
+from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
 
-__all__ = ["offload_activations", "keep_on_device", "OffloadAdamW"]
+__all__ = ["offload_activations", "keep_on_device", "OffloadAdamW", "stream_layers", "StreamedLayers"]
 
 _KEEP_ATTR = "_ferry_keep_on_device"
 
