@@ -1,0 +1,342 @@
+"""ferry.torch.stream_layers on CPU tensors, through the CPU model of ferry's device runtime:
+outputs, input and weight gradients against the same layers run as they are (bit for
+bit), gradient accumulation in every dtype, frozen weights, the optimizer writing
+through to the slabs, all three of ferry.torch's APIs in one training loop, and the
+errors (after each, the stack still runs)."""
+
+import copy
+
+import pytest
+import torch
+
+import ferry.torch as ft
+
+from _models import _GPT, _Block
+
+
+def _stack(n=4, d=32, dtype=torch.float32, seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        *[
+            torch.nn.Sequential(
+                torch.nn.LayerNorm(d),
+                torch.nn.Linear(d, 2 * d + 3),  # odd sizes: parameters at unaligned byte counts
+                torch.nn.GELU(),
+                torch.nn.Dropout(dropout),
+                torch.nn.Linear(2 * d + 3, d),
+            )
+            for _ in range(n)
+        ]
+    ).to(dtype)
+
+
+def _same_grads(ref, mine):
+    for (name, a), b in zip(ref.named_parameters(), mine.parameters()):
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            assert torch.equal(a.grad, b.grad), name
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 6])
+def test_outputs_and_gradients_are_bit_for_bit_those_of_the_layers_run_as_they_are(slots):
+    ref = _stack()
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=slots)
+    x = torch.randn(8, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    for step in range(3):  # no zero_grad: .grad accumulates over the steps, in both
+        torch.manual_seed(step)
+        y = ref(x)
+        y.square().sum().backward()
+        torch.manual_seed(step)
+        y2 = st(x2)
+        y2.square().sum().backward()
+        assert torch.equal(y, y2)
+        assert torch.equal(x.grad, x2.grad)
+        _same_grads(ref, st)
+    s = st.stats()
+    assert s["passes"] == 6 and s["loads"] == 6 * 4 and s["pushes"] == 3 * 4 == s["landed"]
+    assert s["slot_bytes"] >= min(slots, 4) * max(st._core.layer_bytes(i) for i in range(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_gradients_accumulate_in_the_parameters_dtype_as_autograd_accumulates_them(dtype):
+    ref = _stack(dtype=dtype, dropout=0.0)
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    for micro in range(3):
+        x = torch.randn(4, 32, dtype=dtype)
+        ref(x).float().square().sum().backward()
+        st(x).float().square().sum().backward()
+        _same_grads(ref, st)
+    assert st.stats()["landed"] == 3 * 4
+
+
+def test_zero_grad_to_zeros_to_none_and_a_grad_of_the_callers_own():
+    ref = _stack(dropout=0.0)
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    x = torch.randn(4, 32)
+    for mode in ["none", "zeros", "accumulate", "own", "mixed"]:
+        for net in (ref, st):
+            if mode == "none":
+                net.zero_grad(set_to_none=True)
+            elif mode == "zeros":
+                net.zero_grad(set_to_none=False)
+            elif mode == "own":
+                for p in net.parameters():
+                    p.grad = torch.full_like(p, 0.25)
+            elif mode == "mixed":
+                for k, p in enumerate(net.parameters()):
+                    if k % 3 == 0:
+                        p.grad = None
+                    elif k % 3 == 1:
+                        p.grad = torch.full_like(p, -1.5)
+            net(x).square().sum().backward()
+        _same_grads(ref, st)
+
+
+def test_frozen_weights_get_no_gradient_and_an_input_without_grad_needs_none():
+    ref = _stack(dropout=0.0)
+    mine = copy.deepcopy(ref)
+    for net in (ref, mine):
+        for name, p in net.named_parameters():
+            if name.startswith("1.") or name.endswith("bias"):
+                p.requires_grad_(False)
+    st = ft.stream_layers(list(mine), slots=2)
+    x = torch.randn(4, 32)  # no grad
+    ref(x).square().sum().backward()
+    st(x).square().sum().backward()
+    _same_grads(ref, st)
+    assert st.layers[1][1].weight.grad is None
+
+
+def test_every_layer_frozen_but_the_input_needs_a_gradient():
+    ref = _stack(dropout=0.0)
+    mine = copy.deepcopy(ref)
+    for p in list(ref.parameters()) + list(mine.parameters()):
+        p.requires_grad_(False)
+    st = ft.stream_layers(list(mine), slots=2)
+    x = torch.randn(4, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref(x).sum().backward()
+    st(x2).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+
+
+def test_the_optimizer_writes_through_to_the_slabs_and_the_next_pass_loads_it():
+    torch.manual_seed(3)
+    batches = [torch.randn(8, 32) for _ in range(4)]
+    ref = _stack()
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    opts = [torch.optim.AdamW(ref.parameters(), lr=1e-2), torch.optim.AdamW(st.parameters(), lr=1e-2)]
+    for i, x in enumerate(batches):
+        for net, opt in zip((ref, st), opts):
+            torch.manual_seed(100 + i)
+            opt.zero_grad()
+            net(x).square().mean().backward()
+            opt.step()
+        for a, b in zip(ref.parameters(), st.parameters()):
+            assert torch.equal(a, b)
+    # load_state_dict writes into the slabs too: the next forward runs the loaded weights
+    fresh = _stack(seed=9)
+    st.layers.load_state_dict(fresh.state_dict())
+    fresh.eval()
+    st.eval()
+    with torch.no_grad():
+        assert torch.equal(fresh(batches[0]), st(batches[0]))
+
+
+def test_a_small_transformer_trains_the_same_with_all_three_apis():
+    torch.manual_seed(7)
+    batches = [(torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))) for _ in range(4)]
+
+    def train(model, opt, offload):
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            torch.manual_seed(1000 + i)
+            opt.zero_grad()
+            with offload if offload is not None else torch.enable_grad():
+                loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    ref = _GPT(layers=3)
+    ref_losses = train(ref, ft.OffloadAdamW(ref.parameters(), lr=1e-2), None)
+    model = _GPT(layers=3)
+    model.blocks = ft.stream_layers(list(model.blocks), slots=2)  # _GPT runs `for blk in self.blocks`
+    model.forward = lambda tokens: model.head(model.ln(model.blocks(model.emb(tokens))))
+    off = ft.offload_activations(min_bytes=1024, keep_last=0)
+    losses = train(model, ft.OffloadAdamW(model.parameters(), lr=1e-2), off)
+    assert losses == ref_losses
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert off.stats()["offloaded"] > 0  # the layers' inputs went through the cache
+    assert model.blocks.stats()["passes"] == 8
+
+
+def test_extra_inputs_go_to_every_layer_and_one_needing_a_gradient_is_refused():
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x, mask):
+            return self.lin(x).masked_fill(mask, 0.0)
+
+    torch.manual_seed(0)
+    ref = torch.nn.ModuleList(Masked() for _ in range(3))
+    st = ft.stream_layers(list(copy.deepcopy(ref)))
+    x = torch.randn(4, 16)
+    mask = torch.rand(4, 16) < 0.3
+    y = x
+    for layer in ref:
+        y = layer(y, mask)
+    y.sum().backward()
+    st(x, mask).sum().backward()
+    _same_grads(ref, st)
+    with pytest.raises(ValueError, match="extra input requires grad"):
+        st(x, torch.zeros(4, 16, requires_grad=True))
+    st(x, mask).sum().backward()  # still runs
+
+
+def test_a_layer_that_returns_its_own_weight_gets_a_copy_not_the_slot():
+    class Weight(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            return self.w if x is None else self.w * 0 + x
+
+    class First(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            return self.w.view(8)  # a view of the slot
+
+    st = ft.stream_layers([First(), Weight(), Weight()], slots=1)
+    with torch.no_grad():
+        y = st(torch.zeros(8))
+    assert torch.equal(y, st.layers[0].w)
+
+
+def test_layers_that_cannot_be_streamed_are_refused_by_name():
+    with pytest.raises(ValueError, match="at least one layer"):
+        ft.stream_layers([])
+    with pytest.raises(ValueError, match="no parameters"):
+        ft.stream_layers([torch.nn.Linear(2, 2), torch.nn.GELU()])
+    with pytest.raises(TypeError, match="dtype torch.int64"):
+        lin = torch.nn.Linear(2, 2)
+        lin.register_parameter("steps", torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False))
+        ft.stream_layers([lin])
+    shared = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="also 'weight' of layer 0"):
+        ft.stream_layers([shared, torch.nn.Sequential(shared)])
+    with pytest.raises(TypeError, match="not a torch.nn.Module"):
+        ft.stream_layers([torch.nn.Linear(2, 2), "layer"])
+    with pytest.raises(TypeError, match="sequence of modules"):
+        ft.stream_layers(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="slots must be at least 1"):
+        ft.stream_layers([torch.nn.Linear(2, 2)], slots=0)
+    with pytest.raises(ValueError, match="slots must be an integer"):
+        ft.stream_layers([torch.nn.Linear(2, 2)], slots=1.5)
+
+
+def test_a_layer_that_raises_or_returns_a_tuple_leaves_the_stack_usable():
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.mode = "ok"
+
+        def forward(self, x):
+            if self.mode == "raise":
+                raise ArithmeticError("flaky layer")
+            if self.mode == "tuple":
+                return self.lin(x), x
+            if self.mode == "raise-in-backward" and torch.is_grad_enabled():
+                raise KeyError("recompute failed")
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    layers = [Flaky() for _ in range(3)]
+    st = ft.stream_layers(layers, slots=2)
+    x = torch.randn(2, 8, requires_grad=True)
+    layers[1].mode = "raise"
+    with pytest.raises(ArithmeticError):
+        st(x)
+    layers[1].mode = "tuple"
+    with pytest.raises(TypeError, match="layer 1 returned a tuple"):
+        st(x)
+    layers[1].mode = "raise-in-backward"  # the forward runs without grad: only the recompute raises
+    y = st(x)
+    with pytest.raises(KeyError, match="recompute failed"):
+        y.sum().backward()
+    layers[1].mode = "ok"
+    assert not st._core.in_pass
+    ref = copy.deepcopy(torch.nn.Sequential(*layers))
+    for p in ref.parameters():
+        p.grad = None
+    st.zero_grad()
+    x2 = x.detach().clone().requires_grad_(True)
+    ref(x).sum().backward()
+    st(x2).sum().backward()
+    _same_grads(ref, st)
+
+
+def test_the_stack_used_twice_in_one_graph_runs_one_backward_pass_per_use():
+    # autograd runs the later use's nodes first (higher sequence numbers), each use's
+    # layers in order: two whole passes, and the gradients summed in autograd's order
+    ref = _stack(n=3, dropout=0.0)
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    x = torch.randn(4, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    (ref(x) + ref(x * 2)).sum().backward()
+    (st(x2) + st(x2 * 2)).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    _same_grads(ref, st)
+    assert st.stats()["passes"] == 4
+
+
+def test_a_dtype_change_is_refused_and_a_device_move_keeps_the_slabs():
+    st = ft.stream_layers(list(_stack(n=2)), slots=1)
+    with pytest.raises(RuntimeError, match="keep their dtype"):
+        st.double()
+    ptrs = [p.data_ptr() for p in st.parameters()]
+    st.to("cpu")
+    assert ptrs == [p.data_ptr() for p in st.parameters()]
+
+
+def test_eval_under_no_grad_between_training_steps():
+    ref = _stack()
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    x = torch.randn(4, 32)
+    for net in (ref, st):
+        net.eval()
+    with torch.no_grad():
+        assert torch.equal(ref(x), st(x))
+    with torch.inference_mode():
+        assert torch.equal(ref(x), st(x))
+    for net in (ref, st):
+        net.train()
+        torch.manual_seed(5)
+        net(x).sum().backward()
+    _same_grads(ref, st)
+
+
+def test_blocks_of_a_transformer_with_attention_stream_bit_for_bit():
+    torch.manual_seed(1)
+    blocks = [_Block(32, heads=4) for _ in range(3)]
+    ref = torch.nn.Sequential(*copy.deepcopy(blocks))
+    st = ft.stream_layers(blocks, slots=2)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(2)
+    ref(x).square().mean().backward()
+    torch.manual_seed(2)
+    st(x2).square().mean().backward()
+    assert torch.equal(x.grad, x2.grad)
+    _same_grads(ref, st)
