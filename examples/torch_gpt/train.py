@@ -1,12 +1,14 @@
-"""A GPT-style model trained with ferry from PyTorch: the activations autograd saves go to
-ferry's tensor_cache (ferry.torch.offload_activations) and AdamW's moments live in ferry's
-pinned pool, stepped by ferry's CPU AdamW (ferry.torch.OffloadAdamW). The same steps run
+"""A GPT-style model trained with ferry from PyTorch: its transformer blocks are streamed
+through K device slots from ferry's pinned slabs (ferry.torch.stream_layers), the
+activations autograd saves go to ferry's tensor_cache (ferry.torch.offload_activations)
+and AdamW's moments live in ferry's pinned pool, stepped by ferry's CPU AdamW
+(ferry.torch.OffloadAdamW). The same steps run
 first with plain PyTorch (no offload, torch.optim.AdamW); the script prints both runs'
 losses and step times, what ferry moved, and the memory it kept out of the way.
 
     pip install ./python            # from the repository root, once
     python examples/torch_gpt/train.py [--layers 4] [--width 256] [--tokens 128]
-                                       [--batch 8] [--steps 5]
+                                       [--batch 8] [--steps 5] [--slots 2]
 
 This build of ferry-torch runs on CPU tensors (the CPU model of ferry's device runtime),
 so here the "device" is host memory too: the point is the API and its exactness; on a GPU
@@ -46,14 +48,11 @@ class GPT(torch.nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = torch.nn.Sequential(*(Block(d, heads) for _ in range(layers)))
         self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
 
     def forward(self, tokens):
-        x = self.emb(tokens)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
+        return self.head(self.ln(self.blocks(self.emb(tokens))))
 
 
 def train(model, opt, offload, batches):
@@ -80,6 +79,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--slots", type=int, default=2, help="device slots the blocks are streamed through")
     a = ap.parse_args()
 
     torch.manual_seed(1)
@@ -91,6 +91,7 @@ def main():
                 contextlib.nullcontext(), batches)
 
     model = GPT(a.vocab, a.width, a.layers, a.heads)
+    model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots)  # before the optimizer sees them
     offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1)
     opt = ft.OffloadAdamW(model.parameters(), lr=3e-3)
     ours = train(model, opt, offload, batches)
@@ -107,6 +108,12 @@ def main():
     print(f"activations: {s['offloaded']} tensors offloaded ({per_step / 2**20:.1f} MiB a step kept off the "
           f"device), {s['fetched']} fetched ({s['prefetched']} prefetched), {s['deduplicated']} saves shared a copy, "
           f"kept where they were: {s['kept']}")
+    ls = model.blocks.stats()
+    weights = sum(p.numel() * p.element_size() for p in model.blocks.parameters())
+    print(f"layers: {a.layers} blocks streamed through {a.slots} slots ({ls['slot_bytes'] / 2**20:.1f} MiB on the "
+          f"device for {weights / 2**20:.1f} MiB of weights in pinned slabs), {ls['loads']} loads "
+          f"({ls['bytes_loaded'] / 2**20:.1f} MiB), {ls['pushes']} gradient pushes "
+          f"({ls['bytes_pushed'] / 2**20:.1f} MiB) in {ls['passes']} passes")
     print(f"optimizer: {opt.state_bytes / 2**20:.1f} MiB of AdamW moments in ferry's pinned pool "
           f"(kept off the device), ferry's {opt.isa} kernel on {opt.threads} threads")
     worst = max(abs(x - y) / abs(x) for x, y in zip(ref[0], ours[0]))

@@ -147,10 +147,12 @@ class layer_stack {
       total += ferry::slot_memory::stride(b);
     }
     ferry::pinned_pool_options po;
-    // Weights and gradients: twice the layers' bytes, each block rounded up, plus what
-    // the ends of 16 MiB slabs may strand (a cap: only what is allocated is used).
-    po.slab_bytes = std::size_t{16} << 20;
-    po.budget_bytes = 3 * total + 2 * layouts_.size() * 4096 + 2 * po.slab_bytes;
+    // Weights and gradients: a slab holds one largest layer (the rest pack in), so a
+    // stack of equal layers strands nothing; the budget is a cap (only what is
+    // allocated is used): twice the layers' bytes, doubled for what the ends of slabs
+    // may strand, plus a slab.
+    po.slab_bytes = (largest + 4095) / 4096 * 4096;
+    po.budget_bytes = 4 * total + 4 * layouts_.size() * 4096 + po.slab_bytes;
     pool_.emplace(po);
     sched_.emplace(compute_);
     ferry::layer_streamer_options lo;

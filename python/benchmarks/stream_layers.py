@@ -1,0 +1,119 @@
+"""ferry.torch.stream_layers against the same layers resident and against PyTorch's own
+recompute (torch.utils.checkpoint per layer, non-reentrant), side by side in one run, on
+the tensors of this build (CPU tensors through the CPU model of ferry's device runtime):
+
+- step: a stack of (Linear + GELU + Linear) blocks trained a step at a time (forward,
+  backward, zero_grad), each variant's median step time over --repetitions, round-robin,
+  and its ratios to resident and to checkpoint. stream_layers recomputes each block in
+  the backward pass as checkpoint does, so ferry / checkpoint is the cost of streaming
+  the weights (loads into slots, gradients pushed out and landed in the slabs);
+- per layer: the host time one streamed layer costs a step (two acquires, a release each,
+  a push), from a stack of --tiny-layers layers of 16 float32 weights, minus the same
+  stack under checkpoint.
+
+    python python/benchmarks/stream_layers.py [--layers 8] [--hidden 1024]
+        [--tokens 1024] [--slots 2] [--repetitions 7] [--tiny-layers 200] [--json out.json]
+
+On a CPU the "device" slots are host memory: the figures are ferry's host cost, not the
+link's (that needs a GPU, docs/python.md)."""
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.utils.checkpoint
+
+import ferry
+import ferry.torch as ft
+
+
+def blocks(layers, hidden, seed=0):
+    torch.manual_seed(seed)
+    return [
+        torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden))
+        for _ in range(layers)
+    ]
+
+
+class Checkpointed(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return x
+
+
+def step(model, x):
+    model(x).square().mean().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def timed(model, x, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step(model, x)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--repetitions", type=int, default=7)
+    ap.add_argument("--tiny-layers", type=int, default=200)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    base = blocks(a.layers, a.hidden)
+    x = torch.randn(a.tokens, a.hidden, requires_grad=True)
+    variants = {
+        "resident": torch.nn.Sequential(*copy.deepcopy(base)),
+        "checkpoint": Checkpointed(copy.deepcopy(base)),
+        "ferry": ft.stream_layers(copy.deepcopy(base), slots=a.slots),
+    }
+    for m in variants.values():  # warm up
+        step(m, x)
+    times = {k: [] for k in variants}
+    for _ in range(a.repetitions):
+        for k, m in variants.items():
+            times[k] += timed(m, x, 1)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
+    weight_bytes = sum(p.numel() * p.element_size() for p in variants["ferry"].parameters())
+
+    tiny = [torch.nn.Linear(4, 4) for _ in range(a.tiny_layers)]  # 20 weights each
+    tx = torch.randn(1, 4, requires_grad=True)
+    ck, st = Checkpointed(copy.deepcopy(tiny)), ft.stream_layers(copy.deepcopy(tiny), slots=a.slots)
+    step(ck, tx)
+    step(st, tx)
+    ck_t = statistics.median(timed(ck, tx, 5))
+    st_t = statistics.median(timed(st, tx, 5))
+    per_layer_us = (st_t - ck_t) / a.tiny_layers * 1e6
+
+    print(f"stream_layers on {'CUDA' if ferry.has_cuda else 'the CPU model (CPU tensors)'}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"step: {a.layers} x (Linear {a.hidden} + GELU + Linear {a.hidden}), {a.tokens} tokens, "
+          f"{weight_bytes / 2**20:.1f} MiB of weights through {a.slots} slots; medians of {a.repetitions}")
+    for k in variants:
+        print(f"  {k:11s} {med[k]:8.2f} ms   {med[k] / med['resident']:.3f}x resident   "
+              f"{med[k] / med['checkpoint']:.3f}x checkpoint   spread {spread[k]:.1%}")
+    print(f"per streamed layer (two loads, a gradient push, over checkpoint's recompute): "
+          f"{per_layer_us:.1f} us of host time a step")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"step_ms": med, "spread": spread, "weight_bytes": weight_bytes,
+                       "per_layer_us": per_layer_us, "args": vars(a), "torch": torch.__version__}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
