@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -16,6 +17,30 @@ _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "f
 _ALIGN = 64  # bytes between parameters in a layer's slab (torch's CPU allocator aligns to 64)
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
+    """Whether `t`'s memory is in `raw`'s (a slot, reused by the next layer)."""
+    start = raw.data_ptr()
+    return start <= t.untyped_storage().data_ptr() < start + raw.numel()
+
+
+def _dense_strides(p: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """`p`'s strides when its elements fill exactly `numel` places in some order of its
+    dimensions (transposed, channels_last): a view over a slab's region keeps them, so
+    the layer's kernels see the layout they saw. None for anything else (the weight is
+    streamed contiguous)."""
+    dims = sorted((st, sz) for st, sz in zip(p.stride(), p.shape) if sz != 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return None
+        expect *= sz
+    return tuple(p.stride())
+
+
 class _Layout:
     """One layer's parameters: name, parameter, offset in bytes, elements, dtype, shape."""
 
@@ -23,6 +48,7 @@ class _Layout:
         self.names: List[str] = []
         self.params: List[torch.nn.Parameter] = []
         self.offsets: List[int] = []
+        self.strides: List[Optional[Tuple[int, ...]]] = []
         offset = 0
         for name, p in layer.named_parameters():
             if p.dtype not in _DTYPES:
@@ -38,6 +64,7 @@ class _Layout:
             self.names.append(name)
             self.params.append(p)
             self.offsets.append(offset)
+            self.strides.append(_dense_strides(p))
             offset += p.numel() * p.element_size()
         if not self.params:
             raise ValueError(f"stream_layers: layer {index} ({type(layer).__name__}) has no parameters to stream")
@@ -49,30 +76,41 @@ class _Layout:
     def views(self, raw: torch.Tensor) -> List[torch.Tensor]:
         """The parameters' tensors over a layer's bytes `raw` (a slot, a slab)."""
         out = []
-        for o, p in zip(self.offsets, self.params):
-            n = p.numel() * p.element_size()
-            out.append(raw[o : o + n].view(p.dtype).view(p.shape))
+        for o, p, st in zip(self.offsets, self.params, self.strides):
+            flat = raw[o : o + p.numel() * p.element_size()].view(p.dtype)
+            out.append(flat.view(p.shape) if st is None else flat.as_strided(p.shape, st))
         return out
 
 
 class _Layer(torch.autograd.Function):
-    """Layer i of a stack: forward from its slot without saving anything but its input;
-    backward loads it again, recomputes the layer and pushes its weights' gradient out."""
+    """Layer i of a stack: forward from its slot, saving nothing but its input; backward
+    loads it again, recomputes the layer and pushes its weights' gradient out (or, under
+    ``torch.autograd.grad``, returns it to autograd). Inputs: the stack's token (every
+    layer a node of the graph), ``x``, the extra inputs, then the layer's parameters (so
+    that autograd knows them)."""
 
     @staticmethod
-    def forward(ctx: Any, owner: "StreamedLayers", index: int, token: torch.Tensor, x: torch.Tensor, *extra: Any) -> torch.Tensor:
+    def forward(ctx: Any, owner: "StreamedLayers", index: int, n_extra: int, token: torch.Tensor, x: torch.Tensor,
+                *rest: Any) -> torch.Tensor:
+        extra = rest[:n_extra]
         ctx.owner = owner
         ctx.index = index
         ctx.extra = extra
-        ctx.state = owner._capture_state()
+        ctx.n_params = len(rest) - n_extra
+        ctx.state = owner._capture_state(index, extra)
         ctx.save_for_backward(x)
         return owner._run_forward(index, x, extra)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (x,) = ctx.saved_tensors
-        gx = ctx.owner._run_backward(ctx.index, x, ctx.extra, ctx.state, grad, ctx.needs_input_grad[3])
-        return (None, None, None, gx) + (None,) * len(ctx.extra)
+        owner = ctx.owner
+        try:
+            (x,) = ctx.saved_tensors
+        except BaseException:
+            owner._core.reset()  # e.g. autograd's in-place check on the saved input: the pass is abandoned
+            raise
+        gx, gparams = owner._run_backward(ctx.index, x, ctx.extra, ctx.state, grad, ctx.needs_input_grad[4])
+        return (None, None, None, None, gx) + (None,) * len(ctx.extra) + tuple(gparams)
 
 
 class StreamedLayers(torch.nn.Module):
@@ -115,6 +153,7 @@ class StreamedLayers(torch.nn.Module):
                     )
                 owner[id(p)] = (i, name)
         self._core = _core.LayerStack([lay.spec() for lay in self._layouts], slots, gradient_slabs)
+        self._gradient_slabs = gradient_slabs
         # The weights move into the pinned slabs: each parameter's data becomes a view of
         # its slab, so the optimizer, state_dict and load_state_dict work on them in place.
         self._grads: List[List[torch.Tensor]] = []
@@ -124,6 +163,8 @@ class StreamedLayers(torch.nn.Module):
                     w.copy_(p)
                     p.data = w
                 self._grads.append(lay.views(self._core.gradient(i)))
+        self._weight_ptr = [[p.data_ptr() for p in lay.params] for lay in self._layouts]
+        self._got: List[List[bool]] = [[False] * len(lay.params) for lay in self._layouts]
         self._token = torch.zeros((), requires_grad=True)  # puts every layer's node in the graph
         self._accumulate: List[bool] = [False] * len(layers)
         self._recording = False
@@ -146,88 +187,171 @@ class StreamedLayers(torch.nn.Module):
                 "StreamedLayers: a pass over the stack is in progress (a forward inside a layer, or a backward "
                 "pass not finished); one pass at a time"
             )
+        self._sync_weights()
         self._recording = torch.is_grad_enabled()  # Function.forward runs with grad off
         self._core.begin_pass(True)
         try:
-            for i in range(len(self.layers)):
-                x = _Layer.apply(self, i, self._token, x, *args)
+            for i, lay in enumerate(self._layouts):
+                x = _Layer.apply(self, i, len(args), self._token, x, *args, *lay.params)
         except BaseException:
             self._core.reset()
             raise
         return x
 
-    def _capture_state(self) -> Optional[Tuple[Any, ...]]:
-        if not (self.preserve_rng_state and self._recording):
+    def _capture_state(self, i: int, extra: Tuple[Any, ...]) -> Optional[Dict[str, Any]]:
+        """What the recompute of layer i must see as the forward saw it: the RNG state and
+        autocast, the modules' training flags, and the versions of the weights and extra
+        inputs (an in-place change before the backward pass is refused, as autograd does)."""
+        if not self._recording:
             return None
-        return (torch.get_rng_state(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        layer = self.layers[i]
+        return {
+            "rng": torch.get_rng_state() if self.preserve_rng_state else None,
+            "autocast": (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+            "training": [m.training for m in layer.modules()],
+            "versions": [p._version for p in self._layouts[i].params],
+            "extra": [(a, a._version) for a in extra if isinstance(a, torch.Tensor)],
+        }
+
+    def _call(self, i: int, slot: torch.Tensor, x: torch.Tensor, extra: Tuple[Any, ...]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Layer i over its slot, with grad recorded as the caller's pass does (so a module
+        picks the kernels it picks when it trains: the forward and the recompute run the
+        same ones); the weights' tensors are leaves needing grad as the parameters do."""
+        lay = self._layouts[i]
+        leaves = [v.detach().requires_grad_(p.requires_grad) for v, p in zip(lay.views(slot), lay.params)]
+        out = torch.func.functional_call(self.layers[i], dict(zip(lay.names, leaves)), (x,) + tuple(extra))
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"StreamedLayers: layer {i} returned a {type(out).__name__}, not one tensor")
+        return out, leaves
 
     def _run_forward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...]) -> torch.Tensor:
-        lay = self._layouts[i]
         slot = self._core.acquire(i)
         try:
-            params = dict(zip(lay.names, lay.views(slot)))
-            out = torch.func.functional_call(self.layers[i], params, (x,) + tuple(extra))
-            if not isinstance(out, torch.Tensor):
-                raise TypeError(f"StreamedLayers: layer {i} returned a {type(out).__name__}, not one tensor")
-            start = slot.data_ptr()
-            if start <= out.untyped_storage().data_ptr() < start + slot.numel():
+            # What the layer saves is dropped with its graph at once (only its input is
+            # kept, by the stack's node): no hook of the caller's sees it.
+            with torch.autograd.graph.saved_tensors_hooks(_same, _same), torch.set_grad_enabled(self._recording):
+                out, _ = self._call(i, slot, x.detach(), extra)
+            out = out.detach()
+            if _in(out, slot):
                 out = out.clone()  # a view of the slot (a weight returned as is): it is reused next
         finally:
             del slot
         self._core.release(i)
         return out
 
-    def _run_backward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...], state: Optional[Tuple[Any, ...]],
-                      grad: torch.Tensor, x_needs_grad: bool) -> Optional[torch.Tensor]:
+    def _run_backward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...], state: Optional[Dict[str, Any]],
+                      grad: torch.Tensor, x_needs_grad: bool) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
         last = len(self.layers) - 1
         core = self._core
+        lay = self._layouts[i]
         try:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    "StreamedLayers: a backward pass with create_graph=True (a gradient of a gradient) is not "
+                    "supported: the layers are recomputed and their weights' gradients leave the graph"
+                )
+            if state is None:
+                raise RuntimeError("StreamedLayers: the forward pass ran without grad; there is nothing to differentiate")
+            self._check_versions(i, state)
+            mode = self._gradient_mode(lay)
             if i == last:
                 if core.in_pass:
                     raise RuntimeError(
                         "StreamedLayers: a backward pass began while another pass is in progress (the stack used "
-                        "twice in one graph?); each graph's backward runs the stack once, layer by layer"
+                        "twice in one graph, and autograd interleaved the uses?); each use's backward runs the "
+                        "stack once, layer by layer"
                     )
+                self._got = [[False] * len(l.params) for l in self._layouts]
                 self._prepare_gradients()
                 core.begin_pass(False)
-            lay = self._layouts[i]
             slot = core.acquire(i)
-            leaves = [v.detach().requires_grad_(p.requires_grad) for v, p in zip(lay.views(slot), lay.params)]
             xin = x.detach().requires_grad_(x_needs_grad)
-            rng = torch.random.fork_rng(devices=[]) if state is not None else contextlib.nullcontext()
-            with rng, torch.enable_grad():
-                autocast = contextlib.nullcontext()
-                if state is not None:
-                    torch.set_rng_state(state[0])
-                    autocast = torch.autocast("cpu", enabled=state[1], dtype=state[2])
-                with autocast:
-                    out = torch.func.functional_call(self.layers[i], dict(zip(lay.names, leaves)), (xin,) + tuple(extra))
-            wrt = ([xin] if x_needs_grad else []) + [v for v in leaves if v.requires_grad]
-            grads = list(torch.autograd.grad(out, wrt, grad, allow_unused=True)) if wrt else []
+            modules = list(self.layers[i].modules())
+            was = [m.training for m in modules]
+            rng = torch.random.fork_rng(devices=[]) if state["rng"] is not None else contextlib.nullcontext()
+            try:
+                for m, t in zip(modules, state["training"]):
+                    m.training = t
+                with rng, torch.enable_grad(), torch.autocast("cpu", enabled=state["autocast"][0],
+                                                               dtype=state["autocast"][1]):
+                    if state["rng"] is not None:
+                        torch.set_rng_state(state["rng"])
+                    out, leaves = self._call(i, slot, xin, extra)
+            finally:
+                for m, t in zip(modules, was):
+                    m.training = t
+            trainable = [k for k, v in enumerate(leaves) if v.requires_grad]
+            wrt = ([xin] if x_needs_grad else []) + [leaves[k] for k in trainable]
+            grads: List[Optional[torch.Tensor]] = [None] * len(wrt)
+            if wrt and out.requires_grad:
+                grads = list(torch.autograd.grad(out, wrt, grad, allow_unused=True))
             del out
             gx = grads.pop(0) if x_needs_grad else None
-            staging = lay.views(core.staging(i))
-            it = iter(grads)
-            with torch.no_grad():
-                for v, dst in zip(leaves, staging):
-                    if v.requires_grad:
-                        g = next(it)
+            if gx is not None and _in(gx, slot):
+                gx = gx.clone()
+            gparams: List[Optional[torch.Tensor]] = [None] * len(leaves)
+            if mode == "push":
+                staging = lay.views(core.staging(i))
+                it = iter(grads)
+                with torch.no_grad():
+                    for k, dst in enumerate(staging):
+                        g = next(it) if k in trainable else None
                         if g is not None:
                             dst.copy_(g)
+                            self._got[i][k] = True
                         else:
-                            dst.zero_()  # a weight the layer did not use
-                    else:
-                        dst.zero_()
-            del staging, leaves, slot
-            core.push(i, self._accumulate[i])
+                            dst.fill_(-0.0)  # x + -0.0 == x, bit for bit: a gradient it adds to is unchanged
+                del staging
+                core.push(i, self._accumulate[i])
+            elif mode == "return":
+                for k, g in zip(trainable, grads):
+                    gparams[k] = None if g is None else g.clone() if _in(g, slot) else g
+            del leaves, slot
             core.release(i)
             if i == 0:
                 core.wait_gradients()
                 self._assign_gradients()
-            return gx
+            return gx, gparams
         except BaseException:
             core.reset()
             raise
+
+    def _gradient_mode(self, lay: "_Layout") -> str:
+        """How the weights' gradients leave: "push" when autograd's backward would
+        accumulate them into ``.grad`` (ferry's gradient path), "return" under
+        ``torch.autograd.grad`` or for a layer with hooked weights (autograd takes them),
+        "none" when nothing wants them (``backward(inputs=[x])``)."""
+        with torch.enable_grad():  # a view of a leaf names its accumulator only with grad on
+            nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in lay.params if p.requires_grad]
+        if not nodes:
+            return "none"
+        try:
+            if not any(torch._C._will_engine_execute_node(n) for n in nodes):
+                return "none"
+        except RuntimeError:  # "... currently running autograd.grad()"
+            return "return"
+        # A weight with hooks (register_hook, register_post_accumulate_grad_hook) gets its
+        # gradient from autograd, which runs them with it as plain torch does.
+        hooked = any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
+                     for p in lay.params)
+        return "return" if hooked else "push"
+
+    def _check_versions(self, i: int, state: Dict[str, Any]) -> None:
+        lay = self._layouts[i]
+        for name, p, v in zip(lay.names, lay.params, state["versions"]):
+            if p._version != v:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                    f"[StreamedLayers: weight {name!r} of layer {i} was at version {v} in the forward pass and is now "
+                    f"at version {p._version}; the backward pass recomputes the layer from its weights]"
+                )
+        for a, v in state["extra"]:
+            if a._version != v:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                    f"[StreamedLayers: an extra input of shape {tuple(a.shape)} was at version {v} in the forward "
+                    f"pass and is now at version {a._version}]"
+                )
 
     def _prepare_gradients(self) -> None:
         """Before a backward pass: per layer, add into the gradient slab when every
@@ -236,6 +360,9 @@ class StreamedLayers(torch.nn.Module):
         another tensor, and add."""
         with torch.no_grad():
             for i, lay in enumerate(self._layouts):
+                for p, g in zip(lay.params, self._grads[i]):
+                    if not p.requires_grad and p.grad is not None and p.grad.data_ptr() == g.data_ptr():
+                        p.grad = p.grad.clone()  # a weight frozen since: its .grad no longer the slab's
                 mine = [p.grad is not None and p.grad.data_ptr() == g.data_ptr() and p.grad.shape == g.shape
                         for p, g in zip(lay.params, self._grads[i])]
                 trainable = [p.requires_grad for p in lay.params]
@@ -250,15 +377,45 @@ class StreamedLayers(torch.nn.Module):
                     self._accumulate[i] = True
 
     def _assign_gradients(self) -> None:
+        """After a backward pass: each weight that got a gradient in it has ``.grad`` its
+        view of the gradient slab (or a ``.grad`` of the caller's own gets it added)."""
         with torch.no_grad():
-            for lay, grads in zip(self._layouts, self._grads):
-                for p, g in zip(lay.params, grads):
-                    if not p.requires_grad:
+            for lay, grads, got in zip(self._layouts, self._grads, self._got):
+                for p, g, have in zip(lay.params, grads, got):
+                    if not have:
                         continue
                     if p.grad is None:
                         p.grad = g
                     elif p.grad.data_ptr() != g.data_ptr():
                         p.grad.add_(g)  # a .grad of the caller's own: added to, as autograd does
+
+    def _sync_weights(self) -> None:
+        """Before a forward pass: a parameter replaced since the last (a new
+        ``nn.Parameter``, ``p.data = ...``, ``load_state_dict(assign=True)``) has its values
+        copied into its place in the slab and becomes a view of it again."""
+        with torch.no_grad():
+            for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
+                now = dict(layer.named_parameters())
+                if list(now) != lay.names:
+                    raise RuntimeError(
+                        f"StreamedLayers: layer {i}'s parameters changed names since stream_layers "
+                        f"({lay.names} -> {list(now)}); stream a new stack"
+                    )
+                views = None
+                for k, (name, old) in enumerate(zip(lay.names, lay.params)):
+                    p = now[name]
+                    if p is old and p.data_ptr() == self._weight_ptr[i][k]:
+                        continue
+                    if p.shape != old.shape or p.dtype != old.dtype:
+                        raise RuntimeError(
+                            f"StreamedLayers: parameter {name!r} of layer {i} was replaced by one of shape "
+                            f"{tuple(p.shape)} and dtype {p.dtype} (streamed: {tuple(old.shape)}, {old.dtype})"
+                        )
+                    views = views if views is not None else lay.views(self._core.weights(i))
+                    views[k].copy_(p)
+                    p.data = views[k]
+                    lay.params[k] = p
+                    self._weight_ptr[i][k] = p.data_ptr()
 
     # -- the rest ---------------------------------------------------------------------
 
@@ -279,6 +436,22 @@ class StreamedLayers(torch.nn.Module):
                     if b is not None:
                         m._buffers[key] = fn(b)
         return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "StreamedLayers":
+        """A stack of its own: the layers copied (weights with their current values, in new
+        slabs), the same slots and options; ``.grad`` is not copied."""
+        layers = [copy.deepcopy(layer, memo) for layer in self.layers]
+        for layer in layers:
+            for p in layer.parameters():
+                p.grad = None
+        return StreamedLayers(layers, slots=self._core.slots, gradient_slabs=self._gradient_slabs,
+                              preserve_rng_state=self.preserve_rng_state)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "a StreamedLayers cannot be pickled (its weights are in ferry's pinned slabs): save its state_dict(), "
+            "and load it into a new stack (or into the layers as they were)"
+        )
 
     def stats(self) -> Dict[str, int]:
         """The streamer's counters: ``passes``, ``loads``, ``bytes_loaded``, ``acquires``,
