@@ -1,8 +1,11 @@
 // ferry._core: the extension module of ferry's PyTorch package (python/ferry/torch).
 //
-// `ActivationStore` is a `ferry::tensor_cache` of two tiers (the device, pinned memory)
-// on the CPU model of the device runtime (`cpu_runtime`): what `offload_activations`
-// hands each saved tensor to. A tensor crosses by DLPack (nanobind's `ndarray`: no
+// `ActivationStore` is a set of `ferry::tensor_cache`s of two tiers (the device, pinned
+// memory) on the CPU model of the device runtime (`cpu_runtime`), one per codec it uses
+// (bytes as they are; float32 to bfloat16; float32, bfloat16 and float16 to FP8 E4M3 with
+// a scale per 128 elements), made on first use and sharing one scheduler, one device
+// arena and one pinned pool (one budget): what `offload_activations` hands each saved
+// tensor to. A tensor crosses by DLPack (nanobind's `ndarray`: no
 // libtorch linked, any torch version). `offload` copies its bytes into device memory of
 // the cache (`tensor_cache::allocate`, then one copy on the cache's compute stream) and
 // stores them: the cache copies them to pinned memory behind the producer and frees the
@@ -14,15 +17,23 @@
 // The GIL is released while the cache works.
 #include "layers.hpp"
 
+#include <ferry/codec/bf16.hpp>
+#include <ferry/codec/fp8.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
+#include <ferry/memory/device_arena.hpp>
+#include <ferry/tier/device_tier.hpp>
+#include <ferry/tier/pinned_tier.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,57 +48,131 @@ namespace nb = nanobind;
 
 namespace {
 
-using cache_type = ferry::tensor_cache<std::uint64_t, ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>>;
+using tiers_type = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>;
+template <class Codec>
+using cache_of = ferry::tensor_cache<std::uint64_t, tiers_type, ferry::automatic, ferry::automatic, Codec>;
 using host_array = nb::ndarray<nb::device::cpu, nb::c_contig>;
 
 std::string key_text(std::uint64_t key) { return "[key = " + std::to_string(key) + "]"; }
 
+// One tensor_cache of the store, whatever its codec: what activation_store calls.
+class any_cache {
+ public:
+  any_cache() = default;
+  any_cache(const any_cache&) = delete;
+  any_cache& operator=(const any_cache&) = delete;
+  virtual ~any_cache() = default;
+  virtual void* allocate(std::size_t bytes, ferry::cpu_stream_ref s) = 0;
+  virtual void deallocate(void* p, std::size_t bytes, ferry::cpu_stream_ref s) = 0;
+  virtual void store(std::uint64_t key, void* p, std::size_t bytes, ferry::cpu_stream_ref s) = 0;
+  virtual const void* get(std::uint64_t key, ferry::cpu_stream_ref s) = 0;
+  virtual void erase(std::uint64_t key, ferry::cpu_stream_ref s) = 0;
+  virtual void end_iteration() = 0;
+  virtual ferry::tier_kind tier_of(std::uint64_t key) = 0;
+  [[nodiscard]] virtual const ferry::tensor_cache_stats& stats() const = 0;
+};
+
+template <class Codec>
+class cache_impl final : public any_cache {
+ public:
+  cache_impl(ferry::cpu_executor& sched, const tiers_type& t, const ferry::tensor_cache_options& o)
+      : cache_(sched, t, o) {}
+  void* allocate(std::size_t bytes, ferry::cpu_stream_ref s) override { return cache_.allocate(bytes, s); }
+  void deallocate(void* p, std::size_t bytes, ferry::cpu_stream_ref s) override { cache_.deallocate(p, bytes, s); }
+  void store(std::uint64_t key, void* p, std::size_t bytes, ferry::cpu_stream_ref s) override {
+    cache_.store(key, p, bytes, s);
+  }
+  const void* get(std::uint64_t key, ferry::cpu_stream_ref s) override { return cache_.get(key, s); }
+  void erase(std::uint64_t key, ferry::cpu_stream_ref s) override { cache_.erase(key, s); }
+  void end_iteration() override { cache_.end_iteration(); }
+  ferry::tier_kind tier_of(std::uint64_t key) override { return cache_.tier_of(key); }
+  [[nodiscard]] const ferry::tensor_cache_stats& stats() const override { return cache_.stats(); }
+
+ private:
+  cache_of<Codec> cache_;
+};
+
+// The caches a store may hold: bytes as they are, and the codecs (float32 to bfloat16;
+// float32, bfloat16 and float16 to FP8 E4M3 with a scale per 128 elements).
+enum cache_index : std::size_t { exact = 0, bf16_of_f32, fp8_of_f32, fp8_of_bf16, fp8_of_f16, cache_count };
+
 class activation_store {
  public:
+  // `codec`: "none", "bf16" or "fp8": what tensors of a floating dtype it takes are
+  // stored as (others, and those it does not take, exactly).
   activation_store(std::size_t resident_below_bytes, std::size_t keep_last, std::size_t pinned_budget_bytes,
-                   std::size_t prefetch_budget_bytes)
-      : cache_(options(resident_below_bytes, keep_last, pinned_budget_bytes, prefetch_budget_bytes)) {}
+                   std::size_t prefetch_budget_bytes, const std::string& codec)
+      : sched_(sched_stream_),
+        arena_(std::numeric_limits<std::size_t>::max(),
+               ferry::device_arena_options{.device = sched_.backend().device()}, sched_.backend().api()),
+        pool_(pool_options(pinned_budget_bytes)),
+        tiers_(ferry::cpu_device_tier(arena_, ferry::cpu_stream_ref(compute_.get())), ferry::pinned_tier(pool_)),
+        options_(options(resident_below_bytes, keep_last, prefetch_budget_bytes)) {
+    if (codec != "none" && codec != "bf16" && codec != "fp8") {
+      throw nb::value_error(("ferry: codec must be None, 'bf16' or 'fp8', not '" + codec + "'").c_str());
+    }
+    codec_ = codec;
+  }
 
-  // Copies `src`'s bytes into the cache's device memory and stores them under `key`.
-  void offload(std::uint64_t key, const host_array& src) {
+  ~activation_store() {
+    const nb::gil_scoped_release unlocked;
+    for (auto& c : caches_) c.reset();  // before the tiers and the scheduler they use
+  }
+  activation_store(const activation_store&) = delete;
+  activation_store& operator=(const activation_store&) = delete;
+
+  // Copies `src`'s bytes into the cache's device memory and stores them under `key`,
+  // encoded by the store's codec when it takes `element` ("float32", "bfloat16",
+  // "float16"; anything else is stored exactly). Returns the codec used ("none" too).
+  std::string offload(std::uint64_t key, const host_array& src, const std::string& element) {
     const std::size_t bytes = src.nbytes();
     if (bytes == 0) throw nb::value_error(("ferry: an empty tensor is not offloaded " + key_text(key)).c_str());
     if (sizes_.contains(key)) throw nb::key_error(("ferry: the key is stored already " + key_text(key)).c_str());
-    const nb::gil_scoped_release unlocked;
-    void* p = cache_.allocate(bytes, compute_);
-    try {
-      FERRY_RUNTIME_TRY(
-          ferry::cpu_runtime,
-          compute_.runtime().memcpy_async(p, src.data(), bytes, ferry::copy_direction::host_to_device, compute_.get()),
-          key, bytes);
-      compute_.synchronize();  // the caller's tensor may go once this returns
-      cache_.store(key, p, bytes, compute_);
-    } catch (...) {
-      cache_.deallocate(p, bytes, compute_);  // a refused store leaves the buffer ours
-      throw;
+    const std::size_t which = pick(element, bytes);
+    any_cache& cache = cache_at(which);
+    {
+      const nb::gil_scoped_release unlocked;
+      void* p = cache.allocate(bytes, compute_);
+      try {
+        FERRY_RUNTIME_TRY(ferry::cpu_runtime,
+                          compute_.runtime().memcpy_async(p, src.data(), bytes, ferry::copy_direction::host_to_device,
+                                                          compute_.get()),
+                          key, bytes);
+        compute_.synchronize();  // the caller's tensor may go once this returns
+        cache.store(key, p, bytes, compute_);
+      } catch (...) {
+        cache.deallocate(p, bytes, compute_);  // a refused store leaves the buffer ours
+        throw;
+      }
     }
-    sizes_.emplace(key, bytes);
+    sizes_.emplace(key, held{bytes, which});
+    if (which != exact) {
+      ++encoded_;
+      encoded_bytes_ += bytes;
+    }
+    return codec_name(which);
   }
 
-  // Copies the bytes stored under `key` into `dst` (as many bytes as were stored), then
-  // erases the key. On an error the key stays, with its bytes.
+  // Copies the bytes stored under `key` into `dst` (as many bytes as were stored,
+  // decoded), then erases the key. On an error the key stays, with its bytes.
   void fetch(std::uint64_t key, const host_array& dst) {
     const auto it = sizes_.find(key);
     if (it == sizes_.end()) throw nb::key_error(("ferry: the store does not hold this key " + key_text(key)).c_str());
-    if (dst.nbytes() != it->second) {
+    if (dst.nbytes() != it->second.bytes) {
       throw nb::value_error(("ferry: the tensor to fetch into has " + std::to_string(dst.nbytes()) +
-                             " bytes, the stored one " + std::to_string(it->second) + " " + key_text(key))
+                             " bytes, the stored one " + std::to_string(it->second.bytes) + " " + key_text(key))
                                 .c_str());
     }
     {
       const nb::gil_scoped_release unlocked;
-      const void* p = cache_.get(key, compute_);
+      any_cache& cache = *caches_[it->second.cache];
+      const void* p = cache.get(key, compute_);
       FERRY_RUNTIME_TRY(ferry::cpu_runtime,
-                        compute_.runtime().memcpy_async(dst.data(), p, it->second,
+                        compute_.runtime().memcpy_async(dst.data(), p, it->second.bytes,
                                                         ferry::copy_direction::device_to_host, compute_.get()),
-                        key, it->second);
+                        key, it->second.bytes);
       compute_.synchronize();
-      cache_.erase(key, compute_);
+      cache.erase(key, compute_);
     }
     sizes_.erase(it);
   }
@@ -98,23 +183,25 @@ class activation_store {
     if (it == sizes_.end()) return;
     {
       const nb::gil_scoped_release unlocked;
-      cache_.erase(key, compute_);
+      caches_[it->second.cache]->erase(key, compute_);
     }
     sizes_.erase(it);
   }
 
   void end_iteration() {
     const nb::gil_scoped_release unlocked;
-    cache_.end_iteration();
+    for (auto& c : caches_) {
+      if (c) c->end_iteration();
+    }
   }
 
   [[nodiscard]] bool contains(std::uint64_t key) const { return sizes_.contains(key); }
   [[nodiscard]] std::size_t size() const { return sizes_.size(); }
 
   [[nodiscard]] std::string tier_of(std::uint64_t key) {
-    if (!sizes_.contains(key))
-      throw nb::key_error(("ferry: the store does not hold this key " + key_text(key)).c_str());
-    switch (cache_.tier_of(key)) {
+    const auto it = sizes_.find(key);
+    if (it == sizes_.end()) throw nb::key_error(("ferry: the store does not hold this key " + key_text(key)).c_str());
+    switch (caches_[it->second.cache]->tier_of(key)) {
       case ferry::tier_kind::device: return "device";
       case ferry::tier_kind::pinned: return "pinned";
       case ferry::tier_kind::nvme: return "nvme";
@@ -122,8 +209,21 @@ class activation_store {
     return "unknown";
   }
 
+  // The caches' counters, summed; `encoded` and `encoded_bytes`: tensors stored through
+  // a codec and their bytes before it.
   [[nodiscard]] nb::dict stats() const {
-    const ferry::tensor_cache_stats& s = cache_.stats();
+    ferry::tensor_cache_stats s;
+    for (const auto& c : caches_) {
+      if (!c) continue;
+      const ferry::tensor_cache_stats& x = c->stats();
+      s.stored += x.stored;
+      s.kept_resident += x.kept_resident;
+      s.offloaded += x.offloaded;
+      s.offloaded_bytes += x.offloaded_bytes;
+      s.fetched += x.fetched;
+      s.fetched_bytes += x.fetched_bytes;
+      s.prefetched += x.prefetched;
+    }
     nb::dict d;
     d["stored"] = s.stored;
     d["kept_resident"] = s.kept_resident;
@@ -133,23 +233,91 @@ class activation_store {
     d["fetched_bytes"] = s.fetched_bytes;
     d["prefetched"] = s.prefetched;
     d["held"] = sizes_.size();
+    d["encoded"] = encoded_;
+    d["encoded_bytes"] = encoded_bytes_;
+    d["codec"] = codec_;
     return d;
   }
 
  private:
+  struct held {
+    std::size_t bytes;
+    std::size_t cache;
+  };
+
+  // The cache for a tensor of `bytes` bytes of `element`s: a codec's when the store has
+  // one that takes them and its encoding is smaller (a tensor of a few elements is not:
+  // FP8's payload is padded to 16 bytes and has a scale per block), else the exact one.
+  std::size_t pick(const std::string& element, std::size_t bytes) const {
+    if (codec_ == "bf16" && element == "float32" && bytes % 4 == 0) return bf16_of_f32;
+    if (codec_ != "fp8") return exact;
+    if (element == "float32" && bytes % 4 == 0 && ferry::fp8_e4m3<float>{}.encoded_bytes(bytes / 4) < bytes) {
+      return fp8_of_f32;
+    }
+    if (element == "bfloat16" && bytes % 2 == 0 &&
+        ferry::fp8_e4m3<ferry::bfloat16>{}.encoded_bytes(bytes / 2) < bytes) {
+      return fp8_of_bf16;
+    }
+    if (element == "float16" && bytes % 2 == 0 && ferry::fp8_e4m3<ferry::half>{}.encoded_bytes(bytes / 2) < bytes) {
+      return fp8_of_f16;
+    }
+    return exact;
+  }
+
+  static std::string codec_name(std::size_t which) {
+    switch (which) {
+      case bf16_of_f32: return "bf16";
+      case fp8_of_f32:
+      case fp8_of_bf16:
+      case fp8_of_f16: return "fp8";
+      default: return "none";
+    }
+  }
+
+  any_cache& cache_at(std::size_t which) {
+    auto& c = caches_[which];
+    if (!c) {
+      switch (which) {
+        case exact: c = std::make_unique<cache_impl<ferry::automatic>>(sched_, tiers_, options_); break;
+        case bf16_of_f32: c = std::make_unique<cache_impl<ferry::bf16>>(sched_, tiers_, options_); break;
+        case fp8_of_f32: c = std::make_unique<cache_impl<ferry::fp8_e4m3<float>>>(sched_, tiers_, options_); break;
+        case fp8_of_bf16:
+          c = std::make_unique<cache_impl<ferry::fp8_e4m3<ferry::bfloat16>>>(sched_, tiers_, options_);
+          break;
+        default: c = std::make_unique<cache_impl<ferry::fp8_e4m3<ferry::half>>>(sched_, tiers_, options_); break;
+      }
+    }
+    return *c;
+  }
+
+  static ferry::pinned_pool_options pool_options(std::size_t budget) {
+    ferry::pinned_pool_options o;
+    o.budget_bytes = budget;  // 0: FERRY_PINNED_BUDGET_BYTES (half of RAM by default)
+    return o;
+  }
+
   static ferry::tensor_cache_options options(std::size_t resident_below_bytes, std::size_t keep_last,
-                                             std::size_t pinned_budget_bytes, std::size_t prefetch_budget_bytes) {
+                                             std::size_t prefetch_budget_bytes) {
     ferry::tensor_cache_options o;
     o.resident_below_bytes = resident_below_bytes;
     o.keep_last = keep_last;
-    o.pinned_budget_bytes = pinned_budget_bytes;
     o.prefetch_budget_bytes = prefetch_budget_bytes;
+    o.reserve_pinned_bytes = 0;  // the caches share one pool: none reserves it whole
     return o;
   }
 
   ferry::cpu_stream compute_;  // the producer and consumer stream of every call
-  cache_type cache_;
-  std::unordered_map<std::uint64_t, std::size_t> sizes_;  // bytes stored under each key
+  ferry::cpu_stream sched_stream_;
+  ferry::cpu_executor sched_;
+  ferry::basic_device_arena<ferry::cpu_runtime> arena_;
+  ferry::pinned_pool pool_;
+  tiers_type tiers_;
+  ferry::tensor_cache_options options_;
+  std::string codec_;
+  std::array<std::unique_ptr<any_cache>, cache_count> caches_;
+  std::unordered_map<std::uint64_t, held> sizes_;  // bytes stored under each key, and their cache
+  std::uint64_t encoded_ = 0;
+  std::uint64_t encoded_bytes_ = 0;
 };
 
 // Optimizer states in a pinned pool: `zeros(n)` hands out a float32 torch tensor of n
@@ -270,10 +438,13 @@ NB_MODULE(_core, m) {
   nb::class_<activation_store>(m, "ActivationStore",
                                "A ferry::tensor_cache of the device and pinned memory on the CPU model of the "
                                "device runtime, holding byte buffers under integer keys.")
-      .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t>(), nb::arg("resident_below_bytes"),
-           nb::arg("keep_last"), nb::arg("pinned_budget_bytes"), nb::arg("prefetch_budget_bytes"))
+      .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t, const std::string&>(),
+           nb::arg("resident_below_bytes"), nb::arg("keep_last"), nb::arg("pinned_budget_bytes"),
+           nb::arg("prefetch_budget_bytes"), nb::arg("codec") = "none")
       .def("offload", &activation_store::offload, nb::arg("key"), nb::arg("src").noconvert(),
-           "Copies the C-contiguous CPU tensor's bytes into the cache and stores them under key.")
+           nb::arg("element") = "bytes",
+           "Copies the C-contiguous CPU tensor's bytes into the cache and stores them under key (encoded by the "
+           "store's codec when it takes element: 'float32', 'bfloat16', 'float16'); returns the codec used.")
       .def("fetch", &activation_store::fetch, nb::arg("key"), nb::arg("dst").noconvert(),
            "Copies the bytes stored under key into dst (as many bytes), then erases the key.")
       .def("discard", &activation_store::discard, nb::arg("key"), "Erases key without fetching it.")

@@ -353,3 +353,95 @@ def test_weights_and_their_views_are_never_offloaded():
     ref = x.detach().clone().requires_grad_()
     layer(torch.tanh(frozen(ref) @ frozen.weight)).sum().backward()
     assert torch.equal(ref.grad, x.grad)
+
+
+class _SaveSide(torch.autograd.Function):
+    """Saves `side` and hands back, in its backward pass, what autograd unpacked."""
+
+    got = None
+
+    @staticmethod
+    def forward(ctx, x, side):
+        ctx.save_for_backward(side)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (side,) = ctx.saved_tensors
+        _SaveSide.got = side.clone()
+        return g, None
+
+
+def _round_trip(codec, side):
+    off = ft.offload_activations(min_bytes=0, keep_last=0, codec=codec)
+    x = torch.zeros(1, requires_grad=True)
+    with off:
+        y = _SaveSide.apply(x, side)
+    y.sum().backward()
+    return _SaveSide.got, off.stats()
+
+
+def _specials(n, dtype):
+    torch.manual_seed(n)
+    t = torch.randn(n) * torch.logspace(-30, 30, n)  # magnitudes far apart within a block of 128
+    t[:4] = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
+    t[4] = 1e-40  # a float32 subnormal
+    return t.to(dtype)
+
+
+def test_the_bf16_codec_rounds_float32_to_nearest_even_and_keeps_other_dtypes_exact():
+    t = _specials(1000, torch.float32)
+    got, s = _round_trip("bf16", t)
+    assert torch.equal(got, t.to(torch.bfloat16).to(torch.float32))  # torch rounds to nearest even too
+    assert got.dtype == torch.float32 and s["codec"] == "bf16"
+    assert s["encoded"] == 1 and s["encoded_bytes"] == 4000 and s["offloaded_bytes"] == 2000
+    nan, _ = _round_trip("bf16", torch.full((64,), float("nan")))
+    assert torch.isnan(nan).all()
+    for exact in (t.to(torch.bfloat16), t.to(torch.float16), torch.arange(100), torch.rand(50) < 0.5, t.double()):
+        back, s = _round_trip("bf16", exact)
+        assert torch.equal(back, exact) or (exact.is_floating_point() and torch.equal(back.isnan(), exact.isnan()))
+        assert s["encoded"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 127, 128, 129, 1000])
+def test_the_fp8_codec_keeps_each_element_within_its_blocks_error_bound(dtype, n):
+    torch.manual_seed(n)
+    t = (torch.randn(n) * torch.exp(torch.randn(n) * 3)).to(dtype)
+    if n >= 128:
+        t[128 - 7 : 128] = 0.0  # a block's tail of zeros
+    got, s = _round_trip("fp8", t)
+    assert got.dtype == dtype
+    if n == 1:  # 16 bytes of padded payload and a scale are more than the tensor: stored exactly
+        assert s["encoded"] == 0 and torch.equal(got, t)
+        return
+    assert s["encoded"] == 1
+    assert s["offloaded_bytes"] < t.numel() * t.element_size()  # one byte an element and a scale per 128
+    x, d = t.double(), got.double()
+    for k in range(0, n, 128):
+        blk, dec = x[k : k + 128], d[k : k + 128]
+        amax = blk.abs().max().item()
+        # E4M3: 3 mantissa bits (2^-4 relative), subnormals below 2^-6 of the scaled range,
+        # and the source dtype's own rounding of the decoded value
+        bound = (2.0**-4 + 2.0**-7) * blk.abs() + amax * 2.0**-17
+        assert ((dec - blk).abs() <= bound).all(), (k, (dec - blk).abs().max().item())
+        assert (dec[blk == 0] == 0).all()
+
+
+def test_codecs_train_a_small_transformer_close_to_no_offload():
+    torch.manual_seed(7)
+    batches = [(torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16)))] * 5
+    ref_losses, _ = _train(_GPT(), batches)
+    for codec, tolerance in (("bf16", 0.01), ("fp8", 0.05)):
+        off = ft.offload_activations(min_bytes=4096, keep_last=0, codec=codec)
+        losses, _ = _train(_GPT(), batches, off)
+        assert losses[0] == ref_losses[0]  # the first forward does not read what was saved
+        assert all(abs(a - b) <= tolerance * abs(a) for a, b in zip(ref_losses, losses)), (codec, losses, ref_losses)
+        assert losses[-1] < losses[0]
+        s = off.stats()
+        assert s["encoded"] > 0 and s["offloaded_bytes"] < s["encoded_bytes"] and s["held"] == 0
+
+
+def test_an_unknown_codec_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="codec must be None, 'bf16' or 'fp8', not 'fp4'"):
+        ft.offload_activations(codec="fp4")

@@ -36,6 +36,9 @@ from ferry.torch.optim import OffloadAdamW
 __all__ = ["offload_activations", "keep_on_device", "OffloadAdamW", "stream_layers", "StreamedLayers"]
 
 _KEEP_ATTR = "_ferry_keep_on_device"
+# What the store's codecs are called, and the dtypes they take (others are stored exactly).
+_CODECS = {None: "none", "bf16": "bf16", "fp8": "fp8"}
+_ELEMENTS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def keep_on_device(tensor: torch.Tensor) -> torch.Tensor:
@@ -158,10 +161,17 @@ class offload_activations:
         pinned_bytes: the pinned pool's budget in bytes; 0: ``FERRY_PINNED_BUDGET_BYTES``
             (half of RAM by default).
         prefetch_bytes: device bytes that prefetched tensors may hold at once.
+        codec: how offloaded floating tensors travel and wait in pinned memory. ``None``:
+            as they are (gradients bit for bit). ``"bf16"``: float32 tensors as bfloat16
+            (half the bytes; round to nearest even, |error| <= 2^-8 |x|). ``"fp8"``:
+            float32, bfloat16 and float16 tensors as FP8 E4M3 with one float32 scale per
+            128 elements (``scale = 448 / amax`` of the block; about a quarter of float32's
+            bytes). Other dtypes (integers, bools, what a codec does not take), tensors kept
+            resident (``keep_last``, ``min_bytes``) and parameters are always exact.
 
     Raises:
         ValueError: for an argument that is not an integer in [0, 2**63) (Python, numpy
-            and torch integers are taken).
+            and torch integers are taken), or a codec other than None, "bf16", "fp8".
     """
 
     def __init__(
@@ -171,7 +181,10 @@ class offload_activations:
         keep_last: int = 1,
         pinned_bytes: int = 0,
         prefetch_bytes: int = 1 << 30,
+        codec: Optional[str] = None,
     ) -> None:
+        if codec not in _CODECS:
+            raise ValueError(f"offload_activations: codec must be None, 'bf16' or 'fp8', not {codec!r}")
         checked = {}
         for name, value in (
             ("min_bytes", min_bytes),
@@ -188,7 +201,9 @@ class offload_activations:
             keep_last=keep_last,
             pinned_budget_bytes=pinned_bytes,
             prefetch_budget_bytes=prefetch_bytes,
+            codec=_CODECS[codec],
         )
+        self.codec = codec
         # Autograd's threads and the GC (a graph freed without its backward pass) call in
         # too; reentrant, since a collection may run a discard on a thread inside a call.
         self._lock = threading.RLock()
@@ -274,7 +289,7 @@ class offload_activations:
                 key = next(self._spare_keys)
             saved = _Saved(self, key, t, order)
             try:
-                self._store.offload(key, flat)
+                self._store.offload(key, flat, _ELEMENTS.get(t.dtype, "bytes"))
             except MemoryError:
                 saved._value = t  # nothing stored; the tensor stays as autograd saved it
                 self._kept["no_room"] += 1
@@ -302,7 +317,9 @@ class offload_activations:
         held now (``held``), the steps entered (``steps``), the saves of a tensor already
         offloaded that shared its copy (``deduplicated``), and the tensors left as
         autograd saved them, by reason (``kept``: marked, device, parameter, small,
-        not_dense, no_room)."""
+        not_dense, no_room); ``codec``, and the tensors stored through it (``encoded``)
+        with their bytes before it (``encoded_bytes``; ``offloaded_bytes`` counts the
+        bytes after it)."""
         with self._lock:
             s = dict(self._store.stats())
         s["steps"] = self._steps
