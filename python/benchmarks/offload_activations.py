@@ -4,7 +4,8 @@ tensors through the CPU model of ferry's device runtime):
 
 - step: a stack of Linear + GELU layers trained a step at a time (forward, backward),
   each variant's median step time over --repetitions, round-robin, and its ratio to no
-  offload;
+  offload; ferry with no codec, "bf16" and "fp8", and the bytes each moved against no
+  codec's;
 - per tensor: the host time each saved tensor costs (pack + unpack), from a step that
   saves --tiny-tensors tensors of 4 KiB through a custom function, minus the same step
   without hooks: the issue's target is <= 20 us a tensor.
@@ -78,10 +79,14 @@ def main():
     model = stack(a.layers, a.hidden)
     x = torch.randn(a.tokens, a.hidden)
     offload = ft.offload_activations(min_bytes=1 << 16, keep_last=1)
+    offload_bf16 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="bf16")
+    offload_fp8 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="fp8")
     variants = {
         "none": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
         "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
         "ferry": lambda: offload,
+        "ferry bf16": lambda: offload_bf16,
+        "ferry fp8": lambda: offload_fp8,
     }
     for ctx in variants.values():  # warm up (ferry records its first step here)
         step(model, x, ctx)
@@ -94,6 +99,9 @@ def main():
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
     saved_bytes = offload.stats()["offloaded_bytes"] // max(1, offload.stats()["steps"])
+    moved = {"ferry": 1.0}  # bytes moved a step, against no codec's
+    for name, o in (("ferry bf16", offload_bf16), ("ferry fp8", offload_fp8)):
+        moved[name] = (o.stats()["offloaded_bytes"] / max(1, o.stats()["steps"])) / max(1, saved_bytes)
 
     tiny = ft.offload_activations(min_bytes=0, keep_last=0)
     plain = [tiny_step(a.tiny_tensors, lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
@@ -106,12 +114,13 @@ def main():
     print(f"step: {a.layers} x (Linear {a.hidden} + GELU), {a.tokens} tokens, "
           f"{saved_bytes / 2**20:.1f} MiB offloaded a step by ferry; medians of {a.repetitions}")
     for k in variants:
-        print(f"  {k:12s} {med[k]:8.2f} ms   {med[k] / med['none']:.3f}x none   spread {spread[k]:.1%}")
+        bytes_note = f"   {moved[k]:.3f}x the bytes moved" if k in moved else ""
+        print(f"  {k:12s} {med[k]:8.2f} ms   {med[k] / med['none']:.3f}x none   spread {spread[k]:.1%}{bytes_note}")
     print(f"  ferry / save_on_cpu: {med['ferry'] / med['save_on_cpu']:.3f}")
     print(f"per saved tensor (4 KiB, pack + unpack): {per_tensor_us:.1f} us of host time (target <= 20)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"step_ms": med, "spread": spread, "offloaded_bytes_per_step": saved_bytes,
+            json.dump({"step_ms": med, "spread": spread, "offloaded_bytes_per_step": saved_bytes, "bytes_moved": moved,
                        "per_tensor_us": per_tensor_us, "args": vars(a), "torch": torch.__version__}, f, indent=1)
 
 
