@@ -15,19 +15,18 @@
 // write into and lose). Each call returns once the copies it
 // started from the caller's memory have run, so the caller's tensor may go at once.
 // The GIL is released while the cache works.
-#include "layers.hpp"
-
 #include <ferry/codec/bf16.hpp>
 #include <ferry/codec/fp8.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/cuda/cpu_runtime.hpp>
 #include <ferry/memory/device_arena.hpp>
-#include <ferry/tier/device_tier.hpp>
-#include <ferry/tier/pinned_tier.hpp>
-#include <ferry/transfer/cpu_executor.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/tensor_cache.hpp>
+#include <ferry/tier/device_tier.hpp>
+#include <ferry/tier/nvme_tier.hpp>
+#include <ferry/tier/pinned_tier.hpp>
+#include <ferry/transfer/cpu_executor.hpp>
 
 #include <array>
 #include <cstddef>
@@ -40,6 +39,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "layers.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -49,8 +49,9 @@ namespace nb = nanobind;
 namespace {
 
 using tiers_type = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>;
-template <class Codec>
-using cache_of = ferry::tensor_cache<std::uint64_t, tiers_type, ferry::automatic, ferry::automatic, Codec>;
+using nvme_tiers_type = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier, ferry::nvme_tier>;
+template <class Tiers, class Codec>
+using cache_of = ferry::tensor_cache<std::uint64_t, Tiers, ferry::automatic, ferry::automatic, Codec>;
 using host_array = nb::ndarray<nb::device::cpu, nb::c_contig>;
 
 std::string key_text(std::uint64_t key) { return "[key = " + std::to_string(key) + "]"; }
@@ -72,11 +73,10 @@ class any_cache {
   [[nodiscard]] virtual const ferry::tensor_cache_stats& stats() const = 0;
 };
 
-template <class Codec>
+template <class Tiers, class Codec>
 class cache_impl final : public any_cache {
  public:
-  cache_impl(ferry::cpu_executor& sched, const tiers_type& t, const ferry::tensor_cache_options& o)
-      : cache_(sched, t, o) {}
+  cache_impl(ferry::cpu_executor& sched, const Tiers& t, const ferry::tensor_cache_options& o) : cache_(sched, t, o) {}
   void* allocate(std::size_t bytes, ferry::cpu_stream_ref s) override { return cache_.allocate(bytes, s); }
   void deallocate(void* p, std::size_t bytes, ferry::cpu_stream_ref s) override { cache_.deallocate(p, bytes, s); }
   void store(std::uint64_t key, void* p, std::size_t bytes, ferry::cpu_stream_ref s) override {
@@ -89,7 +89,7 @@ class cache_impl final : public any_cache {
   [[nodiscard]] const ferry::tensor_cache_stats& stats() const override { return cache_.stats(); }
 
  private:
-  cache_of<Codec> cache_;
+  cache_of<Tiers, Codec> cache_;
 };
 
 // The caches a store may hold: bytes as they are, and the codecs (float32 to bfloat16;
@@ -100,23 +100,41 @@ class activation_store {
  public:
   // `codec`: "none", "bf16" or "fp8": what tensors of a floating dtype it takes are
   // stored as (others, and those it does not take, exactly).
+  // `nvme_path` (with `nvme_bytes` > 0): a third tier, a file there of that capacity,
+  // that tensors spill to when the pinned pool is full; empty: two tiers.
   activation_store(std::size_t resident_below_bytes, std::size_t keep_last, std::size_t pinned_budget_bytes,
-                   std::size_t prefetch_budget_bytes, const std::string& codec)
-      : sched_(sched_stream_),
+                   std::size_t prefetch_budget_bytes, const std::string& codec, const std::string& nvme_path,
+                   std::uint64_t nvme_bytes)
+      : sched_(sched_stream_, scheduler_options()),
         arena_(std::numeric_limits<std::size_t>::max(),
                ferry::device_arena_options{.device = sched_.backend().device()}, sched_.backend().api()),
         pool_(pool_options(pinned_budget_bytes)),
-        tiers_(ferry::cpu_device_tier(arena_, ferry::cpu_stream_ref(compute_.get())), ferry::pinned_tier(pool_)),
+        device_tier_(arena_, ferry::cpu_stream_ref(compute_.get())),
+        tiers_(device_tier_, ferry::pinned_tier(pool_)),
         options_(options(resident_below_bytes, keep_last, prefetch_budget_bytes)) {
     if (codec != "none" && codec != "bf16" && codec != "fp8") {
       throw nb::value_error(("ferry: codec must be None, 'bf16' or 'fp8', not '" + codec + "'").c_str());
     }
     codec_ = codec;
+    if (nvme_path.empty() != (nvme_bytes == 0)) {
+      throw nb::value_error(("ferry: an NVMe tier needs a path and a capacity in bytes > 0 [nvme_path = '" + nvme_path +
+                             "', nvme_bytes = " + std::to_string(nvme_bytes) + "]")
+                                .c_str());
+    }
+    if (!nvme_path.empty()) {
+      ferry::nvme_options o;
+      o.paths = {nvme_path};
+      o.capacity = nvme_bytes;
+      nvme_.emplace(std::move(o));  // io_error (OSError): a folder, no permission, no space
+      nvme_tiers_.emplace(device_tier_, ferry::pinned_tier(pool_), *nvme_);
+    }
   }
 
   ~activation_store() {
     const nb::gil_scoped_release unlocked;
     for (auto& c : caches_) c.reset();  // before the tiers and the scheduler they use
+    nvme_tiers_.reset();
+    nvme_.reset();
   }
   activation_store(const activation_store&) = delete;
   activation_store& operator=(const activation_store&) = delete;
@@ -223,6 +241,9 @@ class activation_store {
       s.fetched += x.fetched;
       s.fetched_bytes += x.fetched_bytes;
       s.prefetched += x.prefetched;
+      s.spilled += x.spilled;
+      s.spilled_bytes += x.spilled_bytes;
+      s.read_back += x.read_back;
     }
     nb::dict d;
     d["stored"] = s.stored;
@@ -233,6 +254,10 @@ class activation_store {
     d["fetched_bytes"] = s.fetched_bytes;
     d["prefetched"] = s.prefetched;
     d["held"] = sizes_.size();
+    d["spilled"] = s.spilled;
+    d["spilled_bytes"] = s.spilled_bytes;
+    d["read_back"] = s.read_back;
+    d["nvme"] = nvme_.has_value();
     d["encoded"] = encoded_;
     d["encoded_bytes"] = encoded_bytes_;
     d["codec"] = codec_;
@@ -274,21 +299,29 @@ class activation_store {
     }
   }
 
+  template <class Codec>
+  std::unique_ptr<any_cache> make_cache() {
+    if (nvme_tiers_) return std::make_unique<cache_impl<nvme_tiers_type, Codec>>(sched_, *nvme_tiers_, options_);
+    return std::make_unique<cache_impl<tiers_type, Codec>>(sched_, tiers_, options_);
+  }
+
   any_cache& cache_at(std::size_t which) {
     auto& c = caches_[which];
     if (!c) {
       switch (which) {
-        case exact: c = std::make_unique<cache_impl<ferry::automatic>>(sched_, tiers_, options_); break;
-        case bf16_of_f32: c = std::make_unique<cache_impl<ferry::bf16>>(sched_, tiers_, options_); break;
-        case fp8_of_f32: c = std::make_unique<cache_impl<ferry::fp8_e4m3<float>>>(sched_, tiers_, options_); break;
-        case fp8_of_bf16:
-          c = std::make_unique<cache_impl<ferry::fp8_e4m3<ferry::bfloat16>>>(sched_, tiers_, options_);
-          break;
-        default: c = std::make_unique<cache_impl<ferry::fp8_e4m3<ferry::half>>>(sched_, tiers_, options_); break;
+        case exact: c = make_cache<ferry::automatic>(); break;
+        case bf16_of_f32: c = make_cache<ferry::bf16>(); break;
+        case fp8_of_f32: c = make_cache<ferry::fp8_e4m3<float>>(); break;
+        case fp8_of_bf16: c = make_cache<ferry::fp8_e4m3<ferry::bfloat16>>(); break;
+        default: c = make_cache<ferry::fp8_e4m3<ferry::half>>(); break;
       }
     }
     return *c;
   }
+
+  // The scheduler's bounce ring moves NVMe spills in chunks that must be whole blocks of
+  // the tier's alignment (4096): its 4 MiB default is.
+  static ferry::scheduler_options scheduler_options() { return {}; }
 
   static ferry::pinned_pool_options pool_options(std::size_t budget) {
     ferry::pinned_pool_options o;
@@ -311,7 +344,10 @@ class activation_store {
   ferry::cpu_executor sched_;
   ferry::basic_device_arena<ferry::cpu_runtime> arena_;
   ferry::pinned_pool pool_;
+  ferry::cpu_device_tier device_tier_;
   tiers_type tiers_;
+  std::optional<ferry::nvme_tier> nvme_;
+  std::optional<nvme_tiers_type> nvme_tiers_;
   ferry::tensor_cache_options options_;
   std::string codec_;
   std::array<std::unique_ptr<any_cache>, cache_count> caches_;
@@ -432,15 +468,22 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const ferry::logic_error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const ferry::io_error& e) {
+      // OSError(errno, message): `.errno` is the file system's, the message names the
+      // call, the path and the offset
+      nb::object err = nb::steal(PyObject_CallFunction(PyExc_OSError, "is", e.code().value(), e.what()));
+      if (err.is_valid()) PyErr_SetObject(PyExc_OSError, err.ptr());
     }
   });
 
   nb::class_<activation_store>(m, "ActivationStore",
                                "A ferry::tensor_cache of the device and pinned memory on the CPU model of the "
                                "device runtime, holding byte buffers under integer keys.")
-      .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t, const std::string&>(),
+      .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t, const std::string&, const std::string&,
+                    std::uint64_t>(),
            nb::arg("resident_below_bytes"), nb::arg("keep_last"), nb::arg("pinned_budget_bytes"),
-           nb::arg("prefetch_budget_bytes"), nb::arg("codec") = "none")
+           nb::arg("prefetch_budget_bytes"), nb::arg("codec") = "none", nb::arg("nvme_path") = "",
+           nb::arg("nvme_bytes") = 0)
       .def("offload", &activation_store::offload, nb::arg("key"), nb::arg("src").noconvert(),
            nb::arg("element") = "bytes",
            "Copies the C-contiguous CPU tensor's bytes into the cache and stores them under key (encoded by the "

@@ -65,9 +65,8 @@ element element_named(const std::string& name) {
   if (name == "float64") return element::f64;
   if (name == "float16") return element::f16;
   if (name == "bfloat16") return element::bf16;
-  throw nb::type_error(("ferry: a streamed parameter's dtype must be float32, float64, float16 or bfloat16, not " +
-                        name)
-                           .c_str());
+  throw nb::type_error(
+      ("ferry: a streamed parameter's dtype must be float32, float64, float16 or bfloat16, not " + name).c_str());
 }
 
 // One parameter's place in its layer's bytes.
@@ -236,9 +235,8 @@ class layer_stack {
     check(layer);
     accumulate_[layer].store(accumulate, std::memory_order_relaxed);
     const nb::gil_scoped_release unlocked;
-    pushed_[next_] = streamer_->push_gradient(
-        layer, staging_[next_].get(), bytes_[layer], compute_,
-        [this](std::size_t l, std::span<const std::byte> g) { land(l, g); });
+    pushed_[next_] = streamer_->push_gradient(layer, staging_[next_].get(), bytes_[layer], compute_,
+                                              [this](std::size_t l, std::span<const std::byte> g) { land(l, g); });
     next_ = (next_ + 1) % staging_.size();
   }
 
@@ -304,7 +302,8 @@ class layer_stack {
 
   static std::vector<std::size_t> layer_sizes(const std::vector<std::vector<segment>>& layouts) {
     std::vector<std::size_t> out;
-    for (const auto& segs : layouts) out.push_back(segs.back().offset + segs.back().count * element_bytes(segs.back().type));
+    for (const auto& segs : layouts)
+      out.push_back(segs.back().offset + segs.back().count * element_bytes(segs.back().type));
     return out;
   }
 
@@ -329,7 +328,7 @@ class layer_stack {
 
   std::vector<std::vector<segment>> layouts_;
   std::vector<std::size_t> bytes_;
-  ferry::cpu_stream compute_;  // the compute stream of the model (the Python thread's work)
+  ferry::cpu_stream compute_;               // the compute stream of the model (the Python thread's work)
   std::optional<ferry::pinned_pool> pool_;  // weights and gradient slabs
   std::optional<ferry::cpu_executor> sched_;
   std::vector<std::byte*> gradients_;

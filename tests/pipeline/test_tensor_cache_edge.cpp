@@ -487,3 +487,50 @@ TEMPLATE_TEST_CASE("tensor_cache edge: an offload whose D2H copy failed gives it
   cache.erase(50, compute);
   compute.synchronize();
 }
+
+TEMPLATE_TEST_CASE("tensor_cache edge: a get read back from NVMe hands the consumer an edge after the allocation",
+                   "[pipeline][tensor_cache][nvme]", FERRY_TEST_DEVICES) {
+  TestType dev;
+  INFO(dev.name());
+  // Bug (found by ferry-torch's NVMe tier on the strict CPU model): a get from NVMe made
+  // the host wait for the read (a move completed by a host signal) and returned device
+  // memory allocated on the H2D lane with no stream edge for the consumer, so a kernel on
+  // it used a stream-ordered allocation without an edge after it (CUDA: undefined). The
+  // identity and the bf16 codec (whose decode runs on the H2D lane) both.
+  scratch_path path(ferry_test::disk_dir);
+  ferry::nvme_tier tier(ferry_test::small_options({path.path()}, 64 * MiB));
+  auto& compute = dev.stream();
+  auto& consumer = dev.stream();  // a stream of its own: no edge to the lanes but the cache's
+  auto& sched = dev.scheduler(compute, small_chunks());
+  auto& device = dev.memory(256 * MiB);
+  ferry::pinned_pool pool(unpinned(8 * MiB));
+  {
+    // the default policies (belady, replayed prefetch): the second step prefetches
+    cache_on<TestType, ferry_test::recipe<int, true>> cache(sched, ferry_test::tier_set(sched, device, pool, tier),
+                                                            {.keep_last = 0});
+    producer prod{compute};
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      for (int i = 0; i < 4; ++i)
+        cache.store(i, prod.make(cache, 3 * MiB, static_cast<std::uint64_t>(i + 10 * step)), 3 * MiB, compute);
+      for (int i = 3; i >= 0; --i) {
+        // a copy out on the consumer (what the model checks, as CUDA would need it)
+        std::vector<std::byte> out(3 * MiB);
+        INFO("key " << i << " in tier " << static_cast<int>(cache.tier_of(i)));
+        const void* p = cache.get(i, consumer);
+        REQUIRE(ferry::cpu_runtime::ok(dev.runtime().memcpy_async(
+            out.data(), p, out.size(), ferry::copy_direction::device_to_host, consumer.native())));
+        consumer.synchronize();
+        CHECK(checksum(out) == expected_sum(3 * MiB, static_cast<std::uint64_t>(i + 10 * step)));
+        cache.erase(i, consumer);
+      }
+      cache.end_iteration();
+    }
+    CHECK(cache.stats().read_back >= 1);
+    consumer.synchronize();
+    settle(sched, compute);
+  }
+  CHECK(pool.used() == 0);
+  CHECK(tier.used() == 0);
+  CHECK(device.used() == 0);
+}

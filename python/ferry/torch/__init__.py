@@ -22,9 +22,10 @@ device's place. Gradients are bit for bit those of the same step without offload
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -168,10 +169,19 @@ class offload_activations:
             128 elements (``scale = 448 / amax`` of the block; about a quarter of float32's
             bytes). Other dtypes (integers, bools, what a codec does not take), tensors kept
             resident (``keep_last``, ``min_bytes``) and parameters are always exact.
+        nvme_path: a file (made where missing; not a folder) for a third tier: when the
+            pinned pool is full, tensors spill there (the cache's eviction picks which)
+            and are read back for the backward pass, instead of staying where autograd
+            saved them. O_DIRECT where the file system allows it, io_uring where the
+            kernel allows it (ferry's NVMe tier). None: two tiers.
+        nvme_bytes: the NVMe tier's capacity in bytes (> 0 with ``nvme_path``).
 
     Raises:
         ValueError: for an argument that is not an integer in [0, 2**63) (Python, numpy
-            and torch integers are taken), or a codec other than None, "bf16", "fp8".
+            and torch integers are taken), a codec other than None, "bf16", "fp8", or
+            only one of nvme_path and nvme_bytes.
+        OSError: when the NVMe file cannot be opened or sized (``errno`` is the file
+            system's: EISDIR for a folder, EACCES, ENOSPC; the message names the path).
     """
 
     def __init__(
@@ -182,6 +192,8 @@ class offload_activations:
         pinned_bytes: int = 0,
         prefetch_bytes: int = 1 << 30,
         codec: Optional[str] = None,
+        nvme_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+        nvme_bytes: int = 0,
     ) -> None:
         if codec not in _CODECS:
             raise ValueError(f"offload_activations: codec must be None, 'bf16' or 'fp8', not {codec!r}")
@@ -191,10 +203,19 @@ class offload_activations:
             ("keep_last", keep_last),
             ("pinned_bytes", pinned_bytes),
             ("prefetch_bytes", prefetch_bytes),
+            ("nvme_bytes", nvme_bytes),
         ):
             checked[name] = whole(f"offload_activations: {name}", value)
         min_bytes, keep_last = checked["min_bytes"], checked["keep_last"]
         pinned_bytes, prefetch_bytes = checked["pinned_bytes"], checked["prefetch_bytes"]
+        path = "" if nvme_path is None else os.fspath(nvme_path)
+        if not isinstance(path, str):
+            raise TypeError(f"offload_activations: nvme_path must be a str or os.PathLike of str, not {nvme_path!r}")
+        if (path == "") != (checked["nvme_bytes"] == 0):
+            raise ValueError(
+                "offload_activations: an NVMe tier needs nvme_path and nvme_bytes > 0 together "
+                f"[nvme_path = {nvme_path!r}, nvme_bytes = {checked['nvme_bytes']}]"
+            )
         self.min_bytes = min_bytes
         self._store = _core.ActivationStore(
             resident_below_bytes=min_bytes,
@@ -202,6 +223,8 @@ class offload_activations:
             pinned_budget_bytes=pinned_bytes,
             prefetch_budget_bytes=prefetch_bytes,
             codec=_CODECS[codec],
+            nvme_path=path,
+            nvme_bytes=checked["nvme_bytes"],
         )
         self.codec = codec
         # Autograd's threads and the GC (a graph freed without its backward pass) call in
@@ -317,7 +340,8 @@ class offload_activations:
         held now (``held``), the steps entered (``steps``), the saves of a tensor already
         offloaded that shared its copy (``deduplicated``), and the tensors left as
         autograd saved them, by reason (``kept``: marked, device, parameter, small,
-        not_dense, no_room); ``codec``, and the tensors stored through it (``encoded``)
+        not_dense, no_room); the NVMe tier's (``nvme``: whether there is one, ``spilled``,
+        ``spilled_bytes``, ``read_back``); ``codec``, and the tensors stored through it (``encoded``)
         with their bytes before it (``encoded_bytes``; ``offloaded_bytes`` counts the
         bytes after it)."""
         with self._lock:

@@ -85,6 +85,11 @@ class slot_space {
 template <class Ticket>
 struct move_tickets {
   Ticket out, in, in_copy;
+  /// A marker on the lane a fetch from NVMe allocated its device memory on, right after
+  /// the allocation: a read from NVMe completes by a host signal, so a host that waited
+  /// for it has no event after the allocation to give a consumer stream; this is that
+  /// event (complete by then: the read was ordered after it).
+  Ticket placed;
   /// @brief Whether the fetched copy (and its decode) has completed, failed or not.
   [[nodiscard]] bool landed() const noexcept { return in.ready() && (!in_copy.valid() || in_copy.ready()); }
   /// @brief Waits for the fetched copy and its decode; throws the copy's error first (a
@@ -116,6 +121,7 @@ struct move_tickets {
   void clear_in() noexcept {
     in = Ticket{};
     in_copy = Ticket{};
+    placed = Ticket{};
   }
 };
 

@@ -182,6 +182,9 @@ class tensor_cache_engine {
           recover(r);
           throw;
         }
+        // The host has seen the copy land; the consumer's stream still needs an edge after
+        // the allocation of the device memory (CUDA's rule for stream-ordered memory).
+        if (r.moves.placed.valid()) r.moves.placed.enqueue_wait(consumer);
         moves_.settle_fetch(r);
       } else {
         r.moves.in.enqueue_wait(consumer);

@@ -196,7 +196,9 @@ class tensor_moves {
         target = staging;
       }
       // From NVMe the copies run on a stream of the move's own: ordered after the H2D stream,
-      // where the destination was allocated.
+      // where the destination was allocated; the consumer's edge after the allocation is
+      // a marker there (the read itself completes by a host signal, no event).
+      if (from == tier_index(tier_kind::nvme)) r.moves.placed = sched_->mark(lane::h2d);
       ticket_type copy = from == tier_index(tier_kind::pinned)
                              ? sched_->to_device(target, r.host, r.encoded)
                              : sched_->nvme_to_device(*nvme_, *r.disk, 0, target, r.encoded, h2d);
