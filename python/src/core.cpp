@@ -50,6 +50,12 @@ namespace {
 
 using tiers_type = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier>;
 using nvme_tiers_type = ferry::tiers<ferry::cpu_device_tier, ferry::pinned_tier, ferry::nvme_tier>;
+// FP8 E4M3 with a scale per 128 elements, of `T`; an infinity becomes NaN (E4M3 has no
+// infinity): an activation that overflowed stays visible to loss scaling and NaN checks,
+// where saturating would make it the block's largest finite value.
+template <class T>
+using fp8_of = ferry::fp8_e4m3<T, ferry::per_block<128>, ferry::fp8_overflow::non_finite>;
+
 template <class Tiers, class Codec>
 using cache_of = ferry::tensor_cache<std::uint64_t, Tiers, ferry::automatic, ferry::automatic, Codec>;
 using host_array = nb::ndarray<nb::device::cpu, nb::c_contig>;
@@ -276,14 +282,14 @@ class activation_store {
   std::size_t pick(const std::string& element, std::size_t bytes) const {
     if (codec_ == "bf16" && element == "float32" && bytes % 4 == 0) return bf16_of_f32;
     if (codec_ != "fp8") return exact;
-    if (element == "float32" && bytes % 4 == 0 && ferry::fp8_e4m3<float>{}.encoded_bytes(bytes / 4) < bytes) {
+    if (element == "float32" && bytes % 4 == 0 && fp8_of<float>{}.encoded_bytes(bytes / 4) < bytes) {
       return fp8_of_f32;
     }
     if (element == "bfloat16" && bytes % 2 == 0 &&
-        ferry::fp8_e4m3<ferry::bfloat16>{}.encoded_bytes(bytes / 2) < bytes) {
+        fp8_of<ferry::bfloat16>{}.encoded_bytes(bytes / 2) < bytes) {
       return fp8_of_bf16;
     }
-    if (element == "float16" && bytes % 2 == 0 && ferry::fp8_e4m3<ferry::half>{}.encoded_bytes(bytes / 2) < bytes) {
+    if (element == "float16" && bytes % 2 == 0 && fp8_of<ferry::half>{}.encoded_bytes(bytes / 2) < bytes) {
       return fp8_of_f16;
     }
     return exact;
@@ -311,9 +317,9 @@ class activation_store {
       switch (which) {
         case exact: c = make_cache<ferry::automatic>(); break;
         case bf16_of_f32: c = make_cache<ferry::bf16>(); break;
-        case fp8_of_f32: c = make_cache<ferry::fp8_e4m3<float>>(); break;
-        case fp8_of_bf16: c = make_cache<ferry::fp8_e4m3<ferry::bfloat16>>(); break;
-        default: c = make_cache<ferry::fp8_e4m3<ferry::half>>(); break;
+        case fp8_of_f32: c = make_cache<fp8_of<float>>(); break;
+        case fp8_of_bf16: c = make_cache<fp8_of<ferry::bfloat16>>(); break;
+        default: c = make_cache<fp8_of<ferry::half>>(); break;
       }
     }
     return *c;

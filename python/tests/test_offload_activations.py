@@ -445,3 +445,54 @@ def test_codecs_train_a_small_transformer_close_to_no_offload():
 def test_an_unknown_codec_is_a_value_error_naming_it():
     with pytest.raises(ValueError, match="codec must be None, 'bf16' or 'fp8', not 'fp4'"):
         ft.offload_activations(codec="fp4")
+
+
+def test_keep_last_counts_the_steps_last_saves_whatever_codec_takes_them():
+    for codec in (None, "fp8"):
+        off = ft.offload_activations(min_bytes=0, keep_last=2, codec=codec)
+        x = torch.randn(4096, requires_grad=True)
+        with off:
+            ys = [(x * 2).exp(), (x * 2).to(torch.bfloat16).exp(), (x * 2).to(torch.float16).exp(),
+                  (x * 2).double().exp(), (x * 3).exp()]
+        s = off.stats()
+        # each exp() saves its output: the last two stay, the first three are offloaded
+        assert s["kept"]["last"] == 2 and s["offloaded"] == 3, (codec, s)
+        assert s["encoded"] == (3 if codec == "fp8" else 0)
+        sum(y.double().sum() for y in ys).backward()
+        assert off.stats()["held"] == 0
+
+
+def test_fp8_turns_an_infinity_into_nan_and_keeps_the_finite_values_of_its_block():
+    t = torch.tensor([float("inf"), -float("inf"), 1.0, 0.5] * 64)
+    got, s = _round_trip("fp8", t)
+    assert s["encoded"] == 1
+    assert torch.isnan(got[0::4]).all() and torch.isnan(got[1::4]).all()  # an overflow stays visible
+    assert torch.equal(got[2::4], t[2::4]) and torch.equal(got[3::4], t[3::4])  # the scale is the finite amax's
+
+
+def test_an_nvme_tier_takes_what_the_pinned_pool_cannot_and_gradients_stay_exact(tmp_path):
+    torch.manual_seed(7)
+    batches = [(torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))) for _ in range(3)]
+    ref_losses, ref_grads = _train(_GPT(), batches)
+    off = ft.offload_activations(min_bytes=4096, keep_last=0, pinned_bytes=64 << 10,
+                                 nvme_path=tmp_path / "activations.bin", nvme_bytes=64 << 20)
+    losses, grads = _train(_GPT(), batches, off)
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(ref_grads, grads))
+    s = off.stats()
+    assert s["nvme"] and s["spilled"] > 0 and s["read_back"] == s["spilled"] and s["held"] == 0
+    assert s["kept"]["no_room"] == 0  # the disk took what the pool could not
+
+
+def test_nvme_arguments_are_checked_and_a_folder_is_an_os_error_naming_it(tmp_path):
+    import errno
+
+    with pytest.raises(ValueError, match="nvme_path and nvme_bytes > 0 together"):
+        ft.offload_activations(nvme_path=tmp_path / "a.bin")
+    with pytest.raises(ValueError, match="nvme_path and nvme_bytes > 0 together"):
+        ft.offload_activations(nvme_bytes=1 << 20)
+    with pytest.raises(OSError) as e:
+        ft.offload_activations(nvme_path=tmp_path, nvme_bytes=1 << 20)
+    assert e.value.errno == errno.EISDIR and str(tmp_path) in str(e.value)
+    with pytest.raises(TypeError, match="nvme_path must be"):
+        ft.offload_activations(nvme_path=b"/tmp/x", nvme_bytes=1 << 20)

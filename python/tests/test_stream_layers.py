@@ -493,3 +493,29 @@ def test_double_backward_is_refused_and_the_stack_stays_usable():
         torch.autograd.grad(st(x).sum(), x, create_graph=True)
     assert not st._core.in_pass
     st(x).sum().backward()
+
+
+def test_a_backward_pass_that_stops_above_layer_0_ends_the_pass_with_plain_torchs_gradients():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    x = torch.randn(8, 16)
+    rp, sp = list(ref.parameters()), list(st.parameters())
+    ref(x).sum().backward(inputs=[rp[3]])  # the middle layer's bias only
+    st(x).sum().backward(inputs=[sp[3]])
+    _same_grads(ref, st)
+    assert not st._core.in_pass
+    (want,) = torch.autograd.grad(ref(x).sum(), [rp[4]])
+    (got,) = torch.autograd.grad(st(x).sum(), [sp[4]])
+    assert torch.equal(want, got) and not st._core.in_pass
+    ref(x).sum().backward()
+    st(x).sum().backward()
+    _same_grads(ref, st)
+
+
+def test_iterating_over_the_stack_is_refused_with_what_to_do():
+    st = ft.stream_layers([torch.nn.Linear(2, 2)])
+    assert len(st) == 1
+    with pytest.raises(TypeError, match="call it"):
+        for _ in st:
+            pass

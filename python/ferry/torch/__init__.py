@@ -21,6 +21,7 @@ device's place. Gradients are bit for bit those of the same step without offload
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import threading
@@ -88,9 +89,11 @@ class _Saved:
     reference to the saved tensor checks, at unpack, that it was not changed in place
     after the save."""
 
-    __slots__ = ("_owner", "key", "nbytes", "shape", "dtype", "order", "version", "source", "_value", "__weakref__")
+    __slots__ = ("_owner", "key", "nbytes", "shape", "dtype", "order", "version", "source", "_value", "_got",
+                 "__weakref__")
 
-    def __init__(self, owner: "offload_activations", key: int, t: torch.Tensor, order: Tuple[int, ...]) -> None:
+    def __init__(self, owner: "offload_activations", key: Optional[int], t: torch.Tensor,
+                 order: Tuple[int, ...]) -> None:
         self._owner = owner  # the cache lives while a graph still needs its bytes
         self.key = key
         self.nbytes = t.numel() * t.element_size()
@@ -99,12 +102,16 @@ class _Saved:
         self.order = order  # dims from outermost to innermost in memory
         self.version = t._version
         self.source = weakref.ref(t)
-        self._value: Optional[torch.Tensor] = None
+        # Pending (one of the last ``keep_last`` saves, not offloaded yet): the tensor
+        # itself, with no key; offloaded: None; fetched: the tensor brought back.
+        self._value: Optional[torch.Tensor] = t if key is None else None
+        self._got = False
 
     def get(self) -> torch.Tensor:
         source = self.source()
         if source is not None and source._version != self.version:
             raise _inplace_error(source, self.version)
+        self._got = True
         if self._value is None:
             raw = torch.empty(self.nbytes, dtype=torch.uint8)
             self._owner._fetch(self.key, raw)
@@ -217,9 +224,11 @@ class offload_activations:
                 f"[nvme_path = {nvme_path!r}, nvme_bytes = {checked['nvme_bytes']}]"
             )
         self.min_bytes = min_bytes
+        self._keep_last = keep_last
+        self._pending: "collections.deque[weakref.ref[_Saved]]" = collections.deque()
         self._store = _core.ActivationStore(
             resident_below_bytes=min_bytes,
-            keep_last=keep_last,
+            keep_last=0,  # the last saves are kept here, across the store's caches
             pinned_budget_bytes=pinned_bytes,
             prefetch_budget_bytes=prefetch_bytes,
             codec=_CODECS[codec],
@@ -244,6 +253,7 @@ class offload_activations:
             "small": 0,
             "not_dense": 0,
             "no_room": 0,
+            "last": 0,
         }
         self._deduplicated = 0
         # Tensors saved more than once (one activation read by the q, k and v projections)
@@ -269,6 +279,9 @@ class offload_activations:
         return self
 
     def __exit__(self, *exc: Any) -> bool:
+        with self._lock:  # the step's last saves stay where autograd saved them
+            self._kept["last"] += sum(1 for r in self._pending if r() is not None)
+            self._pending.clear()
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.__exit__(*exc)
@@ -301,24 +314,37 @@ class offload_activations:
                 self._deduplicated += 1
                 return earlier
         order = _memory_order(t)
+        with self._lock:
+            # The last ``keep_last`` saves stay pending (as autograd saved them); each save
+            # offloads the one ``keep_last`` saves before it, whatever codec takes it.
+            saved = _Saved(self, None, t, order)
+            self._live[ident] = saved
+            self._pending.append(weakref.ref(saved))
+            while len(self._pending) > self._keep_last:
+                self._offload(self._pending.popleft())
+        return saved
+
+    def _offload(self, ref: "weakref.ref[_Saved]") -> None:
+        """Offloads a pending save (under the lock); one freed or unpacked since stays."""
+        saved = ref()
+        if saved is None or saved._got or saved._value is None:
+            return
+        t = saved._value
         # Conjugate and negative views hold their values with a bit on the side: resolve
         # them, so that the bytes are the values.
-        dense = t.detach().resolve_conj().resolve_neg().permute(order)
+        dense = t.detach().resolve_conj().resolve_neg().permute(saved.order)
         flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
-        with self._lock:
-            key = self._position
-            self._position += 1
-            if self._store.contains(key):
-                key = next(self._spare_keys)
-            saved = _Saved(self, key, t, order)
-            try:
-                self._store.offload(key, flat, _ELEMENTS.get(t.dtype, "bytes"))
-            except MemoryError:
-                saved._value = t  # nothing stored; the tensor stays as autograd saved it
-                self._kept["no_room"] += 1
-                return _Kept(t)
-            self._live[ident] = saved
-        return saved
+        key = self._position
+        self._position += 1
+        if self._store.contains(key):
+            key = next(self._spare_keys)
+        try:
+            self._store.offload(key, flat, _ELEMENTS.get(t.dtype, "bytes"))
+        except MemoryError:
+            self._kept["no_room"] += 1  # nothing stored; the tensor stays as autograd saved it
+            return
+        saved.key = key
+        saved._value = None
 
     @staticmethod
     def _unpack(saved: Any) -> torch.Tensor:

@@ -98,6 +98,7 @@ class _Layer(torch.autograd.Function):
         ctx.extra = extra
         ctx.n_params = len(rest) - n_extra
         ctx.state = owner._capture_state(index, extra)
+        ctx.below = x.grad_fn  # the node of the layer below (None for layer 0's input)
         ctx.save_for_backward(x)
         return owner._run_forward(index, x, extra)
 
@@ -109,7 +110,7 @@ class _Layer(torch.autograd.Function):
         except BaseException:
             owner._core.reset()  # e.g. autograd's in-place check on the saved input: the pass is abandoned
             raise
-        gx, gparams = owner._run_backward(ctx.index, x, ctx.extra, ctx.state, grad, ctx.needs_input_grad[4])
+        gx, gparams = owner._run_backward(ctx.index, x, ctx.extra, ctx.state, grad, ctx.needs_input_grad[4], ctx.below)
         return (None, None, None, None, gx) + (None,) * len(ctx.extra) + tuple(gparams)
 
 
@@ -240,7 +241,8 @@ class StreamedLayers(torch.nn.Module):
         return out
 
     def _run_backward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...], state: Optional[Dict[str, Any]],
-                      grad: torch.Tensor, x_needs_grad: bool) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
+                      grad: torch.Tensor, x_needs_grad: bool,
+                      below: Any = None) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
         last = len(self.layers) - 1
         core = self._core
         lay = self._layouts[i]
@@ -253,7 +255,7 @@ class StreamedLayers(torch.nn.Module):
             if state is None:
                 raise RuntimeError("StreamedLayers: the forward pass ran without grad; there is nothing to differentiate")
             self._check_versions(i, state)
-            mode = self._gradient_mode(lay)
+            mode, want = self._gradient_mode(lay)
             if i == last:
                 if core.in_pass:
                     raise RuntimeError(
@@ -296,7 +298,7 @@ class StreamedLayers(torch.nn.Module):
                 with torch.no_grad():
                     for k, dst in enumerate(staging):
                         g = next(it) if k in trainable else None
-                        if g is not None:
+                        if g is not None and want[k]:
                             dst.copy_(g)
                             self._got[i][k] = True
                         else:
@@ -308,33 +310,47 @@ class StreamedLayers(torch.nn.Module):
                     gparams[k] = None if g is None else g.clone() if _in(g, slot) else g
             del leaves, slot
             core.release(i)
-            if i == 0:
+            if i == 0 or not self._engine_goes_below(below):
+                # The pass ends here: with layer 0, or above it when autograd stops (the
+                # gradients asked for, ``backward(inputs=...)``, are all above).
                 core.wait_gradients()
                 self._assign_gradients()
+                if i != 0:
+                    core.reset()
             return gx, gparams
         except BaseException:
             core.reset()
             raise
 
-    def _gradient_mode(self, lay: "_Layout") -> str:
-        """How the weights' gradients leave: "push" when autograd's backward would
-        accumulate them into ``.grad`` (ferry's gradient path), "return" under
-        ``torch.autograd.grad`` or for a layer with hooked weights (autograd takes them),
-        "none" when nothing wants them (``backward(inputs=[x])``)."""
-        with torch.enable_grad():  # a view of a leaf names its accumulator only with grad on
-            nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in lay.params if p.requires_grad]
-        if not nodes:
-            return "none"
+    @staticmethod
+    def _engine_goes_below(below: Any) -> bool:
+        """Whether autograd will run the node of the layer below (``below``)."""
+        if below is None:
+            return False
         try:
-            if not any(torch._C._will_engine_execute_node(n) for n in nodes):
-                return "none"
+            return bool(torch._C._will_engine_execute_node(below))
+        except RuntimeError:  # not asked inside a backward pass: assume it does
+            return True
+
+    def _gradient_mode(self, lay: "_Layout") -> Tuple[str, List[bool]]:
+        """How the weights' gradients leave, and which weights want one: "push" when
+        autograd's backward would accumulate them into ``.grad`` (ferry's gradient path;
+        only the weights whose accumulator the engine runs, as ``backward(inputs=...)``
+        picks them), "return" under ``torch.autograd.grad`` or for a layer with hooked
+        weights (autograd takes them), "none" when nothing wants them."""
+        with torch.enable_grad():  # a view of a leaf names its accumulator only with grad on
+            nodes = [p.view_as(p).grad_fn.next_functions[0][0] if p.requires_grad else None for p in lay.params]
+        try:
+            want = [n is not None and bool(torch._C._will_engine_execute_node(n)) for n in nodes]
         except RuntimeError:  # "... currently running autograd.grad()"
-            return "return"
+            return "return", [p.requires_grad for p in lay.params]
+        if not any(want):
+            return "none", want
         # A weight with hooks (register_hook, register_post_accumulate_grad_hook) gets its
         # gradient from autograd, which runs them with it as plain torch does.
         hooked = any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
                      for p in lay.params)
-        return "return" if hooked else "push"
+        return ("return" if hooked else "push"), want
 
     def _check_versions(self, i: int, state: Dict[str, Any]) -> None:
         lay = self._layouts[i]
@@ -436,6 +452,15 @@ class StreamedLayers(torch.nn.Module):
                     if b is not None:
                         m._buffers[key] = fn(b)
         return self
+
+    def __iter__(self) -> Any:
+        raise TypeError(
+            "StreamedLayers runs its layers itself (each from its slot): call it, x = stack(x, *args), instead of "
+            "iterating over it (its layers are in .layers, for reading)"
+        )
+
+    def __len__(self) -> int:
+        return len(self.layers)
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "StreamedLayers":
         """A stack of its own: the layers copied (weights with their current values, in new
