@@ -156,8 +156,8 @@ class offload_activations:
     dense in some layout (contiguous, channels_last, transposed) and not marked with
     :func:`keep_on_device`. The others are saved as autograd saves them, each counted by
     reason in ``stats()["kept"]``. A tensor saved several times (one activation read by
-    three projections) is offloaded once. The last ``keep_last`` tensors stored stay in
-    the cache's device memory (the backward pass reads them first). A tensor the pinned
+    three projections) is offloaded once. The last ``keep_last`` saves of a step are not
+    offloaded (the backward pass reads them first; ``kept["last"]``). A tensor the pinned
     memory cannot hold (``pinned_bytes``) stays as autograd saved it
     (``kept["no_room"]``), so a step never fails for want of room. A saved tensor changed
     in place before the backward pass is refused at unpack with autograd's own message
@@ -165,7 +165,7 @@ class offload_activations:
 
     Args:
         min_bytes: tensors smaller than this stay (offloading them costs more than it frees).
-        keep_last: the last N tensors stored are not copied out.
+        keep_last: the step's last N saves are not offloaded.
         pinned_bytes: the pinned pool's budget in bytes; 0: ``FERRY_PINNED_BUDGET_BYTES``
             (half of RAM by default).
         prefetch_bytes: device bytes that prefetched tensors may hold at once.
@@ -366,7 +366,7 @@ class offload_activations:
         held now (``held``), the steps entered (``steps``), the saves of a tensor already
         offloaded that shared its copy (``deduplicated``), and the tensors left as
         autograd saved them, by reason (``kept``: marked, device, parameter, small,
-        not_dense, no_room); the NVMe tier's (``nvme``: whether there is one, ``spilled``,
+        not_dense, no_room, last); the NVMe tier's (``nvme``: whether there is one, ``spilled``,
         ``spilled_bytes``, ``read_back``); ``codec``, and the tensors stored through it (``encoded``)
         with their bytes before it (``encoded_bytes``; ``offloaded_bytes`` counts the
         bytes after it)."""
