@@ -76,50 +76,30 @@ struct segment {
   element type;
 };
 
+// dst[i] = narrow(widen(dst[i]) + widen(src[i])) for `n` elements of `T` (any alignment).
+template <class T, class Widen, class Narrow>
+void add_as(std::byte* dst, const std::byte* src, std::size_t n, Widen widen, Narrow narrow) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T a{};
+    T b{};
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    a = narrow(widen(a) + widen(b));
+    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
 // dst[i] += src[i] for `n` elements of type `e`, rounded as torch's CPU add rounds (binary16
 // and bfloat16: the sum of the two exact values in binary32, rounded to nearest even).
 void add_elements(std::byte* dst, const std::byte* src, std::size_t n, element e) {
+  const auto same = [](auto x) { return x; };
+  const auto widen = [](auto x) { return ferry::to_float(x); };
   switch (e) {
-    case element::f32:
-      for (std::size_t i = 0; i < n; ++i) {
-        float a = 0;
-        float b = 0;
-        std::memcpy(&a, dst + i * 4, 4);
-        std::memcpy(&b, src + i * 4, 4);
-        a += b;
-        std::memcpy(dst + i * 4, &a, 4);
-      }
-      return;
-    case element::f64:
-      for (std::size_t i = 0; i < n; ++i) {
-        double a = 0;
-        double b = 0;
-        std::memcpy(&a, dst + i * 8, 8);
-        std::memcpy(&b, src + i * 8, 8);
-        a += b;
-        std::memcpy(dst + i * 8, &a, 8);
-      }
-      return;
-    case element::f16:
-      for (std::size_t i = 0; i < n; ++i) {
-        ferry::half a{};
-        ferry::half b{};
-        std::memcpy(&a.bits, dst + i * 2, 2);
-        std::memcpy(&b.bits, src + i * 2, 2);
-        const ferry::half s = ferry::to_half(ferry::to_float(a) + ferry::to_float(b));
-        std::memcpy(dst + i * 2, &s.bits, 2);
-      }
-      return;
+    case element::f32: return add_as<float>(dst, src, n, same, same);
+    case element::f64: return add_as<double>(dst, src, n, same, same);
+    case element::f16: return add_as<ferry::half>(dst, src, n, widen, [](float x) { return ferry::to_half(x); });
     case element::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        ferry::bfloat16 a{};
-        ferry::bfloat16 b{};
-        std::memcpy(&a.bits, dst + i * 2, 2);
-        std::memcpy(&b.bits, src + i * 2, 2);
-        const ferry::bfloat16 s = ferry::to_bfloat16(ferry::to_float(a) + ferry::to_float(b));
-        std::memcpy(dst + i * 2, &s.bits, 2);
-      }
-      return;
+      return add_as<ferry::bfloat16>(dst, src, n, widen, [](float x) { return ferry::to_bfloat16(x); });
   }
 }
 
