@@ -31,6 +31,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from ferry import _core
+from ferry.torch._checks import memory_order as _memory_order
 from ferry.torch._checks import whole
 from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
@@ -129,17 +130,6 @@ class _Saved:
 
 def _is_parameter(t: torch.Tensor) -> bool:
     return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
-
-
-def _memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """The order of `t`'s dimensions in memory (outermost first) when `t` is dense and
-    non-overlapping in some order (contiguous, channels_last, a transposed contiguous
-    tensor), else None."""
-    dims = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
-    order = tuple(dims)
-    if t.permute(order).is_contiguous():
-        return order
-    return None
 
 
 class offload_activations:

@@ -1,7 +1,9 @@
-"""Argument checks shared by ferry.torch's objects."""
+"""Argument and layout checks shared by ferry.torch's objects."""
 
 import operator
-from typing import Any
+from typing import Any, Optional, Tuple
+
+import torch
 
 
 def whole(what: str, value: Any) -> int:
@@ -16,3 +18,13 @@ def whole(what: str, value: Any) -> int:
     if not 0 <= n < 1 << 63:
         raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
     return n
+
+
+def memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The order of `t`'s dimensions in memory (outermost first) when `t` is dense and
+    non-overlapping in some order (contiguous, channels_last, a transposed contiguous
+    tensor: its elements fill exactly `numel` places), else None."""
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d))))
+    if t.permute(order).is_contiguous():
+        return order
+    return None

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ferry import _core
-from ferry.torch._checks import whole
+from ferry.torch._checks import memory_order, whole
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -25,20 +25,6 @@ def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
     """Whether `t`'s memory is in `raw`'s (a slot, reused by the next layer)."""
     start = raw.data_ptr()
     return start <= t.untyped_storage().data_ptr() < start + raw.numel()
-
-
-def _dense_strides(p: torch.Tensor) -> Optional[Tuple[int, ...]]:
-    """`p`'s strides when its elements fill exactly `numel` places in some order of its
-    dimensions (transposed, channels_last): a view over a slab's region keeps them, so
-    the layer's kernels see the layout they saw. None for anything else (the weight is
-    streamed contiguous)."""
-    dims = sorted((st, sz) for st, sz in zip(p.stride(), p.shape) if sz != 1)
-    expect = 1
-    for st, sz in dims:
-        if st != expect:
-            return None
-        expect *= sz
-    return tuple(p.stride())
 
 
 class _Layout:
@@ -64,7 +50,9 @@ class _Layout:
             self.names.append(name)
             self.params.append(p)
             self.offsets.append(offset)
-            self.strides.append(_dense_strides(p))
+            # a dense layout in any order (transposed, channels_last) keeps its strides in
+            # the slab, so the layer's kernels see the layout they saw; others go contiguous
+            self.strides.append(tuple(p.stride()) if memory_order(p) is not None else None)
             offset += p.numel() * p.element_size()
         if not self.params:
             raise ValueError(f"stream_layers: layer {index} ({type(layer).__name__}) has no parameters to stream")
