@@ -30,13 +30,19 @@
 
 namespace ferry_test {
 
-/// A unique path in `dir` (removed when the object dies).
+/// A unique path in `dir`, with no file there (removed when the object dies).
 class scratch_path {
  public:
   explicit scratch_path(const std::string& dir, const std::string& stem = "ferry-io-test") {
     static std::atomic<unsigned> counter{0};
     path_ = std::filesystem::path(dir) /
             (stem + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) + ".bin");
+    // A file already there is a dead process's (the name holds this live process's pid):
+    // one killed mid-test, or a forked child that exited without destructors. Left, it
+    // would make a test that expects to create the file find one (the fault matrix's
+    // "removes the file it created" failed so once the pid came round again).
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
   }
   scratch_path(const scratch_path&) = delete;
   scratch_path& operator=(const scratch_path&) = delete;
@@ -51,7 +57,7 @@ class scratch_path {
   std::filesystem::path path_;
 };
 
-inline const std::string disk_dir = "/tmp";      // ext4 on this machine: O_DIRECT works
+inline const std::string disk_dir = "/tmp";       // ext4 on this machine: O_DIRECT works
 inline const std::string tmpfs_dir = "/dev/shm";  // tmpfs
 
 /// Byte `i` of pattern `seed`: changes every byte, differs between seeds.
