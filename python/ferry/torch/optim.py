@@ -1,11 +1,12 @@
-"""``OffloadAdamW``: ``torch.optim.AdamW`` with its states in ferry's pinned pool, stepped by
-ferry's vectorised, multi-threaded CPU AdamW (``ferry::basic_adamw``)."""
+"""``OffloadAdamW``: ``torch.optim.AdamW`` with its states in ferry's pinned pool or on NVMe,
+stepped by ferry's vectorised, multi-threaded CPU AdamW (``ferry::basic_adamw``)."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -38,6 +39,17 @@ class OffloadAdamW(torch.optim.Optimizer):
     within 1 ulp per step, because PyTorch's vectorised CPU ``sqrt`` is not correctly
     rounded for about one element in six while ferry's is (docs/python.md).
 
+    With ``nvme_path``, the states live in a file there instead (ZeRO-Infinity's optimizer
+    offload, for one process: ``ferry::state_swapper`` over a ``ferry::nvme_tier``): per
+    parameter, in param-group order, its two moments and an fp32 copy of the stepped
+    parameter (12 bytes per element, twice: the new states go to the copy that is not
+    current, so a failed write never touches the good one). The parameters that fit
+    ``pinned_bytes`` stay in pinned memory and are stepped in place; the others are
+    streamed through three pinned buffers: the next parameter's states read and the last
+    one's written while the current one is stepped. ``state_dict`` reads the moments from
+    the file; ``opt.state[p]`` holds ``step`` only. See ``nvme_path`` below and
+    docs/python.md.
+
     This build steps parameters on the CPU (float32, contiguous); gradients may be
     strided (they are read through a contiguous copy then). ``step`` and
     ``load_state_dict`` are all or nothing: every check and allocation comes before any
@@ -58,13 +70,32 @@ class OffloadAdamW(torch.optim.Optimizer):
             threads, at most 16).
         fused_rounding: round the moments' multiply-adds as fused (PyTorch's AVX2 /
             AVX-512 kernels) or each operation on its own (its scalar code).
+        nvme_path: a file (made where missing, locked while the optimizer lives, removed
+            when it goes; not a folder) to keep the states in. With it, ``pinned_bytes``
+            is the host memory of the states (0: the same default): the ring of three
+            buffers of the largest parameter spilled (36 bytes per element) plus the
+            parameters kept resident (12 bytes per element, in order while they fit);
+            beside it, ordinary memory for an undo copy of the last three parameters
+            stepped from the file (12 bytes per element of the largest). A step stopped by
+            an ``OSError`` leaves every parameter with its states (stepped and written, or
+            as before the step); the next ``step`` call finishes that step, stepping only
+            the parameters it had not. Such an optimizer cannot be copied or pickled (its
+            file is its own): save ``state_dict()``.
+        nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 24
+            bytes per element of every parameter, each of its two copies rounded up to
+            4 KiB.
 
     Raises:
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
             ``maximize`` (not supported), a parameter that is not float32, strided,
             contiguous and on the CPU (naming its shape, dtype and device).
         MemoryError: at a ``step`` whose new moments do not fit in the pool (nothing is
-            updated; the step can be called again once there is room).
+            updated; the step can be called again once there is room); with
+            ``nvme_path``, at the first ``step`` when the file's capacity or the host
+            memory cannot hold the states (naming the bytes).
+        OSError: with ``nvme_path``, a path that cannot be made or locked (a folder, no
+            permission, a file another optimizer holds), and an I/O error in ``step``,
+            ``state_dict`` or ``load_state_dict`` (errno and the call, path and offset).
     """
 
     def __init__(
@@ -80,27 +111,64 @@ class OffloadAdamW(torch.optim.Optimizer):
         pinned_bytes: int = 0,
         threads: int = 0,
         fused_rounding: bool = True,
+        nvme_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+        nvme_bytes: int = 0,
     ) -> None:
         if amsgrad or maximize:
             raise ValueError("OffloadAdamW: amsgrad and maximize are not supported (ferry's AdamW has neither)")
         _hyper(lr, betas, eps, weight_decay)
+        path = "" if nvme_path is None else os.fspath(nvme_path)
+        if not isinstance(path, str):
+            raise TypeError(f"OffloadAdamW: nvme_path must be a str or os.PathLike of str, not {nvme_path!r}")
+        size = whole("OffloadAdamW: nvme_bytes", nvme_bytes)
+        if (path == "") != (size == 0):
+            raise ValueError(
+                "OffloadAdamW: states on NVMe need nvme_path and nvme_bytes > 0 together "
+                f"[nvme_path = {nvme_path!r}, nvme_bytes = {size}]"
+            )
         self._settings = {
             "pinned_bytes": whole("OffloadAdamW: pinned_bytes", pinned_bytes),
             "threads": whole("OffloadAdamW: threads", threads),
             "fused_rounding": bool(fused_rounding),
+            "nvme_path": path,
+            "nvme_bytes": size,
         }
+        self._nvme = None
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)  # each group through add_param_group: checked
         self._make_engine()
 
     def _make_engine(self) -> None:
-        self._pool = _core.StatePool(self._settings["pinned_bytes"])
         self._adamw = _core.AdamW(self._settings["threads"], self._settings["fused_rounding"])
+        self._pool = None
+        self._nvme = None
+        self._layout: List[torch.Tensor] = []  # the parameters of the NVMe groups, in order
+        self._broken: Optional[str] = None  # a load_state_dict that failed part way
+        if self._settings.get("nvme_path"):
+            # OSError: a folder, no permission, a file another optimizer holds
+            self._nvme = _core.NvmeStates(
+                self._settings["nvme_path"], self._settings["nvme_bytes"], self._settings["pinned_bytes"]
+            )
+        else:
+            self._pool = _core.StatePool(self._settings["pinned_bytes"])
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of the pool the moments hold now."""
+        """Host bytes the states hold now: the pool's blocks in use, or with ``nvme_path``
+        the pinned memory of the ring and the resident parameters (0 before the first
+        ``step``)."""
+        if self._nvme is not None:
+            return int(self._nvme.stats()["host_bytes"])
         return self._pool.used
+
+    @property
+    def nvme_stats(self) -> Optional[Dict[str, Any]]:
+        """With ``nvme_path``: the states' figures (``groups``, ``resident_groups``,
+        ``spilled_groups``, ``ring_bytes``, ``host_bytes``, ``undo_bytes``,
+        ``capacity_bytes``, ``file_bytes_used``, ``engine``, ``direct_io``, ``steps``,
+        ``failed_steps``, ``reads``, ``writes``, ``bytes_read``, ``bytes_written``,
+        ``pending``); None without."""
+        return None if self._nvme is None else dict(self._nvme.stats())
 
     @property
     def threads(self) -> int:
@@ -127,8 +195,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             raise
 
     def _moment(self, p: torch.Tensor) -> torch.Tensor:
-        if p.numel() == 0:
-            return torch.zeros_like(p)  # nothing to hold
+        if p.numel() == 0 or self._pool is None:  # nothing to hold; or a loaded moment on its way to the file
+            return torch.zeros(p.shape, dtype=torch.float32)
         return self._pool.zeros(p.numel()).view(p.shape)
 
     @torch.no_grad()
@@ -156,6 +224,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                         f"OffloadAdamW: a gradient unlike its parameter [param: {_describe(p)}; grad: {_describe(grad)}]"
                     )
                 work.append((p, hp))
+        if self._nvme is not None:
+            self._step_nvme(work)
+            return loss
         created = []
         try:
             for p, _ in work:
@@ -189,6 +260,86 @@ class OffloadAdamW(torch.optim.Optimizer):
                 )
             state["step"].fill_(float(step))
         return loss
+
+    def _check_usable(self, what: str) -> None:
+        if self._broken is not None:
+            raise RuntimeError(
+                f"OffloadAdamW.{what}: the states on NVMe are incomplete since {self._broken}; "
+                "load_state_dict again (the state dict it was given is unchanged)"
+            )
+
+    def _ensure_layout(self) -> Dict[int, int]:
+        """The NVMe groups for the parameters of the param groups now (a group added since
+        the last layout gets a new swapper; the states move over); {id(p): group}."""
+        order = [p for group in self.param_groups for p in group["params"]]
+        if [id(p) for p in order] != [id(p) for p in self._layout]:
+            old = {id(p): i for i, p in enumerate(self._layout)}
+            self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
+            self._layout = order
+        return {id(p): i for i, p in enumerate(self._layout)}
+
+    def _step_nvme(self, work: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> None:
+        self._check_usable("step")
+        index = self._ensure_layout()
+        # Every group holds states before a step: a parameter without a state (never
+        # stepped, or dropped by a load) starts from zero moments.
+        for g, p in enumerate(self._layout):
+            if not self._nvme.initialized(g) or (p.grad is not None and not self.state.get(p)):
+                self._nvme.initialize(g, p.detach().view(-1))
+        entries = []
+        planned = {}
+        for p, (lr, beta1, beta2, eps, wd) in work:
+            state = self.state.get(p)
+            if not state:
+                state = self.state[p] = {"step": torch.tensor(0.0)}
+            step = int(state["step"].item()) + 1
+            if p.numel() == 0:
+                state["step"].fill_(float(step))  # nothing to hold or step
+                continue
+            grad = p.grad.detach()
+            if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+                grad = grad.clone()
+            g = index[id(p)]
+            planned[g] = (state, step)
+            entries.append((g, p.detach().view(-1), grad.contiguous().view(-1), lr, beta1, beta2, eps, wd, step))
+        done: List[int] = []
+        try:
+            done = self._nvme.step(self._adamw, entries)
+        except BaseException:
+            done = list(self._nvme.last_updated)  # the parameters stepped before the error
+            raise
+        finally:
+            for g in done:
+                state, step = planned[g]
+                state["step"].fill_(float(step))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """As ``torch.optim.Optimizer.state_dict`` (the keys of ``torch.optim.AdamW``: a
+        checkpoint moves between the two). With ``nvme_path`` the moments are read from
+        the file into new CPU tensors.
+
+        Raises:
+            OSError: a read from the file failed.
+            RuntimeError: after a ``load_state_dict`` that failed part way.
+        """
+        sd = super().state_dict()
+        if self._nvme is None:
+            return sd
+        self._check_usable("state_dict")
+        index = self._ensure_layout()
+        params = [p for group in self.param_groups for p in group["params"]]  # torch's numbering
+        packed = {}
+        for i, st in sd["state"].items():
+            p = params[i]
+            st = dict(st)
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = torch.zeros(p.numel(), dtype=torch.float32)
+                if p.numel() > 0:
+                    self._nvme.read(index[id(p)], key, t)
+                st[key] = t.view(p.shape)
+            packed[i] = st
+        sd["state"] = packed
+        return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """As ``torch.optim.Optimizer.load_state_dict`` (a ``torch.optim.AdamW`` state
@@ -238,10 +389,45 @@ class OffloadAdamW(torch.optim.Optimizer):
         except BaseException:
             self.state, self.param_groups = old_state, old_groups
             raise
+        if self._nvme is not None:
+            self._load_nvme(moments)
+            return
         for p, fresh in moments.items():
             self.state[p] = fresh
 
+    def _load_nvme(self, moments: Dict[torch.Tensor, Dict[str, torch.Tensor]]) -> None:
+        """Writes loaded moments to the file: each group's states are written to its copy
+        that is not current, which becomes current once written."""
+        try:
+            self._ensure_layout()
+            for g, p in enumerate(self._layout):
+                fresh = moments.get(p)
+                if fresh is None:
+                    self._nvme.initialize(g, p.detach().view(-1))
+                else:
+                    self._nvme.initialize(
+                        g, p.detach().view(-1), fresh["exp_avg"].reshape(-1), fresh["exp_avg_sq"].reshape(-1)
+                    )
+        except BaseException as e:
+            self._broken = f"a load_state_dict that failed part way ({type(e).__name__}: {e})"
+            for p in list(self.state):
+                self.state[p] = {"step": self.state[p]["step"]} if "step" in self.state[p] else {}
+            raise
+        self._broken = None
+        self._nvme.discard_pending()  # a step that raised before the load is not finished
+        for p in list(self.state):
+            if p not in moments:
+                del self.state[p]
+        for p, fresh in moments.items():
+            self.state[p] = {"step": fresh["step"]}
+
     def __getstate__(self) -> Dict[str, Any]:
+        if self._nvme is not None:
+            raise TypeError(
+                "OffloadAdamW with nvme_path cannot be copied or pickled: its states are in a file it holds "
+                f"({self._settings['nvme_path']!r}). Save state_dict() (torch.save) and load it into an "
+                "OffloadAdamW with a path of its own."
+            )
         state = super().__getstate__()
         state["_ferry_settings"] = dict(self._settings)
         return state
@@ -252,6 +438,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._settings = state.pop(
             "_ferry_settings", {"pinned_bytes": 0, "threads": 0, "fused_rounding": True}
         )
+        self._settings["nvme_path"] = ""
+        self._settings["nvme_bytes"] = 0
         super().__setstate__(state)
         self._make_engine()
         for p, st in list(self.state.items()):
