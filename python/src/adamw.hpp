@@ -56,7 +56,7 @@ class adamw_runner {
 
   // One step over spans of one length, in place; the GIL is the caller's business.
   void step_spans(std::span<float> param, std::span<const float> grad, std::span<float> m, std::span<float> v,
-            const ferry::adamw_constants& c) {
+                  const ferry::adamw_constants& c) {
     if (fused_) {
       fused_->step(param, grad, m, v, c);
     } else {

@@ -289,8 +289,7 @@ class activation_store {
     if (element == "float32" && bytes % 4 == 0 && fp8_of<float>{}.encoded_bytes(bytes / 4) < bytes) {
       return fp8_of_f32;
     }
-    if (element == "bfloat16" && bytes % 2 == 0 &&
-        fp8_of<ferry::bfloat16>{}.encoded_bytes(bytes / 2) < bytes) {
+    if (element == "bfloat16" && bytes % 2 == 0 && fp8_of<ferry::bfloat16>{}.encoded_bytes(bytes / 2) < bytes) {
       return fp8_of_bf16;
     }
     if (element == "float16" && bytes % 2 == 0 && fp8_of<ferry::half>{}.encoded_bytes(bytes / 2) < bytes) {

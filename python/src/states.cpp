@@ -20,6 +20,8 @@
 // `FaultPlan` is `ferry::io::fault_plan`, for the package's tests: an `NvmeStates` made
 // with one runs its file's calls through `ferry::io::faulty_syscalls`, which fails them as
 // the plan says (the same file, engine and swapper otherwise).
+#include "states.hpp"
+
 #include <ferry/core/error.hpp>
 #include <ferry/io/syscalls.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
@@ -39,7 +41,6 @@
 #include <vector>
 
 #include "adamw.hpp"
-#include "states.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -270,9 +271,8 @@ ferry::io::syscall_kind call_of(const std::string& name) {
   if (name == "fsync") return k::fsync;
   if (name == "ftruncate") return k::ftruncate;
   if (name == "fallocate") return k::fallocate;
-  throw nb::value_error(("ferry: FaultPlan: no call named '" + name +
-                         "' (pread, pwrite, open, fsync, ftruncate, fallocate)")
-                            .c_str());
+  throw nb::value_error(
+      ("ferry: FaultPlan: no call named '" + name + "' (pread, pwrite, open, fsync, ftruncate, fallocate)").c_str());
 }
 
 struct fault_plan_handle {
@@ -394,8 +394,7 @@ void bind_nvme_states(nb::module_& m) {
       .def(
           "fired", [](const fault_plan_handle& h, std::size_t i) { return h.plan->fired(i); }, nb::arg("index"),
           "How many calls rule `index` failed.")
-      .def(
-          "clear", [](fault_plan_handle& h) { h.plan->clear(); }, "Removes every rule.");
+      .def("clear", [](fault_plan_handle& h) { h.plan->clear(); }, "Removes every rule.");
 
   nb::class_<nvme_states>(m, "NvmeStates",
                           "Optimizer states (master, exp_avg, exp_avg_sq per parameter) in a ferry::state_swapper "

@@ -320,3 +320,14 @@ def test_a_small_transformer_trains_with_offloaded_activations_and_states():
     assert ours == pytest.approx(ref, rel=1e-4)  # then ulps of the parameters, no more
     assert ours[-1] < ours[0]
     assert off.stats()["offloaded"] > 0
+
+
+def test_a_load_keeps_the_optimizers_own_settings():
+    params = _fresh(SHAPES)
+    opt = ft.OffloadAdamW(params, threads=1, fused_rounding=False, pinned_bytes=64 << 20)
+    for p, g in zip(params, _grads(SHAPES, 1)[0]):
+        p.grad = g
+    opt.step()
+    opt.load_state_dict(opt.state_dict())
+    assert opt.threads == 1 and opt._pool.budget == 64 << 20
+    assert opt._settings["fused_rounding"] is False

@@ -32,7 +32,7 @@ import torch
 
 from ferry import _core
 from ferry.torch._checks import memory_order as _memory_order
-from ferry.torch._checks import whole
+from ferry.torch._checks import file_path, whole
 from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
 
@@ -205,9 +205,7 @@ class offload_activations:
             checked[name] = whole(f"offload_activations: {name}", value)
         min_bytes, keep_last = checked["min_bytes"], checked["keep_last"]
         pinned_bytes, prefetch_bytes = checked["pinned_bytes"], checked["prefetch_bytes"]
-        path = "" if nvme_path is None else os.fspath(nvme_path)
-        if not isinstance(path, str):
-            raise TypeError(f"offload_activations: nvme_path must be a str or os.PathLike of str, not {nvme_path!r}")
+        path = file_path("offload_activations: nvme_path", nvme_path)
         if (path == "") != (checked["nvme_bytes"] == 0):
             raise ValueError(
                 "offload_activations: an NVMe tier needs nvme_path and nvme_bytes > 0 together "

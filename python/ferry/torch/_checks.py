@@ -1,6 +1,7 @@
 """Argument and layout checks shared by ferry.torch's objects."""
 
 import operator
+import os
 from typing import Any, Optional, Tuple
 
 import torch
@@ -18,6 +19,20 @@ def whole(what: str, value: Any) -> int:
     if not 0 <= n < 1 << 63:
         raise ValueError(f"{what} must be an integer in [0, 2**63), not {n}")
     return n
+
+
+def file_path(what: str, value: Any) -> str:
+    """`value` (None, a str or an os.PathLike of str) as a str, "" for None; a TypeError
+    naming `what` otherwise (bytes paths included)."""
+    if value is None:
+        return ""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        path = None
+    if not isinstance(path, str):
+        raise TypeError(f"{what} must be a str or os.PathLike of str, not {value!r}")
+    return path
 
 
 def memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:

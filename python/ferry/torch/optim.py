@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from ferry import _core
-from ferry.torch._checks import whole
+from ferry.torch._checks import file_path, whole
 
 __all__ = ["OffloadAdamW"]
 
@@ -117,9 +117,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         if amsgrad or maximize:
             raise ValueError("OffloadAdamW: amsgrad and maximize are not supported (ferry's AdamW has neither)")
         _hyper(lr, betas, eps, weight_decay)
-        path = "" if nvme_path is None else os.fspath(nvme_path)
-        if not isinstance(path, str):
-            raise TypeError(f"OffloadAdamW: nvme_path must be a str or os.PathLike of str, not {nvme_path!r}")
+        path = file_path("OffloadAdamW: nvme_path", nvme_path)
         size = whole("OffloadAdamW: nvme_bytes", nvme_bytes)
         if (path == "") != (size == 0):
             raise ValueError(
@@ -434,7 +432,12 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, ``pickle``, ``torch.save`` of the optimizer) gets a
-        pool of its own, with the moments copied in."""
+        pool of its own, with the moments copied in. (``torch.optim.Optimizer.load_state_dict``
+        sets the loaded state and groups through here too: then the optimizer keeps its
+        settings, pool and file.)"""
+        if "_ferry_settings" not in state and getattr(self, "_settings", None) is not None:
+            super().__setstate__(state)
+            return
         self._settings = state.pop(
             "_ferry_settings", {"pinned_bytes": 0, "threads": 0, "fused_rounding": True}
         )

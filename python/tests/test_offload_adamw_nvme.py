@@ -1,0 +1,249 @@
+"""ferry.torch.OffloadAdamW(nvme_path=...): states in a file through ferry's state_swapper,
+against the same optimizer with its states in pinned memory (the same kernel: every bit
+equal), parameters streamed and resident, param groups added late, checkpoints both ways,
+and the faults: an I/O error in a step (each parameter keeps its states, the next step
+finishes that step exactly once), in a load, full and shared files, copies refused."""
+
+import copy
+import errno
+import gc
+import os
+import pickle
+
+import pytest
+import torch
+
+import ferry.torch as ft
+from ferry import _core
+
+# Eight parameters of 1000 elements and two small ones: each copy of a 1000-element group
+# is 3 sections of 4 KiB, the ring 3 x 12 KiB = 36 KiB, so a budget of 40 KiB streams
+# every parameter and one of 256 KiB keeps them all in pinned memory.
+SHAPES = [(1000,)] * 4 + [(10, 100), (17,), (1000,), (25, 40), (3,), (1000,)]
+STREAMED = 40 << 10
+RESIDENT = 256 << 10
+
+
+def _fresh(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).requires_grad_() for s in SHAPES]
+
+
+def _grads(steps, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=g) for s in SHAPES] for _ in range(steps)]
+
+
+def _give(params, grads):
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+
+
+def _nvme(params, tmp_path, budget=STREAMED, name="states.bin", **kw):
+    return ft.OffloadAdamW(params, pinned_bytes=budget, nvme_path=tmp_path / name, nvme_bytes=8 << 20, **kw)
+
+
+def _same_states(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    keys = ("lr", "betas", "eps", "weight_decay", "params")
+    assert [{k: g[k] for k in keys} for g in sa["param_groups"]] == [{k: g[k] for k in keys} for g in sb["param_groups"]]
+    assert sorted(sa["state"]) == sorted(sb["state"])
+    for i in sb["state"]:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa["state"][i][key], sb["state"][i][key]), (i, key)
+
+
+@pytest.mark.parametrize("budget", [STREAMED, 64 << 10, RESIDENT])
+def test_states_on_nvme_step_every_bit_as_states_in_pinned_memory(tmp_path, budget):
+    ours_p, ref_p = _fresh(), _fresh()
+    ours = _nvme(ours_p, tmp_path, budget, lr=1e-2, weight_decay=0.1)
+    ref = ft.OffloadAdamW(ref_p, lr=1e-2, weight_decay=0.1)
+    for gs in _grads(5):
+        _give(ours_p, gs)
+        _give(ref_p, gs)
+        ours.step()
+        ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+    s = ours.nvme_stats
+    assert s["groups"] == len(SHAPES) and s["steps"] == 5 and not s["pending"]
+    assert s["host_bytes"] <= budget
+    if budget == STREAMED:
+        assert s["resident_groups"] == 0 and s["reads"] == 5 * len(SHAPES) and s["writes"] == s["reads"]
+        assert s["bytes_written"] > 0 and s["undo_bytes"] == 3 * 1000 * 4
+    elif budget == RESIDENT:
+        assert s["spilled_groups"] == 0 and s["reads"] == 0 and s["writes"] == 0
+    else:
+        assert 0 < s["resident_groups"] < len(SHAPES) and s["reads"] > 0
+
+
+def test_param_groups_a_scheduler_clipping_and_a_group_added_late(tmp_path):
+    def build(params, factory):
+        opt = factory([{"params": params[:5]}, {"params": params[5:8], "lr": 3e-3, "weight_decay": 0.0}])
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    ours_p, ref_p = _fresh(), _fresh()
+    ours, ours_s = build(ours_p, lambda g: _nvme(g, tmp_path, lr=1e-2))
+    ref, ref_s = build(ref_p, lambda g: ft.OffloadAdamW(g, lr=1e-2))
+    for k, gs in enumerate(_grads(6)):
+        if k == 3:  # the last two parameters join (their states and the others' move to a new layout)
+            ours.add_param_group({"params": ours_p[8:], "lr": 1e-3})
+            ref.add_param_group({"params": ref_p[8:], "lr": 1e-3})
+        for opt, params, sched in ((ours, ours_p, ours_s), (ref, ref_p, ref_s)):
+            _give(params, gs)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+    assert ours.nvme_stats["groups"] == len(SHAPES)
+
+
+def test_parameters_without_gradients_keep_their_values_and_get_no_state(tmp_path):
+    params = _fresh()
+    before = [p.detach().clone() for p in params]
+    opt = _nvme(params, tmp_path)
+    for gs in _grads(2):
+        _give(params[::2], gs[::2])
+        opt.step()
+    for i, (p, b) in enumerate(zip(params, before)):
+        assert torch.equal(p, b) == (i % 2 == 1)
+        assert (p in opt.state) == (i % 2 == 0)
+    assert sorted(opt.state_dict()["state"]) == list(range(0, len(SHAPES), 2))
+
+
+def test_resuming_from_a_state_dict_is_bit_for_bit_and_checkpoints_move_both_ways(tmp_path):
+    grads = _grads(6)
+    straight_p = _fresh()
+    straight = _nvme(straight_p, tmp_path, name="a.bin")
+    for gs in grads:
+        _give(straight_p, gs)
+        straight.step()
+
+    first_p = _fresh()
+    first = _nvme(first_p, tmp_path, name="b.bin")
+    for gs in grads[:3]:
+        _give(first_p, gs)
+        first.step()
+    # through torch.optim.AdamW's own load and save, and torch.save: the keys are AdamW's
+    checkpoint = copy.deepcopy(first.state_dict())
+    plain = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in first_p], foreach=False)
+    plain.load_state_dict(checkpoint)
+    checkpoint = plain.state_dict()
+    del first
+    gc.collect()
+    assert not (tmp_path / "b.bin").exists()  # the file goes with its optimizer
+
+    resumed_p = [p.detach().clone().requires_grad_() for p in first_p]
+    resumed = _nvme(resumed_p, tmp_path, name="c.bin")
+    resumed.load_state_dict(checkpoint)
+    for gs in grads[3:]:
+        _give(resumed_p, gs)
+        resumed.step()
+    assert all(torch.equal(a, b) for a, b in zip(resumed_p, straight_p))
+    _same_states(resumed, straight)
+
+
+def _faulty(monkeypatch, plan):
+    real = _core.NvmeStates
+    monkeypatch.setattr(_core, "NvmeStates", lambda *args: real(*args, faults=plan))
+
+
+@pytest.mark.parametrize("call,skip", [("pwrite", 2), ("pwrite", 0), ("pread", 4), ("pread", 0)])
+def test_an_io_error_in_a_step_loses_nothing_and_the_next_step_finishes_it_once(tmp_path, monkeypatch, call, skip):
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    grads = _grads(3)
+    ours_p, ref_p = _fresh(), _fresh()
+    ours = _nvme(ours_p, tmp_path)
+    ref = ft.OffloadAdamW(ref_p)
+    _give(ours_p, grads[0])
+    _give(ref_p, grads[0])
+    ours.step()
+    ref.step()
+
+    before = [p.detach().clone() for p in ours_p]
+    rule = plan.add(call, errno.EIO, skip=skip)
+    _give(ours_p, grads[1])
+    _give(ref_p, grads[1])
+    ref.step()
+    with pytest.raises(OSError) as e:
+        ours.step()
+    assert e.value.errno == errno.EIO and "states.bin" in str(e.value)
+    assert plan.fired(rule) == 1 and ours.nvme_stats["pending"]
+    # each parameter holds the step's result with step 2, or its value before with step 1
+    for p, r, b in zip(ours_p, ref_p, before):
+        step = int(ours.state[p]["step"])
+        assert (step, torch.equal(p, r if step == 2 else b)) in ((2, True), (1, True))
+    assert any(int(ours.state[p]["step"]) == 1 for p in ours_p)
+    ours.step()  # finishes the step: the parameters it had stepped are not stepped again
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+    _give(ours_p, grads[2])
+    _give(ref_p, grads[2])
+    ours.step()
+    ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+    assert ours.nvme_stats["failed_steps"] == 1
+
+
+def test_a_load_stopped_by_an_io_error_refuses_to_step_until_a_load_succeeds(tmp_path, monkeypatch):
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    params = _fresh()
+    opt = _nvme(params, tmp_path)
+    _give(params, _grads(1)[0])
+    opt.step()
+    checkpoint = copy.deepcopy(opt.state_dict())
+    plan.add("pwrite", errno.ENOSPC, skip=3)
+    with pytest.raises(OSError) as e:
+        opt.load_state_dict(checkpoint)
+    assert e.value.errno == errno.ENOSPC
+    for what in (opt.step, opt.state_dict):
+        with pytest.raises(RuntimeError, match="load_state_dict again"):
+            what()
+    opt.load_state_dict(checkpoint)  # the dict it was given is intact: loading again works
+    after = opt.state_dict()
+    for i in checkpoint["state"]:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(after["state"][i][key], checkpoint["state"][i][key])
+    opt.step()
+
+
+def test_nvme_arguments_are_checked_and_file_problems_are_os_errors_naming_the_path(tmp_path):
+    params = _fresh()
+    with pytest.raises(ValueError, match="nvme_path and nvme_bytes"):
+        ft.OffloadAdamW(params, nvme_path=tmp_path / "x.bin")
+    with pytest.raises(ValueError, match="nvme_path and nvme_bytes"):
+        ft.OffloadAdamW(params, nvme_bytes=1 << 20)
+    with pytest.raises(TypeError, match="nvme_path"):
+        ft.OffloadAdamW(params, nvme_path=3, nvme_bytes=1 << 20)
+    with pytest.raises(OSError) as e:
+        ft.OffloadAdamW(params, nvme_path=tmp_path, nvme_bytes=1 << 20)  # a folder
+    assert e.value.errno == errno.EISDIR and str(tmp_path) in str(e.value)
+    held = _nvme(params, tmp_path)
+    with pytest.raises(OSError) as e:  # locked by the first optimizer
+        _nvme(_fresh(), tmp_path)
+    assert e.value.errno == errno.EWOULDBLOCK and "states.bin" in str(e.value)
+    del held
+
+
+def test_a_file_too_small_or_a_budget_below_the_ring_is_a_memory_error_and_nothing_changes(tmp_path):
+    for kwargs in (dict(nvme_bytes=64 << 10), dict(nvme_bytes=8 << 20, pinned_bytes=16 << 10)):
+        params = _fresh()
+        before = [p.detach().clone() for p in params]
+        opt = ft.OffloadAdamW(params, **{"pinned_bytes": STREAMED, **kwargs}, nvme_path=tmp_path / "s.bin")
+        _give(params, _grads(1)[0])
+        with pytest.raises(MemoryError, match="bytes"):
+            opt.step()
+        assert all(torch.equal(p, b) for p, b in zip(params, before)) and not opt.state
+        del opt
+        gc.collect()
+
+
+def test_an_optimizer_on_nvme_refuses_copies_and_pickles_naming_state_dict(tmp_path):
+    opt = _nvme(_fresh(), tmp_path)
+    for copier in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="state_dict"):
+            copier(opt)
