@@ -1,0 +1,111 @@
+"""ferry.torch.OffloadAdamW with its states in pinned memory and on NVMe, against
+torch.optim.AdamW on the CPU (its per-parameter loop, foreach and fused kernels), side by
+side in one run: the step time of each over the same parameters and gradients,
+round-robin, median and spread over --repetitions, and ratios to torch's fastest.
+
+The NVMe rows stream every parameter's states (pinned_bytes = the ring of three buffers
+only: "nvme, streamed") or keep half of them in pinned memory ("nvme, half resident");
+each step reads and writes 12 bytes per streamed element (master, exp_avg, exp_avg_sq),
+so their rows also give the file's throughput (bytes read + written / step time).
+
+    python python/benchmarks/offload_adamw.py [--params 16] [--elements 1048576]
+        [--repetitions 7] [--nvme-dir DIR] [--json out.json]
+
+Figures depend on the machine's disk: run it on the drive the states would use."""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import ferry.torch as ft
+
+
+def make(n_params, elements, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.randn(elements, generator=g).requires_grad_() for _ in range(n_params)]
+    for p in params:
+        p.grad = torch.randn(elements, generator=g) * 1e-3
+    return params
+
+
+def ring_bytes(elements):
+    section = -(-elements * 4 // 4096) * 4096
+    return 3 * 3 * section
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=int, default=16)
+    ap.add_argument("--elements", type=int, default=1 << 20)
+    ap.add_argument("--repetitions", type=int, default=7)
+    ap.add_argument("--nvme-dir", default=tempfile.gettempdir())
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    total = a.params * a.elements
+    nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 12 B per element
+    ring = ring_bytes(a.elements)
+    half = ring + (a.params // 2) * (ring // 3)
+    variants = {}
+    files = []
+    for name, factory in {
+        "torch AdamW (for-loop)": lambda ps: torch.optim.AdamW(ps, foreach=False),
+        "torch AdamW (foreach)": lambda ps: torch.optim.AdamW(ps, foreach=True),
+        "torch AdamW (fused)": lambda ps: torch.optim.AdamW(ps, fused=True),
+        "ferry, pinned": lambda ps: ft.OffloadAdamW(ps),
+        "ferry, nvme, half resident": lambda ps: ft.OffloadAdamW(
+            ps, pinned_bytes=half, nvme_path=files[-1], nvme_bytes=nvme_bytes),
+        "ferry, nvme, streamed": lambda ps: ft.OffloadAdamW(
+            ps, pinned_bytes=ring, nvme_path=files[-1], nvme_bytes=nvme_bytes),
+    }.items():
+        files.append(os.path.join(a.nvme_dir, f"ferry-bench-adamw-{os.getpid()}-{len(files)}.bin"))
+        params = make(a.params, a.elements)
+        try:
+            opt = factory(params)
+            opt.step()  # warm up: states made, the file written once
+        except (RuntimeError, TypeError) as e:  # e.g. a torch without fused CPU AdamW
+            print(f"  {name}: skipped ({e})")
+            continue
+        variants[name] = opt
+
+    times = {k: [] for k in variants}
+    for _ in range(a.repetitions):
+        for k, opt in variants.items():
+            t0 = time.perf_counter()
+            opt.step()
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
+    torch_best = min(v for k, v in med.items() if k.startswith("torch"))
+
+    print(f"OffloadAdamW, torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
+          f"{a.params} parameters of {a.elements} float32 ({total * 4 / 2**20:.0f} MiB), "
+          f"states {total * 8 / 2**20:.0f} MiB (+{total * 4 / 2**20:.0f} MiB master on NVMe); "
+          f"file in {a.nvme_dir}; medians of {a.repetitions} steps")
+    rows = {}
+    for k, opt in variants.items():
+        extra = ""
+        row = {"step_ms": med[k], "spread": spread[k], "vs_torch_best": med[k] / torch_best}
+        if isinstance(opt, ft.OffloadAdamW) and opt.nvme_stats is not None:
+            s = opt.nvme_stats
+            moved = (s["bytes_read"] + s["bytes_written"]) / s["steps"]
+            row.update(file_gb_s=moved / (med[k] / 1e3) / 1e9, resident=s["resident_groups"],
+                       engine=s["engine"], direct_io=s["direct_io"], host_bytes=s["host_bytes"])
+            extra = (f"   file {row['file_gb_s']:.2f} GB/s r+w ({s['engine']}, "
+                     f"{'O_DIRECT' if s['direct_io'] else 'buffered'}), {s['resident_groups']}/{s['groups']} "
+                     f"resident, {s['host_bytes'] / 2**20:.1f} MiB pinned")
+        rows[k] = row
+        print(f"  {k:27s} {med[k]:9.2f} ms   {med[k] / torch_best:6.3f}x torch's fastest   "
+              f"spread {spread[k]:.1%}{extra}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "args": vars(a), "torch": torch.__version__}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
