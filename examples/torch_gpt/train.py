@@ -1,7 +1,8 @@
 """A GPT-style model trained with ferry from PyTorch: its transformer blocks are streamed
 through K device slots from ferry's pinned slabs (ferry.torch.stream_layers), the
 activations autograd saves go to ferry's tensor_cache (ferry.torch.offload_activations)
-and AdamW's moments live in ferry's pinned pool, stepped by ferry's CPU AdamW
+and AdamW's moments live in ferry's pinned pool (or, with --states-nvme DIR, in a file
+there, streamed through three pinned buffers), stepped by ferry's CPU AdamW
 (ferry.torch.OffloadAdamW). The same steps run
 first with plain PyTorch (no offload, torch.optim.AdamW); the script prints both runs'
 losses and step times, what ferry moved, and the memory it kept out of the way.
@@ -9,6 +10,7 @@ losses and step times, what ferry moved, and the memory it kept out of the way.
     pip install ./python            # from the repository root, once
     python examples/torch_gpt/train.py [--layers 4] [--width 256] [--tokens 128]
                                        [--batch 8] [--steps 5] [--slots 2]
+                                       [--states-nvme DIR]
 
 This build of ferry-torch runs on CPU tensors (the CPU model of ferry's device runtime),
 so here the "device" is host memory too: the point is the API and its exactness; on a GPU
@@ -17,6 +19,7 @@ the saved bytes are HBM (docs/python.md)."""
 import argparse
 import contextlib
 import math
+import os
 import time
 
 import torch
@@ -80,6 +83,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--slots", type=int, default=2, help="device slots the blocks are streamed through")
+    ap.add_argument("--states-nvme", metavar="DIR", default=None,
+                    help="keep the optimizer's states in a file in DIR (streamed through 3 pinned buffers)")
     a = ap.parse_args()
 
     torch.manual_seed(1)
@@ -93,7 +98,15 @@ def main():
     model = GPT(a.vocab, a.width, a.layers, a.heads)
     model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots)  # before the optimizer sees them
     offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1)
-    opt = ft.OffloadAdamW(model.parameters(), lr=3e-3)
+    if a.states_nvme:
+        largest = max(p.numel() for p in model.parameters())
+        states = sum(p.numel() for p in model.parameters()) * 12
+        opt = ft.OffloadAdamW(model.parameters(), lr=3e-3,
+                              pinned_bytes=36 * largest + (64 << 10),  # the ring of 3 buffers: every state streamed
+                              nvme_path=os.path.join(a.states_nvme, f"torch_gpt-states-{os.getpid()}.bin"),
+                              nvme_bytes=2 * states + (16 << 20))
+    else:
+        opt = ft.OffloadAdamW(model.parameters(), lr=3e-3)
     ours = train(model, opt, offload, batches)
 
     s = offload.stats()
@@ -114,8 +127,16 @@ def main():
           f"device for {weights / 2**20:.1f} MiB of weights in pinned slabs), {ls['loads']} loads "
           f"({ls['bytes_loaded'] / 2**20:.1f} MiB), {ls['pushes']} gradient pushes "
           f"({ls['bytes_pushed'] / 2**20:.1f} MiB) in {ls['passes']} passes")
-    print(f"optimizer: {opt.state_bytes / 2**20:.1f} MiB of AdamW moments in ferry's pinned pool "
-          f"(kept off the device), ferry's {opt.isa} kernel on {opt.threads} threads")
+    if opt.nvme_stats is not None:
+        n = opt.nvme_stats
+        print(f"optimizer: AdamW states of {n['groups']} parameters in {a.states_nvme} ({n['spilled_groups']} "
+              f"streamed through {n['host_bytes'] / 2**20:.1f} MiB of pinned buffers, {n['resident_groups']} resident; "
+              f"{n['bytes_read'] / 2**20:.1f} MiB read, {n['bytes_written'] / 2**20:.1f} MiB written, "
+              f"{n['engine']}, {'O_DIRECT' if n['direct_io'] else 'buffered'}), ferry's {opt.isa} kernel "
+              f"on {opt.threads} threads")
+    else:
+        print(f"optimizer: {opt.state_bytes / 2**20:.1f} MiB of AdamW moments in ferry's pinned pool "
+              f"(kept off the device), ferry's {opt.isa} kernel on {opt.threads} threads")
     worst = max(abs(x - y) / abs(x) for x, y in zip(ref[0], ours[0]))
     ok = ours[0][0] == ref[0][0] and worst < 1e-4 and ours[0][-1] < ours[0][0]
     print(f"losses: first equal {ours[0][0] == ref[0][0]}, largest relative difference {worst:.2e} "
