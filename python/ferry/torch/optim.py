@@ -286,10 +286,12 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self._nvme.initialize(g, p.detach().view(-1))
         entries = []
         planned = {}
+        created = []
         for p, (lr, beta1, beta2, eps, wd) in work:
             state = self.state.get(p)
             if not state:
                 state = self.state[p] = {"step": torch.tensor(0.0)}
+                created.append(p)
             step = int(state["step"].item()) + 1
             if p.numel() == 0:
                 state["step"].fill_(float(step))  # nothing to hold or step
@@ -298,7 +300,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
                 grad = grad.clone()
             g = index[id(p)]
-            planned[g] = (state, step)
+            planned[g] = (p, state, step)
             entries.append((g, p.detach().view(-1), grad.contiguous().view(-1), lr, beta1, beta2, eps, wd, step))
         done: List[int] = []
         try:
@@ -307,9 +309,14 @@ class OffloadAdamW(torch.optim.Optimizer):
             done = list(self._nvme.last_updated)  # the parameters stepped before the error
             raise
         finally:
+            stepped = set()
             for g in done:
-                state, step = planned[g]
+                p, state, step = planned[g]
                 state["step"].fill_(float(step))
+                stepped.add(p)
+            for p in created:  # a first step that did not happen leaves no state
+                if p not in stepped and p.numel() > 0:
+                    del self.state[p]
 
     def state_dict(self) -> Dict[str, Any]:
         """As ``torch.optim.Optimizer.state_dict`` (the keys of ``torch.optim.AdamW``: a
