@@ -116,11 +116,14 @@ class _Saved:
         if self._value is None:
             raw = torch.empty(self.nbytes, dtype=torch.uint8)
             self._owner._fetch(self.key, raw)
-            dense = raw.view(self.dtype).view([self.shape[d] for d in self.order])
-            inverse = [0] * len(self.order)
-            for i, d in enumerate(self.order):
-                inverse[d] = i
-            self._value = dense.permute(inverse) if self.order != tuple(range(len(self.order))) else dense
+            if self.order == tuple(range(len(self.order))):
+                self._value = raw.view(self.dtype).view(self.shape)
+            else:
+                dense = raw.view(self.dtype).view([self.shape[d] for d in self.order])
+                inverse = [0] * len(self.order)
+                for i, d in enumerate(self.order):
+                    inverse[d] = i
+                self._value = dense.permute(inverse)
         return self._value
 
     def __del__(self) -> None:
@@ -277,32 +280,33 @@ class offload_activations:
 
     # --- what autograd calls ----------------------------------------------------------
 
-    def _why_kept(self, t: torch.Tensor) -> Optional[str]:
+    def _why_kept(self, t: torch.Tensor) -> Tuple[Optional[str], Optional[Tuple[int, ...]]]:
+        """Why `t` stays where autograd saved it (None: it is offloaded), and the order of
+        its dimensions in memory."""
         if getattr(t, _KEEP_ATTR, False):
-            return "marked"
+            return "marked", None
         if t.device.type != "cpu":
-            return "device"
+            return "device", None
         if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
-            return "parameter"  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
+            return "parameter", None  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
         if t.numel() * t.element_size() < max(self.min_bytes, 1):
-            return "small"
-        if t.layout != torch.strided or _memory_order(t) is None:
-            return "not_dense"
-        return None
+            return "small", None
+        order = _memory_order(t) if t.layout == torch.strided else None
+        if order is None:
+            return "not_dense", None
+        return None, order
 
     def _pack(self, t: torch.Tensor) -> Any:
-        reason = self._why_kept(t)
+        reason, order = self._why_kept(t)
         if reason is not None:
             self._kept[reason] += 1
             return _Kept(t)
-        ident = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t._version)
+        ident = (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
         with self._lock:
             earlier = self._live.get(ident)
             if earlier is not None and earlier.source() is t:
                 self._deduplicated += 1
                 return earlier
-        order = _memory_order(t)
-        with self._lock:
             # The last ``keep_last`` saves stay pending (as autograd saved them); each save
             # offloads the one ``keep_last`` saves before it, whatever codec takes it.
             saved = _Saved(self, None, t, order)
@@ -320,7 +324,11 @@ class offload_activations:
         t = saved._value
         # Conjugate and negative views hold their values with a bit on the side: resolve
         # them, so that the bytes are the values.
-        dense = t.detach().resolve_conj().resolve_neg().permute(saved.order)
+        dense = t.detach()
+        if dense.is_conj() or dense.is_neg():
+            dense = dense.resolve_conj().resolve_neg()
+        if saved.order != tuple(range(len(saved.order))):
+            dense = dense.permute(saved.order)
         flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
         key = self._position
         self._position += 1

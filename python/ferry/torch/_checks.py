@@ -39,6 +39,8 @@ def memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
     """The order of `t`'s dimensions in memory (outermost first) when `t` is dense and
     non-overlapping in some order (contiguous, channels_last, a transposed contiguous
     tensor: its elements fill exactly `numel` places), else None."""
+    if t.is_contiguous():  # the common case, without a sort and a view
+        return tuple(range(t.dim()))
     order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d))))
     if t.permute(order).is_contiguous():
         return order
