@@ -328,6 +328,7 @@ class nvme_states {
   // entries: (group, param, grad, lr, beta1, beta2, eps, weight_decay, step); returns the
   // groups updated. After an error, `last_updated` holds them.
   std::vector<std::size_t> step(adamw_runner& adamw, const nb::list& entries) {
+    last_updated_.clear();  // whatever happens next, nothing of an earlier call is reported
     std::vector<entry> work;
     work.reserve(entries.size());
     for (nb::handle h : entries) {
@@ -350,7 +351,6 @@ class nvme_states {
                                                         nb::cast<double>(t[7]), nb::cast<std::uint64_t>(t[8]));
       work.push_back(e);
     }
-    last_updated_.clear();
     impl_->step(adamw, work, last_updated_);
     return last_updated_;
   }

@@ -223,10 +223,28 @@ def test_nvme_arguments_are_checked_and_file_problems_are_os_errors_naming_the_p
         ft.OffloadAdamW(params, nvme_path=tmp_path, nvme_bytes=1 << 20)  # a folder
     assert e.value.errno == errno.EISDIR and str(tmp_path) in str(e.value)
     held = _nvme(params, tmp_path)
-    with pytest.raises(OSError) as e:  # locked by the first optimizer
+    with pytest.raises(FileExistsError) as e:  # the first optimizer's file (locked, too)
         _nvme(_fresh(), tmp_path)
-    assert e.value.errno == errno.EWOULDBLOCK and "states.bin" in str(e.value)
+    assert e.value.errno == errno.EEXIST and "states.bin" in str(e.value)
     del held
+    (tmp_path / "data.bin").write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="8 bytes"):  # never emptied and removed
+        _nvme(_fresh(), tmp_path, name="data.bin")
+    assert (tmp_path / "data.bin").read_bytes() == b"precious"
+    for bad in ("", "st\0ates.bin"):
+        with pytest.raises(ValueError, match="NUL"):
+            ft.OffloadAdamW(_fresh(), nvme_path=bad, nvme_bytes=1 << 20)
+
+
+def test_a_relative_path_is_the_file_removed_after_a_chdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    opt = ft.OffloadAdamW(_fresh(), pinned_bytes=STREAMED, nvme_path="rel.bin", nvme_bytes=8 << 20)
+    assert (tmp_path / "rel.bin").exists()
+    (tmp_path / "elsewhere").mkdir()
+    os.chdir(tmp_path / "elsewhere")
+    del opt
+    gc.collect()
+    assert not (tmp_path / "rel.bin").exists()
 
 
 def test_a_file_too_small_or_a_budget_below_the_ring_is_a_memory_error_and_nothing_changes(tmp_path):
@@ -247,3 +265,137 @@ def test_an_optimizer_on_nvme_refuses_copies_and_pickles_naming_state_dict(tmp_p
     for copier in (copy.deepcopy, pickle.dumps):
         with pytest.raises(TypeError, match="state_dict"):
             copier(opt)
+
+
+def _fail_once_then_finish(tmp_path, monkeypatch, shapes_added=()):
+    """Steps an optimizer on NVMe and the same one in pinned memory once, then fails the
+    second step's second write; returns both, their parameters and the gradients."""
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    ours_p, ref_p = _fresh(), _fresh()
+    ours, ref = _nvme(ours_p, tmp_path), ft.OffloadAdamW(ref_p)
+    grads = _grads(3)
+    for opt, params in ((ours, ours_p), (ref, ref_p)):
+        _give(params, grads[0])
+        opt.step()
+        _give(params, grads[1])
+    ref.step()
+    plan.add("pwrite", errno.EIO, skip=1)
+    with pytest.raises(OSError):
+        ours.step()
+    plan.clear()
+    return ours, ref, ours_p, ref_p, grads
+
+
+def test_a_group_added_after_a_failed_step_does_not_step_a_parameter_twice(tmp_path, monkeypatch):
+    ours, ref, ours_p, ref_p, grads = _fail_once_then_finish(tmp_path, monkeypatch)
+    extra = [torch.randn(1000).requires_grad_() for _ in range(2)]
+    extra_ref = [p.detach().clone().requires_grad_() for p in extra]
+    ours.add_param_group({"params": extra})
+    ref.add_param_group({"params": extra_ref})
+    for p, q in zip(extra, extra_ref):
+        g = torch.randn(1000)
+        p.grad, q.grad = g.clone(), g.clone()
+    # ours finishes the failed step (the new group's first step with it); ref steps the
+    # new group alone, as the finished step does
+    ref_groups = ref.param_groups
+    ref.param_groups = [ref_groups[-1]]
+    ref.step()
+    ref.param_groups = ref_groups
+    ours.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours_p + extra, ref_p + extra_ref))
+    _same_states(ours, ref)
+    assert all(int(ours.state[p]["step"]) == 2 for p in ours_p) and all(int(ours.state[p]["step"]) == 1 for p in extra)
+
+
+def test_a_zero_size_parameter_counts_one_step_however_often_the_step_is_tried(tmp_path, monkeypatch):
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    params = _fresh() + [torch.zeros(0, requires_grad=True)]
+    opt = _nvme(params, tmp_path)
+    _give(params, [torch.randn(p.shape) for p in params])
+    plan.add("pwrite", errno.EIO, skip=1, times=2)
+    for _ in range(2):
+        with pytest.raises(OSError):
+            opt.step()
+    opt.step()
+    assert [int(opt.state[p]["step"]) for p in params] == [1] * len(params)
+
+
+def test_an_empty_group_steps_as_nothing_until_parameters_come(tmp_path):
+    opt = ft.OffloadAdamW([{"params": []}], pinned_bytes=STREAMED, nvme_path=tmp_path / "s.bin", nvme_bytes=8 << 20)
+    opt.step()
+    assert opt.state_dict()["state"] == {}
+    params, ref_p = _fresh(), _fresh()
+    opt.add_param_group({"params": params})
+    ref = ft.OffloadAdamW(ref_p)
+    for gs in _grads(2):
+        _give(params, gs)
+        _give(ref_p, gs)
+        opt.step()
+        ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_p))
+
+
+def test_a_parameter_twice_in_a_group_is_refused(tmp_path):
+    p = torch.randn(10, requires_grad=True)
+    with pytest.warns(UserWarning, match="duplicate"), pytest.raises(ValueError, match="twice"):  # torch warns first
+        _nvme([p, p], tmp_path)
+
+
+def test_a_group_added_without_room_for_both_layouts_is_a_memory_error_and_the_states_stay(tmp_path):
+    params = [torch.randn(1000, requires_grad=True) for _ in range(6)]
+    opt = ft.OffloadAdamW(params[:4], pinned_bytes=36864, nvme_path=tmp_path / "s.bin", nvme_bytes=147456)
+    _give(params[:4], [torch.randn(1000) for _ in range(4)])
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    opt.add_param_group({"params": params[4:]})
+    with pytest.raises(MemoryError, match="bytes"):
+        opt.step()
+    after = opt.state_dict()  # still readable: the states did not move
+    for i in saved["state"]:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(after["state"][i][key], saved["state"][i][key])
+
+
+def test_a_failed_load_puts_the_groups_back_and_a_closure_does_not_run_on_a_broken_optimizer(tmp_path, monkeypatch):
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    params = _fresh()
+    opt = _nvme(params, tmp_path, lr=1e-3)
+    _give(params, _grads(1)[0])
+    opt.step()
+    checkpoint = copy.deepcopy(opt.state_dict())
+    checkpoint["param_groups"][0]["lr"] = 0.5
+    plan.add("pwrite", errno.EIO, skip=2)
+    with pytest.raises(OSError):
+        opt.load_state_dict(checkpoint)
+    assert opt.param_groups[0]["lr"] == 1e-3
+    ran = []
+    with pytest.raises(RuntimeError, match="load_state_dict again"):
+        opt.step(lambda: ran.append(1))
+    assert not ran
+
+
+def test_a_step_while_another_thread_steps_is_refused(tmp_path):
+    import threading
+
+    params = _fresh()
+    opt = _nvme(params, tmp_path)
+    _give(params, _grads(1)[0])
+    seen = []
+
+    def other():
+        try:
+            opt.step()
+        except RuntimeError as e:
+            seen.append(str(e))
+
+    def closure():  # runs inside step, with the optimizer busy
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        return 0.0
+
+    opt.step(closure)
+    assert len(seen) == 1 and "another thread" in seen[0]

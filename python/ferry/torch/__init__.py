@@ -169,7 +169,8 @@ class offload_activations:
             128 elements (``scale = 448 / amax`` of the block; about a quarter of float32's
             bytes). Other dtypes (integers, bools, what a codec does not take), tensors kept
             resident (``keep_last``, ``min_bytes``) and parameters are always exact.
-        nvme_path: a file (made where missing; not a folder) for a third tier: when the
+        nvme_path: a new file or an empty one (made where missing, removed when the
+            store goes; a non-empty file is refused, not a folder) for a third tier: when the
             pinned pool is full, tensors spill there (the cache's eviction picks which)
             and are read back for the backward pass, instead of staying where autograd
             saved them. O_DIRECT where the file system allows it, io_uring where the

@@ -1,5 +1,6 @@
 """Argument and layout checks shared by ferry.torch's objects."""
 
+import errno
 import operator
 import os
 from typing import Any, Optional, Tuple
@@ -22,8 +23,13 @@ def whole(what: str, value: Any) -> int:
 
 
 def file_path(what: str, value: Any) -> str:
-    """`value` (None, a str or an os.PathLike of str) as a str, "" for None; a TypeError
-    naming `what` otherwise (bytes paths included)."""
+    """`value` (None, a str or an os.PathLike of str) as an absolute path ("" for None),
+    for a file ferry makes, uses and removes: a TypeError naming `what` for another type
+    (bytes paths included), a ValueError for an empty path or one with a NUL, and a
+    FileExistsError (EEXIST) for a regular file that is there already and not empty
+    (ferry would empty it, then remove it: a leftover of an earlier run is removed by
+    hand). Relative paths are made absolute now, so a later ``os.chdir`` does not move
+    the file ferry removes."""
     if value is None:
         return ""
     try:
@@ -32,6 +38,17 @@ def file_path(what: str, value: Any) -> str:
         path = None
     if not isinstance(path, str):
         raise TypeError(f"{what} must be a str or os.PathLike of str, not {value!r}")
+    if path == "" or "\0" in path:
+        raise ValueError(f"{what} must be a non-empty path without NUL characters, not {value!r}")
+    path = os.path.abspath(path)
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{what}: a file of {os.path.getsize(path)} bytes is there already; ferry empties the file it is "
+            "given and removes it when done, so it takes a new path or an empty file (remove a leftover of an "
+            "earlier run by hand)",
+            path,
+        )
     return path
 
 

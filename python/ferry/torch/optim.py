@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -70,8 +71,10 @@ class OffloadAdamW(torch.optim.Optimizer):
             threads, at most 16).
         fused_rounding: round the moments' multiply-adds as fused (PyTorch's AVX2 /
             AVX-512 kernels) or each operation on its own (its scalar code).
-        nvme_path: a file (made where missing, locked while the optimizer lives, removed
-            when it goes; not a folder) to keep the states in. With it, ``pinned_bytes``
+        nvme_path: a new file or an empty one (made where missing, locked while the
+            optimizer lives, removed when it goes; a non-empty file is refused with
+            ``FileExistsError``, a folder with ``OSError``) to keep the states in. A relative
+            path is made absolute at construction. With it, ``pinned_bytes``
             is the host memory of the states (0: the same default): the ring of three
             buffers of the largest parameter spilled (36 bytes per element) plus the
             parameters kept resident (12 bytes per element, in order while they fit);
@@ -83,7 +86,12 @@ class OffloadAdamW(torch.optim.Optimizer):
             file is its own): save ``state_dict()``.
         nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 24
             bytes per element of every parameter, each of its two copies rounded up to
-            4 KiB.
+            4 KiB. A param group added after the first step moves the states to a new
+            layout at the next ``step``: the file and the pinned memory hold both layouts
+            meanwhile (a ``MemoryError`` when they cannot leaves the states where they
+            were, readable by ``state_dict``). A step that raised is finished by the next
+            call even across an ``add_param_group`` (the new parameters take their first
+            step in it).
 
     Raises:
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
@@ -142,6 +150,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._nvme = None
         self._layout: List[torch.Tensor] = []  # the parameters of the NVMe groups, in order
         self._broken: Optional[str] = None  # a load_state_dict that failed part way
+        # ids of the parameters a step that raised had stepped (None: no such step): the
+        # next step call finishes that step without them
+        self._unfinished: Optional[set] = None
+        self._stepping = threading.Lock()
         if self._settings.get("nvme_path"):
             # OSError: a folder, no permission, a file another optimizer holds
             self._nvme = _core.NvmeStates(
@@ -188,6 +200,11 @@ class OffloadAdamW(torch.optim.Optimizer):
             _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
             for p in group["params"]:
                 _check_param(p)
+            if self._settings.get("nvme_path") and len({id(p) for p in group["params"]}) != len(group["params"]):
+                raise ValueError(
+                    "OffloadAdamW: a parameter appears twice in one group (torch steps it twice; the states on "
+                    "NVMe hold one copy of each parameter's states)"
+                )
         except Exception:
             self.param_groups.pop()
             raise
@@ -203,6 +220,16 @@ class OffloadAdamW(torch.optim.Optimizer):
         group and gradient is checked and every missing moment allocated before any
         parameter changes, so an error (``ValueError``, ``MemoryError``) leaves every
         parameter and state as it was, and the step can be called again."""
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError("OffloadAdamW.step: called while another thread steps this optimizer (one at a time)")
+        try:
+            return self._step(closure)
+        finally:
+            self._stepping.release()
+
+    def _step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
+        if self._nvme is not None:
+            self._check_usable("step")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -268,26 +295,34 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def _ensure_layout(self) -> Dict[int, int]:
         """The NVMe groups for the parameters of the param groups now (a group added since
-        the last layout gets a new swapper; the states move over); {id(p): group}."""
+        the last layout gets a new swapper; the states move over: the file and the pinned
+        memory hold both layouts meanwhile); {id(p): group}. Raises MemoryError (nothing
+        changed) when they do not fit."""
         order = [p for group in self.param_groups for p in group["params"]]
         if [id(p) for p in order] != [id(p) for p in self._layout]:
-            old = {id(p): i for i, p in enumerate(self._layout)}
-            self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
+            if order:
+                old = {id(p): i for i, p in enumerate(self._layout)}
+                self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
             self._layout = order
         return {id(p): i for i, p in enumerate(self._layout)}
 
     def _step_nvme(self, work: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> None:
-        self._check_usable("step")
         index = self._ensure_layout()
+        if not self._layout:
+            return  # no parameters at all (an empty group)
         # Every group holds states before a step: a parameter without a state (never
         # stepped, or dropped by a load) starts from zero moments.
         for g, p in enumerate(self._layout):
             if not self._nvme.initialized(g) or (p.grad is not None and not self.state.get(p)):
                 self._nvme.initialize(g, p.detach().view(-1))
+        finished = self._unfinished or set()  # stepped by a step that raised: not again
         entries = []
         planned = {}
         created = []
+        empty = []
         for p, (lr, beta1, beta2, eps, wd) in work:
+            if id(p) in finished:
+                continue
             state = self.state.get(p)
             if not state:
                 state = self.state[p] = {"step": torch.tensor(0.0)}
@@ -295,6 +330,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             step = int(state["step"].item()) + 1
             if p.numel() == 0:
                 state["step"].fill_(float(step))  # nothing to hold or step
+                empty.append(p)
                 continue
             grad = p.grad.detach()
             if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
@@ -302,21 +338,27 @@ class OffloadAdamW(torch.optim.Optimizer):
             g = index[id(p)]
             planned[g] = (p, state, step)
             entries.append((g, p.detach().view(-1), grad.contiguous().view(-1), lr, beta1, beta2, eps, wd, step))
+        if not entries:
+            self._unfinished = None
+            return
         done: List[int] = []
+        failed = True
         try:
             done = self._nvme.step(self._adamw, entries)
+            failed = False
         except BaseException:
             done = list(self._nvme.last_updated)  # the parameters stepped before the error
             raise
         finally:
-            stepped = set()
+            stepped = {id(p) for p in empty}
             for g in done:
                 p, state, step = planned[g]
                 state["step"].fill_(float(step))
-                stepped.add(p)
+                stepped.add(id(p))
             for p in created:  # a first step that did not happen leaves no state
-                if p not in stepped and p.numel() > 0:
+                if id(p) not in stepped:
                     del self.state[p]
+            self._unfinished = (finished | stepped) if failed else None
 
     def state_dict(self) -> Dict[str, Any]:
         """As ``torch.optim.Optimizer.state_dict`` (the keys of ``torch.optim.AdamW``: a
@@ -331,7 +373,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self._nvme is None:
             return sd
         self._check_usable("state_dict")
-        index = self._ensure_layout()
+        index = {id(p): i for i, p in enumerate(self._layout)}  # parameters with states are in it
         params = [p for group in self.param_groups for p in group["params"]]  # torch's numbering
         packed = {}
         for i, st in sd["state"].items():
@@ -369,6 +411,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                 raise ValueError(
                     f"OffloadAdamW.load_state_dict: the state of parameter {index} lacks {missing} (not an AdamW state)"
                 )
+        self._check_threads_idle()
+        if self._nvme is not None:
+            self._ensure_layout()  # MemoryError: nothing changed
         old_state, old_groups = self.state, self.param_groups
         try:
             super().load_state_dict(state_dict)
@@ -395,16 +440,23 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.state, self.param_groups = old_state, old_groups
             raise
         if self._nvme is not None:
-            self._load_nvme(moments)
+            try:
+                self._load_nvme(moments)
+            except BaseException:
+                self.param_groups = old_groups  # the states are incomplete: _broken says so
+                raise
             return
         for p, fresh in moments.items():
             self.state[p] = fresh
+
+    def _check_threads_idle(self) -> None:
+        if self._stepping.locked():
+            raise RuntimeError("OffloadAdamW: load_state_dict while another thread steps this optimizer")
 
     def _load_nvme(self, moments: Dict[torch.Tensor, Dict[str, torch.Tensor]]) -> None:
         """Writes loaded moments to the file: each group's states are written to its copy
         that is not current, which becomes current once written."""
         try:
-            self._ensure_layout()
             for g, p in enumerate(self._layout):
                 fresh = moments.get(p)
                 if fresh is None:
@@ -419,6 +471,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self.state[p] = {"step": self.state[p]["step"]} if "step" in self.state[p] else {}
             raise
         self._broken = None
+        self._unfinished = None
         self._nvme.discard_pending()  # a step that raised before the load is not finished
         for p in list(self.state):
             if p not in moments:
