@@ -4,7 +4,8 @@ side in one run: the step time of each over the same parameters and gradients,
 round-robin, median and spread over --repetitions, and ratios to torch's fastest.
 
 The NVMe rows stream every parameter's states (pinned_bytes = the ring of three buffers
-only: "nvme, streamed") or keep half of them in pinned memory ("nvme, half resident");
+only: "nvme, 0/N resident") or keep about half of them in pinned memory (with 6 or fewer
+parameters that budget holds all of them, and the row says so);
 each step reads and writes 12 bytes per streamed element (master, exp_avg, exp_avg_sq),
 so their rows also give the file's throughput (bytes read + written / step time).
 
@@ -39,7 +40,7 @@ def ring_bytes(elements):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--params", type=int, default=16)
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--repetitions", type=int, default=7)
@@ -50,7 +51,7 @@ def main():
     total = a.params * a.elements
     nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 12 B per element
     ring = ring_bytes(a.elements)
-    half = ring + (a.params // 2) * (ring // 3)
+    half = ring + (a.params // 2) * (ring // 3)  # resident: what fits beside the ring (all of them if few)
     variants = {}
     files = []
     for name, factory in {
@@ -58,7 +59,7 @@ def main():
         "torch AdamW (foreach)": lambda ps: torch.optim.AdamW(ps, foreach=True),
         "torch AdamW (fused)": lambda ps: torch.optim.AdamW(ps, fused=True),
         "ferry, pinned": lambda ps: ft.OffloadAdamW(ps),
-        "ferry, nvme, half resident": lambda ps: ft.OffloadAdamW(
+        "ferry, nvme, half": lambda ps: ft.OffloadAdamW(
             ps, pinned_bytes=half, nvme_path=files[-1], nvme_bytes=nvme_bytes),
         "ferry, nvme, streamed": lambda ps: ft.OffloadAdamW(
             ps, pinned_bytes=ring, nvme_path=files[-1], nvme_bytes=nvme_bytes),
@@ -71,6 +72,9 @@ def main():
         except (RuntimeError, TypeError) as e:  # e.g. a torch without fused CPU AdamW
             print(f"  {name}: skipped ({e})")
             continue
+        if isinstance(opt, ft.OffloadAdamW) and opt.nvme_stats is not None:  # name it by what it does
+            st = opt.nvme_stats
+            name = f"ferry, nvme, {st['resident_groups']}/{st['groups']} resident"
         variants[name] = opt
 
     times = {k: [] for k in variants}

@@ -248,7 +248,8 @@ def test_a_relative_path_is_the_file_removed_after_a_chdir(tmp_path, monkeypatch
 
 
 def test_a_file_too_small_or_a_budget_below_the_ring_is_a_memory_error_and_nothing_changes(tmp_path):
-    for kwargs in (dict(nvme_bytes=64 << 10), dict(nvme_bytes=8 << 20, pinned_bytes=16 << 10)):
+    for kwargs in (dict(nvme_bytes=64 << 10), dict(nvme_bytes=64 << 10, pinned_bytes=RESIDENT),
+                   dict(nvme_bytes=8 << 20, pinned_bytes=16 << 10)):
         params = _fresh()
         before = [p.detach().clone() for p in params]
         opt = ft.OffloadAdamW(params, **{"pinned_bytes": STREAMED, **kwargs}, nvme_path=tmp_path / "s.bin")
@@ -399,3 +400,20 @@ def test_a_step_while_another_thread_steps_is_refused(tmp_path):
 
     opt.step(closure)
     assert len(seen) == 1 and "another thread" in seen[0]
+
+
+@pytest.mark.parametrize("flag", ["amsgrad", "maximize"])
+def test_amsgrad_or_maximize_in_a_group_is_refused_however_it_comes(tmp_path, flag):
+    params = _fresh()
+    with pytest.raises(ValueError, match=flag):
+        ft.OffloadAdamW([{"params": params, flag: True}])
+    opt = ft.OffloadAdamW(params[:5])
+    with pytest.raises(ValueError, match=flag):
+        opt.add_param_group({"params": params[5:], flag: True})
+    assert len(opt.param_groups) == 1
+    _give(params[:5], _grads(1)[0][:5])
+    before = [p.detach().clone() for p in params[:5]]
+    opt.param_groups[0][flag] = True  # set later: the step refuses it and changes nothing
+    with pytest.raises(ValueError, match=flag):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params[:5], before))

@@ -85,8 +85,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             the parameters it had not. Such an optimizer cannot be copied or pickled (its
             file is its own): save ``state_dict()``.
         nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 24
-            bytes per element of every parameter, each of its two copies rounded up to
-            4 KiB. A param group added after the first step moves the states to a new
+            bytes per element of every parameter, each of its six arrays (three, twice)
+            rounded up to 4 KiB, checked at the first ``step`` (``MemoryError`` with both
+            figures) even while ``pinned_bytes`` holds every state. A param group added after the first step moves the states to a new
             layout at the next ``step``: the file and the pinned memory hold both layouts
             meanwhile (a ``MemoryError`` when they cannot leaves the states where they
             were, readable by ``state_dict``). A step that raised is finished by the next
@@ -197,7 +198,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            _group_hyper(group)
             for p in group["params"]:
                 _check_param(p)
             if self._settings.get("nvme_path") and len({id(p) for p in group["params"]}) != len(group["params"]):
@@ -236,7 +237,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 loss = closure()
         work = []
         for group in self.param_groups:
-            hp = _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            hp = _group_hyper(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -300,6 +301,17 @@ class OffloadAdamW(torch.optim.Optimizer):
         changed) when they do not fit."""
         order = [p for group in self.param_groups for p in group["params"]]
         if [id(p) for p in order] != [id(p) for p in self._layout]:
+            # The file must hold every state even when the pinned memory holds them now:
+            # a wrong nvme_bytes is said at once, not when the model has grown.
+            need = sum(2 * 3 * (-(-p.numel() * 4 // 4096) * 4096) for p in order)
+            have = self._settings["nvme_bytes"] // 4096 * 4096
+            if need > have:
+                raise MemoryError(
+                    f"OffloadAdamW: nvme_bytes = {self._settings['nvme_bytes']} cannot hold the states of "
+                    f"{len(order)} parameters ({sum(p.numel() for p in order)} elements): they need {need} bytes "
+                    "(master, exp_avg and exp_avg_sq, 4 bytes an element each, each array padded to 4 KiB, two "
+                    "copies)"
+                )
             if order:
                 old = {id(p): i for i, p in enumerate(self._layout)}
                 self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
@@ -419,7 +431,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             super().load_state_dict(state_dict)
             moments = {}
             for group in self.param_groups:
-                _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                _group_hyper(group)
                 for p in group["params"]:
                     st = self.state.get(p)
                     if not st:
@@ -520,6 +532,15 @@ def _real(value: Any) -> Optional[float]:
     if isinstance(value, numbers.Real):
         return float(value)
     return None
+
+
+def _group_hyper(group: Dict[str, Any]) -> Tuple[float, float, float, float, float]:
+    """A param group's hyper-parameters, checked, refusing the flags ferry's AdamW lacks
+    (a group may carry them whatever the constructor was given)."""
+    for flag in ("amsgrad", "maximize"):
+        if group.get(flag):
+            raise ValueError(f"OffloadAdamW: a param group has {flag} on, which ferry's AdamW lacks")
+    return _hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
 
 def _hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> Tuple[float, float, float, float, float]:
