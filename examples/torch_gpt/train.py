@@ -100,9 +100,9 @@ def main():
     offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1)
     if a.states_nvme:
         largest = max(p.numel() for p in model.parameters())
-        states = sum(p.numel() for p in model.parameters()) * 12
+        states = sum(p.numel() for p in model.parameters()) * 8
         opt = ft.OffloadAdamW(model.parameters(), lr=3e-3,
-                              pinned_bytes=36 * largest + (64 << 10),  # the ring of 3 buffers: every state streamed
+                              pinned_bytes=24 * largest + (64 << 10),  # the ring of 3 buffers: every state streamed
                               nvme_path=os.path.join(a.states_nvme, f"torch_gpt-states-{os.getpid()}.bin"),
                               nvme_bytes=2 * states + (16 << 20))
     else:

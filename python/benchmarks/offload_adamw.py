@@ -6,7 +6,7 @@ round-robin, median and spread over --repetitions, and ratios to torch's fastest
 The NVMe rows stream every parameter's states (pinned_bytes = the ring of three buffers
 only: "nvme, 0/N resident") or keep about half of them in pinned memory (with 6 or fewer
 parameters that budget holds all of them, and the row says so);
-each step reads and writes 12 bytes per streamed element (master, exp_avg, exp_avg_sq),
+each step reads and writes 8 bytes per streamed element (exp_avg, exp_avg_sq),
 so their rows also give the file's throughput (bytes read + written / step time).
 
     python python/benchmarks/offload_adamw.py [--params 16] [--elements 1048576]
@@ -35,8 +35,9 @@ def make(n_params, elements, seed=0):
 
 
 def ring_bytes(elements):
+    """The swapper's ring: three copies of one parameter's states, [exp_avg | exp_avg_sq]."""
     section = -(-elements * 4 // 4096) * 4096
-    return 3 * 3 * section
+    return 3 * 2 * section
 
 
 def main():
@@ -49,7 +50,7 @@ def main():
     a = ap.parse_args()
 
     total = a.params * a.elements
-    nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 12 B per element
+    nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 8 B per element
     ring = ring_bytes(a.elements)
     half = ring + (a.params // 2) * (ring // 3)  # resident: what fits beside the ring (all of them if few)
     variants = {}
@@ -89,7 +90,7 @@ def main():
 
     print(f"OffloadAdamW, torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
           f"{a.params} parameters of {a.elements} float32 ({total * 4 / 2**20:.0f} MiB), "
-          f"states {total * 8 / 2**20:.0f} MiB (+{total * 4 / 2**20:.0f} MiB master on NVMe); "
+          f"states {total * 8 / 2**20:.0f} MiB; "
           f"file in {a.nvme_dir}; medians of {a.repetitions} steps")
     rows = {}
     for k, opt in variants.items():

@@ -2,14 +2,15 @@
 //
 // One file (a `ferry::nvme_tier` of `capacity` bytes, locked while the object lives,
 // removed when it goes) and one `ferry::state_swapper` over it whose groups are the
-// optimizer's parameters, in param-group order. Each group holds three fp32 arrays,
-// [master | exp_avg | exp_avg_sq]; the groups that fit `ram_budget_bytes` stay in the
-// swapper's pinned memory and are stepped in place, the rest are streamed through its
-// ring of three buffers: group g+1 read and g-1 written while ferry's CPU AdamW steps g.
+// optimizer's parameters, in param-group order. Each group holds two fp32 arrays,
+// [exp_avg | exp_avg_sq]: the parameters are fp32 CPU tensors, so they are the master
+// weights themselves, and the swapper keeps no master arrays (`keep_master` off: a third
+// less file space, pinned memory and I/O than [master | m | v]). The groups that fit
+// `ram_budget_bytes` stay in the swapper's pinned memory and are stepped in place, the
+// rest are streamed through its ring of three buffers: group g+1 read and g-1 written
+// while ferry's CPU AdamW steps g, in place on the caller's parameter.
 //
-// The parameter itself is the weight AdamW steps (in place, in the caller's tensor); the
-// group's master array is written with the stepped values, so the states on the file are
-// a whole AdamW state (what `state_swapper` checkpoints). A step stopped by an I/O error
+// A step stopped by an I/O error
 // leaves each parameter with its group: a group whose new states reached the file keeps
 // its stepped parameter; one whose write failed (or never ran) gets its parameter back as
 // it was before the step, from an undo copy of the last three streamed groups stepped (no
@@ -77,8 +78,7 @@ class states_base {
   states_base& operator=(const states_base&) = delete;
   virtual ~states_base() = default;
   virtual void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from) = 0;
-  virtual void initialize(std::size_t g, std::span<const float> master, std::span<const float> m,
-                          std::span<const float> v) = 0;
+  virtual void initialize(std::size_t g, std::span<const float> m, std::span<const float> v) = 0;
   [[nodiscard]] virtual bool initialized(std::size_t g) const = 0;
   virtual void read(std::size_t g, ferry::state_part part, std::span<float> out) = 0;
   // Steps the groups of `entries` (the other groups keep their states); returns those
@@ -109,9 +109,9 @@ class states_on final : public states_base {
     if (from.size() != sizes.size()) throw nb::value_error("ferry: NvmeStates.layout: one source per group");
     ferry::state_swapper_options o;
     o.ram_budget_bytes = budget_;
+    o.keep_master = false;  // the caller's fp32 parameters are the masters
     auto fresh = std::make_unique<swapper_type>(tier_, std::span<const std::size_t>(sizes), o);
     if (swapper_) {
-      std::vector<float> master;
       std::vector<float> m;
       std::vector<float> v;
       for (std::size_t g = 0; g < sizes.size(); ++g) {
@@ -124,13 +124,11 @@ class states_on final : public states_base {
                                  std::to_string(swapper_->layout(old).elements))
                                     .c_str());
         }
-        master.resize(sizes[g]);
         m.resize(sizes[g]);
         v.resize(sizes[g]);
-        swapper_->read(old, ferry::state_part::master, master);
         swapper_->read(old, ferry::state_part::m, m);
         swapper_->read(old, ferry::state_part::v, v);
-        fresh->initialize(g, master, m, v);
+        fresh->initialize(g, {}, m, v);
       }
     }
     std::size_t largest = 0;
@@ -143,9 +141,8 @@ class states_on final : public states_base {
     undo_ = std::move(undo);
   }
 
-  void initialize(std::size_t g, std::span<const float> master, std::span<const float> m,
-                  std::span<const float> v) override {
-    sw().initialize(g, master, m, v);
+  void initialize(std::size_t g, std::span<const float> m, std::span<const float> v) override {
+    sw().initialize(g, {}, m, v);
   }
   [[nodiscard]] bool initialized(std::size_t g) const override { return sw().initialized(g); }
   void read(std::size_t g, ferry::state_part part, std::span<float> out) override { sw().read(g, part, out); }
@@ -183,7 +180,6 @@ class states_on final : public states_base {
         undone[slot] = g;
       }
       adamw.step_spans(param, std::span<const float>(e->grad, e->n), view.m, view.v, e->constants);
-      std::copy(param.begin(), param.end(), view.master.begin());
       computed[g] = 1;
     };
     std::exception_ptr error;
@@ -231,6 +227,7 @@ class states_on final : public states_base {
     d["host_bytes"] = swapper_ ? swapper_->host_bytes() : 0;
     d["budget_bytes"] = swapper_ ? swapper_->budget_bytes() : budget_;
     d["undo_bytes"] = undo_[0].size() * sizeof(float) * undo_slots;
+    d["bytes_per_element"] = 2 * sizeof(float);  // exp_avg and exp_avg_sq: no master array
     d["capacity_bytes"] = tier_.capacity();
     d["file_bytes_used"] = tier_.used();
     d["engine"] = std::string(tier_.engine_name());
@@ -306,15 +303,14 @@ class nvme_states {
     impl_->layout(sizes, from);
   }
 
-  void initialize(std::size_t g, const f32_array& master, const std::optional<f32_array>& m,
-                  const std::optional<f32_array>& v) {
+  void initialize(std::size_t g, const std::optional<f32_array>& m, const std::optional<f32_array>& v) {
     const auto span_of = [](const std::optional<f32_array>& a) {
       return a ? std::span<const float>(a->data(), a->shape(0)) : std::span<const float>();
     };
     const std::span<const float> mm = span_of(m);
     const std::span<const float> vv = span_of(v);
     const nb::gil_scoped_release unlocked;
-    impl_->initialize(g, std::span<const float>(master.data(), master.shape(0)), mm, vv);
+    impl_->initialize(g, mm, vv);
   }
 
   [[nodiscard]] bool initialized(std::size_t g) const { return impl_->initialized(g); }
@@ -397,18 +393,17 @@ void bind_nvme_states(nb::module_& m) {
       .def("clear", [](fault_plan_handle& h) { h.plan->clear(); }, "Removes every rule.");
 
   nb::class_<nvme_states>(m, "NvmeStates",
-                          "Optimizer states (master, exp_avg, exp_avg_sq per parameter) in a ferry::state_swapper "
+                          "Optimizer states (exp_avg, exp_avg_sq per parameter) in a ferry::state_swapper "
                           "over a ferry::nvme_tier file, stepped by ferry's CPU AdamW.")
       .def(nb::init<const std::string&, std::uint64_t, std::size_t, const fault_plan_handle*>(), nb::arg("path"),
            nb::arg("capacity"), nb::arg("ram_budget_bytes"), nb::arg("faults").none() = nb::none())
       .def("layout", &nvme_states::layout, nb::arg("sizes"), nb::arg("sources"),
            "Groups of these sizes; group g takes the states of the old group sources[g] (-1: none).")
-      .def("initialize", &nvme_states::initialize, nb::arg("group"), nb::arg("master").noconvert(),
-           nb::arg("exp_avg").noconvert().none() = nb::none(), nb::arg("exp_avg_sq").noconvert().none() = nb::none(),
-           "Sets a group's states (moments: zeros where None).")
+      .def("initialize", &nvme_states::initialize, nb::arg("group"), nb::arg("exp_avg").noconvert().none() = nb::none(),
+           nb::arg("exp_avg_sq").noconvert().none() = nb::none(), "Sets a group's moments (zeros where None).")
       .def("initialized", &nvme_states::initialized, nb::arg("group"))
       .def("read", &nvme_states::read, nb::arg("group"), nb::arg("part"), nb::arg("out").noconvert(),
-           "Copies a group's 'master', 'exp_avg' or 'exp_avg_sq' into out.")
+           "Copies a group's 'exp_avg' or 'exp_avg_sq' into out.")
       .def("step", &nvme_states::step, nb::arg("adamw"), nb::arg("entries"),
            "Steps the groups of the entries (group, param, grad, lr, beta1, beta2, eps, weight_decay, step); returns "
            "the groups updated. A step that raised is finished by the next call.")

@@ -17,10 +17,10 @@ import ferry.torch as ft
 from ferry import _core
 
 # Eight parameters of 1000 elements and two small ones: each copy of a 1000-element group
-# is 3 sections of 4 KiB, the ring 3 x 12 KiB = 36 KiB, so a budget of 40 KiB streams
-# every parameter and one of 256 KiB keeps them all in pinned memory.
+# is 2 sections of 4 KiB (exp_avg, exp_avg_sq), the ring 3 x 8 KiB = 24 KiB, so a budget of
+# 28 KiB streams every parameter and one of 256 KiB keeps them all in pinned memory.
 SHAPES = [(1000,)] * 4 + [(10, 100), (17,), (1000,), (25, 40), (3,), (1000,)]
-STREAMED = 40 << 10
+STREAMED = 28 << 10
 RESIDENT = 256 << 10
 
 
@@ -248,7 +248,7 @@ def test_a_relative_path_is_the_file_removed_after_a_chdir(tmp_path, monkeypatch
 
 
 def test_a_file_too_small_or_a_budget_below_the_ring_is_a_memory_error_and_nothing_changes(tmp_path):
-    for kwargs in (dict(nvme_bytes=64 << 10), dict(nvme_bytes=64 << 10, pinned_bytes=RESIDENT),
+    for kwargs in (dict(nvme_bytes=32 << 10), dict(nvme_bytes=32 << 10, pinned_bytes=RESIDENT),
                    dict(nvme_bytes=8 << 20, pinned_bytes=16 << 10)):
         params = _fresh()
         before = [p.detach().clone() for p in params]
@@ -346,7 +346,7 @@ def test_a_parameter_twice_in_a_group_is_refused(tmp_path):
 
 def test_a_group_added_without_room_for_both_layouts_is_a_memory_error_and_the_states_stay(tmp_path):
     params = [torch.randn(1000, requires_grad=True) for _ in range(6)]
-    opt = ft.OffloadAdamW(params[:4], pinned_bytes=36864, nvme_path=tmp_path / "s.bin", nvme_bytes=147456)
+    opt = ft.OffloadAdamW(params[:4], pinned_bytes=24576, nvme_path=tmp_path / "s.bin", nvme_bytes=98304)
     _give(params[:4], [torch.randn(1000) for _ in range(4)])
     opt.step()
     saved = copy.deepcopy(opt.state_dict())
@@ -450,7 +450,7 @@ def test_all_three_together_train_a_small_gpt_as_with_the_states_in_pinned_memor
 
     def on_nvme(params):
         largest = max(p.numel() for p in params)
-        return ft.OffloadAdamW(params, lr=3e-3, pinned_bytes=36 * largest + 4096 * 9,
+        return ft.OffloadAdamW(params, lr=3e-3, pinned_bytes=24 * largest + 4096 * 6,
                                nvme_path=tmp_path / "gpt.bin", nvme_bytes=64 << 20)
 
     ref_losses, ref_weights, _ = train(lambda ps: ft.OffloadAdamW(ps, lr=3e-3))

@@ -304,6 +304,18 @@ TEST_CASE("state checkpoint: round trip of groups resident in pinned memory and 
   CHECK(loaded.completed_steps() == 2);
 }
 
+TEST_CASE("state checkpoint: a swapper without master arrays has none, and nothing is written", "[state_checkpoint]") {
+  scratch_dir dir;
+  ferry::host_tier host(16 * ferry::MiB);
+  ferry::adamw opt(hyper(), {.threads = 1});
+  ferry::state_swapper swapper(host, sizes, {.keep_master = false});
+  for (std::size_t g = 0; g < sizes.size(); ++g) swapper.initialize(g, {});
+  CHECK_THROWS_WITH(ferry::save_state_checkpoint(swapper, opt, dir.path() / "c"),
+                    Catch::Contains("without master arrays"));
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "c"));
+  CHECK_THROWS_AS(ferry::load_state_checkpoint(swapper, dir.path() / "c"), ferry::logic_error);
+}
+
 // --- resume: the next step is the uninterrupted run's ---------------------------------------
 
 TEMPLATE_TEST_CASE("state checkpoint: after a resume the next steps equal the uninterrupted run bit for bit",

@@ -3,8 +3,6 @@
 // tier whose writes complete only when waited for), ENOSPC on a write and EIO on a read in
 // the middle of a step (every group keeps its old or its new states, as `updated` says,
 // and the step can be resumed), spilling under a budget, and argument errors.
-#include "io_test_support.hpp"
-
 #include <ferry/optim/adamw.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
 #include <ferry/tier/host_tier.hpp>
@@ -20,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "io_test_support.hpp"
 
 namespace {
 
@@ -116,8 +116,8 @@ class recording_tier {
     std::size_t bytes = 0;
     [[nodiscard]] std::size_t size() const noexcept { return bytes; }
   };
-  static constexpr ferry::memory_traits traits{.host_accessible = false, .device_accessible = false,
-                                               .file_backed = true};
+  static constexpr ferry::memory_traits traits{
+      .host_accessible = false, .device_accessible = false, .file_backed = true};
   struct event {
     char kind;
     std::uint64_t offset;  // region offset + offset in the region
@@ -537,6 +537,68 @@ TEST_CASE("state_swapper: an exception from compute stops the step, and the spil
 }
 
 // --- arguments ------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("state_swapper without master arrays: the moments step as with them, in two thirds of the bytes",
+                   "[state_swapper]", FERRY_TEST_ENGINES) {
+  // The caller's parameters are the masters (fp32 weights in RAM): AdamW steps them in
+  // place with the moments of the view, whose master is empty.
+  scratch_path file(ferry_test::disk_dir, "ferry-swap-nomaster");
+  typename TestType::template tier<ferry::io::posix_syscalls> tier(disk_options(file));
+  ferry::adamw opt(hyper(), {.threads = 2, .block_elements = 2048});
+  ram_states ref(odd_sizes);
+  ram_states params = ref;  // the caller's weights
+  ferry::state_swapper with(tier, odd_sizes, {.spill_all = true});
+  ferry::state_swapper without(tier, odd_sizes, {.spill_all = true, .keep_master = false});
+  initialize_all(with, ref);
+  for (std::size_t g = 0; g < odd_sizes.size(); ++g) {
+    without.initialize(g, {}, ref.m[g], ref.v[g]);
+    CHECK_FALSE(without.layout(g).has_master);
+    CHECK(without.layout(g).copy_bytes * 3 == with.layout(g).copy_bytes * 2);
+  }
+  for (std::uint64_t t = 1; t <= 3; ++t) {
+    with.step(adamw_compute(opt, t));
+    without.step([&](std::size_t g, group_view s) {
+      CHECK(s.master.empty());
+      CHECK(s.size() == odd_sizes[g]);
+      opt.step(params.p[g], gradient(g, t, s.size()), s.m, s.v, t);
+    });
+    ref.step(opt, t);
+  }
+  for (std::size_t g = 0; g < odd_sizes.size(); ++g) {
+    CAPTURE(g);
+    CHECK(holds(with, g, ref));
+    CHECK(same_bits(params.p[g], ref.p[g]));
+    std::vector<float> m(odd_sizes[g]), v(odd_sizes[g]);
+    without.read(g, state_part::m, m);
+    without.read(g, state_part::v, v);
+    CHECK(same_bits(m, ref.m[g]));
+    CHECK(same_bits(v, ref.v[g]));
+  }
+  CHECK(without.stats().bytes_read * 3 == with.stats().bytes_read * 2);
+  CHECK(without.stats().bytes_written * 3 == with.stats().bytes_written * 2);
+  CHECK(without.ring_bytes() * 3 == with.ring_bytes() * 2);
+  // The master is not there to read or to set.
+  std::vector<float> out(odd_sizes[1]);
+  CHECK_THROWS_AS(without.read(1, state_part::master, out), ferry::logic_error);
+  CHECK_THROWS_AS(without.initialize(1, ref.p[1]), ferry::logic_error);
+  CHECK(tier.check());
+}
+
+TEST_CASE("state_swapper without master arrays, resident: in place, the view's master empty", "[state_swapper]") {
+  ferry::host_tier host(16 * ferry::MiB);
+  const std::vector<std::size_t> sizes = {5, 4096};
+  ferry::state_swapper swapper(host, sizes, {.keep_master = false});
+  for (std::size_t g = 0; g < sizes.size(); ++g) swapper.initialize(g, {});
+  swapper.step([&](std::size_t g, group_view s) {
+    CHECK(s.master.empty());
+    for (float& x : s.m) x = static_cast<float>(g + 1);
+  });
+  std::vector<float> m(4096), v(4096);
+  swapper.read(1, state_part::m, m);
+  swapper.read(1, state_part::v, v);
+  CHECK(m[4095] == 2.0f);
+  CHECK(v[4095] == 0.0f);
+}
 
 TEST_CASE("state_swapper: argument errors name the values", "[state_swapper]") {
   const auto has = [](std::vector<std::string> parts) {

@@ -35,14 +35,15 @@ enum class state_part : std::uint8_t {
 };
 
 /// @brief What `compute` gets for one group: its index and its three arrays of
-/// `size()` elements each, in host memory, writable, valid during the call only.
+/// `size()` elements each (two with `state_swapper_options::keep_master` off: `master` is
+/// then empty), in host memory, writable, valid during the call only.
 struct group_view {
   std::size_t index = 0;    ///< the group's index
-  std::span<float> master;  ///< master weights
+  std::span<float> master;  ///< master weights (empty without master arrays)
   std::span<float> m;       ///< first moments
   std::span<float> v;       ///< second moments
   /// @brief Elements of each array.
-  [[nodiscard]] std::size_t size() const noexcept { return master.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return m.size(); }
 };
 
 /// @brief A tier a `state_swapper` streams groups through: a `ferry::tier` whose bytes
@@ -90,22 +91,32 @@ struct state_swapper_options {
   bool spill_all = false;
   /// Register the ring with the tier's engine (`register_buffer`, io_uring fixed buffers).
   bool register_ring = true;
+  /// Keep an fp32 master array per group. Off where the caller's parameters are the fp32
+  /// masters themselves, in host memory (e.g. a CPU optimizer stepping fp32 weights held in
+  /// RAM): groups hold the two moments only, 8 bytes per element instead of 12, so a third
+  /// less memory, file space and I/O per step. `group_view::master` is then empty, and
+  /// `initialize` takes an empty `master`; `read` of the master and the checkpoints of
+  /// `optim/state_checkpoint.hpp` are refused (`ferry::logic_error`).
+  bool keep_master = true;
 };
 
 /// @brief Where and how a group's states are kept.
 struct group_layout {
   std::size_t elements = 0;       ///< elements of each array
   std::size_t section_bytes = 0;  ///< bytes of one array, padded to the alignment
-  std::size_t copy_bytes = 0;     ///< bytes of one copy: 3 x section_bytes, `[master | m | v]`
-  bool resident = false;          ///< in host memory (computed in place) rather than on the tier
-  std::size_t current_copy = 0;   ///< spilled groups: the copy (0 or 1) holding the states; 0 when resident
+  /// bytes of one copy: 3 x section_bytes, `[master | m | v]` (2 x, `[m | v]`, without master)
+  std::size_t copy_bytes = 0;
+  bool has_master = true;        ///< whether a copy holds a master array (`keep_master`)
+  bool resident = false;         ///< in host memory (computed in place) rather than on the tier
+  std::size_t current_copy = 0;  ///< spilled groups: the copy (0 or 1) holding the states; 0 when resident
   /// @brief Byte offset of copy `c` in the group's region (spilled groups).
   [[nodiscard]] std::uint64_t copy_offset(std::size_t c) const noexcept {
     return static_cast<std::uint64_t>(c) * copy_bytes;
   }
-  /// @brief Byte offset of `part` in a copy.
+  /// @brief Byte offset of `part` in a copy (`part` must be held: the master only with
+  /// `has_master`).
   [[nodiscard]] std::uint64_t part_offset(state_part part) const noexcept {
-    return static_cast<std::uint64_t>(part) * section_bytes;
+    return (static_cast<std::uint64_t>(part) - (has_master ? 0 : 1)) * section_bytes;
   }
 };
 
@@ -174,15 +185,17 @@ class state_swapper {
   void initialize(std::size_t g, std::span<const float> master) { initialize(g, master, {}, {}); }
 
   /// @brief Sets all three arrays of group g (e.g. from a checkpoint); an empty `m` or
-  /// `v` means zeros. Same rules as the overload above.
+  /// `v` means zeros. Same rules as the overload above. Without master arrays
+  /// (`keep_master` off) `master` must be empty.
   /// @throws ferry::logic_error for g out of range or sizes != the group's elements
   void initialize(std::size_t g, std::span<const float> master, std::span<const float> m, std::span<const float> v);
 
   /// @brief Copies array `part` of group g into `out` (`out.size()` = the group's
   /// elements): from host memory, or read from the group's current copy on the tier
   /// (synchronously; `out` needs no alignment).
-  /// @throws ferry::logic_error for g out of range, a wrong size, or a group never
-  ///         initialized; ferry::io_error from the read
+  /// @throws ferry::logic_error for g out of range, a wrong size, a group never
+  ///         initialized, or the master of a swapper that keeps none; ferry::io_error
+  ///         from the read
   void read(std::size_t g, state_part part, std::span<float> out);
 
   /// @brief `read(g, state_part::master, out)`: the master weights of group g.

@@ -42,10 +42,11 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     With ``nvme_path``, the states live in a file there instead (ZeRO-Infinity's optimizer
     offload, for one process: ``ferry::state_swapper`` over a ``ferry::nvme_tier``): per
-    parameter, in param-group order, its two moments and an fp32 copy of the stepped
-    parameter (12 bytes per element, twice: the new states go to the copy that is not
-    current, so a failed write never touches the good one). The parameters that fit
-    ``pinned_bytes`` stay in pinned memory and are stepped in place; the others are
+    parameter, in param-group order, its two moments (8 bytes per element, twice: the new
+    states go to the copy that is not current, so a failed write never touches the good
+    one; the fp32 parameters are the master weights, so no master copy is kept). The
+    parameters that fit ``pinned_bytes`` stay in pinned memory and are stepped in place;
+    the others are
     streamed through three pinned buffers: the next parameter's states read and the last
     one's written while the current one is stepped. ``state_dict`` reads the moments from
     the file; ``opt.state[p]`` holds ``step`` only. See ``nvme_path`` below and
@@ -76,16 +77,16 @@ class OffloadAdamW(torch.optim.Optimizer):
             ``FileExistsError``, a folder with ``OSError``) to keep the states in. A relative
             path is made absolute at construction. With it, ``pinned_bytes``
             is the host memory of the states (0: the same default): the ring of three
-            buffers of the largest parameter spilled (36 bytes per element) plus the
-            parameters kept resident (12 bytes per element, in order while they fit);
+            buffers of the largest parameter spilled (24 bytes per element) plus the
+            parameters kept resident (8 bytes per element, in order while they fit);
             beside it, ordinary memory for an undo copy of the last three parameters
             stepped from the file (12 bytes per element of the largest). A step stopped by
             an ``OSError`` leaves every parameter with its states (stepped and written, or
             as before the step); the next ``step`` call finishes that step, stepping only
             the parameters it had not. Such an optimizer cannot be copied or pickled (its
             file is its own): save ``state_dict()``.
-        nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 24
-            bytes per element of every parameter, each of its six arrays (three, twice)
+        nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 16
+            bytes per element of every parameter, each of its four arrays (two, twice)
             rounded up to 4 KiB, checked at the first ``step`` (``MemoryError`` with both
             figures) even while ``pinned_bytes`` holds every state. A param group added after the first step moves the states to a new
             layout at the next ``step``: the file and the pinned memory hold both layouts
@@ -176,6 +177,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def nvme_stats(self) -> Optional[Dict[str, Any]]:
         """With ``nvme_path``: the states' figures (``groups``, ``resident_groups``,
         ``spilled_groups``, ``ring_bytes``, ``host_bytes``, ``undo_bytes``,
+        ``bytes_per_element`` (8: the two moments),
         ``capacity_bytes``, ``file_bytes_used``, ``engine``, ``direct_io``, ``steps``,
         ``failed_steps``, ``reads``, ``writes``, ``bytes_read``, ``bytes_written``,
         ``pending``); None without."""
@@ -303,14 +305,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         if [id(p) for p in order] != [id(p) for p in self._layout]:
             # The file must hold every state even when the pinned memory holds them now:
             # a wrong nvme_bytes is said at once, not when the model has grown.
-            need = sum(2 * 3 * (-(-p.numel() * 4 // 4096) * 4096) for p in order)
+            need = sum(2 * 2 * (-(-p.numel() * 4 // 4096) * 4096) for p in order)
             have = self._settings["nvme_bytes"] // 4096 * 4096
             if need > have:
                 raise MemoryError(
                     f"OffloadAdamW: nvme_bytes = {self._settings['nvme_bytes']} cannot hold the states of "
                     f"{len(order)} parameters ({sum(p.numel() for p in order)} elements): they need {need} bytes "
-                    "(master, exp_avg and exp_avg_sq, 4 bytes an element each, each array padded to 4 KiB, two "
-                    "copies)"
+                    "(exp_avg and exp_avg_sq, 4 bytes an element each, each array padded to 4 KiB, two copies)"
                 )
             if order:
                 old = {id(p): i for i, p in enumerate(self._layout)}
@@ -326,7 +327,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         # stepped, or dropped by a load) starts from zero moments.
         for g, p in enumerate(self._layout):
             if not self._nvme.initialized(g) or (p.grad is not None and not self.state.get(p)):
-                self._nvme.initialize(g, p.detach().view(-1))
+                self._nvme.initialize(g)
         finished = self._unfinished or set()  # stepped by a step that raised: not again
         entries = []
         planned = {}
@@ -472,11 +473,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             for g, p in enumerate(self._layout):
                 fresh = moments.get(p)
                 if fresh is None:
-                    self._nvme.initialize(g, p.detach().view(-1))
+                    self._nvme.initialize(g)
                 else:
-                    self._nvme.initialize(
-                        g, p.detach().view(-1), fresh["exp_avg"].reshape(-1), fresh["exp_avg_sq"].reshape(-1)
-                    )
+                    self._nvme.initialize(g, fresh["exp_avg"].reshape(-1), fresh["exp_avg_sq"].reshape(-1))
         except BaseException as e:
             self._broken = f"a load_state_dict that failed part way ({type(e).__name__}: {e})"
             for p in list(self.state):

@@ -35,6 +35,10 @@ struct state_checkpoint_access {
 
   static void check_ready(const swapper_type& s, const char* call) {
     s.check_idle();
+    FERRY_EXPECTS(s.options_.keep_master,
+                  "a state_swapper without master arrays (keep_master off) has no checkpoint: its caller's "
+                  "parameters are the masters; save them with the moments (read)",
+                  call);
     FERRY_EXPECTS(!s.pending_, "a step that threw is unfinished (resume_step it first)", call,
                   ferry::named("completed_steps", s.completed_steps_));
   }

@@ -30,7 +30,8 @@ state_swapper<Tier>::state_swapper(Tier& tier, std::span<const std::size_t> grou
     group& gr = groups_[g];
     gr.layout.elements = elements;
     gr.layout.section_bytes = round_up(elements * sizeof(float), a);
-    gr.layout.copy_bytes = 3 * gr.layout.section_bytes;
+    gr.layout.has_master = options_.keep_master;
+    gr.layout.copy_bytes = (options_.keep_master ? 3 : 2) * gr.layout.section_bytes;
   }
   try {
     if constexpr (in_place) {
@@ -70,8 +71,10 @@ void state_swapper<Tier>::initialize(std::size_t g, std::span<const float> maste
   check_idle();
   check_group(g);
   group& gr = groups_[g];
-  FERRY_EXPECTS(master.size() == gr.layout.elements, "initialize needs the group's elements of master weights", g,
-                master.size(), ferry::named("n", gr.layout.elements));
+  FERRY_EXPECTS(master.size() == (gr.layout.has_master ? gr.layout.elements : 0),
+                "initialize needs the group's elements of master weights (none without master arrays)", g,
+                master.size(), ferry::named("n", gr.layout.elements),
+                ferry::named("keep_master", gr.layout.has_master));
   FERRY_EXPECTS(m.empty() || m.size() == gr.layout.elements, "m must be empty (zeros) or have the group's elements", g,
                 m.size(), ferry::named("n", gr.layout.elements));
   FERRY_EXPECTS(v.empty() || v.size() == gr.layout.elements, "v must be empty (zeros) or have the group's elements", g,
@@ -101,6 +104,8 @@ void state_swapper<Tier>::read(std::size_t g, state_part part, std::span<float> 
   const std::size_t n = gr.layout.elements;
   FERRY_EXPECTS(out.size() == n, "read needs room for the group's elements", g, out.size(), n);
   FERRY_EXPECTS(gr.initialized, "read of a group never initialized", g);
+  FERRY_EXPECTS(part != state_part::master || gr.layout.has_master,
+                "read of the master weights of a swapper that keeps none (keep_master is off)", g);
   if (n == 0) return;
   if (gr.layout.resident) {
     std::memcpy(out.data(), gr.host + gr.layout.part_offset(part), n * sizeof(float));
@@ -205,7 +210,7 @@ void state_swapper<Tier>::fill_copy(std::byte* base, const group_layout& l, std:
                                     std::span<const float> m, std::span<const float> v) noexcept {
   const std::size_t bytes = l.elements * sizeof(float);
   std::memset(base, 0, l.copy_bytes);
-  std::memcpy(base + l.part_offset(state_part::master), master.data(), bytes);
+  if (l.has_master) std::memcpy(base + l.part_offset(state_part::master), master.data(), bytes);
   if (!m.empty()) std::memcpy(base + l.part_offset(state_part::m), m.data(), bytes);
   if (!v.empty()) std::memcpy(base + l.part_offset(state_part::v), v.data(), bytes);
 }
@@ -215,7 +220,8 @@ group_view state_swapper<Tier>::view(std::size_t g, std::byte* base, const group
   const auto part = [&](state_part p) {
     return std::span<float>(reinterpret_cast<float*>(base + l.part_offset(p)), l.elements);  // NOLINT
   };
-  return group_view{g, part(state_part::master), part(state_part::m), part(state_part::v)};
+  return group_view{g, l.has_master ? part(state_part::master) : std::span<float>(), part(state_part::m),
+                    part(state_part::v)};
 }
 
 // --- steps --------------------------------------------------------------------------
