@@ -15,8 +15,10 @@
 // its stepped parameter; one whose write failed (or never ran) gets its parameter back as
 // it was before the step, from an undo copy of the last three streamed groups stepped (no
 // more can be unconfirmed: a ring buffer is reused only once its write has completed).
-// `step` then returns the groups updated and the next call finishes the step
-// (`resume_step`): no group is stepped twice, none skipped.
+// `step` then reports the groups updated (`last_updated`); the caller finishes the step by
+// stepping the others in its next call (a plain swapper step: the groups it leaves out
+// keep their states), so no group is stepped twice, none skipped, even across a new
+// layout.
 //
 // `FaultPlan` is `ferry::io::fault_plan`, for the package's tests: an `NvmeStates` made
 // with one runs its file's calls through `ferry::io::faulty_syscalls`, which fails them as
@@ -86,9 +88,6 @@ class states_base {
   virtual void step(adamw_runner& adamw, const std::vector<entry>& entries, std::vector<std::size_t>& updated) = 0;
   [[nodiscard]] virtual std::size_t groups() const = 0;
   [[nodiscard]] virtual std::size_t elements(std::size_t g) const = 0;
-  [[nodiscard]] virtual bool pending() const = 0;
-  // The next step starts afresh (every group), even after a step that raised.
-  virtual void discard_pending() = 0;
   virtual void stats(nb::dict& d) const = 0;
 };
 
@@ -107,6 +106,18 @@ class states_on final : public states_base {
   void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from) override {
     if (sizes.empty()) throw nb::value_error("ferry: NvmeStates.layout of no parameters");
     if (from.size() != sizes.size()) throw nb::value_error("ferry: NvmeStates.layout: one source per group");
+    // The file must hold every group's two copies even while the pinned memory holds them
+    // all: a wrong capacity is said at once, not when the model has grown.
+    const std::size_t a = tier_.alignment();
+    std::size_t need = 0;
+    for (const std::size_t n : sizes) need += 2 * 2 * ((n * sizeof(float) + a - 1) / a * a);
+    if (need > tier_.capacity()) {
+      throw ferry::out_of_capacity(
+          "the NVMe file of the optimizer states (2 copies of exp_avg and exp_avg_sq per "
+          "parameter, each padded to " +
+              std::to_string(a) + " bytes; nvme_bytes)",
+          need, 0, tier_.capacity(), FERRY_DETAIL_SITE());
+    }
     ferry::state_swapper_options o;
     o.ram_budget_bytes = budget_;
     o.keep_master = false;  // the caller's fp32 parameters are the masters
@@ -148,8 +159,6 @@ class states_on final : public states_base {
   void read(std::size_t g, ferry::state_part part, std::span<float> out) override { sw().read(g, part, out); }
   [[nodiscard]] std::size_t groups() const override { return swapper_ ? swapper_->groups() : 0; }
   [[nodiscard]] std::size_t elements(std::size_t g) const override { return sw().layout(g).elements; }
-  [[nodiscard]] bool pending() const override { return swapper_ && swapper_->step_pending() && !restart_; }
-  void discard_pending() override { restart_ = true; }
 
   void step(adamw_runner& adamw, const std::vector<entry>& entries, std::vector<std::size_t>& updated) override {
     swapper_type& s = sw();
@@ -185,14 +194,8 @@ class states_on final : public states_base {
     std::exception_ptr error;
     {
       const nb::gil_scoped_release unlocked;
-      const bool afresh = restart_;
-      restart_ = false;
       try {
-        if (s.step_pending() && !afresh) {
-          s.resume_step(compute);
-        } else {
-          s.step(compute);
-        }
+        s.step(compute);
       } catch (...) {
         error = std::current_exception();
       }
@@ -257,7 +260,6 @@ class states_on final : public states_base {
   std::size_t budget_;
   std::unique_ptr<swapper_type> swapper_;  // before tier_ goes: declared after it
   std::array<std::vector<float>, undo_slots> undo_;
-  bool restart_ = false;  // discard_pending: the next step is a plain step
 };
 
 ferry::io::syscall_kind call_of(const std::string& name) {
@@ -353,12 +355,9 @@ class nvme_states {
 
   [[nodiscard]] const std::vector<std::size_t>& last_updated() const { return last_updated_; }
   [[nodiscard]] std::size_t groups() const { return impl_->groups(); }
-  [[nodiscard]] bool pending() const { return impl_->pending(); }
-  void discard_pending() { impl_->discard_pending(); }
   [[nodiscard]] nb::dict stats() const {
     nb::dict d;
     impl_->stats(d);
-    d["pending"] = impl_->pending();
     return d;
   }
 
@@ -406,11 +405,8 @@ void bind_nvme_states(nb::module_& m) {
            "Copies a group's 'exp_avg' or 'exp_avg_sq' into out.")
       .def("step", &nvme_states::step, nb::arg("adamw"), nb::arg("entries"),
            "Steps the groups of the entries (group, param, grad, lr, beta1, beta2, eps, weight_decay, step); returns "
-           "the groups updated. A step that raised is finished by the next call.")
+           "the groups updated (after an error: last_updated).")
       .def_prop_ro("last_updated", &nvme_states::last_updated, "The groups the last step call updated.")
       .def_prop_ro("groups", &nvme_states::groups)
-      .def_prop_ro("pending", &nvme_states::pending, "Whether a step raised and is not finished yet.")
-      .def("discard_pending", &nvme_states::discard_pending,
-           "The next step starts afresh over every group (after new states were loaded).")
       .def("stats", &nvme_states::stats, "The file's and the swapper's figures.");
 }

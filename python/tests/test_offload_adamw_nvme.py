@@ -39,6 +39,14 @@ def _give(params, grads):
         p.grad = g.clone()
 
 
+def _lockstep(grads, *runs):
+    """Each step's gradients to every (optimizer, parameters) run, then a step of each."""
+    for gs in grads:
+        for opt, params in runs:
+            _give(params, gs)
+            opt.step()
+
+
 def _nvme(params, tmp_path, budget=STREAMED, name="states.bin", **kw):
     return ft.OffloadAdamW(params, pinned_bytes=budget, nvme_path=tmp_path / name, nvme_bytes=8 << 20, **kw)
 
@@ -58,11 +66,7 @@ def test_states_on_nvme_step_every_bit_as_states_in_pinned_memory(tmp_path, budg
     ours_p, ref_p = _fresh(), _fresh()
     ours = _nvme(ours_p, tmp_path, budget, lr=1e-2, weight_decay=0.1)
     ref = ft.OffloadAdamW(ref_p, lr=1e-2, weight_decay=0.1)
-    for gs in _grads(5):
-        _give(ours_p, gs)
-        _give(ref_p, gs)
-        ours.step()
-        ref.step()
+    _lockstep(_grads(5), (ours, ours_p), (ref, ref_p))
     assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
     _same_states(ours, ref)
     s = ours.nvme_stats
@@ -116,15 +120,11 @@ def test_resuming_from_a_state_dict_is_bit_for_bit_and_checkpoints_move_both_way
     grads = _grads(6)
     straight_p = _fresh()
     straight = _nvme(straight_p, tmp_path, name="a.bin")
-    for gs in grads:
-        _give(straight_p, gs)
-        straight.step()
+    _lockstep(grads, (straight, straight_p))
 
     first_p = _fresh()
     first = _nvme(first_p, tmp_path, name="b.bin")
-    for gs in grads[:3]:
-        _give(first_p, gs)
-        first.step()
+    _lockstep(grads[:3], (first, first_p))
     # through torch.optim.AdamW's own load and save, and torch.save: the keys are AdamW's
     checkpoint = copy.deepcopy(first.state_dict())
     plain = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in first_p], foreach=False)
@@ -137,9 +137,7 @@ def test_resuming_from_a_state_dict_is_bit_for_bit_and_checkpoints_move_both_way
     resumed_p = [p.detach().clone().requires_grad_() for p in first_p]
     resumed = _nvme(resumed_p, tmp_path, name="c.bin")
     resumed.load_state_dict(checkpoint)
-    for gs in grads[3:]:
-        _give(resumed_p, gs)
-        resumed.step()
+    _lockstep(grads[3:], (resumed, resumed_p))
     assert all(torch.equal(a, b) for a, b in zip(resumed_p, straight_p))
     _same_states(resumed, straight)
 
@@ -157,10 +155,7 @@ def test_an_io_error_in_a_step_loses_nothing_and_the_next_step_finishes_it_once(
     ours_p, ref_p = _fresh(), _fresh()
     ours = _nvme(ours_p, tmp_path)
     ref = ft.OffloadAdamW(ref_p)
-    _give(ours_p, grads[0])
-    _give(ref_p, grads[0])
-    ours.step()
-    ref.step()
+    _lockstep(grads[:1], (ours, ours_p), (ref, ref_p))
 
     before = [p.detach().clone() for p in ours_p]
     rule = plan.add(call, errno.EIO, skip=skip)
@@ -179,10 +174,7 @@ def test_an_io_error_in_a_step_loses_nothing_and_the_next_step_finishes_it_once(
     ours.step()  # finishes the step: the parameters it had stepped are not stepped again
     assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
     _same_states(ours, ref)
-    _give(ours_p, grads[2])
-    _give(ref_p, grads[2])
-    ours.step()
-    ref.step()
+    _lockstep(grads[2:], (ours, ours_p), (ref, ref_p))
     assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
     _same_states(ours, ref)
     assert ours.nvme_stats["failed_steps"] == 1
@@ -330,11 +322,7 @@ def test_an_empty_group_steps_as_nothing_until_parameters_come(tmp_path):
     params, ref_p = _fresh(), _fresh()
     opt.add_param_group({"params": params})
     ref = ft.OffloadAdamW(ref_p)
-    for gs in _grads(2):
-        _give(params, gs)
-        _give(ref_p, gs)
-        opt.step()
-        ref.step()
+    _lockstep(_grads(2), (opt, params), (ref, ref_p))
     assert all(torch.equal(a, b) for a, b in zip(params, ref_p))
 
 

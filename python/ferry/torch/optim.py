@@ -181,7 +181,11 @@ class OffloadAdamW(torch.optim.Optimizer):
         ``capacity_bytes``, ``file_bytes_used``, ``engine``, ``direct_io``, ``steps``,
         ``failed_steps``, ``reads``, ``writes``, ``bytes_read``, ``bytes_written``,
         ``pending``); None without."""
-        return None if self._nvme is None else dict(self._nvme.stats())
+        if self._nvme is None:
+            return None
+        stats = dict(self._nvme.stats())
+        stats["pending"] = self._unfinished is not None
+        return stats
 
     @property
     def threads(self) -> int:
@@ -303,16 +307,6 @@ class OffloadAdamW(torch.optim.Optimizer):
         changed) when they do not fit."""
         order = [p for group in self.param_groups for p in group["params"]]
         if [id(p) for p in order] != [id(p) for p in self._layout]:
-            # The file must hold every state even when the pinned memory holds them now:
-            # a wrong nvme_bytes is said at once, not when the model has grown.
-            need = sum(2 * 2 * (-(-p.numel() * 4 // 4096) * 4096) for p in order)
-            have = self._settings["nvme_bytes"] // 4096 * 4096
-            if need > have:
-                raise MemoryError(
-                    f"OffloadAdamW: nvme_bytes = {self._settings['nvme_bytes']} cannot hold the states of "
-                    f"{len(order)} parameters ({sum(p.numel() for p in order)} elements): they need {need} bytes "
-                    "(exp_avg and exp_avg_sq, 4 bytes an element each, each array padded to 4 KiB, two copies)"
-                )
             if order:
                 old = {id(p): i for i, p in enumerate(self._layout)}
                 self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
@@ -482,8 +476,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 self.state[p] = {"step": self.state[p]["step"]} if "step" in self.state[p] else {}
             raise
         self._broken = None
-        self._unfinished = None
-        self._nvme.discard_pending()  # a step that raised before the load is not finished
+        self._unfinished = None  # a step that raised before the load is not finished
         for p in list(self.state):
             if p not in moments:
                 del self.state[p]
