@@ -66,8 +66,6 @@ namespace ferry_python {
 template <class T>
 using fp8_of = ferry::fp8_e4m3<T, ferry::per_block<128>, ferry::fp8_overflow::non_finite>;
 
-inline std::string key_text(std::uint64_t key) { return "[key = " + std::to_string(key) + "]"; }
-
 // Config: `runtime` (a ferry device runtime), `copy_in(runtime, device_dst, caller_src,
 // bytes, stream_handle)` and `copy_out(runtime, caller_dst, device_src, bytes,
 // stream_handle)` (the runtime's status: the copies between the caller's memory and the

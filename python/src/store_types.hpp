@@ -41,6 +41,9 @@ struct store_stats {
   std::string codec;                // the store's codec
 };
 
+// "[key = 42]": how errors name a key.
+inline std::string key_text(std::uint64_t key) { return "[key = " + std::to_string(key) + "]"; }
+
 // A key the store does not hold, or holds already: a KeyError in Python (each module
 // registers the translation).
 class key_error : public std::runtime_error {

@@ -25,7 +25,7 @@ class _Block(torch.nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1), float("-inf")).softmax(-1)
         y = (self.drop(att) @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
         return x + self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(self.ln2(x)))))

@@ -47,8 +47,13 @@ def _train(model, batches, offload=None, lr=1e-2):
     return losses, grads
 
 
-def test_the_build_runs_on_the_cpu_model():
-    assert ferry.has_cuda is False
+def test_cpu_tensors_go_to_the_store_of_the_cpu_model():
+    off = ft.offload_activations(min_bytes=0, keep_last=0, device="cpu")
+    x = torch.randn(8, 8, requires_grad=True)
+    with off:
+        y = (x * 2).sin().sum()
+    assert off.stats()["offloaded"] >= 1 and off.stats()["devices"] == ["cpu"]
+    y.backward()
 
 
 def test_an_mlp_step_gives_the_same_gradients_bit_for_bit():

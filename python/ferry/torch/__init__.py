@@ -14,9 +14,11 @@ replayed for prefetch), from the saved-tensor hooks of ``torch.autograd.graph``:
         optimizer.step()
         optimizer.zero_grad()
 
-This build runs on CPU tensors, through the CPU model of ferry's device runtime
-(``ferry.has_cuda`` is False): the same cache code a GPU runs, with host memory in the
-device's place. Gradients are bit for bit those of the same step without offload.
+CUDA tensors go through ferry's store on their device (``ferry._cuda``, in a build made
+where the CUDA toolkit is: ``ferry.has_cuda``); CPU tensors through the same store on the
+CPU model of ferry's device runtime (``ferry._core``), with host memory in the device's
+place, so that every test runs without a GPU. Gradients are bit for bit those of the same
+step without offload.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
+import ferry
 from ferry import _core
 from ferry.torch._checks import memory_order as _memory_order
 from ferry.torch._checks import file_path, whole
@@ -90,16 +93,21 @@ class _Saved:
     reference to the saved tensor checks, at unpack, that it was not changed in place
     after the save."""
 
-    __slots__ = ("_owner", "key", "nbytes", "shape", "dtype", "order", "version", "source", "_value", "_got",
-                 "__weakref__")
+    __slots__ = ("_owner", "key", "store", "nbytes", "shape", "dtype", "device", "stream", "order", "version",
+                 "source", "_value", "_got", "__weakref__")
 
     def __init__(self, owner: "offload_activations", key: Optional[int], t: torch.Tensor,
                  order: Tuple[int, ...]) -> None:
         self._owner = owner  # the cache lives while a graph still needs its bytes
         self.key = key
+        self.store: Any = None  # the store holding the key, once offloaded
         self.nbytes = t.numel() * t.element_size()
         self.shape = t.shape
         self.dtype = t.dtype
+        self.device = t.device
+        # CUDA: the stream current at the save (the producer's); the offload, which may run
+        # at a later save under another stream, is ordered after this one's work.
+        self.stream = torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
         self.order = order  # dims from outermost to innermost in memory
         self.version = t._version
         self.source = weakref.ref(t)
@@ -114,8 +122,8 @@ class _Saved:
             raise _inplace_error(source, self.version)
         self._got = True
         if self._value is None:
-            raw = torch.empty(self.nbytes, dtype=torch.uint8)
-            self._owner._fetch(self.key, raw)
+            raw = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+            self._owner._fetch(self.store, self.key, raw)
             if self.order == tuple(range(len(self.order))):
                 self._value = raw.view(self.dtype).view(self.shape)
             else:
@@ -127,8 +135,31 @@ class _Saved:
         return self._value
 
     def __del__(self) -> None:
-        if self._value is None:
-            self._owner._discard(self.key)
+        if self._value is None and self.store is not None:
+            self._owner._discard(self.store, self.key)
+
+
+def _default_device(device: Optional[Union[torch.device, str, int]]) -> torch.device:
+    """``device`` as a torch.device with an index where CUDA (None: the current CUDA
+    device where this build has CUDA and one is there, else the CPU)."""
+    if device is None:
+        if ferry.has_cuda and ferry.cuda_device_count() > 0 and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"offload_activations: device {device!r} is not a device ({e})") from None
+    if d.type == "cpu":
+        return torch.device("cpu")
+    if d.type != "cuda":
+        raise ValueError(f"offload_activations: device {d} is not the CPU or a CUDA device")
+    if not ferry.has_cuda:
+        raise ValueError(f"offload_activations: device {d}: this build of ferry has no CUDA module (ferry.has_cuda "
+                         "is False; build it where the CUDA toolkit is)")
+    if not torch.cuda.is_available() or ferry.cuda_device_count() == 0:
+        raise ValueError(f"offload_activations: device {d}: no CUDA device is usable here")
+    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
@@ -145,8 +176,9 @@ class offload_activations:
 
     Which tensors go: those of at least ``min_bytes`` bytes that are not parameters nor
     views of one (``nn.Parameter``, frozen ones too, leaves that require grad, and the
-    ``w.t()`` a linear layer saves: they stay alive anyway), on the CPU (this build),
-    dense in some layout (contiguous, channels_last, transposed) and not marked with
+    ``w.t()`` a linear layer saves: they stay alive anyway), on the CPU or on a CUDA device
+    (a CUDA tensor in a build without ``ferry._cuda`` stays: ``kept["device"]``), dense in
+    some layout (contiguous, channels_last, transposed) and not marked with
     :func:`keep_on_device`. The others are saved as autograd saves them, each counted by
     reason in ``stats()["kept"]``. A tensor saved several times (one activation read by
     three projections) is offloaded once. The last ``keep_last`` saves of a step are not
@@ -176,6 +208,20 @@ class offload_activations:
             saved them. O_DIRECT where the file system allows it, io_uring where the
             kernel allows it (ferry's NVMe tier). None: two tiers.
         nvme_bytes: the NVMe tier's capacity in bytes (> 0 with ``nvme_path``).
+        device: the device whose tensors the object takes first: its store (device
+            memory, the pinned pool, the NVMe file) is made here, so that a bad argument
+            fails at once. None: the current CUDA device where this build has CUDA and a
+            device is there, else the CPU. Tensors of another device get a store of their
+            own at their first save, with the same settings (its NVMe file is
+            ``nvme_path`` with ``.<device>`` appended, such as ``.cuda1``).
+
+    Streams (CUDA): each store copies on a stream of its own. A saved tensor is copied
+    after the work enqueued on the stream current when it was saved, and that stream
+    waits for the copy before it goes on, so the memory torch frees behind it is not
+    reused too early; a tensor comes back ready for the stream current at the unpack.
+    Nothing is issued on the caller's streams but event waits, and the host never waits
+    for a copy: no ``record_stream``, no synchronisation. As for any op, a tensor must be
+    saved under the stream that made it (or one ordered after it).
 
     Raises:
         ValueError: for an argument that is not an integer in [0, 2**63) (Python, numpy
@@ -195,6 +241,7 @@ class offload_activations:
         codec: Optional[str] = None,
         nvme_path: Optional[Union[str, "os.PathLike[str]"]] = None,
         nvme_bytes: int = 0,
+        device: Optional[Union[torch.device, str, int]] = None,
     ) -> None:
         if codec not in _CODECS:
             raise ValueError(f"offload_activations: codec must be None, 'bf16' or 'fp8', not {codec!r}")
@@ -218,15 +265,19 @@ class offload_activations:
         self.min_bytes = min_bytes
         self._keep_last = keep_last
         self._pending: "collections.deque[weakref.ref[_Saved]]" = collections.deque()
-        self._store = _core.ActivationStore(
+        self._settings = dict(
             resident_below_bytes=min_bytes,
             keep_last=0,  # the last saves are kept here, across the store's caches
             pinned_budget_bytes=pinned_bytes,
             prefetch_budget_bytes=prefetch_bytes,
             codec=_CODECS[codec],
-            nvme_path=path,
-            nvme_bytes=checked["nvme_bytes"],
         )
+        self._nvme_path = path
+        self._nvme_bytes = checked["nvme_bytes"]
+        # One store per device, the first (``device``) made now with the NVMe file itself.
+        self._stores: Dict[torch.device, Any] = {}
+        self.device = _default_device(device)
+        self._store_for(self.device)
         self.codec = codec
         # Autograd's threads and the GC (a graph freed without its backward pass) call in
         # too; reentrant, since a collection may run a discard on a thread inside a call.
@@ -262,7 +313,8 @@ class offload_activations:
             )
         if self._steps > 0:
             with self._lock:
-                self._store.end_iteration()
+                for store in self._stores.values():
+                    store.end_iteration()
         self._steps += 1
         self._position = 0
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -286,7 +338,7 @@ class offload_activations:
         its dimensions in memory."""
         if getattr(t, _KEEP_ATTR, False):
             return "marked", None
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not (t.device.type == "cuda" and ferry.has_cuda):
             return "device", None
         if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
             return "parameter", None  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
@@ -331,29 +383,59 @@ class offload_activations:
         if saved.order != tuple(range(len(saved.order))):
             dense = dense.permute(saved.order)
         flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
+        try:
+            store = self._store_for(t.device)
+        except MemoryError:
+            self._kept["no_room"] += 1
+            return
         key = self._position
         self._position += 1
-        if self._store.contains(key):
+        if store.contains(key):
             key = next(self._spare_keys)
+        element = _ELEMENTS.get(t.dtype, "bytes")
         try:
-            self._store.offload(key, flat, _ELEMENTS.get(t.dtype, "bytes"))
+            if saved.stream is None:
+                store.offload(key, flat, element)
+            else:
+                store.offload(key, flat, element, saved.stream.cuda_stream)
         except MemoryError:
             self._kept["no_room"] += 1  # nothing stored; the tensor stays as autograd saved it
             return
         saved.key = key
+        saved.store = store
         saved._value = None
 
     @staticmethod
     def _unpack(saved: Any) -> torch.Tensor:
         return saved.get()
 
-    def _fetch(self, key: int, raw: torch.Tensor) -> None:
-        with self._lock:
-            self._store.fetch(key, raw)
+    def _store_for(self, device: torch.device) -> Any:
+        """The store of ``device``'s tensors, made on first use (under the lock)."""
+        store = self._stores.get(device)
+        if store is not None:
+            return store
+        path = self._nvme_path
+        if path and self._stores:  # the first store has the file itself
+            path = f"{path}.{device.type}{device.index if device.index is not None else ''}"
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            store = ferry._cuda.ActivationStore(device=index, nvme_path=path, nvme_bytes=self._nvme_bytes,
+                                                **self._settings)
+        else:
+            store = _core.ActivationStore(nvme_path=path, nvme_bytes=self._nvme_bytes, **self._settings)
+        self._stores[device] = store
+        return store
 
-    def _discard(self, key: int) -> None:
+    def _fetch(self, store: Any, key: int, raw: torch.Tensor) -> None:
         with self._lock:
-            self._store.discard(key)
+            if raw.device.type == "cuda":
+                store.fetch(key, raw, torch.cuda.current_stream(raw.device).cuda_stream)
+            else:
+                store.fetch(key, raw)
+
+    def _discard(self, store: Any, key: int) -> None:
+        with self._lock:
+            store.discard(key)
 
     # --- what the user reads ----------------------------------------------------------
 
@@ -366,9 +448,20 @@ class offload_activations:
         not_dense, no_room, last); the NVMe tier's (``nvme``: whether there is one, ``spilled``,
         ``spilled_bytes``, ``read_back``); ``codec``, and the tensors stored through it (``encoded``)
         with their bytes before it (``encoded_bytes``; ``offloaded_bytes`` counts the
-        bytes after it)."""
+        bytes after it). Counters are summed over the devices' stores; ``devices`` names
+        the devices that have one."""
         with self._lock:
-            s = dict(self._store.stats())
+            per_store = [dict(store.stats()) for store in self._stores.values()]
+        s: Dict[str, Any] = {}
+        for one in per_store:
+            for name, value in one.items():
+                if isinstance(value, bool):  # "nvme": whether any store has the tier
+                    s[name] = s.get(name, False) or value
+                elif isinstance(value, int):
+                    s[name] = s.get(name, 0) + value
+                else:  # "codec": the same in every store
+                    s[name] = value
+        s["devices"] = [str(d) for d in self._stores]
         s["steps"] = self._steps
         s["kept"] = dict(self._kept)
         s["deduplicated"] = self._deduplicated
