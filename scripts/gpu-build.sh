@@ -106,6 +106,17 @@ done
 cp scripts/gpu-check.sh "$staging/gpu-check.sh"
 chmod +x "$staging/gpu-check.sh"
 
+# The PyTorch package's source (python/ and what its CMake build reads: the top-level
+# CMakeLists.txt, cmake/, include/; README.md and docs/python.md, whose Python blocks its
+# tests run), as the working tree has it: gpu-check's python-build
+# step builds ferry-torch there. A Python extension is built for one Python version, and
+# the GPU machine's (3.12, beside its PyTorch) is not one this machine has (3.11; neither
+# Debian 12 nor PyPI offers 3.12's headers), so the package cannot travel built. It builds
+# there offline, with the machine's own nvcc, nanobind and scikit-build-core.
+mkdir -p "$staging/src"
+git ls-files -z -- CMakeLists.txt cmake include python README.md docs/python.md ':!python/build' |
+  tar --null -T - -cf - | tar -xf - -C "$staging/src"
+
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain 2>/dev/null | { grep -vc '^??' || true; })
 {
@@ -115,7 +126,7 @@ dirty=$(git status --porcelain 2>/dev/null | { grep -vc '^??' || true; })
   echo "flags $(grep -E '^CMAKE_CUDA_ARCHITECTURES:|^CMAKE_BUILD_TYPE:' "$bin_dir/CMakeCache.txt" | sed 's/:[A-Z]*=/=/' | tr '\n' ' ')"
   echo "glibc needed $(for b in "$staging"/bin/*; do objdump -T "$b" | grep -o 'GLIBC_[0-9.]*'; done | sort -uV | tail -n 1)"
   echo "# sha256 of every file (gpu-check.sh checks them before it runs anything)"
-  (cd "$staging" && find bin lib gpu-check.sh -type f | sort | xargs sha256sum)
+  (cd "$staging" && find bin lib src gpu-check.sh -type f | sort | xargs sha256sum)
 } >"$staging/MANIFEST"
 
 size_kib=$(du -sk "$staging" | cut -f1)

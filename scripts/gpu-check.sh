@@ -34,6 +34,15 @@
 #                      with shared memory), each case's time in the log
 #   micro              ferry-micro-schedule (host cost per scheduled move) and
 #                      ferry-micro-memory (pinned allocation per call) (micro-*.json)
+# and, only when FERRY_GPU_CHECK_STEPS names them (or `python`: carry, machine and these
+# three; their limits do not fit the default run's budget beside the others):
+#   python-build       ferry-torch built there from the carry's src/ (pip, offline, with the
+#                      machine's nvcc, nanobind and scikit-build-core: an extension is built
+#                      for one Python version, and this one's is not the building machine's)
+#   python-tests       its pytest suite, the CUDA cases included (python-tests.xml, JUnit)
+#   python-bench       python/benchmarks/offload_activations.py --device cuda at the H200
+#                      shape (16 x Linear 8192 + GELU, 16384 tokens, bf16: 8 GiB saved a step)
+#                      against save_on_cpu, no offload and the link floor (python-bench.json)
 # OUT gets summary.md (one line per step: passed / failed / timed out / skipped /
 # interrupted, with its time and limit; rewritten after every step, so a run stopped from
 # outside still leaves one), gpu-check.log (everything printed), a log per step and the
@@ -73,7 +82,11 @@ case $1 in -*) echo "gpu-check: OUT '$1' looks like an option; give a folder (./
 
 # --- the steps and their limits (seconds) ---------------------------------------------
 steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
-       example-kv_offload bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+       example-kv_offload bench-suite bench-overlap bench-device-nvme memcheck racecheck micro
+       python-build python-tests python-bench)
+default_steps=(carry machine gpu-tests example-stream_ordering example-activation_offload example-layer_streaming
+               example-kv_offload bench-suite bench-overlap bench-device-nvme memcheck racecheck micro)
+python_steps=(carry machine python-build python-tests python-bench)
 # Set from the H200 run of 2026-12-04 (seconds there -> limit; docs/gpu-runs.md): carry
 # 0.2 -> 10 (the CI dry run's busy cores need it), machine 1.2 -> 8, gpu-tests 15.1 -> 30,
 # the examples 1.1-1.4 -> 8 and activation_offload ~13 -> 30, bench-suite 3.8 to its
@@ -85,6 +98,7 @@ declare -A limit=(
   [example-stream_ordering]=8 [example-activation_offload]=30 [example-layer_streaming]=8 [example-kv_offload]=8
   [bench-suite]=30 [bench-overlap]=8 [bench-device-nvme]=15
   [memcheck]=65 [racecheck]=40 [micro]=10
+  [python-build]=100 [python-tests]=60 [python-bench]=90
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
@@ -104,12 +118,16 @@ if [[ -n ${FERRY_GPU_CHECK_STEPS:-} ]]; then
   IFS=',' read -r -a chosen <<<"$FERRY_GPU_CHECK_STEPS"
   for s in "${chosen[@]}"; do
     [[ -z $s ]] && continue
+    if [[ $s == python ]]; then
+      for p in "${python_steps[@]}"; do selected[$p]=1; done
+      continue
+    fi
     [[ -n ${limit[$s]+x} ]] || { echo "gpu-check: FERRY_GPU_CHECK_STEPS names no step '$s' (steps: ${steps[*]})" >&2; exit 2; }
     selected[$s]=1
   done
   ((${#selected[@]} > 0)) || { echo "gpu-check: FERRY_GPU_CHECK_STEPS names no step (steps: ${steps[*]})" >&2; exit 2; }
 else
-  for s in "${steps[@]}"; do selected[$s]=1; done
+  for s in "${default_steps[@]}"; do selected[$s]=1; done
 fi
 scale=${FERRY_GPU_CHECK_LIMIT_SCALE:-1}
 [[ $scale =~ ^([1-9]|1[0-9]|20)$ ]] || { echo "gpu-check: FERRY_GPU_CHECK_LIMIT_SCALE '$scale' is not a whole factor from 1 to 20" >&2; exit 2; }
@@ -398,8 +416,49 @@ micro() {
   return $rc
 }
 
-export carry bin out scratch mode memcheck_cases
-export -f step_carry step_machine sanitizer memcheck_suite micro
+# The PyTorch package: built from the carry's src/ into the scratch folder, then its tests
+# and the benchmark at the H200 shape with it. Each needs python3 with torch; the build
+# needs nanobind, scikit-build-core, cmake, ninja and nvcc there (pip installs nothing:
+# --no-index, --no-build-isolation).
+python_site=$scratch/python-site
+python_build() {
+  [[ -f $carry/src/python/pyproject.toml ]] || { echo "python-build: no src/python in the carry folder"; return 1; }
+  if ! python3 -c 'import torch, nanobind, scikit_build_core' 2>/dev/null; then
+    echo "gpu-check skip: python3 here lacks torch, nanobind or scikit-build-core (the GPU machine has them)"
+    return 77
+  fi
+  python3 --version
+  local arch=()
+  [[ $mode == gpu ]] && arch=(-C cmake.define.FERRY_PYTHON_CUDA=ON)
+  python3 -m pip install --no-index --no-build-isolation --no-deps --no-compile -q --target "$python_site" \
+    -C build-dir="$scratch/python-build" "${arch[@]}" "$carry/src/python" || return 1
+  PYTHONPATH=$python_site python3 -c 'import ferry, torch; print("ferry-torch", ferry.__version__, "CUDA module", ferry.has_cuda, "devices", ferry.cuda_device_count(), "torch", torch.__version__)'
+}
+python_ready() {
+  [[ -d $python_site/ferry ]] && return 0
+  echo "gpu-check skip: ferry-torch was not built (step python-build)"
+  return 77
+}
+python_tests() {
+  python_ready || return $?
+  # The CUDA cases skip without a GPU; on a GPU machine a skip of them is a failure.
+  PYTHONPATH=$python_site PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider -rs \
+    --junitxml "$out/python-tests.xml" "$carry/src/python/tests" || return 1
+  if [[ $mode == gpu ]] && grep -q 'needs a CUDA device' "$out/python-tests.xml"; then
+    echo "python-tests: CUDA cases were skipped on a GPU machine"
+    return 1
+  fi
+}
+python_bench() {
+  python_ready || return $?
+  if [[ $mode != gpu ]]; then echo "gpu-check skip: needs a GPU and none is usable here"; return 77; fi
+  PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/python/benchmarks/offload_activations.py" \
+    --device cuda --dtype bfloat16 --layers 16 --hidden 8192 --tokens 16384 --repetitions 5 --tiny-tensors 2000 \
+    --json "$out/python-bench.json"
+}
+
+export carry bin out scratch mode memcheck_cases python_site
+export -f step_carry step_machine sanitizer memcheck_suite micro python_build python_ready python_tests python_bench
 plots=()
 command -v gnuplot >/dev/null 2>&1 || plots=(--no-plots)
 
@@ -416,6 +475,9 @@ run_step bench-device-nvme "$bin/ferry-bench" --quick --json "$out/bench-device-
 run_step memcheck memcheck_suite
 run_step racecheck sanitizer --tool racecheck --error-exitcode 99 "$bin/ferry-tests-gpu" -r compact --durations yes "codec kernels*"
 run_step micro micro
+run_step python-build python_build
+run_step python-tests python_tests
+run_step python-bench python_bench
 
 write_summary done
 echo "== summary ($out/summary.md)"

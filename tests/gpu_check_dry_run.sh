@@ -137,6 +137,25 @@ else
   echo "note: no compute-sanitizer here (scripts/deps.sh installs it from PyPI); its options were not checked"
 fi
 
+# The PyTorch package's steps: not in the default run (its summary has none of them), run
+# as a group (`python`: carry, machine and the three, within the budget) from the source
+# the carry folder holds; without nanobind here, python-build says what it lacks and the
+# two after it that nothing was built.
+for s in python-build python-tests python-bench; do
+  grep -q "^| $s |" "$summary" 2>/dev/null && fail "the default run ran $s"
+done
+[[ -f $carry/src/python/pyproject.toml && -f $carry/src/include/ferry/ferry.hpp && -f $carry/src/docs/python.md ]] ||
+  fail "the carry folder has no src/ with the PyTorch package, ferry's headers and docs/python.md"
+grep -qE '^[0-9a-f]{64}  src/python/src/activation_store.hpp$' "$carry/MANIFEST" || fail "MANIFEST does not list src/"
+FERRY_GPU_CHECK_STEPS=python FERRY_GPU_CHECK_LIMIT_SCALE=3 "$carry/gpu-check.sh" "$work/python" >"$work/python.out" 2>&1
+rc=$?
+[[ $rc -eq 0 ]] || fail "the python group's dry run exited $rc (want 0): $(tail -n 5 "$work/python.out")"
+for s in carry machine python-build python-tests python-bench; do
+  grep -q "^| $s |" "$work/python/summary.md" 2>/dev/null || fail "the python group did not run $s"
+done
+planned=$(sed -n 's/^Planned: \([0-9]*\) s of limits.*/\1/p' "$work/python/summary.md" 2>/dev/null)
+[[ -n $planned && $planned -le 300 ]] || fail "the python group plans '${planned}' s (want at most 300)"
+
 # Refused before anything runs: limits over the budget, unknown steps, bad limits, no OUT.
 FERRY_GPU_CHECK_LIMITS=memcheck=400 "$fake/gpu-check.sh" "$work/over" >"$work/over.out" 2>&1
 rc=$?

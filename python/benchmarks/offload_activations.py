@@ -1,6 +1,6 @@
 """ferry.torch.offload_activations against PyTorch's own offload (torch.autograd.graph.
-save_on_cpu) and no offload, side by side in one run, on the tensors of this build (CPU
-tensors through the CPU model of ferry's device runtime):
+save_on_cpu) and no offload, side by side in one run, on CPU tensors (through the CPU model
+of ferry's device runtime) or CUDA tensors (--device cuda: ferry._cuda):
 
 - step: a stack of Linear + GELU layers trained a step at a time (forward, backward),
   each variant's median step time over --repetitions, round-robin, and its ratio to no
@@ -8,10 +8,18 @@ tensors through the CPU model of ferry's device runtime):
   codec's;
 - per tensor: the host time each saved tensor costs (pack + unpack), from a step that
   saves --tiny-tensors tensors of 4 KiB through a custom function, minus the same step
-  without hooks: the issue's target is <= 20 us a tensor.
+  without hooks: the issue's target is <= 20 us a tensor;
+- on CUDA, the link floor: the step can be no faster than its forward pass or the D2H of
+  what it saves, whichever is longer, plus its backward pass or the H2D of it back
+  (each pass and each direction measured here: pinned copies of the step's bytes), and
+  each variant's ratio to that floor.
 
-    python python/benchmarks/offload_activations.py [--layers 8] [--hidden 1024]
-        [--tokens 2048] [--repetitions 7] [--tiny-tensors 2000] [--json out.json]
+    python python/benchmarks/offload_activations.py [--device cpu|cuda] [--dtype float32|bfloat16]
+        [--layers 8] [--hidden 1024] [--tokens 2048] [--repetitions 7] [--tiny-tensors 2000]
+        [--json out.json]
+    # the H200 shape of the anchors (8 GiB saved a step):
+    python python/benchmarks/offload_activations.py --device cuda --dtype bfloat16 \
+        --layers 16 --hidden 8192 --tokens 16384 --repetitions 5
 
 On a CPU, "offloading" moves host memory to host memory: the figures are ferry's host
 cost, not the link's (that needs a GPU, docs/python.md)."""
@@ -27,19 +35,56 @@ import ferry
 import ferry.torch as ft
 
 
-def stack(layers, hidden, seed=0):
+def stack(layers, hidden, device, dtype, seed=0):
     torch.manual_seed(seed)
     mods = []
     for _ in range(layers):
         mods += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
-    return torch.nn.Sequential(*mods)
+    return torch.nn.Sequential(*mods).to(device=device, dtype=dtype)
 
 
-def step(model, x, ctx):
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step(model, x, ctx, device, parts=None):
+    """One forward and backward pass; `parts` (a list) gets the forward's and the
+    backward's seconds (each waited for on the device)."""
+    t0 = time.perf_counter()
     with ctx():
-        loss = model(x).square().mean()
+        loss = model(x).float().square().mean()
+    if parts is not None:
+        sync(device)
+    t1 = time.perf_counter()
     loss.backward()
+    sync(device)
+    if parts is not None:
+        parts.append((t1 - t0, time.perf_counter() - t1))
     model.zero_grad(set_to_none=True)
+
+
+def link_seconds(nbytes, device, repetitions=3):
+    """Seconds to move `nbytes` D2H and H2D between device memory and pinned memory
+    (torch's copies, one direction at a time; the median of `repetitions`)."""
+    chunk = min(nbytes, 1 << 30)
+    dev = torch.empty(chunk, dtype=torch.uint8, device=device)
+    host = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+    out = []
+    for src, dst in ((dev, host), (host, dev)):
+        runs = []
+        for _ in range(repetitions):
+            sync(device)
+            t0 = time.perf_counter()
+            left = nbytes
+            while left > 0:
+                n = min(left, chunk)
+                dst[:n].copy_(src[:n], non_blocking=True)
+                left -= n
+            sync(device)
+            runs.append(time.perf_counter() - t0)
+        out.append(statistics.median(runs))
+    return out[0], out[1]
 
 
 class Tiny(torch.autograd.Function):
@@ -54,20 +99,24 @@ class Tiny(torch.autograd.Function):
         return g + 0 * side[0], None
 
 
-def tiny_step(n, ctx):
-    x = torch.zeros(1, requires_grad=True)
-    sides = [torch.full((1024,), float(i)) for i in range(n)]  # 4 KiB each
+def tiny_step(n, ctx, device):
+    x = torch.zeros(1, requires_grad=True, device=device)
+    sides = [torch.full((1024,), float(i), device=device) for i in range(n)]  # 4 KiB each
+    sync(device)
     t0 = time.perf_counter()
     with ctx():
         y = x
         for s in sides:
             y = Tiny.apply(y, s)
     y.sum().backward()
+    sync(device)
     return time.perf_counter() - t0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (ferry._cuda and a CUDA device needed)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=2048)
@@ -76,52 +125,83 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    model = stack(a.layers, a.hidden)
-    x = torch.randn(a.tokens, a.hidden)
-    offload = ft.offload_activations(min_bytes=1 << 16, keep_last=1)
-    offload_bf16 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="bf16")
-    offload_fp8 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="fp8")
+    device = torch.device(a.device)
+    if device.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
+        raise SystemExit("offload_activations benchmark: --device cuda needs the CUDA build (ferry.has_cuda: "
+                         f"{ferry.has_cuda}) and a CUDA device ({ferry.cuda_device_count()} seen)")
+    dtype = getattr(torch, a.dtype)
+    model = stack(a.layers, a.hidden, device, dtype)
+    x = torch.randn(a.tokens, a.hidden, device=device, dtype=dtype)
+    offload = ft.offload_activations(min_bytes=1 << 16, keep_last=1, device=device)
+    offload_bf16 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="bf16", device=device)
+    offload_fp8 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="fp8", device=device)
     variants = {
         "none": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
-        "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
+        "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda"),
         "ferry": lambda: offload,
         "ferry bf16": lambda: offload_bf16,
         "ferry fp8": lambda: offload_fp8,
     }
+    if dtype != torch.float32:
+        del variants["ferry bf16"]  # the bf16 codec takes float32 tensors only
     for ctx in variants.values():  # warm up (ferry records its first step here)
-        step(model, x, ctx)
+        step(model, x, ctx, device)
     times = {k: [] for k in variants}
+    parts = []
     for _ in range(a.repetitions):
         for k, ctx in variants.items():
             t0 = time.perf_counter()
-            step(model, x, ctx)
+            step(model, x, ctx, device)
             times[k].append(time.perf_counter() - t0)
+        step(model, x, variants["none"], device, parts)  # the forward and backward apart
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
     saved_bytes = offload.stats()["offloaded_bytes"] // max(1, offload.stats()["steps"])
     moved = {"ferry": 1.0}  # bytes moved a step, against no codec's
     for name, o in (("ferry bf16", offload_bf16), ("ferry fp8", offload_fp8)):
+        if name not in variants:
+            continue
         moved[name] = (o.stats()["offloaded_bytes"] / max(1, o.stats()["steps"])) / max(1, saved_bytes)
 
-    tiny = ft.offload_activations(min_bytes=0, keep_last=0)
-    plain = [tiny_step(a.tiny_tensors, lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
-             for _ in range(3)]
-    hooked = [tiny_step(a.tiny_tensors, lambda: tiny) for _ in range(3)]
+    floor_ms = None
+    link = None
+    if device.type == "cuda":
+        fwd = statistics.median(p[0] for p in parts)
+        bwd = statistics.median(p[1] for p in parts)
+        d2h, h2d = link_seconds(saved_bytes, device)
+        floor_ms = (max(fwd, d2h) + max(bwd, h2d)) * 1e3
+        link = {"forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3, "d2h_ms": d2h * 1e3, "h2d_ms": h2d * 1e3,
+                "d2h_gbps": saved_bytes / d2h / 1e9, "h2d_gbps": saved_bytes / h2d / 1e9, "floor_ms": floor_ms}
+
+    tiny = ft.offload_activations(min_bytes=0, keep_last=0, device=device)
+    plain_hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    tiny_step(a.tiny_tensors, plain_hooks, device)  # warm up
+    tiny_step(a.tiny_tensors, lambda: tiny, device)
+    plain = [tiny_step(a.tiny_tensors, plain_hooks, device) for _ in range(3)]
+    hooked = [tiny_step(a.tiny_tensors, lambda: tiny, device) for _ in range(3)]
     per_tensor_us = (statistics.median(hooked) - statistics.median(plain)) / a.tiny_tensors * 1e6
 
-    print(f"offload_activations on {'CUDA' if ferry.has_cuda else 'the CPU model (CPU tensors)'}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"step: {a.layers} x (Linear {a.hidden} + GELU), {a.tokens} tokens, "
+    where = (f"CUDA ({torch.cuda.get_device_name(device)})" if device.type == "cuda"
+             else "the CPU model (CPU tensors)")
+    print(f"offload_activations on {where}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"step: {a.layers} x (Linear {a.hidden} + GELU), {a.tokens} tokens, {a.dtype}, "
           f"{saved_bytes / 2**20:.1f} MiB offloaded a step by ferry; medians of {a.repetitions}")
     for k in variants:
         bytes_note = f"   {moved[k]:.3f}x the bytes moved" if k in moved else ""
-        print(f"  {k:12s} {med[k]:8.2f} ms   {med[k] / med['none']:.3f}x none   spread {spread[k]:.1%}{bytes_note}")
+        floor_note = f"   {med[k] / floor_ms:.3f}x the link floor" if floor_ms else ""
+        print(f"  {k:12s} {med[k]:8.2f} ms   {med[k] / med['none']:.3f}x none   spread {spread[k]:.1%}"
+              f"{floor_note}{bytes_note}")
     print(f"  ferry / save_on_cpu: {med['ferry'] / med['save_on_cpu']:.3f}")
+    if link:
+        print(f"link floor {floor_ms:.2f} ms: forward {link['forward_ms']:.2f} ms or D2H {link['d2h_ms']:.2f} ms "
+              f"({link['d2h_gbps']:.1f} GB/s), then backward {link['backward_ms']:.2f} ms or H2D "
+              f"{link['h2d_ms']:.2f} ms ({link['h2d_gbps']:.1f} GB/s), whichever is longer")
     print(f"per saved tensor (4 KiB, pack + unpack): {per_tensor_us:.1f} us of host time (target <= 20)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"step_ms": med, "spread": spread, "offloaded_bytes_per_step": saved_bytes, "bytes_moved": moved,
-                       "per_tensor_us": per_tensor_us, "args": vars(a), "torch": torch.__version__}, f, indent=1)
+                       "per_tensor_us": per_tensor_us, "link": link, "args": vars(a), "torch": torch.__version__,
+                       "device": where}, f, indent=1)
 
 
 if __name__ == "__main__":
