@@ -7,6 +7,7 @@ import math
 import numbers
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -19,6 +20,74 @@ __all__ = ["OffloadAdamW"]
 
 def _describe(t: torch.Tensor) -> str:
     return f"shape = {tuple(t.shape)}, dtype = {t.dtype}, device = {t.device}"
+
+
+class _Staging:
+    """The host side of CUDA parameters: per parameter a copy of it and of its gradient
+    in pinned memory (torch's pinned allocator, made at its first step and reused by every
+    later one: 8 bytes per element), and per device a copy stream of its own.
+
+    A step pulls every parameter and gradient D2H on the copy stream after the work
+    enqueued so far on the device's current stream (which produced the gradients, and any
+    clipping), one event per parameter; the CPU steps each parameter as soon as its event
+    has completed, while the later ones are still crossing, and pushes it back H2D on the
+    copy stream, while the CPU goes on with the next; the current stream then waits for
+    the copy stream. Nothing is allocated on the copy stream and no memory of the current
+    stream is freed behind it, so no ``record_stream`` is needed; the host never waits
+    for the pushes."""
+
+    def __init__(self) -> None:
+        self._buffers: Dict[int, Tuple["weakref.ref[torch.Tensor]", torch.Tensor, torch.Tensor]] = {}
+        self._streams: Dict[torch.device, Any] = {}
+
+    def host(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The pinned copies of ``p`` and its gradient (flat float32), made on first use."""
+        entry = self._buffers.get(id(p))
+        if entry is None or entry[0]() is not p:
+            for key in [k for k, (ref, _, _) in self._buffers.items() if ref() is None]:
+                del self._buffers[key]  # parameters gone since
+            n = p.numel()
+            entry = (weakref.ref(p), torch.empty(n, dtype=torch.float32, pin_memory=True),
+                     torch.empty(n, dtype=torch.float32, pin_memory=True))
+            self._buffers[id(p)] = entry
+        return entry[1], entry[2]
+
+    def nbytes(self) -> int:
+        return sum(h.numel() * 4 * 2 for ref, h, _ in self._buffers.values() if ref() is not None)
+
+    def stream(self, device: torch.device) -> Any:
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device)
+        return s
+
+    def pull(self, params: List[torch.Tensor]) -> List[Any]:
+        """D2H of each parameter and its gradient into its pinned copies, after the work
+        on its device's current stream; returns an event per parameter."""
+        events = []
+        for device in {p.device for p in params}:
+            self.stream(device).wait_stream(torch.cuda.current_stream(device))
+        for p in params:
+            hp, hg = self.host(p)
+            copy = self.stream(p.device)
+            with torch.cuda.stream(copy):
+                hp.view(p.shape).copy_(p.detach(), non_blocking=True)
+                hg.view(p.shape).copy_(p.grad.detach(), non_blocking=True)  # a strided gradient too
+                e = torch.cuda.Event()
+                e.record(copy)
+            events.append(e)
+        return events
+
+    def push(self, p: torch.Tensor) -> None:
+        """H2D of ``p``'s pinned copy into ``p`` on the copy stream."""
+        hp, _ = self.host(p)
+        with torch.cuda.stream(self.stream(p.device)):
+            p.detach().view(-1).copy_(hp, non_blocking=True)
+
+    def finish(self, devices: Iterable[torch.device]) -> None:
+        """Each device's current stream waits for its copy stream (the pushes)."""
+        for device in set(devices):
+            torch.cuda.current_stream(device).wait_stream(self.stream(device))
 
 
 class OffloadAdamW(torch.optim.Optimizer):
@@ -52,8 +121,18 @@ class OffloadAdamW(torch.optim.Optimizer):
     the file; ``opt.state[p]`` holds ``step`` only. See ``nvme_path`` below and
     docs/python.md.
 
-    This build steps parameters on the CPU (float32, contiguous); gradients may be
-    strided (they are read through a contiguous copy then). ``step`` and
+    Parameters are float32 and contiguous, on the CPU or on CUDA devices; gradients may be
+    strided (they are read through a contiguous copy then). A CUDA parameter is stepped on
+    the CPU too (ZeRO-Offload's optimizer step): at each ``step`` it and its gradient are
+    copied D2H into pinned copies of them (8 bytes per element of pinned memory beyond
+    ``pinned_bytes``, made at its first step and reused), on a copy stream of ferry's
+    after the work enqueued on the device's current stream (so clipping before ``step``
+    is seen); the CPU steps each parameter as soon as its copies have landed, while the
+    next ones cross, and copies it back H2D on the copy stream while it steps the next;
+    the current stream then waits for those copies (the host does not). The moments stay
+    on the host, so ``state_dict`` holds CPU tensors (``torch.optim.AdamW`` moves them to
+    the parameter's device when it loads them). A CUDA parameter's values are read from
+    the device at every step, so a change to it between steps is seen. ``step`` and
     ``load_state_dict`` are all or nothing: every check and allocation comes before any
     change. A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
     ``torch.optim.AdamW``, one optimizer is stepped from one thread at a time.
@@ -98,7 +177,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     Raises:
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
             ``maximize`` (not supported), a parameter that is not float32, strided,
-            contiguous and on the CPU (naming its shape, dtype and device).
+            contiguous and on the CPU or a CUDA device (naming its shape, dtype and device).
         MemoryError: at a ``step`` whose new moments do not fit in the pool (nothing is
             updated; the step can be called again once there is room); with
             ``nvme_path``, at the first ``step`` when the file's capacity or the host
@@ -156,6 +235,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         # next step call finishes that step without them
         self._unfinished: Optional[set] = None
         self._stepping = threading.Lock()
+        self._staging = _Staging()
         if self._settings.get("nvme_path"):
             # OSError: a folder, no permission, a file another optimizer holds
             self._nvme = _core.NvmeStates(
@@ -271,26 +351,41 @@ class OffloadAdamW(torch.optim.Optimizer):
             for p in created:
                 del self.state[p]
             raise
-        for p, (lr, beta1, beta2, eps, wd) in work:
-            state = self.state[p]
-            step = int(state["step"].item()) + 1
-            if p.numel() > 0:
-                grad = p.grad.detach()
-                if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
-                    grad = grad.clone()  # a gradient sharing its parameter's memory (p.grad = p.detach())
-                self._adamw.step(
-                    p.detach().view(-1),
-                    grad.contiguous().view(-1),
-                    state["exp_avg"].view(-1),
-                    state["exp_avg_sq"].view(-1),
-                    lr=lr,
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=eps,
-                    weight_decay=wd,
-                    step=step,
-                )
-            state["step"].fill_(float(step))
+        on_device = [p for p, _ in work if p.device.type == "cuda" and p.numel() > 0]
+        for p in on_device:
+            self._staging.host(p)  # every pinned copy made before anything moves (MemoryError: nothing changed)
+        landed = dict(zip(map(id, on_device), self._staging.pull(on_device)))
+        try:
+            for p, (lr, beta1, beta2, eps, wd) in work:
+                state = self.state[p]
+                step = int(state["step"].item()) + 1
+                if p.numel() > 0:
+                    event = landed.get(id(p))
+                    if event is not None:
+                        event.synchronize()  # its D2H copies have landed
+                        param, grad = self._staging.host(p)
+                    else:
+                        param, grad = p.detach().view(-1), p.grad.detach()
+                        if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+                            grad = grad.clone()  # a gradient sharing its parameter's memory (p.grad = p.detach())
+                        grad = grad.contiguous().view(-1)
+                    self._adamw.step(
+                        param,
+                        grad,
+                        state["exp_avg"].view(-1),
+                        state["exp_avg_sq"].view(-1),
+                        lr=lr,
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=eps,
+                        weight_decay=wd,
+                        step=step,
+                    )
+                    if event is not None:
+                        self._staging.push(p)  # H2D while the CPU steps the next
+                state["step"].fill_(float(step))
+        finally:
+            self._staging.finish(p.device for p in on_device)
         return loss
 
     def _check_usable(self, what: str) -> None:
@@ -339,15 +434,26 @@ class OffloadAdamW(torch.optim.Optimizer):
                 state["step"].fill_(float(step))  # nothing to hold or step
                 empty.append(p)
                 continue
-            grad = p.grad.detach()
-            if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
-                grad = grad.clone()
             g = index[id(p)]
             planned[g] = (p, state, step)
-            entries.append((g, p.detach().view(-1), grad.contiguous().view(-1), lr, beta1, beta2, eps, wd, step))
+            if p.device.type == "cuda":
+                param, grad = self._staging.host(p)  # filled below
+            else:
+                param, grad = p.detach().view(-1), p.grad.detach()
+                if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+                    grad = grad.clone()
+                grad = grad.contiguous().view(-1)
+            entries.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
         if not entries:
             self._unfinished = None
             return
+        # CUDA parameters: all pulled before the swapper steps (it pipelines its reads and
+        # writes over the whole list), all pushed back after, whatever happened: a
+        # parameter's pinned copy holds its new values or, where the step did not reach
+        # it or could not write its states, its values before the step.
+        on_device = [planned[g][0] for g, *_ in entries if planned[g][0].device.type == "cuda"]
+        for event in self._staging.pull(on_device):
+            event.synchronize()
         done: List[int] = []
         failed = True
         try:
@@ -357,6 +463,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             done = list(self._nvme.last_updated)  # the parameters stepped before the error
             raise
         finally:
+            for p in on_device:
+                self._staging.push(p)
+            self._staging.finish(p.device for p in on_device)
             stepped = {id(p) for p in empty}
             for g in done:
                 p, state, step = planned[g]
@@ -565,8 +674,8 @@ def _check_param(p: torch.Tensor) -> None:
         raise TypeError(f"OffloadAdamW: a parameter must be a torch.Tensor, not {type(p).__name__}")
     if p.layout != torch.strided:
         raise ValueError(f"OffloadAdamW: sparse parameters are not supported [{_describe(p)}, layout = {p.layout}]")
-    if p.device.type != "cpu":
-        raise ValueError(f"OffloadAdamW: this build steps CPU parameters only [{_describe(p)}]")
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"OffloadAdamW: parameters must be on the CPU or a CUDA device [{_describe(p)}]")
     if p.dtype != torch.float32:
         raise ValueError(f"OffloadAdamW: parameters must be float32 (ferry's AdamW is fp32) [{_describe(p)}]")
     if not p.is_contiguous():
