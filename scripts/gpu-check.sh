@@ -42,7 +42,9 @@
 #   python-tests       its pytest suite, the CUDA cases included (python-tests.xml, JUnit)
 #   python-bench       python/benchmarks/offload_activations.py --device cuda at the H200
 #                      shape (16 x Linear 8192 + GELU, 16384 tokens, bf16: 8 GiB saved a step)
-#                      against save_on_cpu, no offload and the link floor (python-bench.json)
+#                      against save_on_cpu, no offload and the link floor (python-bench.json);
+#                      offload_adamw.py --device cuda: OffloadAdamW with CUDA parameters
+#                      against torch's AdamW resident on the GPU (python-bench-adamw.json)
 # OUT gets summary.md (one line per step: passed / failed / timed out / skipped /
 # interrupted, with its time and limit; rewritten after every step, so a run stopped from
 # outside still leaves one), gpu-check.log (everything printed), a log per step and the
@@ -454,7 +456,12 @@ python_bench() {
   if [[ $mode != gpu ]]; then echo "gpu-check skip: needs a GPU and none is usable here"; return 77; fi
   PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/python/benchmarks/offload_activations.py" \
     --device cuda --dtype bfloat16 --layers 16 --hidden 8192 --tokens 16384 --repetitions 5 --tiny-tensors 2000 \
-    --json "$out/python-bench.json"
+    --json "$out/python-bench.json" || return 1
+  # OffloadAdamW with CUDA parameters against torch's AdamW resident on the GPU: 16 x 16 Mi
+  # float32 (1 GiB of parameters; 3 GiB cross the link a step).
+  PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/python/benchmarks/offload_adamw.py" \
+    --device cuda --params 16 --elements 16777216 --repetitions 3 --nvme-dir "$scratch" \
+    --json "$out/python-bench-adamw.json"
 }
 
 export carry bin out scratch mode memcheck_cases python_site

@@ -9,8 +9,14 @@ parameters that budget holds all of them, and the row says so);
 each step reads and writes 8 bytes per streamed element (exp_avg, exp_avg_sq),
 so their rows also give the file's throughput (bytes read + written / step time).
 
-    python python/benchmarks/offload_adamw.py [--params 16] [--elements 1048576]
-        [--repetitions 7] [--nvme-dir DIR] [--json out.json]
+    python python/benchmarks/offload_adamw.py [--device cpu|cuda] [--params 16]
+        [--elements 1048576] [--repetitions 7] [--nvme-dir DIR] [--json out.json]
+
+With --device cuda the parameters and gradients are CUDA tensors: torch's AdamW steps them
+on the GPU with its states resident there (the reference), ferry's on the CPU from pinned
+copies pulled and pushed each step (12 bytes per element cross the link: parameter and
+gradient D2H, parameter H2D), with its states in pinned memory or on NVMe; each step is
+timed to the device's completion.
 
 Figures depend on the machine's disk: run it on the drive the states would use."""
 
@@ -26,12 +32,17 @@ import torch
 import ferry.torch as ft
 
 
-def make(n_params, elements, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    params = [torch.randn(elements, generator=g).requires_grad_() for _ in range(n_params)]
+def make(n_params, elements, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    params = [torch.randn(elements, generator=g, device=device).requires_grad_() for _ in range(n_params)]
     for p in params:
-        p.grad = torch.randn(elements, generator=g) * 1e-3
+        p.grad = torch.randn(elements, generator=g, device=device) * 1e-3
     return params
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def ring_bytes(elements):
@@ -42,12 +53,14 @@ def ring_bytes(elements):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the CUDA build and a device)")
     ap.add_argument("--params", type=int, default=16)
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--repetitions", type=int, default=7)
     ap.add_argument("--nvme-dir", default=tempfile.gettempdir())
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    device = torch.device(a.device)
 
     total = a.params * a.elements
     nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 8 B per element
@@ -66,10 +79,11 @@ def main():
             ps, pinned_bytes=ring, nvme_path=files[-1], nvme_bytes=nvme_bytes),
     }.items():
         files.append(os.path.join(a.nvme_dir, f"ferry-bench-adamw-{os.getpid()}-{len(files)}.bin"))
-        params = make(a.params, a.elements)
+        params = make(a.params, a.elements, device)
         try:
             opt = factory(params)
             opt.step()  # warm up: states made, the file written once
+            sync(device)
         except (RuntimeError, TypeError) as e:  # e.g. a torch without fused CPU AdamW
             print(f"  {name}: skipped ({e})")
             continue
@@ -81,14 +95,17 @@ def main():
     times = {k: [] for k in variants}
     for _ in range(a.repetitions):
         for k, opt in variants.items():
+            sync(device)
             t0 = time.perf_counter()
             opt.step()
+            sync(device)
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
     torch_best = min(v for k, v in med.items() if k.startswith("torch"))
 
-    print(f"OffloadAdamW, torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
+    where = f"CUDA ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "the CPU"
+    print(f"OffloadAdamW, parameters on {where}, torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
           f"{a.params} parameters of {a.elements} float32 ({total * 4 / 2**20:.0f} MiB), "
           f"states {total * 8 / 2**20:.0f} MiB; "
           f"file in {a.nvme_dir}; medians of {a.repetitions} steps")
@@ -104,12 +121,15 @@ def main():
             extra = (f"   file {row['file_gb_s']:.2f} GB/s r+w ({s['engine']}, "
                      f"{'O_DIRECT' if s['direct_io'] else 'buffered'}), {s['resident_groups']}/{s['groups']} "
                      f"resident, {s['host_bytes'] / 2**20:.1f} MiB pinned")
+        if device.type == "cuda" and k.startswith("ferry"):
+            row["link_gb_s"] = total * 12 / (med[k] / 1e3) / 1e9  # parameter + gradient D2H, parameter H2D
+            extra += f"   link {row['link_gb_s']:.1f} GB/s (12 B per element)"
         rows[k] = row
         print(f"  {k:27s} {med[k]:9.2f} ms   {med[k] / torch_best:6.3f}x torch's fastest   "
               f"spread {spread[k]:.1%}{extra}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "args": vars(a), "torch": torch.__version__}, f, indent=1)
+            json.dump({"rows": rows, "args": vars(a), "torch": torch.__version__, "device": where}, f, indent=1)
 
 
 if __name__ == "__main__":
