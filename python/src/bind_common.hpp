@@ -14,7 +14,7 @@ namespace ferry_python {
 
 // ferry::out_of_capacity: MemoryError; config_error and logic_error: ValueError;
 // io_error: OSError(errno, message) (`.errno` the file system's, the message naming the
-// call, the path and the offset); key_error: KeyError. Others (ferry::device_error, a
+// call, the path and the offset); key_error: KeyError; type_error: TypeError. Others (ferry::device_error, a
 // CUDA error) keep nanobind's translation: RuntimeError with the message.
 inline void register_translators() {
   nanobind::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -28,6 +28,8 @@ inline void register_translators() {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const key_error& e) {
       PyErr_SetString(PyExc_KeyError, e.what());
+    } catch (const type_error& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const ferry::io_error& e) {
       nanobind::object err = nanobind::steal(PyObject_CallFunction(PyExc_OSError, "is", e.code().value(), e.what()));
       if (err.is_valid()) PyErr_SetObject(PyExc_OSError, err.ptr());
@@ -53,6 +55,25 @@ inline nanobind::dict stats_dict(const store_stats& s) {
   d["encoded"] = s.encoded;
   d["encoded_bytes"] = s.encoded_bytes;
   d["codec"] = s.codec;
+  return d;
+}
+
+// A layer stack's counters (layer_stack.hpp) as the dict `StreamedLayers.stats()` returns.
+template <class Stack>
+nanobind::dict layer_stats(const Stack& s) {
+  const auto c = s.stats();
+  nanobind::dict d;
+  d["passes"] = c.passes;
+  d["loads"] = c.loads;
+  d["bytes_loaded"] = c.bytes_loaded;
+  d["acquires"] = c.acquires;
+  d["releases"] = c.releases;
+  d["pushes"] = c.pushes;
+  d["bytes_pushed"] = c.bytes_pushed;
+  d["landed"] = c.landed;
+  d["pool_waits"] = c.pool_waits;
+  d["pinned_bytes"] = c.pinned_bytes;
+  d["slot_bytes"] = c.slot_bytes;
   return d;
 }
 

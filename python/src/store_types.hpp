@@ -51,4 +51,10 @@ class key_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An argument of the wrong type (a dtype a stack cannot stream): a TypeError in Python.
+class type_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace ferry_python

@@ -1,0 +1,358 @@
+// The layer stack behind `ferry.torch.stream_layers`, written once over the device runtime
+// and built twice: on the CPU model (`cpu_runtime`, layers.cpp: ferry._core.LayerStack,
+// slots in the model's device memory, that is host memory) and on CUDA (`cuda_runtime`,
+// cuda_layers.cu: ferry._cuda.LayerStack, slots in device memory), as the activation store
+// is (activation_store.hpp).
+//
+// L layers' weights live in pinned slabs the streamer allocates from a pool of this object
+// (`weights(i)`: where the module's parameters point, so an optimizer updates them in
+// place); K device slots take them in turn (`acquire`/`release`, forward and backward
+// passes). A layer's gradient is written by the caller into one of two device staging
+// buffers (`staging(i)`), pushed D2H by the streamer's gradient sink (`push`), and, on the
+// scheduler's thread once it has landed, copied or added (element by element in the
+// parameters' own dtypes, as autograd accumulates `.grad`) into the layer's gradient slab
+// (`gradient(i)`: where the parameters' `.grad` point). `wait_gradients` waits for every
+// push to land.
+//
+// Streams, as in the activation store: the caller passes its current stream with each
+// call, and the streamer works on a stream of the stack's own, ordered against the
+// caller's with events. `acquire`: the caller's stream waits for the layer's load;
+// `release`, `push`, `reset`: the stack's stream waits for the caller's work so far (the
+// kernels that read the slot, or wrote the staging buffer), and the streamer orders the
+// next load into the slot, or the push's D2H, after that. Only events are recorded and
+// waited on the caller's stream (the legacy default stream works), and the host waits
+// only where `Config::host_caller` says the caller's compute is the host (the CPU model:
+// `acquire` returns once the load has landed, `staging` once the buffer's last push has
+// read it) and where a staging buffer is reused (`staging` waits for the push two before).
+#pragma once
+
+#include <ferry/codec/formats.hpp>
+#include <ferry/core/error.hpp>
+#include <ferry/detail/cuda/runtime_stream.hpp>
+#include <ferry/memory/device_arena.hpp>
+#include <ferry/memory/pinned_pool.hpp>
+#include <ferry/memory/slot_memory.hpp>
+#include <ferry/pipeline/layer_streamer.hpp>
+#include <ferry/transfer/device_backend.hpp>
+#include <ferry/transfer/scheduler.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "store_types.hpp"
+
+namespace ferry_python {
+
+// The element types a streamed parameter may have (torch's floating dtypes but fp8).
+enum class element : std::uint8_t { f32, f64, f16, bf16 };
+
+inline std::size_t element_bytes(element e) {
+  switch (e) {
+    case element::f32: return 4;
+    case element::f64: return 8;
+    case element::f16:
+    case element::bf16: return 2;
+  }
+  return 1;
+}
+
+inline element element_named(const std::string& name) {
+  if (name == "float32") return element::f32;
+  if (name == "float64") return element::f64;
+  if (name == "float16") return element::f16;
+  if (name == "bfloat16") return element::bf16;
+  throw type_error("ferry: a streamed parameter's dtype must be float32, float64, float16 or bfloat16, not " + name);
+}
+
+// One parameter's place in its layer's bytes.
+struct segment {
+  std::size_t offset;  // bytes from the layer's start
+  std::size_t count;   // elements
+  element type;
+};
+
+// dst[i] = narrow(widen(dst[i]) + widen(src[i])) for `n` elements of `T` (any alignment).
+template <class T, class Widen, class Narrow>
+void add_as(std::byte* dst, const std::byte* src, std::size_t n, Widen widen, Narrow narrow) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T a{};
+    T b{};
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    a = narrow(widen(a) + widen(b));
+    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+// dst[i] += src[i] for `n` elements of type `e`, rounded as torch's add rounds (binary16 and
+// bfloat16: the sum of the two exact values in binary32, rounded to nearest even).
+inline void add_elements(std::byte* dst, const std::byte* src, std::size_t n, element e) {
+  const auto same = [](auto x) { return x; };
+  const auto widen = [](auto x) { return ferry::to_float(x); };
+  switch (e) {
+    case element::f32: return add_as<float>(dst, src, n, same, same);
+    case element::f64: return add_as<double>(dst, src, n, same, same);
+    case element::f16: return add_as<ferry::half>(dst, src, n, widen, [](float x) { return ferry::to_half(x); });
+    case element::bf16:
+      return add_as<ferry::bfloat16>(dst, src, n, widen, [](float x) { return ferry::to_bfloat16(x); });
+  }
+}
+
+inline std::string layer_text(std::size_t layer, std::size_t layers) {
+  return "[layer = " + std::to_string(layer) + ", layers = " + std::to_string(layers) + "]";
+}
+
+// A layer's parameters as (offset in bytes, elements, dtype name).
+using layer_layout = std::vector<std::tuple<std::size_t, std::size_t, std::string>>;
+
+// Config: `runtime` (a ferry device runtime) and `host_caller` (whether the caller's
+// compute is the host, which then reads a slot as soon as `acquire` returns).
+template <class Config>
+class basic_layer_stack {
+ public:
+  using runtime_type = typename Config::runtime;
+  using stream_ref = typename runtime_type::stream_ref;
+
+  // `layouts[i]`: layer i's parameters, in any order, not overlapping, each aligned to its
+  // element; the layer's bytes are the end of its last parameter. On the runtime's current
+  // device. std::invalid_argument (bad layouts, 0 slots), type_error (a dtype), ferry's
+  // errors (out_of_capacity: the pinned pool or device memory).
+  basic_layer_stack(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
+                    runtime_type runtime = {})
+      : layouts_(parse(layouts)),
+        bytes_(layer_sizes(layouts_)),
+        runtime_(runtime),
+        own_(runtime),
+        sched_stream_(runtime) {
+    if (slots == 0) throw std::invalid_argument("ferry: stream_layers needs at least one slot [slots = 0]");
+    if (gradient_slabs == 0) throw std::invalid_argument("ferry: stream_layers needs at least one gradient slab");
+    std::size_t largest = 0;
+    std::size_t total = 0;
+    for (const std::size_t b : bytes_) {
+      largest = std::max(largest, b);
+      total += ferry::slot_memory::stride(b);
+    }
+    ferry::pinned_pool_options po;
+    // Weights and gradients: a slab holds one largest layer (the rest pack in), so a
+    // stack of equal layers strands nothing; the budget is a cap (only what is
+    // allocated is used): twice the layers' bytes, doubled for what the ends of slabs
+    // may strand, plus a slab.
+    po.slab_bytes = (largest + 4095) / 4096 * 4096;
+    po.budget_bytes = 4 * total + 4 * layouts_.size() * 4096 + po.slab_bytes;
+    pool_.emplace(po);
+    sched_.emplace(sched_stream_.get(), ferry::scheduler_options{});
+    arena_.emplace(std::numeric_limits<std::size_t>::max(),
+                   ferry::device_arena_options{.device = sched_->backend().device()}, sched_->backend().api());
+    staging_bytes_ = ferry::slot_memory::stride(largest);
+    for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, own_.get()));
+    ferry::layer_streamer_options lo;
+    lo.gradient_slabs = gradient_slabs;
+    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
+                      ferry::slot_memory::arena(slots, *arena_, own_.get()), lo);
+    gradients_.reserve(bytes_.size());
+    for (const std::size_t b : bytes_) {
+      auto* p = static_cast<std::byte*>(pool_->allocate(b));
+      std::memset(p, 0, b);
+      gradients_.push_back(p);
+    }
+    accumulate_ = std::make_unique<std::atomic<bool>[]>(bytes_.size());
+    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_create(&to_own_));
+    if (auto st = runtime_.event_create(&to_caller_); !runtime_type::ok(st)) {
+      (void)runtime_.event_destroy(to_own_);
+      to_own_ = {};
+      FERRY_RUNTIME_TRY(runtime_type, st);
+    }
+  }
+
+  basic_layer_stack(const basic_layer_stack&) = delete;
+  basic_layer_stack& operator=(const basic_layer_stack&) = delete;
+
+  ~basic_layer_stack() {
+    streamer_.reset();  // waits for every load, push and callback
+    for (std::size_t i = 0; i < gradients_.size(); ++i) pool_->deallocate(gradients_[i], bytes_[i]);
+    for (auto* s : staging_) {
+      if (s != nullptr) arena_->deallocate(s, staging_bytes_, own_.get());
+    }
+    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(own_handle()));
+    if (to_own_ != event_handle{}) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_own_));
+    if (to_caller_ != event_handle{}) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_caller_));
+  }
+
+  [[nodiscard]] std::size_t layers() const noexcept { return bytes_.size(); }
+  [[nodiscard]] std::size_t slots() const noexcept { return streamer_->slots(); }
+  [[nodiscard]] std::size_t layer_bytes(std::size_t layer) const { return bytes_.at(check(layer)); }
+
+  // Layer's pinned weight slab (host memory; lives as long as the stack).
+  [[nodiscard]] std::span<std::byte> weights(std::size_t layer) { return streamer_->weights(check(layer)); }
+  // Layer's gradient slab (host memory).
+  [[nodiscard]] std::span<std::byte> gradient(std::size_t layer) { return {gradients_[check(layer)], bytes_[layer]}; }
+
+  void begin_pass(bool forward) {
+    streamer_->begin_pass(forward ? ferry::pass_direction::forward : ferry::pass_direction::backward);
+  }
+
+  // The slot of `layer` (device memory, `layer_bytes(layer)` bytes), its load complete for
+  // work enqueued on `caller` after the call; valid until `release`.
+  [[nodiscard]] std::byte* acquire(std::size_t layer, stream_ref caller) {
+    check(layer);
+    std::byte* p = streamer_->acquire(layer, own_.get());
+    wait_for(runtime_type::handle(caller), to_caller_, own_handle());
+    if constexpr (Config::host_caller) FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_synchronize(own_handle()));
+    return p;
+  }
+
+  // Gives back `layer`'s slot once the work enqueued on `caller` so far (that reads it) is done.
+  void release(std::size_t layer, stream_ref caller) {
+    check(layer);
+    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
+    streamer_->release(layer, own_.get());
+  }
+
+  // Abandons the pass in progress (held slots released after `caller`'s work so far).
+  void reset(stream_ref caller) {
+    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
+    streamer_->reset(own_.get());
+  }
+
+  // The staging buffer the next `push` reads (device memory, `layer_bytes(layer)` bytes),
+  // once the push that last read it has completed (the host waits for it).
+  [[nodiscard]] std::byte* staging(std::size_t layer) {
+    check(layer);
+    pushed_[next_].wait();  // throws that push's error
+    return staging_[next_];
+  }
+
+  // Pushes `layer`'s gradient from the staging buffer `staging` handed out last, after the
+  // work enqueued on `caller` so far (that wrote it): once it has landed, it is added into
+  // (`accumulate`) or copied over the layer's gradient slab.
+  void push(std::size_t layer, bool accumulate, stream_ref caller) {
+    check(layer);
+    accumulate_[layer].store(accumulate, std::memory_order_relaxed);
+    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
+    pushed_[next_] = streamer_->push_gradient(layer, staging_[next_], bytes_[layer], own_.get(),
+                                              [this](std::size_t l, std::span<const std::byte> g) { land(l, g); });
+    next_ = (next_ + 1) % staging_.size();
+  }
+
+  void wait_gradients() { streamer_->wait_gradients(); }
+
+  [[nodiscard]] bool in_pass() const { return streamer_->in_pass(); }
+
+  // The streamer's counters, and the pinned and slot bytes.
+  struct counters {
+    std::uint64_t passes, loads, bytes_loaded, acquires, releases, pushes, bytes_pushed, landed, pool_waits;
+    std::size_t pinned_bytes, slot_bytes;
+  };
+  [[nodiscard]] counters stats() const {
+    const auto s = streamer_->stats();
+    return {s.passes,
+            s.loads,
+            s.bytes_loaded,
+            s.acquires,
+            s.releases,
+            s.pushes,
+            s.bytes_pushed,
+            s.landed,
+            s.pool_waits,
+            pool_->used(),
+            streamer_->slots() * streamer_->slot_stride()};
+  }
+
+ private:
+  using backend_type = ferry::device_backend<runtime_type>;
+  using scheduler_type = ferry::basic_scheduler<backend_type>;
+  using streamer_type = ferry::basic_layer_streamer<backend_type>;
+  using event_handle = typename runtime_type::event_handle;
+  using stream_handle = typename runtime_type::stream_handle;
+
+  static std::vector<std::vector<segment>> parse(const std::vector<layer_layout>& layouts) {
+    if (layouts.empty()) throw std::invalid_argument("ferry: stream_layers needs at least one layer");
+    std::vector<std::vector<segment>> out;
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      std::vector<segment> segs;
+      for (const auto& [offset, count, name] : layouts[i]) {
+        const element e = element_named(name);
+        if (count == 0 || offset % element_bytes(e) != 0) {
+          throw std::invalid_argument(
+              "ferry: a parameter of 0 elements or misaligned [offset = " + std::to_string(offset) +
+              ", elements = " + std::to_string(count) + "] " + layer_text(i, layouts.size()));
+        }
+        segs.push_back({offset, count, e});
+      }
+      if (segs.empty()) {
+        throw std::invalid_argument("ferry: a streamed layer has no parameters " + layer_text(i, layouts.size()));
+      }
+      std::sort(segs.begin(), segs.end(), [](const segment& a, const segment& b) { return a.offset < b.offset; });
+      for (std::size_t k = 1; k < segs.size(); ++k) {
+        if (segs[k - 1].offset + segs[k - 1].count * element_bytes(segs[k - 1].type) > segs[k].offset) {
+          throw std::invalid_argument("ferry: two parameters overlap [offset = " + std::to_string(segs[k].offset) +
+                                      "] " + layer_text(i, layouts.size()));
+        }
+      }
+      out.push_back(std::move(segs));
+    }
+    return out;
+  }
+
+  static std::vector<std::size_t> layer_sizes(const std::vector<std::vector<segment>>& layouts) {
+    std::vector<std::size_t> out;
+    for (const auto& segs : layouts)
+      out.push_back(segs.back().offset + segs.back().count * element_bytes(segs.back().type));
+    return out;
+  }
+
+  std::size_t check(std::size_t layer) const {
+    if (layer >= bytes_.size()) throw std::out_of_range("ferry: no such layer " + layer_text(layer, bytes_.size()));
+    return layer;
+  }
+
+  [[nodiscard]] stream_handle own_handle() const noexcept { return runtime_type::handle(own_.get()); }
+
+  // `waiter` waits, on the device, for the work enqueued on `after` so far.
+  void wait_for(stream_handle waiter, event_handle e, stream_handle after) {
+    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_record(e, after));
+    FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_wait_event(waiter, e));
+  }
+
+  // On a scheduler thread: the landed gradient of `layer` into its slab.
+  void land(std::size_t layer, std::span<const std::byte> g) {
+    std::byte* dst = gradients_[layer];
+    if (!accumulate_[layer].load(std::memory_order_relaxed)) {
+      std::memcpy(dst, g.data(), g.size());
+      return;
+    }
+    for (const segment& s : layouts_[layer]) add_elements(dst + s.offset, g.data() + s.offset, s.count, s.type);
+  }
+
+  std::vector<std::vector<segment>> layouts_;
+  std::vector<std::size_t> bytes_;
+  runtime_type runtime_;
+  ferry::detail::runtime_stream<runtime_type> own_;  // the streamer's compute stream
+  ferry::detail::runtime_stream<runtime_type> sched_stream_;
+  std::optional<ferry::pinned_pool> pool_;  // weights and gradient slabs
+  std::optional<scheduler_type> sched_;
+  std::optional<ferry::basic_device_arena<runtime_type>> arena_;  // slots and staging buffers
+  std::vector<std::byte*> gradients_;
+  std::size_t staging_bytes_ = 0;
+  std::array<std::byte*, 2> staging_{};
+  std::array<typename streamer_type::ticket_type, 2> pushed_;
+  std::size_t next_ = 0;
+  std::unique_ptr<std::atomic<bool>[]> accumulate_;
+  event_handle to_own_{};
+  event_handle to_caller_{};
+  std::optional<streamer_type> streamer_;  // last: destroyed first
+};
+
+}  // namespace ferry_python
