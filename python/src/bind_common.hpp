@@ -6,6 +6,7 @@
 
 #include <exception>
 
+#include "layer_stack_types.hpp"
 #include "store_types.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -59,9 +60,7 @@ inline nanobind::dict stats_dict(const store_stats& s) {
 }
 
 // A layer stack's counters (layer_stack.hpp) as the dict `StreamedLayers.stats()` returns.
-template <class Stack>
-nanobind::dict layer_stats(const Stack& s) {
-  const auto c = s.stats();
+inline nanobind::dict layer_stats(const layer_counters& c) {
   nanobind::dict d;
   d["passes"] = c.passes;
   d["loads"] = c.loads;

@@ -19,10 +19,13 @@
 #include <string>
 
 #include "bind_common.hpp"
+#include "cuda_layers.hpp"
 #include "cuda_store.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 namespace nb = nanobind;
 
@@ -85,6 +88,89 @@ class cuda_store_binding {
   std::unique_ptr<ferry_python::cuda_activation_store> store_;
 };
 
+using byte_view = nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<1>, nb::c_contig>;
+
+// `n` bytes at `p` as a uint8 tensor without an owner (the caller keeps the stack alive:
+// reference_internal), on the CPU (pinned slabs) or on CUDA device `device`.
+byte_view host_view(std::byte* p, std::size_t n) {
+  const std::size_t shape[1] = {n};
+  return byte_view(p, 1, shape, nb::handle(), nullptr, nb::dtype<std::uint8_t>(), nb::device::cpu::value, 0);
+}
+byte_view device_view(std::byte* p, std::size_t n, int device) {
+  const std::size_t shape[1] = {n};
+  return byte_view(p, 1, shape, nb::handle(), nullptr, nb::dtype<std::uint8_t>(), nb::device::cuda::value, device);
+}
+
+// ferry._cuda.LayerStack: the layer stack of layer_stack.hpp on CUDA (cuda_layers.cu):
+// weights and gradients in pinned slabs (CPU tensors), slots and staging buffers in the
+// device's memory (CUDA tensors), each call ordered against the caller's stream.
+class cuda_stack_binding {
+ public:
+  cuda_stack_binding(int device, const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
+                     std::size_t gradient_slabs)
+      : stack_(std::make_unique<ferry_python::cuda_layer_stack>(device, layouts, slots, gradient_slabs)) {}
+  ~cuda_stack_binding() {
+    const nb::gil_scoped_release unlocked;
+    stack_.reset();
+  }
+  cuda_stack_binding(const cuda_stack_binding&) = delete;
+  cuda_stack_binding& operator=(const cuda_stack_binding&) = delete;
+
+  [[nodiscard]] std::size_t layers() const { return stack_->layers(); }
+  [[nodiscard]] std::size_t slots() const { return stack_->slots(); }
+  [[nodiscard]] std::size_t layer_bytes(std::size_t layer) const { return stack_->layer_bytes(layer); }
+  [[nodiscard]] int device() const { return stack_->device(); }
+  [[nodiscard]] byte_view weights(std::size_t layer) {
+    const auto w = stack_->weights(layer);
+    return host_view(w.data(), w.size());
+  }
+  [[nodiscard]] byte_view gradient(std::size_t layer) {
+    const auto g = stack_->gradient(layer);
+    return host_view(g.data(), g.size());
+  }
+  void begin_pass(bool forward) {
+    const nb::gil_scoped_release unlocked;
+    stack_->begin_pass(forward);
+  }
+  [[nodiscard]] byte_view acquire(std::size_t layer, std::uintptr_t stream) {
+    std::byte* p = nullptr;
+    {
+      const nb::gil_scoped_release unlocked;
+      p = stack_->acquire(layer, stream);
+    }
+    return device_view(p, stack_->layer_bytes(layer), stack_->device());
+  }
+  void release(std::size_t layer, std::uintptr_t stream) {
+    const nb::gil_scoped_release unlocked;
+    stack_->release(layer, stream);
+  }
+  void reset(std::uintptr_t stream) {
+    const nb::gil_scoped_release unlocked;
+    stack_->reset(stream);
+  }
+  [[nodiscard]] byte_view staging(std::size_t layer) {
+    std::byte* p = nullptr;
+    {
+      const nb::gil_scoped_release unlocked;
+      p = stack_->staging(layer);
+    }
+    return device_view(p, stack_->layer_bytes(layer), stack_->device());
+  }
+  void push(std::size_t layer, bool accumulate, std::uintptr_t stream) {
+    const nb::gil_scoped_release unlocked;
+    stack_->push(layer, accumulate, stream);
+  }
+  void wait_gradients() {
+    const nb::gil_scoped_release unlocked;
+    stack_->wait_gradients();
+  }
+  [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
+  [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(stack_->stats()); }
+
+ private:
+  std::unique_ptr<ferry_python::cuda_layer_stack> stack_;
+};
+
 }  // namespace
 
 NB_MODULE(_cuda, m) {
@@ -117,4 +203,33 @@ NB_MODULE(_cuda, m) {
       .def("stats", &cuda_store_binding::stats, "The caches' counters and the keys held.")
       .def_prop_ro("device", &cuda_store_binding::device, "The CUDA device of the store.")
       .def("__len__", &cuda_store_binding::size);
+
+  nb::class_<cuda_stack_binding>(m, "LayerStack",
+                                 "ferry's layer streamer on one CUDA device: L layers' weights in pinned slabs, K "
+                                 "slots in device memory, gradients pushed out to pinned slabs (see "
+                                 "ferry.torch.stream_layers).")
+      .def(nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(),
+           nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"))
+      .def_prop_ro("layers", &cuda_stack_binding::layers)
+      .def_prop_ro("slots", &cuda_stack_binding::slots)
+      .def_prop_ro("device", &cuda_stack_binding::device)
+      .def("layer_bytes", &cuda_stack_binding::layer_bytes, nb::arg("layer"))
+      .def("weights", &cuda_stack_binding::weights, nb::arg("layer"), nb::rv_policy::reference_internal,
+           "Layer's pinned weight slab as a uint8 CPU tensor (lives as long as this object).")
+      .def("gradient", &cuda_stack_binding::gradient, nb::arg("layer"), nb::rv_policy::reference_internal,
+           "Layer's pinned gradient slab as a uint8 CPU tensor (lives as long as this object).")
+      .def("begin_pass", &cuda_stack_binding::begin_pass, nb::arg("forward"))
+      .def("acquire", &cuda_stack_binding::acquire, nb::arg("layer"), nb::arg("stream"),
+           nb::rv_policy::reference_internal,
+           "Layer's slot (a uint8 CUDA tensor), loaded for work on stream after the call (valid until release).")
+      .def("release", &cuda_stack_binding::release, nb::arg("layer"), nb::arg("stream"),
+           "Gives the slot back once the work on stream so far is done.")
+      .def("reset", &cuda_stack_binding::reset, nb::arg("stream"), "Abandons the pass in progress.")
+      .def("staging", &cuda_stack_binding::staging, nb::arg("layer"), nb::rv_policy::reference_internal,
+           "The staging buffer (a uint8 CUDA tensor) the next push reads, free of earlier pushes.")
+      .def("push", &cuda_stack_binding::push, nb::arg("layer"), nb::arg("accumulate"), nb::arg("stream"),
+           "Pushes the layer's gradient from the staging buffer after the work on stream so far.")
+      .def("wait_gradients", &cuda_stack_binding::wait_gradients)
+      .def_prop_ro("in_pass", &cuda_stack_binding::in_pass)
+      .def("stats", &cuda_stack_binding::stats);
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "activation_store.hpp"
+#include "cuda_device_scope.hpp"
 #include "cuda_store.hpp"
 
 namespace ferry_python {
@@ -30,29 +31,6 @@ struct cuda_config {
 
 using store_type = basic_activation_store<cuda_config>;
 
-// Makes `device` current for a scope and puts the caller's back.
-class device_scope {
- public:
-  explicit device_scope(int device) {
-    FERRY_RUNTIME_TRY(ferry::cuda_runtime, cudaGetDevice(&previous_), device);
-    if (previous_ != device) FERRY_RUNTIME_TRY(ferry::cuda_runtime, cudaSetDevice(device), device);
-    device_ = device;
-  }
-  device_scope(const device_scope&) = delete;
-  device_scope& operator=(const device_scope&) = delete;
-  ~device_scope() {
-    if (previous_ != device_) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
-
-ferry::cuda_runtime::stream_ref stream_of(std::uintptr_t stream) {
-  return ferry::cuda_runtime::ref(reinterpret_cast<cudaStream_t>(stream));  // NOLINT(performance-no-int-to-ptr)
-}
-
 }  // namespace
 
 int cuda_device_count() noexcept {
@@ -70,42 +48,35 @@ struct cuda_activation_store::impl {
 };
 
 cuda_activation_store::cuda_activation_store(int device, const store_settings& settings) : device_(device) {
-  const int n = cuda_device_count();
-  if (device < 0 || device >= n) {
-    throw std::invalid_argument("ferry: CUDA device " + std::to_string(device) + " does not exist (this process sees " +
-                                std::to_string(n) + ")");
-  }
-  const device_scope on(device_);
+  check_cuda_device(device);
+  const cuda_device_scope on(device_);
   impl_ = std::make_unique<impl>(settings);
 }
 
 cuda_activation_store::~cuda_activation_store() {
   if (!impl_) return;
-  int previous = 0;
-  const bool known = cudaGetDevice(&previous) == cudaSuccess;
-  (void)cudaSetDevice(device_);
+  const cuda_device_scope_noexcept on(device_);
   impl_.reset();
-  if (known) (void)cudaSetDevice(previous);
 }
 
 std::string cuda_activation_store::offload(std::uint64_t key, const void* src, std::size_t bytes,
                                            const std::string& element, std::uintptr_t stream) {
-  const device_scope on(device_);
-  return impl_->store.offload(key, src, bytes, element, stream_of(stream));
+  const cuda_device_scope on(device_);
+  return impl_->store.offload(key, src, bytes, element, cuda_stream_of(stream));
 }
 
 void cuda_activation_store::fetch(std::uint64_t key, void* dst, std::size_t bytes, std::uintptr_t stream) {
-  const device_scope on(device_);
-  impl_->store.fetch(key, dst, bytes, stream_of(stream));
+  const cuda_device_scope on(device_);
+  impl_->store.fetch(key, dst, bytes, cuda_stream_of(stream));
 }
 
 void cuda_activation_store::discard(std::uint64_t key) {
-  const device_scope on(device_);
+  const cuda_device_scope on(device_);
   impl_->store.discard(key);
 }
 
 void cuda_activation_store::end_iteration() {
-  const device_scope on(device_);
+  const cuda_device_scope on(device_);
   impl_->store.end_iteration();
 }
 

@@ -51,6 +51,7 @@
 #include <tuple>
 #include <vector>
 
+#include "layer_stack_types.hpp"
 #include "store_types.hpp"
 
 namespace ferry_python {
@@ -113,9 +114,6 @@ inline void add_elements(std::byte* dst, const std::byte* src, std::size_t n, el
 inline std::string layer_text(std::size_t layer, std::size_t layers) {
   return "[layer = " + std::to_string(layer) + ", layers = " + std::to_string(layers) + "]";
 }
-
-// A layer's parameters as (offset in bytes, elements, dtype name).
-using layer_layout = std::vector<std::tuple<std::size_t, std::size_t, std::string>>;
 
 // Config: `runtime` (a ferry device runtime) and `host_caller` (whether the caller's
 // compute is the host, which then reads a slot as soon as `acquire` returns).
@@ -250,12 +248,7 @@ class basic_layer_stack {
 
   [[nodiscard]] bool in_pass() const { return streamer_->in_pass(); }
 
-  // The streamer's counters, and the pinned and slot bytes.
-  struct counters {
-    std::uint64_t passes, loads, bytes_loaded, acquires, releases, pushes, bytes_pushed, landed, pool_waits;
-    std::size_t pinned_bytes, slot_bytes;
-  };
-  [[nodiscard]] counters stats() const {
+  [[nodiscard]] layer_counters stats() const {
     const auto s = streamer_->stats();
     return {s.passes,
             s.loads,

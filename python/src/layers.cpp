@@ -99,7 +99,7 @@ class layer_stack {
     stack_->wait_gradients();
   }
   [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
-  [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(*stack_); }
+  [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(stack_->stats()); }
 
  private:
   [[nodiscard]] ferry::cpu_stream_ref caller() const { return ferry::cpu_stream_ref(caller_.get()); }

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+import ferry
 import ferry.torch as ft
 
 from _models import _GPT, _Block
@@ -519,3 +520,29 @@ def test_iterating_over_the_stack_is_refused_with_what_to_do():
     with pytest.raises(TypeError, match="call it"):
         for _ in st:
             pass
+
+
+@pytest.mark.parametrize("device", ["tpu", "meta", "not a device", 2.5])
+def test_a_slot_device_that_is_not_the_cpu_or_cuda_is_a_value_error_naming_it(device):
+    with pytest.raises(ValueError, match="device"):
+        ft.stream_layers([torch.nn.Linear(4, 4)], device=device)
+
+
+def test_cuda_slots_without_a_usable_device_are_refused_saying_what_is_missing():
+    if ferry.has_cuda and ferry.cuda_device_count() > 0 and torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    with pytest.raises(ValueError, match="cuda"):
+        ft.stream_layers([torch.nn.Linear(4, 4)], device="cuda")
+    layer = torch.nn.Linear(4, 4)
+    weight = layer.weight.detach().clone()
+    with pytest.raises(ValueError, match="meta"):
+        ft.stream_layers([torch.nn.Linear(4, 4, device="meta")])
+    assert torch.equal(layer.weight.detach(), weight)  # nothing moved
+
+
+def test_an_input_on_another_device_than_the_slots_is_refused_naming_both():
+    stack = ft.stream_layers([torch.nn.Linear(4, 4)])
+    assert stack.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="input is on meta.*slots are on cpu"):
+        stack(torch.empty(2, 4, device="meta"))
+    assert stack(torch.ones(2, 4)).shape == (2, 4)  # and the stack runs on

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+import ferry
 from ferry import _core
 from ferry.torch._checks import memory_order, whole
 
@@ -96,7 +97,7 @@ class _Layer(torch.autograd.Function):
         try:
             (x,) = ctx.saved_tensors
         except BaseException:
-            owner._core.reset()  # e.g. autograd's in-place check on the saved input: the pass is abandoned
+            owner._reset()  # e.g. autograd's in-place check on the saved input: the pass is abandoned
             raise
         gx, gparams = owner._run_backward(ctx.index, x, ctx.extra, ctx.state, grad, ctx.needs_input_grad[4], ctx.below)
         return (None, None, None, None, gx) + (None,) * len(ctx.extra) + tuple(gparams)
@@ -107,7 +108,7 @@ class StreamedLayers(torch.nn.Module):
     ``slots`` device slots as the passes need them (made by ``stream_layers``; see there)."""
 
     def __init__(self, layers: Sequence[torch.nn.Module], slots: int = 2, gradient_slabs: int = 4,
-                 preserve_rng_state: bool = True) -> None:
+                 preserve_rng_state: bool = True, device: Any = None) -> None:
         super().__init__()
         if isinstance(layers, torch.nn.Module) and not isinstance(layers, (torch.nn.ModuleList, torch.nn.Sequential)):
             raise TypeError("stream_layers takes a sequence of modules (a list, nn.ModuleList or nn.Sequential)")
@@ -126,13 +127,14 @@ class StreamedLayers(torch.nn.Module):
         self.layers = torch.nn.ModuleList(layers)
         self.preserve_rng_state = bool(preserve_rng_state)
         self._layouts = [_Layout(layer, i) for i, layer in enumerate(layers)]
+        self.device = _slot_device(device, [p for lay in self._layouts for p in lay.params])
         owner: Dict[int, Tuple[int, str]] = {}
         for i, lay in enumerate(self._layouts):
             for name, p in zip(lay.names, lay.params):
-                if p.device.type != "cpu":
+                if p.device.type != "cpu" and p.device != self.device:
                     raise ValueError(
-                        f"stream_layers: parameter {name!r} of layer {i} is on {p.device}; this build of ferry "
-                        "(ferry.has_cuda False) streams CPU tensors"
+                        f"stream_layers: parameter {name!r} of layer {i} is on {p.device}; the slots are on "
+                        f"{self.device} (a parameter is on the CPU or on the slots' device)"
                     )
                 if id(p) in owner:
                     j, other = owner[id(p)]
@@ -141,7 +143,11 @@ class StreamedLayers(torch.nn.Module):
                         "weight belongs to one layer (tie weights outside the stack)"
                     )
                 owner[id(p)] = (i, name)
-        self._core = _core.LayerStack([lay.spec() for lay in self._layouts], slots, gradient_slabs)
+        specs = [lay.spec() for lay in self._layouts]
+        if self.device.type == "cuda":
+            self._core = ferry._cuda.LayerStack(self.device.index, specs, slots, gradient_slabs)
+        else:
+            self._core = _core.LayerStack(specs, slots, gradient_slabs)
         self._gradient_slabs = gradient_slabs
         # The weights move into the pinned slabs: each parameter's data becomes a view of
         # its slab, so the optimizer, state_dict and load_state_dict work on them in place.
@@ -158,6 +164,32 @@ class StreamedLayers(torch.nn.Module):
         self._accumulate: List[bool] = [False] * len(layers)
         self._recording = False
 
+    # -- the stack's calls, with the caller's stream on CUDA --------------------------
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _acquire(self, i: int) -> torch.Tensor:
+        return self._core.acquire(i, self._stream()) if self.device.type == "cuda" else self._core.acquire(i)
+
+    def _release(self, i: int) -> None:
+        if self.device.type == "cuda":
+            self._core.release(i, self._stream())
+        else:
+            self._core.release(i)
+
+    def _reset(self) -> None:
+        if self.device.type == "cuda":
+            self._core.reset(self._stream())
+        else:
+            self._core.reset()
+
+    def _push(self, i: int, accumulate: bool) -> None:
+        if self.device.type == "cuda":
+            self._core.push(i, accumulate, self._stream())
+        else:
+            self._core.push(i, accumulate)
+
     # -- the passes ------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
@@ -165,6 +197,8 @@ class StreamedLayers(torch.nn.Module):
         unchanged and get no gradient (a tensor among them that requires one is refused)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"StreamedLayers takes a tensor as its first input, not {type(x).__name__}")
+        if x.device != self.device and not (x.device.type == self.device.type == "cpu"):
+            raise ValueError(f"StreamedLayers: the input is on {x.device}; the stack's slots are on {self.device}")
         for a in args:
             if isinstance(a, torch.Tensor) and a.requires_grad and torch.is_grad_enabled():
                 raise ValueError(
@@ -183,7 +217,7 @@ class StreamedLayers(torch.nn.Module):
             for i, lay in enumerate(self._layouts):
                 x = _Layer.apply(self, i, len(args), self._token, x, *args, *lay.params)
         except BaseException:
-            self._core.reset()
+            self._reset()
             raise
         return x
 
@@ -194,9 +228,12 @@ class StreamedLayers(torch.nn.Module):
         if not self._recording:
             return None
         layer = self.layers[i]
+        cuda = self.device.type == "cuda"
+        kind = self.device.type
         return {
             "rng": torch.get_rng_state() if self.preserve_rng_state else None,
-            "autocast": (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.preserve_rng_state and cuda else None,
+            "autocast": (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)),
             "training": [m.training for m in layer.modules()],
             "versions": [p._version for p in self._layouts[i].params],
             "extra": [(a, a._version) for a in extra if isinstance(a, torch.Tensor)],
@@ -214,7 +251,7 @@ class StreamedLayers(torch.nn.Module):
         return out, leaves
 
     def _run_forward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...]) -> torch.Tensor:
-        slot = self._core.acquire(i)
+        slot = self._acquire(i)
         try:
             # What the layer saves is dropped with its graph at once (only its input is
             # kept, by the stack's node): no hook of the caller's sees it.
@@ -225,7 +262,7 @@ class StreamedLayers(torch.nn.Module):
                 out = out.clone()  # a view of the slot (a weight returned as is): it is reused next
         finally:
             del slot
-        self._core.release(i)
+        self._release(i)
         return out
 
     def _run_backward(self, i: int, x: torch.Tensor, extra: Tuple[Any, ...], state: Optional[Dict[str, Any]],
@@ -254,18 +291,22 @@ class StreamedLayers(torch.nn.Module):
                 self._got = [[False] * len(l.params) for l in self._layouts]
                 self._prepare_gradients()
                 core.begin_pass(False)
-            slot = core.acquire(i)
+            slot = self._acquire(i)
             xin = x.detach().requires_grad_(x_needs_grad)
             modules = list(self.layers[i].modules())
             was = [m.training for m in modules]
-            rng = torch.random.fork_rng(devices=[]) if state["rng"] is not None else contextlib.nullcontext()
+            cuda = self.device.type == "cuda"
+            rng = (torch.random.fork_rng(devices=[self.device] if cuda else [])
+                   if state["rng"] is not None else contextlib.nullcontext())
             try:
                 for m, t in zip(modules, state["training"]):
                     m.training = t
-                with rng, torch.enable_grad(), torch.autocast("cpu", enabled=state["autocast"][0],
+                with rng, torch.enable_grad(), torch.autocast(self.device.type, enabled=state["autocast"][0],
                                                                dtype=state["autocast"][1]):
                     if state["rng"] is not None:
                         torch.set_rng_state(state["rng"])
+                    if state.get("cuda_rng") is not None:
+                        torch.cuda.set_rng_state(state["cuda_rng"], self.device)
                     out, leaves = self._call(i, slot, xin, extra)
             finally:
                 for m, t in zip(modules, was):
@@ -292,22 +333,24 @@ class StreamedLayers(torch.nn.Module):
                         else:
                             dst.fill_(-0.0)  # x + -0.0 == x, bit for bit: a gradient it adds to is unchanged
                 del staging
-                core.push(i, self._accumulate[i])
+                self._push(i, self._accumulate[i])
             elif mode == "return":
                 for k, g in zip(trainable, grads):
+                    if g is not None and g.device != lay.params[k].device:
+                        g = g.to(lay.params[k].device)  # the parameter lives in its pinned slab
                     gparams[k] = None if g is None else g.clone() if _in(g, slot) else g
             del leaves, slot
-            core.release(i)
+            self._release(i)
             if i == 0 or not self._engine_goes_below(below):
                 # The pass ends here: with layer 0, or above it when autograd stops (the
                 # gradients asked for, ``backward(inputs=...)``, are all above).
                 core.wait_gradients()
                 self._assign_gradients()
                 if i != 0:
-                    core.reset()
+                    self._reset()
             return gx, gparams
         except BaseException:
-            core.reset()
+            self._reset()
             raise
 
     @staticmethod
@@ -458,7 +501,7 @@ class StreamedLayers(torch.nn.Module):
             for p in layer.parameters():
                 p.grad = None
         return StreamedLayers(layers, slots=self._core.slots, gradient_slabs=self._gradient_slabs,
-                              preserve_rng_state=self.preserve_rng_state)
+                              preserve_rng_state=self.preserve_rng_state, device=self.device)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(
@@ -478,11 +521,37 @@ class StreamedLayers(torch.nn.Module):
         return self._core.slots
 
     def extra_repr(self) -> str:
-        return f"slots={self._core.slots}, layer_bytes={[self._core.layer_bytes(i) for i in range(len(self.layers))]}"
+        return (f"slots={self._core.slots}, device={self.device}, "
+                f"layer_bytes={[self._core.layer_bytes(i) for i in range(len(self.layers))]}")
+
+
+def _slot_device(device: Any, params: List[torch.Tensor]) -> torch.device:
+    """Where the slots go: ``device`` (None: the CUDA device the parameters are on, else
+    the CPU), checked against this build and machine."""
+    if device is None:
+        on = {p.device for p in params if p.device.type != "cpu"}
+        if len(on) > 1:
+            raise ValueError(f"stream_layers: the parameters are on several devices ({sorted(map(str, on))}); "
+                             "pass device=")
+        device = next(iter(on)) if on else torch.device("cpu")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"stream_layers: device {device!r} is not a device ({e})") from None
+    if d.type == "cpu":
+        return torch.device("cpu")
+    if d.type != "cuda":
+        raise ValueError(f"stream_layers: device {d} is not the CPU or a CUDA device")
+    if not ferry.has_cuda:
+        raise ValueError(f"stream_layers: device {d}: this build of ferry has no CUDA module (ferry.has_cuda is "
+                         "False; build it where the CUDA toolkit is)")
+    if not torch.cuda.is_available() or ferry.cuda_device_count() == 0:
+        raise ValueError(f"stream_layers: device {d}: no CUDA device is usable here")
+    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
 
 
 def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient_slabs: int = 4,
-                  preserve_rng_state: bool = True) -> StreamedLayers:
+                  preserve_rng_state: bool = True, device: Any = None) -> StreamedLayers:
     """Streams a stack of layers through ``slots`` device slots (MegaTrain-style layer
     streaming): a module that runs ``x = layer(x, *args)`` for each layer, whose weights
     live in ferry's pinned slabs and are loaded into a slot ahead of use.
@@ -507,8 +576,18 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
     :param slots: device slots K >= 1 (loads run up to K layers ahead)
     :param gradient_slabs: pinned slabs of the largest layer's size for gradients in
         flight
-    :param preserve_rng_state: recompute with the forward's RNG state (dropout)
-    :raises TypeError, ValueError: for layers that cannot be streamed (named)
+    :param preserve_rng_state: recompute with the forward's RNG state (dropout; on CUDA
+        the device's generator too)
+    :param device: where the slots are: the CPU (through the CPU model of ferry's device
+        runtime) or a CUDA device (``ferry._cuda``: slots and staging buffers in its
+        memory, loads and gradient pushes ordered against torch's current stream with
+        events). None: the CUDA device the parameters are on, else the CPU. Either way the
+        weights move into pinned host slabs, so the streamed parameters are CPU tensors
+        afterwards (an optimizer steps them on the host: ``OffloadAdamW``), and the
+        input must be on ``device``
+    :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
+        other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device
     :raises MemoryError: when the pinned slabs cannot be had
     """
-    return StreamedLayers(layers, slots=slots, gradient_slabs=gradient_slabs, preserve_rng_state=preserve_rng_state)
+    return StreamedLayers(layers, slots=slots, gradient_slabs=gradient_slabs, preserve_rng_state=preserve_rng_state,
+                          device=device)

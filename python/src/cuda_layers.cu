@@ -1,0 +1,90 @@
+// ferry._cuda's layer stack (cuda_layers.hpp): layer_stack.hpp on the CUDA runtime.
+#include <ferry/cuda/cuda_runtime.hpp>
+#include <ferry/ferry.cuh>  // the scheduler's block-copy kernel
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda_device_scope.hpp"
+#include "cuda_layers.hpp"
+#include "layer_stack.hpp"
+
+namespace ferry_python {
+namespace {
+
+struct cuda_layers_config {
+  using runtime = ferry::cuda_runtime;
+  static constexpr bool host_caller = false;
+};
+
+using stack_type = basic_layer_stack<cuda_layers_config>;
+
+}  // namespace
+
+struct cuda_layer_stack::impl {
+  stack_type stack;
+  impl(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs)
+      : stack(layouts, slots, gradient_slabs) {}
+};
+
+cuda_layer_stack::cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots,
+                                   std::size_t gradient_slabs)
+    : device_(device) {
+  check_cuda_device(device);
+  const cuda_device_scope on(device_);
+  impl_ = std::make_unique<impl>(layouts, slots, gradient_slabs);
+}
+
+cuda_layer_stack::~cuda_layer_stack() {
+  if (!impl_) return;
+  const cuda_device_scope_noexcept on(device_);
+  impl_.reset();
+}
+
+std::size_t cuda_layer_stack::layers() const noexcept { return impl_->stack.layers(); }
+std::size_t cuda_layer_stack::slots() const noexcept { return impl_->stack.slots(); }
+std::size_t cuda_layer_stack::layer_bytes(std::size_t layer) const { return impl_->stack.layer_bytes(layer); }
+std::span<std::byte> cuda_layer_stack::weights(std::size_t layer) { return impl_->stack.weights(layer); }
+std::span<std::byte> cuda_layer_stack::gradient(std::size_t layer) { return impl_->stack.gradient(layer); }
+
+void cuda_layer_stack::begin_pass(bool forward) {
+  const cuda_device_scope on(device_);
+  impl_->stack.begin_pass(forward);
+}
+
+std::byte* cuda_layer_stack::acquire(std::size_t layer, std::uintptr_t stream) {
+  const cuda_device_scope on(device_);
+  return impl_->stack.acquire(layer, cuda_stream_of(stream));
+}
+
+void cuda_layer_stack::release(std::size_t layer, std::uintptr_t stream) {
+  const cuda_device_scope on(device_);
+  impl_->stack.release(layer, cuda_stream_of(stream));
+}
+
+void cuda_layer_stack::reset(std::uintptr_t stream) {
+  const cuda_device_scope on(device_);
+  impl_->stack.reset(cuda_stream_of(stream));
+}
+
+std::byte* cuda_layer_stack::staging(std::size_t layer) {
+  const cuda_device_scope on(device_);
+  return impl_->stack.staging(layer);
+}
+
+void cuda_layer_stack::push(std::size_t layer, bool accumulate, std::uintptr_t stream) {
+  const cuda_device_scope on(device_);
+  impl_->stack.push(layer, accumulate, cuda_stream_of(stream));
+}
+
+void cuda_layer_stack::wait_gradients() {
+  const cuda_device_scope on(device_);
+  impl_->stack.wait_gradients();
+}
+
+bool cuda_layer_stack::in_pass() const { return impl_->stack.in_pass(); }
+layer_counters cuda_layer_stack::stats() const { return impl_->stack.stats(); }
+
+}  // namespace ferry_python
