@@ -126,6 +126,8 @@ def main():
     a = ap.parse_args()
 
     device = torch.device(a.device)
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"offload_activations benchmark: --device {a.device}: the CPU or a CUDA device")
     if device.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
         raise SystemExit("offload_activations benchmark: --device cuda needs the CUDA build (ferry.has_cuda: "
                          f"{ferry.has_cuda}) and a CUDA device ({ferry.cuda_device_count()} seen)")

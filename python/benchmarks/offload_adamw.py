@@ -29,6 +29,7 @@ import time
 
 import torch
 
+import ferry
 import ferry.torch as ft
 
 
@@ -61,6 +62,11 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     device = torch.device(a.device)
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"offload_adamw benchmark: --device {a.device}: the CPU or a CUDA device")
+    if device.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
+        raise SystemExit("offload_adamw benchmark: --device cuda needs the CUDA build (ferry.has_cuda: "
+                         f"{ferry.has_cuda}) and a CUDA device ({ferry.cuda_device_count()} seen)")
 
     total = a.params * a.elements
     nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 8 B per element

@@ -135,6 +135,7 @@ class basic_activation_store {
     const std::size_t which = pick(element, bytes);
     any_cache& cache = cache_at(which);
     const stream_ref own = own_.get();
+    sizes_.reserve(sizes_.size() + 1);  // the record below cannot fail once the cache holds the key
     wait_for(own_handle(), to_own_, runtime_type::handle(caller));  // the producer's work first
     void* p = cache.allocate(bytes, own);
     try {
@@ -144,14 +145,16 @@ class basic_activation_store {
       if constexpr (Config::host_caller) FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_synchronize(own_handle()));
       cache.store(key, p, bytes, own);
     } catch (...) {
+      if (cache.contains(key)) {
+        // Stored, then the prefetch after it failed (tensor_cache::store's one exception
+        // to "nothing changed"): the key is the cache's, and recorded as held.
+        record(key, bytes, which);
+        throw;
+      }
       cache.deallocate(p, bytes, own);  // a refused store leaves the buffer ours
       throw;
     }
-    sizes_.emplace(key, held{bytes, which});
-    if (which != exact) {
-      ++encoded_;
-      encoded_bytes_ += bytes;
-    }
+    record(key, bytes, which);
     return codec_name(which);
   }
 
@@ -255,6 +258,7 @@ class basic_activation_store {
     virtual const void* get(std::uint64_t key, stream_ref s) = 0;
     virtual void erase(std::uint64_t key, stream_ref s) = 0;
     virtual void end_iteration() = 0;
+    [[nodiscard]] virtual bool contains(std::uint64_t key) const = 0;
     virtual ferry::tier_kind tier_of(std::uint64_t key) = 0;
     [[nodiscard]] virtual const ferry::tensor_cache_stats& stats() const = 0;
   };
@@ -269,6 +273,7 @@ class basic_activation_store {
     const void* get(std::uint64_t key, stream_ref s) override { return cache_.get(key, s); }
     void erase(std::uint64_t key, stream_ref s) override { cache_.erase(key, s); }
     void end_iteration() override { cache_.end_iteration(); }
+    [[nodiscard]] bool contains(std::uint64_t key) const override { return cache_.contains(key); }
     ferry::tier_kind tier_of(std::uint64_t key) override { return cache_.tier_of(key); }
     [[nodiscard]] const ferry::tensor_cache_stats& stats() const override { return cache_.stats(); }
 
@@ -285,6 +290,14 @@ class basic_activation_store {
   };
 
   [[nodiscard]] stream_handle own_handle() const noexcept { return runtime_type::handle(own_.get()); }
+
+  void record(std::uint64_t key, std::size_t bytes, std::size_t which) {
+    sizes_.emplace(key, held{bytes, which});
+    if (which != exact) {
+      ++encoded_;
+      encoded_bytes_ += bytes;
+    }
+  }
 
   // `waiter` waits, on the device, for the work enqueued on `after` so far (through
   // `e`, recorded on `after` now). Only events: nothing is issued on either stream.

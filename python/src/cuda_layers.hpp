@@ -19,8 +19,7 @@ namespace ferry_python {
 class cuda_layer_stack {
  public:
   // std::invalid_argument for a device this process does not see, or bad layouts.
-  cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots,
-                   std::size_t gradient_slabs);
+  cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs);
   ~cuda_layer_stack();
   cuda_layer_stack(const cuda_layer_stack&) = delete;
   cuda_layer_stack& operator=(const cuda_layer_stack&) = delete;

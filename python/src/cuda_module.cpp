@@ -208,8 +208,8 @@ NB_MODULE(_cuda, m) {
                                  "ferry's layer streamer on one CUDA device: L layers' weights in pinned slabs, K "
                                  "slots in device memory, gradients pushed out to pinned slabs (see "
                                  "ferry.torch.stream_layers).")
-      .def(nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(),
-           nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"))
+      .def(nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(), nb::arg("device"),
+           nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"))
       .def_prop_ro("layers", &cuda_stack_binding::layers)
       .def_prop_ro("slots", &cuda_stack_binding::slots)
       .def_prop_ro("device", &cuda_stack_binding::device)

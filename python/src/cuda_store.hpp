@@ -24,9 +24,10 @@ int cuda_device_count() noexcept;
 // Not thread-safe: the caller serialises calls (ferry.torch holds a lock).
 class cuda_activation_store {
  public:
-  // std::invalid_argument for a device this process does not see (naming how many it
-  // does), or bad settings; ferry::cuda_error when the runtime fails (no driver);
-  // ferry::io_error for the NVMe file.
+  // std::invalid_argument for a device this process does not see, naming how many it
+  // does (none without a driver, or with one older than the CUDA runtime linked in), or
+  // bad settings; ferry::cuda_error when the runtime fails otherwise; ferry::io_error for
+  // the NVMe file.
   cuda_activation_store(int device, const store_settings& settings);
   ~cuda_activation_store();
   cuda_activation_store(const cuda_activation_store&) = delete;

@@ -24,6 +24,7 @@ step without offload.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import threading
@@ -157,9 +158,14 @@ def _default_device(device: Optional[Union[torch.device, str, int]]) -> torch.de
     if not ferry.has_cuda:
         raise ValueError(f"offload_activations: device {d}: this build of ferry has no CUDA module (ferry.has_cuda "
                          "is False; build it where the CUDA toolkit is)")
-    if not torch.cuda.is_available() or ferry.cuda_device_count() == 0:
+    count = ferry.cuda_device_count()
+    if not torch.cuda.is_available() or count == 0:
         raise ValueError(f"offload_activations: device {d}: no CUDA device is usable here")
-    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    index = device if isinstance(device, int) else d.index  # torch.device(2**40) is not cuda:2**40
+    if index is not None and not 0 <= index < count:
+        raise ValueError(f"offload_activations: device {device!r}: CUDA device {index} does not exist (ferry sees "
+                         f"{count})")
+    return torch.device("cuda", index if index is not None else torch.cuda.current_device())
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
@@ -211,9 +217,11 @@ class offload_activations:
         device: the device whose tensors the object takes first: its store (device
             memory, the pinned pool, the NVMe file) is made here, so that a bad argument
             fails at once. None: the current CUDA device where this build has CUDA and a
-            device is there, else the CPU. Tensors of another device get a store of their
-            own at their first save, with the same settings (its NVMe file is
-            ``nvme_path`` with ``.<device>`` appended, such as ``.cuda1``).
+            device is there, else the CPU (on a GPU machine, pass ``device="cpu"`` for CPU
+            tensors: the CUDA store makes a CUDA context). Tensors of another device get a
+            store of their own at their first save, with the same budgets (each store's
+            own: ``pinned_bytes`` is per device) and without the NVMe tier, which is the
+            first store's.
 
     Streams (CUDA): each store copies on a stream of its own. A saved tensor is copied
     after the work enqueued on the stream current when it was saved, and that stream
@@ -276,6 +284,9 @@ class offload_activations:
         self._nvme_bytes = checked["nvme_bytes"]
         # One store per device, the first (``device``) made now with the NVMe file itself.
         self._stores: Dict[torch.device, Any] = {}
+        # CUDA tensors go to ferry only where it sees a device (a driver older than its
+        # CUDA runtime, while torch's works: they stay, counted in kept["device"])
+        self._cuda_usable = ferry.has_cuda and ferry.cuda_device_count() > 0
         self.device = _default_device(device)
         self._store_for(self.device)
         self.codec = codec
@@ -338,7 +349,7 @@ class offload_activations:
         its dimensions in memory."""
         if getattr(t, _KEEP_ATTR, False):
             return "marked", None
-        if t.device.type != "cpu" and not (t.device.type == "cuda" and ferry.has_cuda):
+        if t.device.type != "cpu" and not (t.device.type == "cuda" and self._cuda_usable):
             return "device", None
         if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
             return "parameter", None  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
@@ -376,10 +387,11 @@ class offload_activations:
             return
         t = saved._value
         # Conjugate and negative views hold their values with a bit on the side: resolve
-        # them, so that the bytes are the values.
+        # them, so that the bytes are the values (on CUDA, on the stream that saved it).
         dense = t.detach()
         if dense.is_conj() or dense.is_neg():
-            dense = dense.resolve_conj().resolve_neg()
+            with torch.cuda.stream(saved.stream) if saved.stream is not None else contextlib.nullcontext():
+                dense = dense.resolve_conj().resolve_neg()
         if saved.order != tuple(range(len(saved.order))):
             dense = dense.permute(saved.order)
         flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
@@ -410,19 +422,19 @@ class offload_activations:
         return saved.get()
 
     def _store_for(self, device: torch.device) -> Any:
-        """The store of ``device``'s tensors, made on first use (under the lock)."""
+        """The store of ``device``'s tensors, made on first use (under the lock). Only the
+        first (``device``'s, made at construction) has the NVMe tier: a file is never made
+        or touched behind the caller's back in the middle of a forward pass."""
         store = self._stores.get(device)
         if store is not None:
             return store
-        path = self._nvme_path
-        if path and self._stores:  # the first store has the file itself
-            path = f"{path}.{device.type}{device.index if device.index is not None else ''}"
+        path = self._nvme_path if not self._stores else ""
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            store = ferry._cuda.ActivationStore(device=index, nvme_path=path, nvme_bytes=self._nvme_bytes,
+            store = ferry._cuda.ActivationStore(device=index, nvme_path=path, nvme_bytes=self._nvme_bytes if path else 0,
                                                 **self._settings)
         else:
-            store = _core.ActivationStore(nvme_path=path, nvme_bytes=self._nvme_bytes, **self._settings)
+            store = _core.ActivationStore(nvme_path=path, nvme_bytes=self._nvme_bytes if path else 0, **self._settings)
         self._stores[device] = store
         return store
 

@@ -545,9 +545,13 @@ def _slot_device(device: Any, params: List[torch.Tensor]) -> torch.device:
     if not ferry.has_cuda:
         raise ValueError(f"stream_layers: device {d}: this build of ferry has no CUDA module (ferry.has_cuda is "
                          "False; build it where the CUDA toolkit is)")
-    if not torch.cuda.is_available() or ferry.cuda_device_count() == 0:
+    count = ferry.cuda_device_count()
+    if not torch.cuda.is_available() or count == 0:
         raise ValueError(f"stream_layers: device {d}: no CUDA device is usable here")
-    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    index = device if isinstance(device, int) else d.index  # torch.device(2**40) is not cuda:2**40
+    if index is not None and not 0 <= index < count:
+        raise ValueError(f"stream_layers: device {device!r}: CUDA device {index} does not exist (ferry sees {count})")
+    return torch.device("cuda", index if index is not None else torch.cuda.current_device())
 
 
 def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient_slabs: int = 4,

@@ -25,69 +25,87 @@ def _describe(t: torch.Tensor) -> str:
 class _Staging:
     """The host side of CUDA parameters: per parameter a copy of it and of its gradient
     in pinned memory (torch's pinned allocator, made at its first step and reused by every
-    later one: 8 bytes per element), and per device a copy stream of its own.
+    later one: 8 bytes per element), and per device two copy streams of its own, one for
+    each direction.
 
-    A step pulls every parameter and gradient D2H on the copy stream after the work
-    enqueued so far on the device's current stream (which produced the gradients, and any
-    clipping), one event per parameter; the CPU steps each parameter as soon as its event
-    has completed, while the later ones are still crossing, and pushes it back H2D on the
-    copy stream, while the CPU goes on with the next; the current stream then waits for
-    the copy stream. Nothing is allocated on the copy stream and no memory of the current
-    stream is freed behind it, so no ``record_stream`` is needed; the host never waits
-    for the pushes."""
+    A step makes both copy streams wait for the work enqueued so far on the device's
+    current stream (which produced the gradients, and any clipping), pulls every parameter
+    and gradient D2H on the pull stream, one event per parameter; the CPU steps each
+    parameter as soon as its event has completed, while the later ones are still crossing,
+    and pushes it back H2D on the push stream, so the two directions overlap; the current
+    stream then waits for both streams (the host does not). Nothing is allocated on the
+    copy streams and no memory of the current stream is freed behind them, so no
+    ``record_stream`` is needed. A pinned copy is written by the next step's pull only
+    after this step's push has read it: the pull stream waits for the current stream, which
+    waited for the push stream."""
 
     def __init__(self) -> None:
         self._buffers: Dict[int, Tuple["weakref.ref[torch.Tensor]", torch.Tensor, torch.Tensor]] = {}
-        self._streams: Dict[torch.device, Any] = {}
+        self._streams: Dict[torch.device, Tuple[Any, Any]] = {}
 
     def host(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The pinned copies of ``p`` and its gradient (flat float32), made on first use."""
+        """The pinned copies of ``p`` and its gradient (flat float32), made on first use.
+
+        Raises:
+            MemoryError: the pinned memory cannot be had (naming the bytes).
+        """
         entry = self._buffers.get(id(p))
         if entry is None or entry[0]() is not p:
             for key in [k for k, (ref, _, _) in self._buffers.items() if ref() is None]:
                 del self._buffers[key]  # parameters gone since
             n = p.numel()
-            entry = (weakref.ref(p), torch.empty(n, dtype=torch.float32, pin_memory=True),
-                     torch.empty(n, dtype=torch.float32, pin_memory=True))
+            try:
+                entry = (weakref.ref(p), torch.empty(n, dtype=torch.float32, pin_memory=True),
+                         torch.empty(n, dtype=torch.float32, pin_memory=True))
+            except RuntimeError as e:  # torch's pinned allocator out of memory
+                raise MemoryError(
+                    f"OffloadAdamW: the pinned copies of a CUDA parameter ({n * 8} bytes) cannot be had [{_describe(p)}]: "
+                    f"{e}"
+                ) from e
             self._buffers[id(p)] = entry
         return entry[1], entry[2]
 
-    def nbytes(self) -> int:
-        return sum(h.numel() * 4 * 2 for ref, h, _ in self._buffers.values() if ref() is not None)
-
-    def stream(self, device: torch.device) -> Any:
+    def streams(self, device: torch.device) -> Tuple[Any, Any]:
+        """The pull (D2H) and push (H2D) streams of ``device``."""
         s = self._streams.get(device)
         if s is None:
-            s = self._streams[device] = torch.cuda.Stream(device)
+            s = self._streams[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
         return s
 
+    def begin(self, devices: Iterable[torch.device]) -> None:
+        """Both copy streams of each device wait for its current stream's work so far."""
+        for device in set(devices):
+            current = torch.cuda.current_stream(device)
+            for s in self.streams(device):
+                s.wait_stream(current)
+
     def pull(self, params: List[torch.Tensor]) -> List[Any]:
-        """D2H of each parameter and its gradient into its pinned copies, after the work
-        on its device's current stream; returns an event per parameter."""
+        """D2H of each parameter and its gradient into its pinned copies (after ``begin``);
+        returns an event per parameter."""
         events = []
-        for device in {p.device for p in params}:
-            self.stream(device).wait_stream(torch.cuda.current_stream(device))
         for p in params:
             hp, hg = self.host(p)
-            copy = self.stream(p.device)
-            with torch.cuda.stream(copy):
+            pull = self.streams(p.device)[0]
+            with torch.cuda.stream(pull):
                 hp.view(p.shape).copy_(p.detach(), non_blocking=True)
                 hg.view(p.shape).copy_(p.grad.detach(), non_blocking=True)  # a strided gradient too
                 e = torch.cuda.Event()
-                e.record(copy)
+                e.record(pull)
             events.append(e)
         return events
 
     def push(self, p: torch.Tensor) -> None:
-        """H2D of ``p``'s pinned copy into ``p`` on the copy stream."""
+        """H2D of ``p``'s pinned copy into ``p`` on the push stream."""
         hp, _ = self.host(p)
-        with torch.cuda.stream(self.stream(p.device)):
+        with torch.cuda.stream(self.streams(p.device)[1]):
             p.detach().view(-1).copy_(hp, non_blocking=True)
 
     def finish(self, devices: Iterable[torch.device]) -> None:
-        """Each device's current stream waits for its copy stream (the pushes)."""
+        """Each device's current stream waits for both copy streams."""
         for device in set(devices):
-            torch.cuda.current_stream(device).wait_stream(self.stream(device))
+            current = torch.cuda.current_stream(device)
+            for s in self.streams(device):
+                current.wait_stream(s)
 
 
 class OffloadAdamW(torch.optim.Optimizer):
@@ -125,11 +143,11 @@ class OffloadAdamW(torch.optim.Optimizer):
     strided (they are read through a contiguous copy then). A CUDA parameter is stepped on
     the CPU too (ZeRO-Offload's optimizer step): at each ``step`` it and its gradient are
     copied D2H into pinned copies of them (8 bytes per element of pinned memory beyond
-    ``pinned_bytes``, made at its first step and reused), on a copy stream of ferry's
+    ``pinned_bytes``, made at its first step and reused), on a pull stream of ferry's
     after the work enqueued on the device's current stream (so clipping before ``step``
     is seen); the CPU steps each parameter as soon as its copies have landed, while the
-    next ones cross, and copies it back H2D on the copy stream while it steps the next;
-    the current stream then waits for those copies (the host does not). The moments stay
+    next ones cross, and copies it back H2D on a push stream while it steps the next (the
+    two directions overlap); the current stream then waits for both (the host does not). The moments stay
     on the host, so ``state_dict`` holds CPU tensors (``torch.optim.AdamW`` moves them to
     the parameter's device when it loads them). A CUDA parameter's values are read from
     the device at every step, so a change to it between steps is seen. ``step`` and
@@ -339,6 +357,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self._nvme is not None:
             self._step_nvme(work)
             return loss
+        on_device = [p for p, _ in work if p.device.type == "cuda" and p.numel() > 0]
+        for p in on_device:
+            self._staging.host(p)  # every pinned copy made before any state (MemoryError: nothing changed)
         created = []
         try:
             for p, _ in work:
@@ -351,11 +372,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             for p in created:
                 del self.state[p]
             raise
-        on_device = [p for p, _ in work if p.device.type == "cuda" and p.numel() > 0]
-        for p in on_device:
-            self._staging.host(p)  # every pinned copy made before anything moves (MemoryError: nothing changed)
-        landed = dict(zip(map(id, on_device), self._staging.pull(on_device)))
+        self._staging.begin(p.device for p in on_device)
         try:
+            landed = dict(zip(map(id, on_device), self._staging.pull(on_device)))
             for p, (lr, beta1, beta2, eps, wd) in work:
                 state = self.state[p]
                 step = int(state["step"].item()) + 1
@@ -418,6 +437,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             if not self._nvme.initialized(g) or (p.grad is not None and not self.state.get(p)):
                 self._nvme.initialize(g)
         finished = self._unfinished or set()  # stepped by a step that raised: not again
+        for p, _ in work:
+            if p.device.type == "cuda" and p.numel() > 0 and id(p) not in finished:
+                self._staging.host(p)  # every pinned copy made before any state (MemoryError: nothing changed)
         entries = []
         planned = {}
         created = []
@@ -448,23 +470,27 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._unfinished = None
             return
         # CUDA parameters: all pulled before the swapper steps (it pipelines its reads and
-        # writes over the whole list), all pushed back after, whatever happened: a
+        # writes over the whole list), all pushed back after once pulled, whatever happened: a
         # parameter's pinned copy holds its new values or, where the step did not reach
         # it or could not write its states, its values before the step.
         on_device = [planned[g][0] for g, *_ in entries if planned[g][0].device.type == "cuda"]
-        for event in self._staging.pull(on_device):
-            event.synchronize()
         done: List[int] = []
         failed = True
+        pulled = False
+        self._staging.begin(p.device for p in on_device)
         try:
+            for event in self._staging.pull(on_device):
+                event.synchronize()
+            pulled = True  # each pinned copy holds its parameter: pushed back whatever the step does
             done = self._nvme.step(self._adamw, entries)
             failed = False
         except BaseException:
             done = list(self._nvme.last_updated)  # the parameters stepped before the error
             raise
         finally:
-            for p in on_device:
-                self._staging.push(p)
+            if pulled:
+                for p in on_device:
+                    self._staging.push(p)
             self._staging.finish(p.device for p in on_device)
             stepped = {id(p) for p in empty}
             for g in done:
