@@ -108,13 +108,13 @@ chmod +x "$staging/gpu-check.sh"
 
 # The PyTorch package's source (python/ and what its CMake build reads: the top-level
 # CMakeLists.txt, cmake/, include/; README.md and docs/python.md, whose Python blocks its
-# tests run), as the working tree has it: gpu-check's python-build
+# tests run; examples/torch_gpt, which python-tests runs on the GPU), as the working tree has it: gpu-check's python-build
 # step builds ferry-torch there. A Python extension is built for one Python version, and
 # the GPU machine's (3.12, beside its PyTorch) is not one this machine has (3.11; neither
 # Debian 12 nor PyPI offers 3.12's headers), so the package cannot travel built. It builds
 # there offline, with the machine's own nvcc, nanobind and scikit-build-core.
 mkdir -p "$staging/src"
-git ls-files -z -- CMakeLists.txt cmake include python README.md docs/python.md ':!python/build' |
+git ls-files -z -- CMakeLists.txt cmake include python examples/torch_gpt README.md docs/python.md ':!python/build' |
   tar --null -T - -cf - | tar -xf - -C "$staging/src"
 
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)

@@ -39,7 +39,8 @@
 #   python-build       ferry-torch built there from the carry's src/ (pip, offline, with the
 #                      machine's nvcc, nanobind and scikit-build-core: an extension is built
 #                      for one Python version, and this one's is not the building machine's)
-#   python-tests       its pytest suite, the CUDA cases included (python-tests.xml, JUnit)
+#   python-tests       its pytest suite, the CUDA cases included (python-tests.xml, JUnit),
+#                      then examples/torch_gpt on the GPU (--device cuda)
 #   python-bench       python/benchmarks/offload_activations.py --device cuda at the H200
 #                      shape (16 x Linear 8192 + GELU, 16384 tokens, bf16: 8 GiB saved a step)
 #                      against save_on_cpu, no offload and the link floor (python-bench.json);
@@ -449,6 +450,12 @@ python_tests() {
   if [[ $mode == gpu ]] && grep -q 'needs a CUDA device' "$out/python-tests.xml"; then
     echo "python-tests: CUDA cases were skipped on a GPU machine"
     return 1
+  fi
+  # The example, on the GPU: blocks streamed, activations offloaded, states pinned; its
+  # losses against plain PyTorch's, and both runs' peak device memory.
+  if [[ $mode == gpu ]]; then
+    PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/examples/torch_gpt/train.py" --device cuda \
+      --layers 8 --width 1024 --tokens 512 --batch 8 --steps 5 || return 1
   fi
 }
 python_bench() {

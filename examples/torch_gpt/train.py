@@ -10,11 +10,13 @@ losses and step times, what ferry moved, and the memory it kept out of the way.
     pip install ./python            # from the repository root, once
     python examples/torch_gpt/train.py [--layers 4] [--width 256] [--tokens 128]
                                        [--batch 8] [--steps 5] [--slots 2]
-                                       [--states-nvme DIR]
+                                       [--states-nvme DIR] [--device cpu|cuda]
 
-This build of ferry-torch runs on CPU tensors (the CPU model of ferry's device runtime),
-so here the "device" is host memory too: the point is the API and its exactness; on a GPU
-the saved bytes are HBM (docs/python.md)."""
+On the CPU (the default) the model's tensors go through the CPU model of ferry's device
+runtime, so the "device" is host memory too: the point is the API and its exactness. With
+--device cuda (a build with ferry._cuda, and a GPU) the saved bytes, the slots and the
+embedding and head are in the GPU's memory, and the script also prints the peak of
+torch's device memory in both runs (docs/python.md)."""
 
 import argparse
 import contextlib
@@ -41,7 +43,8 @@ class Block(torch.nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1),
+                              float("-inf")).softmax(-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
@@ -58,8 +61,11 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(self.blocks(self.emb(tokens))))
 
 
-def train(model, opt, offload, batches):
+def train(model, opt, offload, batches, device):
     losses, times = [], []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
     for x, y in batches:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -68,9 +74,12 @@ def train(model, opt, offload, batches):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    return losses, times
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return losses, times, peak
 
 
 def main():
@@ -85,19 +94,28 @@ def main():
     ap.add_argument("--slots", type=int, default=2, help="device slots the blocks are streamed through")
     ap.add_argument("--states-nvme", metavar="DIR", default=None,
                     help="keep the optimizer's states in a file in DIR (streamed through 3 pinned buffers)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (a build with ferry._cuda and a GPU)")
     a = ap.parse_args()
+    device = torch.device(a.device)
+    if device.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
+        raise SystemExit(f"torch_gpt: --device cuda needs ferry._cuda (ferry.has_cuda: {ferry.has_cuda}) and a GPU "
+                         f"({ferry.cuda_device_count()} seen)")
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"torch_gpt: --device {a.device}: the CPU or a CUDA device")
 
     torch.manual_seed(1)
-    batch = (torch.randint(0, a.vocab, (a.batch, a.tokens)), torch.randint(0, a.vocab, (a.batch, a.tokens)))
+    batch = (torch.randint(0, a.vocab, (a.batch, a.tokens)).to(device),
+             torch.randint(0, a.vocab, (a.batch, a.tokens)).to(device))
     batches = [batch] * a.steps  # one batch, learnt: the loss falls
 
-    ref_model = GPT(a.vocab, a.width, a.layers, a.heads)
+    ref_model = GPT(a.vocab, a.width, a.layers, a.heads).to(device)
     ref = train(ref_model, torch.optim.AdamW(ref_model.parameters(), lr=3e-3, foreach=False),
-                contextlib.nullcontext(), batches)
+                contextlib.nullcontext(), batches, device)
 
-    model = GPT(a.vocab, a.width, a.layers, a.heads)
-    model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots)  # before the optimizer sees them
-    offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1)
+    model = GPT(a.vocab, a.width, a.layers, a.heads).to(device)
+    # before the optimizer sees them: the blocks' weights move into pinned host slabs
+    model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots, device=device)
+    offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1, device=device)
     if a.states_nvme:
         largest = max(p.numel() for p in model.parameters())
         states = sum(p.numel() for p in model.parameters()) * 8
@@ -107,13 +125,14 @@ def main():
                               nvme_bytes=2 * states + (16 << 20))
     else:
         opt = ft.OffloadAdamW(model.parameters(), lr=3e-3)
-    ours = train(model, opt, offload, batches)
+    ours = train(model, opt, offload, batches, device)
 
     s = offload.stats()
     params = sum(p.numel() for p in model.parameters())
     print(f"torch_gpt: {a.layers} blocks of width {a.width}, {params / 1e6:.2f} M parameters, "
           f"batch {a.batch} x {a.tokens} tokens, {a.steps} steps; ferry-torch {ferry.__version__} "
-          f"({'CUDA' if ferry.has_cuda else 'CPU model'}), torch {torch.__version__}")
+          f"on {'CUDA, ' + torch.cuda.get_device_name(device) if device.type == 'cuda' else 'the CPU model'}, "
+          f"torch {torch.__version__}")
     print("step  loss (torch)   loss (ferry)   ms (torch)  ms (ferry)")
     for i, (lr_, lf, tr, tf) in enumerate(zip(ref[0], ours[0], ref[1], ours[1])):
         print(f"{i:4d}  {lr_:12.6f}   {lf:12.6f}   {tr * 1e3:10.1f}  {tf * 1e3:10.1f}")
@@ -137,6 +156,10 @@ def main():
     else:
         print(f"optimizer: {opt.state_bytes / 2**20:.1f} MiB of AdamW moments in ferry's pinned pool "
               f"(kept off the device), ferry's {opt.isa} kernel on {opt.threads} threads")
+    if device.type == "cuda":
+        print(f"device memory (torch's allocator, peak over the steps): {ref[2] / 2**20:.1f} MiB with plain "
+              f"PyTorch, {ours[2] / 2**20:.1f} MiB with ferry (its own device memory, slots and copies waiting "
+              f"for the link, is beside it: {ls['slot_bytes'] / 2**20:.1f} MiB of slots)")
     worst = max(abs(x - y) / abs(x) for x, y in zip(ref[0], ours[0]))
     ok = ours[0][0] == ref[0][0] and worst < 1e-4 and ours[0][-1] < ours[0][0]
     print(f"losses: first equal {ours[0][0] == ref[0][0]}, largest relative difference {worst:.2e} "
