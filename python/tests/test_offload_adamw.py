@@ -331,3 +331,82 @@ def test_a_load_keeps_the_optimizers_own_settings():
     opt.load_state_dict(opt.state_dict())
     assert opt.threads == 1 and opt._pool.budget == 64 << 20
     assert opt._settings["fused_rounding"] is False
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_parameters_step_their_fp32_master_and_are_its_rounding(dtype):
+    torch.manual_seed(0)
+    params = [torch.randn(257, dtype=dtype, requires_grad=True), torch.randn(8, 33, dtype=dtype, requires_grad=True)]
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    opt = ft.OffloadAdamW(params, lr=1e-2, weight_decay=0.1)
+    ref = ft.OffloadAdamW(masters, lr=1e-2, weight_decay=0.1)
+    for _ in range(4):
+        for p, m in zip(params, masters):
+            p.grad = torch.randn(p.shape).to(dtype)
+            m.grad = p.grad.float()
+        opt.step()
+        ref.step()
+        for p, m in zip(params, masters):
+            assert torch.equal(opt.state[p]["master"], m.detach())
+            assert torch.equal(p.detach(), m.detach().to(dtype))  # rounded to nearest even
+            assert torch.equal(opt.state[p]["exp_avg"], ref.state[m]["exp_avg"])
+
+
+def test_a_low_precision_run_resumes_bit_for_bit_through_state_dict():
+    torch.manual_seed(1)
+    p = torch.randn(100, dtype=torch.bfloat16, requires_grad=True)
+    grads = [torch.randn(100).bfloat16() for _ in range(4)]
+    q = p.detach().clone().requires_grad_()
+    straight = ft.OffloadAdamW([q], lr=1e-2)
+    for g in grads:
+        q.grad = g
+        straight.step()
+    first = ft.OffloadAdamW([p], lr=1e-2)
+    for g in grads[:2]:
+        p.grad = g
+        first.step()
+    sd = copy.deepcopy(first.state_dict())
+    assert sd["state"][0]["master"].dtype == torch.float32
+    second = ft.OffloadAdamW([p], lr=1e-2)
+    second.load_state_dict(sd)  # torch's load casts to bfloat16; the master and moments stay float32
+    assert torch.equal(second.state[p]["master"], first.state[p]["master"])
+    for g in grads[2:]:
+        p.grad = g
+        second.step()
+    assert torch.equal(p.detach(), q.detach())
+    assert torch.equal(second.state[p]["master"], straight.state[q]["master"])
+
+
+def test_a_change_to_a_low_precision_parameter_between_steps_reseeds_its_master():
+    p = torch.randn(64, dtype=torch.bfloat16, requires_grad=True)
+    opt = ft.OffloadAdamW([p], lr=1e-3)
+    p.grad = torch.ones(64, dtype=torch.bfloat16)
+    opt.step()
+    opt.step()  # no change between: the master goes on (it is not the rounded parameter)
+    with torch.no_grad():
+        p.fill_(0.5)
+    opt.step()
+    master = opt.state[p]["master"]
+    assert torch.all((master - 0.5).abs() < 0.01) and torch.equal(p.detach(), master.to(torch.bfloat16))
+    p.data = torch.full((64,), 2.0, dtype=torch.bfloat16)  # a new .data: re-seeded too
+    opt.step()
+    assert torch.all((opt.state[p]["master"] - 2.0).abs() < 0.01)
+
+
+def test_low_precision_parameters_are_refused_with_states_on_nvme(tmp_path):
+    with pytest.raises(ValueError, match="with nvme_path, parameters must be float32.*bfloat16"):
+        ft.OffloadAdamW([torch.randn(4, dtype=torch.bfloat16, requires_grad=True)], nvme_path=tmp_path / "s.bin",
+                        nvme_bytes=1 << 20)
+
+
+def test_a_torch_adamw_state_of_low_precision_parameters_loads_with_the_master_from_the_parameter():
+    p = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    plain = torch.optim.AdamW([p], lr=1e-2)
+    p.grad = torch.randn(32).bfloat16()
+    plain.step()
+    opt = ft.OffloadAdamW([p], lr=1e-2)
+    opt.load_state_dict(plain.state_dict())
+    assert torch.equal(opt.state[p]["master"], p.detach().float())
+    assert opt.state[p]["exp_avg"].dtype == torch.float32
+    opt.step()
+    assert torch.equal(p.detach(), opt.state[p]["master"].bfloat16())

@@ -109,3 +109,22 @@ def test_a_checkpoint_moves_to_torch_adamw_and_back():
     again.load_state_dict(plain.state_dict())
     for i in sd["state"]:
         assert torch.equal(again.state_dict()["state"][i]["exp_avg"], sd["state"][i]["exp_avg"])
+
+
+def test_bfloat16_cuda_parameters_step_their_host_master_as_bfloat16_cpu_copies_do():
+    torch.manual_seed(0)
+    model = _model().to(torch.bfloat16)
+    cpu_params = [p.detach().cpu().clone().requires_grad_() for p in model.parameters()]
+    opt = ft.OffloadAdamW(model.parameters(), lr=1e-2)
+    ref = ft.OffloadAdamW(cpu_params, lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)).float().square().mean().backward()
+        for c, p in zip(cpu_params, model.parameters()):
+            c.grad = p.grad.cpu()
+        opt.step()
+        ref.step()
+    torch.cuda.synchronize()
+    for p, c in zip(model.parameters(), cpu_params):
+        assert torch.equal(p.detach().cpu(), c.detach())
+        assert torch.equal(opt.state[p]["master"], ref.state[c]["master"])

@@ -546,3 +546,18 @@ def test_an_input_on_another_device_than_the_slots_is_refused_naming_both():
     with pytest.raises(ValueError, match="input is on meta.*slots are on cpu"):
         stack(torch.empty(2, 4, device="meta"))
     assert stack(torch.ones(2, 4)).shape == (2, 4)  # and the stack runs on
+
+
+def test_a_bfloat16_stack_trains_with_offload_adamw_as_the_layers_do():
+    ref = _stack(dtype=torch.bfloat16, dropout=0.0)
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    opt_ref = ft.OffloadAdamW(ref.parameters(), lr=1e-2)
+    opt = ft.OffloadAdamW(st.parameters(), lr=1e-2)
+    for step in range(3):
+        x = torch.randn(8, 32, dtype=torch.bfloat16)
+        for model, o in ((ref, opt_ref), (st, opt)):
+            o.zero_grad()
+            model(x).float().square().sum().backward()
+            o.step()
+    for a, b in zip(ref.parameters(), st.parameters()):
+        assert torch.equal(a.detach(), b.detach())

@@ -3,6 +3,7 @@ stepped by ferry's vectorised, multi-threaded CPU AdamW (``ferry::basic_adamw``)
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
@@ -44,23 +45,24 @@ class _Staging:
         self._streams: Dict[torch.device, Tuple[Any, Any]] = {}
 
     def host(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The pinned copies of ``p`` and its gradient (flat float32), made on first use.
+        """The pinned copies of ``p`` and its gradient (flat, in ``p``'s dtype: float32, or
+        bfloat16 / float16 for a parameter with a master copy), made on first use.
 
         Raises:
             MemoryError: the pinned memory cannot be had (naming the bytes).
         """
         entry = self._buffers.get(id(p))
-        if entry is None or entry[0]() is not p:
+        if entry is None or entry[0]() is not p or entry[1].dtype != p.dtype:
             for key in [k for k, (ref, _, _) in self._buffers.items() if ref() is None]:
                 del self._buffers[key]  # parameters gone since
             n = p.numel()
             try:
-                entry = (weakref.ref(p), torch.empty(n, dtype=torch.float32, pin_memory=True),
-                         torch.empty(n, dtype=torch.float32, pin_memory=True))
+                entry = (weakref.ref(p), torch.empty(n, dtype=p.dtype, pin_memory=True),
+                         torch.empty(n, dtype=p.dtype, pin_memory=True))
             except RuntimeError as e:  # torch's pinned allocator out of memory
                 raise MemoryError(
-                    f"OffloadAdamW: the pinned copies of a CUDA parameter ({n * 8} bytes) cannot be had [{_describe(p)}]: "
-                    f"{e}"
+                    f"OffloadAdamW: the pinned copies of a CUDA parameter ({n * p.element_size() * 2} bytes) cannot be "
+                    f"had [{_describe(p)}]: {e}"
                 ) from e
             self._buffers[id(p)] = entry
         return entry[1], entry[2]
@@ -81,13 +83,15 @@ class _Staging:
 
     def pull(self, params: List[torch.Tensor]) -> List[Any]:
         """D2H of each parameter and its gradient into its pinned copies (after ``begin``);
-        returns an event per parameter."""
+        of the gradient only for a parameter with a master copy (bfloat16, float16: the
+        master is the value); returns an event per parameter."""
         events = []
         for p in params:
             hp, hg = self.host(p)
             pull = self.streams(p.device)[0]
             with torch.cuda.stream(pull):
-                hp.view(p.shape).copy_(p.detach(), non_blocking=True)
+                if p.dtype == torch.float32:
+                    hp.view(p.shape).copy_(p.detach(), non_blocking=True)
                 hg.view(p.shape).copy_(p.grad.detach(), non_blocking=True)  # a strided gradient too
                 e = torch.cuda.Event()
                 e.record(pull)
@@ -139,8 +143,17 @@ class OffloadAdamW(torch.optim.Optimizer):
     the file; ``opt.state[p]`` holds ``step`` only. See ``nvme_path`` below and
     docs/python.md.
 
-    Parameters are float32 and contiguous, on the CPU or on CUDA devices; gradients may be
-    strided (they are read through a contiguous copy then). A CUDA parameter is stepped on
+    Parameters are float32, bfloat16 or float16 and contiguous, on the CPU or on CUDA
+    devices; gradients may be strided (they are read through a contiguous copy then). A
+    bfloat16 or float16 parameter gets a float32 master copy in the pool (``state["master"]``,
+    4 bytes per element; saved and loaded with the moments, so a resumed run goes on bit
+    for bit): the step updates the master from the gradient widened to float32, and the
+    parameter becomes the master rounded to its dtype (to nearest even, as ``Tensor.to``
+    rounds). A change made to such a parameter between steps (in place, or a new
+    ``.data``: its version counter or its memory moves) re-seeds the master from it at the
+    next step; otherwise the master, not the rounded parameter, is what the step starts
+    from (mixed-precision training's master weights). Not with ``nvme_path`` (a
+    ``ValueError``). A CUDA parameter is stepped on
     the CPU too (ZeRO-Offload's optimizer step): at each ``step`` it and its gradient are
     copied D2H into pinned copies of them (8 bytes per element of pinned memory beyond
     ``pinned_bytes``, made at its first step and reused), on a pull stream of ferry's
@@ -254,6 +267,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._unfinished: Optional[set] = None
         self._stepping = threading.Lock()
         self._staging = _Staging()
+        # Low-precision parameters: (version, data pointer) after this optimizer last wrote
+        # each one; a difference at the next step is a change of the caller's.
+        self._written: Dict[int, Tuple[int, int]] = {}
         if self._settings.get("nvme_path"):
             # OSError: a folder, no permission, a file another optimizer holds
             self._nvme = _core.NvmeStates(
@@ -305,6 +321,11 @@ class OffloadAdamW(torch.optim.Optimizer):
             _group_hyper(group)
             for p in group["params"]:
                 _check_param(p)
+                if self._settings.get("nvme_path") and p.dtype != torch.float32:
+                    raise ValueError(
+                        "OffloadAdamW: with nvme_path, parameters must be float32 (a master copy for bfloat16 and "
+                        f"float16 parameters is kept in pinned memory only) [{_describe(p)}]"
+                    )
             if self._settings.get("nvme_path") and len({id(p) for p in group["params"]}) != len(group["params"]):
                 raise ValueError(
                     "OffloadAdamW: a parameter appears twice in one group (torch steps it twice; the states on "
@@ -366,12 +387,23 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if not self.state.get(p):
                     m = self._moment(p)  # MemoryError: the moments made by this call go again
                     v = self._moment(p)
-                    self.state[p] = {"step": torch.tensor(0.0), "exp_avg": m, "exp_avg_sq": v}
+                    st = {"step": torch.tensor(0.0), "exp_avg": m, "exp_avg_sq": v}
+                    if p.dtype != torch.float32:
+                        st["master"] = self._moment(p).copy_(p.detach())  # widened: exact
+                    self.state[p] = st
                     created.append(p)
+                elif p.dtype != torch.float32 and "master" not in self.state[p]:  # e.g. a torch AdamW state loaded
+                    self.state[p]["master"] = self._moment(p).copy_(p.detach())
         except BaseException:
             for p in created:
                 del self.state[p]
             raise
+        fresh_ids = {id(p) for p in created}
+        for p, _ in work:  # a low-precision parameter changed since the last step re-seeds its master
+            if p.dtype != torch.float32 and p.numel() > 0 and id(p) not in fresh_ids:
+                mark = self._written.get(id(p))
+                if mark is not None and mark != (p._version, p.data_ptr()):
+                    self.state[p]["master"].copy_(p.detach())
         self._staging.begin(p.device for p in on_device)
         try:
             landed = dict(zip(map(id, on_device), self._staging.pull(on_device)))
@@ -380,6 +412,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                 step = int(state["step"].item()) + 1
                 if p.numel() > 0:
                     event = landed.get(id(p))
+                    master = state.get("master")
                     if event is not None:
                         event.synchronize()  # its D2H copies have landed
                         param, grad = self._staging.host(p)
@@ -388,6 +421,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                         if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
                             grad = grad.clone()  # a gradient sharing its parameter's memory (p.grad = p.detach())
                         grad = grad.contiguous().view(-1)
+                    low = param  # the parameter's own values (on the host), rounded from the master after
+                    if master is not None:
+                        param, grad = master.view(-1), grad.float()
                     self._adamw.step(
                         param,
                         grad,
@@ -400,8 +436,12 @@ class OffloadAdamW(torch.optim.Optimizer):
                         weight_decay=wd,
                         step=step,
                     )
+                    if master is not None:
+                        low.copy_(param)  # rounded to nearest even into the parameter (or its pinned copy)
                     if event is not None:
                         self._staging.push(p)  # H2D while the CPU steps the next
+                    if master is not None:
+                        self._written[id(p)] = (p._version, p.data_ptr())
                 state["step"].fill_(float(step))
         finally:
             self._staging.finish(p.device for p in on_device)
@@ -559,6 +599,11 @@ class OffloadAdamW(torch.optim.Optimizer):
         old_state, old_groups = self.state, self.param_groups
         try:
             super().load_state_dict(state_dict)
+            # torch's load casts each state to its parameter's dtype and device (a bfloat16
+            # parameter's float32 moments and master to bfloat16): read the given tensors.
+            saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+            now = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+            given = {id(p): state_dict["state"][i] for i, p in zip(saved_ids, now) if i in state_dict["state"]}
             moments = {}
             for group in self.param_groups:
                 _group_hyper(group)
@@ -566,6 +611,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                     st = self.state.get(p)
                     if not st:
                         continue
+                    st = given.get(id(p), st)
                     fresh = {}
                     for key in ("exp_avg", "exp_avg_sq"):
                         loaded = st[key]
@@ -575,6 +621,16 @@ class OffloadAdamW(torch.optim.Optimizer):
                                 f"parameter of shape {tuple(p.shape)}"
                             )
                         fresh[key] = self._moment(p).copy_(loaded.to(dtype=torch.float32, device="cpu"))
+                    if p.dtype != torch.float32:
+                        loaded = st.get("master")
+                        if loaded is not None and loaded.shape != p.shape:
+                            raise ValueError(
+                                f"OffloadAdamW.load_state_dict: master of shape {tuple(loaded.shape)} for a "
+                                f"parameter of shape {tuple(p.shape)}"
+                            )
+                        source = p.detach() if loaded is None else loaded.to(dtype=torch.float32, device="cpu")
+                        fresh["master"] = self._moment(p).copy_(source)
+                        self._written.pop(id(p), None)
                     step = st["step"]
                     fresh["step"] = torch.tensor(float(step.item() if isinstance(step, torch.Tensor) else step))
                     moments[p] = fresh
@@ -645,7 +701,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         super().__setstate__(state)
         self._make_engine()
         for p, st in list(self.state.items()):
-            for key in ("exp_avg", "exp_avg_sq"):
+            for key in ("exp_avg", "exp_avg_sq", "master"):
                 if key in st and isinstance(st[key], torch.Tensor):
                     st[key] = self._moment(st[key]).copy_(st[key])
 
@@ -702,7 +758,10 @@ def _check_param(p: torch.Tensor) -> None:
         raise ValueError(f"OffloadAdamW: sparse parameters are not supported [{_describe(p)}, layout = {p.layout}]")
     if p.device.type not in ("cpu", "cuda"):
         raise ValueError(f"OffloadAdamW: parameters must be on the CPU or a CUDA device [{_describe(p)}]")
-    if p.dtype != torch.float32:
-        raise ValueError(f"OffloadAdamW: parameters must be float32 (ferry's AdamW is fp32) [{_describe(p)}]")
+    if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"OffloadAdamW: parameters must be float32, bfloat16 or float16 (ferry's AdamW is fp32; the others get "
+            f"an fp32 master copy) [{_describe(p)}]"
+        )
     if not p.is_contiguous():
         raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{_describe(p)}]")
