@@ -207,8 +207,9 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     Raises:
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
-            ``maximize`` (not supported), a parameter that is not float32, strided,
-            contiguous and on the CPU or a CUDA device (naming its shape, dtype and device).
+            ``maximize`` (not supported), a parameter that is not float32, bfloat16 or
+            float16, strided, contiguous and on the CPU or a CUDA device (naming its shape,
+            dtype and device), a bfloat16 or float16 one with ``nvme_path``.
         MemoryError: at a ``step`` whose new moments do not fit in the pool (nothing is
             updated; the step can be called again once there is room); with
             ``nvme_path``, at the first ``step`` when the file's capacity or the host
