@@ -101,7 +101,7 @@ declare -A limit=(
   [example-stream_ordering]=8 [example-activation_offload]=30 [example-layer_streaming]=8 [example-kv_offload]=8
   [bench-suite]=30 [bench-overlap]=8 [bench-device-nvme]=15
   [memcheck]=65 [racecheck]=40 [micro]=10
-  [python-build]=100 [python-tests]=60 [python-bench]=90
+  [python-build]=120 [python-tests]=50 [python-bench]=90
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
