@@ -17,6 +17,12 @@ namespace {
 struct cuda_layers_config {
   using runtime = ferry::cuda_runtime;
   static constexpr bool host_caller = false;
+  // One allocation of the stack's device arena, made on the stack's stream and synchronised
+  // (the scheduler's H2D lane may write it then).
+  static ferry::slot_memory slots(std::size_t k, ferry::basic_device_arena<ferry::cuda_runtime>& arena,
+                                  ferry::cuda_runtime::stream_ref stream) {
+    return ferry::slot_memory::arena(k, arena, stream);
+  }
 };
 
 using stack_type = basic_layer_stack<cuda_layers_config>;
@@ -82,6 +88,11 @@ void cuda_layer_stack::push(std::size_t layer, bool accumulate, std::uintptr_t s
 void cuda_layer_stack::wait_gradients() {
   const cuda_device_scope on(device_);
   impl_->stack.wait_gradients();
+}
+
+void cuda_layer_stack::wait_loads() {
+  const cuda_device_scope on(device_);
+  impl_->stack.wait_loads();
 }
 
 bool cuda_layer_stack::in_pass() const { return impl_->stack.in_pass(); }

@@ -36,6 +36,7 @@ class cuda_layer_stack {
   [[nodiscard]] std::byte* staging(std::size_t layer);
   void push(std::size_t layer, bool accumulate, std::uintptr_t stream);
   void wait_gradients();
+  void wait_loads();
   [[nodiscard]] bool in_pass() const;
   [[nodiscard]] layer_counters stats() const;
   [[nodiscard]] int device() const noexcept { return device_; }

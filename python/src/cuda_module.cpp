@@ -164,6 +164,10 @@ class cuda_stack_binding {
     const nb::gil_scoped_release unlocked;
     stack_->wait_gradients();
   }
+  void wait_loads() {
+    const nb::gil_scoped_release unlocked;
+    stack_->wait_loads();
+  }
   [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
   [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(stack_->stats()); }
 
@@ -230,6 +234,8 @@ NB_MODULE(_cuda, m) {
       .def("push", &cuda_stack_binding::push, nb::arg("layer"), nb::arg("accumulate"), nb::arg("stream"),
            "Pushes the layer's gradient from the staging buffer after the work on stream so far.")
       .def("wait_gradients", &cuda_stack_binding::wait_gradients)
+      .def("wait_loads", &cuda_stack_binding::wait_loads,
+           "Blocks until every load issued so far has landed (the host may then write the weight slabs).")
       .def_prop_ro("in_pass", &cuda_stack_binding::in_pass)
       .def("stats", &cuda_stack_binding::stats);
 }

@@ -1,6 +1,6 @@
 // The layer stack behind `ferry.torch.stream_layers`, written once over the device runtime
 // and built twice: on the CPU model (`cpu_runtime`, layers.cpp: ferry._core.LayerStack,
-// slots in the model's device memory, that is host memory) and on CUDA (`cuda_runtime`,
+// slots in host memory standing for the device's) and on CUDA (`cuda_runtime`,
 // cuda_layers.cu: ferry._cuda.LayerStack, slots in device memory), as the activation store
 // is (activation_store.hpp).
 //
@@ -115,8 +115,10 @@ inline std::string layer_text(std::size_t layer, std::size_t layers) {
   return "[layer = " + std::to_string(layer) + ", layers = " + std::to_string(layers) + "]";
 }
 
-// Config: `runtime` (a ferry device runtime) and `host_caller` (whether the caller's
-// compute is the host, which then reads a slot as soon as `acquire` returns).
+// Config: `runtime` (a ferry device runtime), `host_caller` (whether the caller's compute
+// is the host, which then reads a slot as soon as `acquire` returns), and
+// `slots(k, arena, stream)`: the streamer's slot memory (the CPU model: host memory of the
+// streamer's own, `slot_memory::host`; CUDA: one allocation of the stack's device arena).
 template <class Config>
 class basic_layer_stack {
  public:
@@ -157,8 +159,8 @@ class basic_layer_stack {
     for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, own_.get()));
     ferry::layer_streamer_options lo;
     lo.gradient_slabs = gradient_slabs;
-    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
-                      ferry::slot_memory::arena(slots, *arena_, own_.get()), lo);
+    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_, Config::slots(slots, *arena_, own_.get()),
+                      lo);
     gradients_.reserve(bytes_.size());
     for (const std::size_t b : bytes_) {
       auto* p = static_cast<std::byte*>(pool_->allocate(b));
@@ -245,6 +247,10 @@ class basic_layer_stack {
   }
 
   void wait_gradients() { streamer_->wait_gradients(); }
+
+  // Blocks until every load issued so far has landed (the host may then write the weight
+  // slabs), then throws the first load error not thrown yet.
+  void wait_loads() { streamer_->wait_loads(); }
 
   [[nodiscard]] bool in_pass() const { return streamer_->in_pass(); }
 

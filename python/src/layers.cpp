@@ -1,7 +1,8 @@
 // ferry._core.LayerStack: the layer stack of layer_stack.hpp on the CPU model
 // (`cpu_runtime`), for `ferry.torch.stream_layers` over CPU tensors.
 //
-// "Device" memory is host memory here (the model's device arena), and the caller's
+// "Device" memory is host memory here (slots of the streamer's own, staging buffers in the
+// model's device arena), and the caller's
 // compute is the Python thread: torch's CPU kernels read a slot as soon as `acquire`
 // returns (the stack waits for the load on the host), and write a staging buffer as soon
 // as `staging` returns. The caller's stream is a stream of this object's own, standing
@@ -33,6 +34,14 @@ namespace {
 struct cpu_layers_config {
   using runtime = ferry::cpu_runtime;
   static constexpr bool host_caller = true;
+  // Host memory of the streamer's own: the model's H2D lane fills a slot before any stream
+  // of the caller's reads it (an arena allocation would need an edge from its stream to
+  // the lane's first load, which the model requires and a host synchronisation does not
+  // give it).
+  static ferry::slot_memory slots(std::size_t k, ferry::basic_device_arena<ferry::cpu_runtime>& /*arena*/,
+                                  ferry::cpu_stream_ref /*stream*/) {
+    return ferry::slot_memory::host(k);
+  }
 };
 
 using stack_type = ferry_python::basic_layer_stack<cpu_layers_config>;
@@ -98,6 +107,10 @@ class layer_stack {
     const nb::gil_scoped_release unlocked;
     stack_->wait_gradients();
   }
+  void wait_loads() {
+    const nb::gil_scoped_release unlocked;
+    stack_->wait_loads();
+  }
   [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
   [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(stack_->stats()); }
 
@@ -131,6 +144,7 @@ void bind_layer_stack(nb::module_& m) {
            "The staging buffer the next push reads (free of earlier pushes).")
       .def("push", &layer_stack::push, nb::arg("layer"), nb::arg("accumulate"))
       .def("wait_gradients", &layer_stack::wait_gradients)
+      .def("wait_loads", &layer_stack::wait_loads, "Blocks until every load issued so far has landed.")
       .def_prop_ro("in_pass", &layer_stack::in_pass)
       .def("stats", &layer_stack::stats);
 }

@@ -391,6 +391,17 @@ def test_a_change_to_a_low_precision_parameter_between_steps_reseeds_its_master(
     p.data = torch.full((64,), 2.0, dtype=torch.bfloat16)  # a new .data: re-seeded too
     opt.step()
     assert torch.all((opt.state[p]["master"] - 2.0).abs() < 0.01)
+    p.data.clamp_(-0.01, 0.01)  # in place through .data (no version bump): re-seeded too
+    opt.step()
+    assert torch.all(opt.state[p]["master"].abs() < 0.02)
+    for _ in range(3):  # and the same memory written twice (p.data = p.data * 2 may reuse its address)
+        p.data = p.data * 2
+    opt.step()
+    assert torch.all((opt.state[p]["master"].abs() - 0.08).abs() < 0.01)
+    p.data = p.data.float()  # made float32: its own master
+    p.grad = torch.ones(64)
+    opt.step()
+    assert "master" not in opt.state[p]
 
 
 def test_low_precision_parameters_are_refused_with_states_on_nvme(tmp_path):
@@ -406,7 +417,12 @@ def test_a_torch_adamw_state_of_low_precision_parameters_loads_with_the_master_f
     plain.step()
     opt = ft.OffloadAdamW([p], lr=1e-2)
     opt.load_state_dict(plain.state_dict())
-    assert torch.equal(opt.state[p]["master"], p.detach().float())
+    assert "master" not in opt.state[p]  # taken from the parameter at the next step
     assert opt.state[p]["exp_avg"].dtype == torch.float32
+    weights = torch.randn(32).bfloat16()
+    with torch.no_grad():
+        p.copy_(weights)  # the model's own checkpoint, loaded after the optimizer's
+    before = weights.float()
     opt.step()
     assert torch.equal(p.detach(), opt.state[p]["master"].bfloat16())
+    assert (opt.state[p]["master"] - before).abs().max() < 0.05  # stepped from the loaded weights

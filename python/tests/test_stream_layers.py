@@ -561,3 +561,59 @@ def test_a_bfloat16_stack_trains_with_offload_adamw_as_the_layers_do():
             o.step()
     for a, b in zip(ref.parameters(), st.parameters()):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_a_stack_made_on_one_thread_runs_its_passes_on_another():
+    import threading
+
+    ref = _stack(dropout=0.0)
+    st = ft.stream_layers(list(copy.deepcopy(ref)), slots=2)
+    x = torch.randn(8, 32)
+    ref(x).square().sum().backward()
+    errors = []
+
+    def run():
+        try:
+            st(x).square().sum().backward()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    _same_grads(ref, st)
+
+
+def test_two_threads_on_one_stack_get_a_clear_error_and_the_stack_runs_on():
+    import threading
+
+    st = ft.stream_layers(list(_stack(n=6, dropout=0.0)), slots=2)
+    x = torch.randn(64, 32)
+    barrier = threading.Barrier(2)
+    results = []
+
+    def run():
+        barrier.wait()
+        try:
+            for _ in range(3):
+                st(x).square().sum().backward()
+            results.append("ok")
+        except Exception as e:  # noqa: BLE001 - each checked below
+            results.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2
+    assert all(r == "ok" or (r.startswith("RuntimeError") and "one pass at a time" in r) for r in results), results
+    y = st(x)  # afterwards, the stack runs a whole step
+    y.square().sum().backward()
+    assert not st._core.in_pass
+
+
+def test_more_slots_than_layers_make_one_slot_per_layer():
+    st = ft.stream_layers([torch.nn.Linear(64, 64)], slots=8)
+    assert st.slots == 1 and st.stats()["slot_bytes"] < 2 * st._core.layer_bytes(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -126,6 +127,8 @@ class StreamedLayers(torch.nn.Module):
             raise ValueError("stream_layers: gradient_slabs must be at least 1, not 0")
         self.layers = torch.nn.ModuleList(layers)
         self.preserve_rng_state = bool(preserve_rng_state)
+        slots = min(slots, len(layers))  # more slots than layers would hold nothing
+        self._pass_lock = threading.Lock()  # one pass begins at a time (two threads, one stack)
         self._layouts = [_Layout(layer, i) for i, layer in enumerate(layers)]
         self.device = _slot_device(device, [p for lay in self._layouts for p in lay.params])
         owner: Dict[int, Tuple[int, str]] = {}
@@ -205,20 +208,25 @@ class StreamedLayers(torch.nn.Module):
                     "StreamedLayers: an extra input requires grad; extra inputs get no gradient (pass what needs "
                     "one as the first input)"
                 )
-        if self._core.in_pass:
-            raise RuntimeError(
-                "StreamedLayers: a pass over the stack is in progress (a forward inside a layer, or a backward "
-                "pass not finished); one pass at a time"
-            )
-        self._sync_weights()
-        self._recording = torch.is_grad_enabled()  # Function.forward runs with grad off
-        self._core.begin_pass(True)
+        with self._pass_lock:
+            if self._core.in_pass:
+                raise RuntimeError(
+                    "StreamedLayers: a pass over the stack is in progress (a forward inside a layer, a backward "
+                    "pass not finished, or another thread's pass); one pass at a time"
+                )
+            self._sync_weights()
+            self._recording = torch.is_grad_enabled()  # Function.forward runs with grad off
+            self._core.begin_pass(True)
         try:
             for i, lay in enumerate(self._layouts):
                 x = _Layer.apply(self, i, len(args), self._token, x, *args, *lay.params)
         except BaseException:
             self._reset()
             raise
+        if not self._recording:
+            # No backward pass follows: the host may write the weight slabs next (an
+            # optimizer, load_state_dict), so the loads that read them must have landed.
+            self._core.wait_loads()
         return x
 
     def _capture_state(self, i: int, extra: Tuple[Any, ...]) -> Optional[Dict[str, Any]]:
@@ -271,6 +279,7 @@ class StreamedLayers(torch.nn.Module):
         last = len(self.layers) - 1
         core = self._core
         lay = self._layouts[i]
+        refused = False
         try:
             if torch.is_grad_enabled():
                 raise RuntimeError(
@@ -282,15 +291,17 @@ class StreamedLayers(torch.nn.Module):
             self._check_versions(i, state)
             mode, want = self._gradient_mode(lay)
             if i == last:
-                if core.in_pass:
-                    raise RuntimeError(
-                        "StreamedLayers: a backward pass began while another pass is in progress (the stack used "
-                        "twice in one graph, and autograd interleaved the uses?); each use's backward runs the "
-                        "stack once, layer by layer"
-                    )
-                self._got = [[False] * len(l.params) for l in self._layouts]
-                self._prepare_gradients()
-                core.begin_pass(False)
+                with self._pass_lock:
+                    if core.in_pass:
+                        refused = True  # the pass in progress is not this backward's: left as it is
+                        raise RuntimeError(
+                            "StreamedLayers: a backward pass began while another pass is in progress (the stack "
+                            "used twice in one graph, and autograd interleaved the uses? or another thread's pass); "
+                            "each use's backward runs the stack once, layer by layer; one pass at a time"
+                        )
+                    self._got = [[False] * len(l.params) for l in self._layouts]
+                    self._prepare_gradients()
+                    core.begin_pass(False)
             slot = self._acquire(i)
             xin = x.detach().requires_grad_(x_needs_grad)
             modules = list(self.layers[i].modules())
@@ -350,7 +361,8 @@ class StreamedLayers(torch.nn.Module):
                     self._reset()
             return gx, gparams
         except BaseException:
-            self._reset()
+            if not refused:
+                self._reset()
             raise
 
     @staticmethod
@@ -458,7 +470,9 @@ class StreamedLayers(torch.nn.Module):
                             f"StreamedLayers: parameter {name!r} of layer {i} was replaced by one of shape "
                             f"{tuple(p.shape)} and dtype {p.dtype} (streamed: {tuple(old.shape)}, {old.dtype})"
                         )
-                    views = views if views is not None else lay.views(self._core.weights(i))
+                    if views is None:
+                        self._core.wait_loads()  # no load still reads the slab written here
+                        views = lay.views(self._core.weights(i))
                     views[k].copy_(p)
                     p.data = views[k]
                     lay.params[k] = p
@@ -577,7 +591,8 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
     :param layers: the stack (a list, ``nn.ModuleList`` or ``nn.Sequential``); each
         layer has parameters of float32, float64, float16 or bfloat16 and shares none
         with another layer, and returns one tensor
-    :param slots: device slots K >= 1 (loads run up to K layers ahead)
+    :param slots: device slots K >= 1 (loads run up to K layers ahead; at most one per
+        layer is made)
     :param gradient_slabs: pinned slabs of the largest layer's size for gradients in
         flight
     :param preserve_rng_state: recompute with the forward's RNG state (dropout; on CUDA
@@ -588,7 +603,10 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         events). None: the CUDA device the parameters are on, else the CPU. Either way the
         weights move into pinned host slabs, so the streamed parameters are CPU tensors
         afterwards (an optimizer steps them on the host: ``OffloadAdamW``), and the
-        input must be on ``device``
+        input must be on ``device``. The host may write the weights (an optimizer step,
+        ``load_state_dict``) after a backward pass or a forward pass without grad: the
+        stack has waited for the loads that read them then (on CUDA the loads are
+        otherwise asynchronous)
     :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
         other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device
     :raises MemoryError: when the pinned slabs cannot be had

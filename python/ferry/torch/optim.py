@@ -83,15 +83,13 @@ class _Staging:
 
     def pull(self, params: List[torch.Tensor]) -> List[Any]:
         """D2H of each parameter and its gradient into its pinned copies (after ``begin``);
-        of the gradient only for a parameter with a master copy (bfloat16, float16: the
-        master is the value); returns an event per parameter."""
+        returns an event per parameter."""
         events = []
         for p in params:
             hp, hg = self.host(p)
             pull = self.streams(p.device)[0]
             with torch.cuda.stream(pull):
-                if p.dtype == torch.float32:
-                    hp.view(p.shape).copy_(p.detach(), non_blocking=True)
+                hp.view(p.shape).copy_(p.detach(), non_blocking=True)
                 hg.view(p.shape).copy_(p.grad.detach(), non_blocking=True)  # a strided gradient too
                 e = torch.cuda.Event()
                 e.record(pull)
@@ -149,11 +147,12 @@ class OffloadAdamW(torch.optim.Optimizer):
     4 bytes per element; saved and loaded with the moments, so a resumed run goes on bit
     for bit): the step updates the master from the gradient widened to float32, and the
     parameter becomes the master rounded to its dtype (to nearest even, as ``Tensor.to``
-    rounds). A change made to such a parameter between steps (in place, or a new
-    ``.data``: its version counter or its memory moves) re-seeds the master from it at the
-    next step; otherwise the master, not the rounded parameter, is what the step starts
-    from (mixed-precision training's master weights). Not with ``nvme_path`` (a
-    ``ValueError``). A CUDA parameter is stepped on
+    rounds). Each step compares the parameter with the master rounded to its dtype: where
+    they differ (the parameter was changed since, in any way: in place, through ``.data``,
+    a new ``.data``, a checkpoint of the model loaded), the master is re-seeded from the
+    parameter; where they agree, the master, not the rounded parameter, is what the step
+    starts from (mixed-precision training's master weights). A parameter converted to
+    float32 since is its own master again. Not with ``nvme_path`` (a ``ValueError``). A CUDA parameter is stepped on
     the CPU too (ZeRO-Offload's optimizer step): at each ``step`` it and its gradient are
     copied D2H into pinned copies of them (8 bytes per element of pinned memory beyond
     ``pinned_bytes``, made at its first step and reused), on a pull stream of ferry's
@@ -268,9 +267,6 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._unfinished: Optional[set] = None
         self._stepping = threading.Lock()
         self._staging = _Staging()
-        # Low-precision parameters: (version, data pointer) after this optimizer last wrote
-        # each one; a difference at the next step is a change of the caller's.
-        self._written: Dict[int, Tuple[int, int]] = {}
         if self._settings.get("nvme_path"):
             # OSError: a folder, no permission, a file another optimizer holds
             self._nvme = _core.NvmeStates(
@@ -399,12 +395,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             for p in created:
                 del self.state[p]
             raise
-        fresh_ids = {id(p) for p in created}
-        for p, _ in work:  # a low-precision parameter changed since the last step re-seeds its master
-            if p.dtype != torch.float32 and p.numel() > 0 and id(p) not in fresh_ids:
-                mark = self._written.get(id(p))
-                if mark is not None and mark != (p._version, p.data_ptr()):
-                    self.state[p]["master"].copy_(p.detach())
+        for p, _ in work:
+            if p.dtype == torch.float32:
+                self.state[p].pop("master", None)  # a parameter made float32 since (model.float()) is its own master
         self._staging.begin(p.device for p in on_device)
         try:
             landed = dict(zip(map(id, on_device), self._staging.pull(on_device)))
@@ -424,6 +417,8 @@ class OffloadAdamW(torch.optim.Optimizer):
                         grad = grad.contiguous().view(-1)
                     low = param  # the parameter's own values (on the host), rounded from the master after
                     if master is not None:
+                        if not torch.equal(low, master.view(-1).to(low.dtype)):
+                            master.view(-1).copy_(low)  # changed since this optimizer wrote it: re-seeded
                         param, grad = master.view(-1), grad.float()
                     self._adamw.step(
                         param,
@@ -441,8 +436,6 @@ class OffloadAdamW(torch.optim.Optimizer):
                         low.copy_(param)  # rounded to nearest even into the parameter (or its pinned copy)
                     if event is not None:
                         self._staging.push(p)  # H2D while the CPU steps the next
-                    if master is not None:
-                        self._written[id(p)] = (p._version, p.data_ptr())
                 state["step"].fill_(float(step))
         finally:
             self._staging.finish(p.device for p in on_device)
@@ -622,16 +615,14 @@ class OffloadAdamW(torch.optim.Optimizer):
                                 f"parameter of shape {tuple(p.shape)}"
                             )
                         fresh[key] = self._moment(p).copy_(loaded.to(dtype=torch.float32, device="cpu"))
-                    if p.dtype != torch.float32:
-                        loaded = st.get("master")
-                        if loaded is not None and loaded.shape != p.shape:
+                    loaded = st.get("master") if p.dtype != torch.float32 else None
+                    if loaded is not None:  # without one, the first step takes the parameter's values
+                        if loaded.shape != p.shape:
                             raise ValueError(
                                 f"OffloadAdamW.load_state_dict: master of shape {tuple(loaded.shape)} for a "
                                 f"parameter of shape {tuple(p.shape)}"
                             )
-                        source = p.detach() if loaded is None else loaded.to(dtype=torch.float32, device="cpu")
-                        fresh["master"] = self._moment(p).copy_(source)
-                        self._written.pop(id(p), None)
+                        fresh["master"] = self._moment(p).copy_(loaded.to(dtype=torch.float32, device="cpu"))
                     step = st["step"]
                     fresh["step"] = torch.tensor(float(step.item() if isinstance(step, torch.Tensor) else step))
                     moments[p] = fresh
