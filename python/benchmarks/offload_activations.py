@@ -12,7 +12,8 @@ of ferry's device runtime) or CUDA tensors (--device cuda: ferry._cuda):
 - on CUDA, the link floor: the step can be no faster than its forward pass or the D2H of
   what it saves, whichever is longer, plus its backward pass or the H2D of it back
   (each pass and each direction measured here: pinned copies of the step's bytes), and
-  each variant's ratio to that floor.
+  each variant's ratio to that floor. "ferry 1GiB" is ferry with at most 1 GiB of copies
+  waiting for the link (device_bytes): the forward pass held back beyond it.
 
     python python/benchmarks/offload_activations.py [--device cpu|cuda] [--dtype float32|bfloat16]
         [--layers 8] [--hidden 1024] [--tokens 2048] [--repetitions 7] [--tiny-tensors 2000]
@@ -137,12 +138,15 @@ def main():
     offload = ft.offload_activations(min_bytes=1 << 16, keep_last=1, device=device)
     offload_bf16 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="bf16", device=device)
     offload_fp8 = ft.offload_activations(min_bytes=1 << 16, keep_last=1, codec="fp8", device=device)
+    # at most 1 GiB of copies waiting for the link: the forward pass held back beyond it
+    offload_bounded = ft.offload_activations(min_bytes=1 << 16, keep_last=1, device=device, device_bytes=1 << 30)
     variants = {
         "none": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
         "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda"),
         "ferry": lambda: offload,
         "ferry bf16": lambda: offload_bf16,
         "ferry fp8": lambda: offload_fp8,
+        "ferry 1GiB": lambda: offload_bounded,
     }
     if dtype != torch.float32:
         del variants["ferry bf16"]  # the bf16 codec takes float32 tensors only

@@ -23,7 +23,17 @@
 //   stream waits for that, and the key is erased (the device copy is freed on the own
 //   stream, after the copy out).
 // This is what makes the legacy default stream (torch's default) usable: ferry refuses to
-// issue work on it, and here it only records and waits on events. The host waits only
+// issue work on it, and here it only records and waits on events.
+//
+// The bound on copies waiting for the link (`store_settings::device_bytes` > 0): after
+// each offload, an event is recorded on the scheduler's D2H lane (in lane order it
+// completes once the D2H copies issued so far, this one's included, have read their
+// device copies, which are freed behind them). While the bytes offloaded since the oldest
+// such event still pending exceed the bound, the caller's stream waits for that event, on
+// the device: the forward pass is held back until the link has drained the copies in
+// excess, so ferry's device memory holds at most about the bound (plus one tensor). The
+// host never waits. Every tensor offloaded is counted: the store is used with
+// `keep_last` 0 and tensors under `resident_below_bytes` never offered (ferry.torch). The host waits only
 // where `Config::host_caller` says the caller's memory is host memory (the CPU model:
 // Python may free or read the tensor as soon as the call returns).
 //
@@ -48,6 +58,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -55,6 +66,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "store_types.hpp"
 
@@ -91,7 +103,8 @@ class basic_activation_store {
         device_tier_(arena_, own_.get()),
         tiers_(device_tier_, ferry::pinned_tier(pool_)),
         options_(options(s)),
-        codec_(s.codec) {
+        codec_(s.codec),
+        device_bytes_(s.device_bytes) {
     if (codec_ != "none" && codec_ != "bf16" && codec_ != "fp8") {
       throw std::invalid_argument("ferry: codec must be None, 'bf16' or 'fp8', not '" + codec_ + "'");
     }
@@ -118,6 +131,9 @@ class basic_activation_store {
     nvme_tiers_.reset();
     nvme_.reset();
     FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(own_handle()));
+    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(runtime_type::handle(sched_.d2h())));
+    for (const auto& f : in_flight_) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(f.event));
+    for (const auto e : spare_events_) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(e));
     FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_own_));
     FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_caller_));
   }
@@ -155,6 +171,7 @@ class basic_activation_store {
       throw;
     }
     record(key, bytes, which);
+    throttle(bytes, caller);
     return codec_name(which);
   }
 
@@ -229,6 +246,8 @@ class basic_activation_store {
     s.nvme = nvme_.has_value();
     s.encoded = encoded_;
     s.encoded_bytes = encoded_bytes_;
+    s.throttled = throttled_;
+    s.in_flight_bytes = in_flight_bytes_;
     s.codec = codec_;
     return s;
   }
@@ -288,8 +307,43 @@ class basic_activation_store {
     std::size_t bytes;
     std::size_t cache;
   };
+  struct in_flight {
+    std::size_t bytes;
+    event_handle event;  // recorded on the D2H lane after the offload of those bytes
+  };
 
   [[nodiscard]] stream_handle own_handle() const noexcept { return runtime_type::handle(own_.get()); }
+
+  // The bound on copies waiting for the D2H lane (see the file comment).
+  void throttle(std::size_t bytes, stream_ref caller) {
+    if (device_bytes_ == 0) return;
+    event_handle e{};
+    if (!spare_events_.empty()) {
+      e = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      FERRY_RUNTIME_TRY(runtime_type, runtime_.event_create(&e));
+    }
+    if (const auto st = runtime_.event_record(e, runtime_type::handle(sched_.d2h())); !runtime_type::ok(st)) {
+      spare_events_.push_back(e);
+      FERRY_RUNTIME_TRY(runtime_type, st);
+    }
+    in_flight_.push_back({bytes, e});
+    in_flight_bytes_ += bytes;
+    while (in_flight_bytes_ > device_bytes_ && !in_flight_.empty()) {
+      const in_flight f = in_flight_.front();
+      const auto st = runtime_.event_query(f.event);
+      if (!runtime_type::ok(st)) {
+        if (!runtime_type::not_ready(st)) FERRY_RUNTIME_TRY(runtime_type, st);
+        // Not drained yet: the caller's stream waits for it (on the device).
+        FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_wait_event(runtime_type::handle(caller), f.event));
+        ++throttled_;
+      }
+      in_flight_.pop_front();
+      in_flight_bytes_ -= f.bytes;
+      spare_events_.push_back(f.event);
+    }
+  }
 
   void record(std::uint64_t key, std::size_t bytes, std::size_t which) {
     sizes_.emplace(key, held{bytes, which});
@@ -387,6 +441,11 @@ class basic_activation_store {
   std::unordered_map<std::uint64_t, held> sizes_;  // bytes stored under each key, and their cache
   std::uint64_t encoded_ = 0;
   std::uint64_t encoded_bytes_ = 0;
+  std::size_t device_bytes_ = 0;  // the bound; 0: none
+  std::deque<in_flight> in_flight_;
+  std::size_t in_flight_bytes_ = 0;
+  std::vector<event_handle> spare_events_;
+  std::uint64_t throttled_ = 0;
 };
 
 }  // namespace ferry_python

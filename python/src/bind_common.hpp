@@ -55,6 +55,8 @@ inline nanobind::dict stats_dict(const store_stats& s) {
   d["nvme"] = s.nvme;
   d["encoded"] = s.encoded;
   d["encoded_bytes"] = s.encoded_bytes;
+  d["throttled"] = s.throttled;
+  d["in_flight_bytes"] = s.in_flight_bytes;
   d["codec"] = s.codec;
   return d;
 }

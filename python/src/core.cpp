@@ -65,7 +65,7 @@ class activation_store {
  public:
   activation_store(std::size_t resident_below_bytes, std::size_t keep_last, std::size_t pinned_budget_bytes,
                    std::size_t prefetch_budget_bytes, const std::string& codec, const std::string& nvme_path,
-                   std::uint64_t nvme_bytes)
+                   std::uint64_t nvme_bytes, std::size_t device_bytes)
       : store_(std::make_unique<ferry_python::basic_activation_store<cpu_config>>(
             ferry_python::store_settings{.resident_below_bytes = resident_below_bytes,
                                          .keep_last = keep_last,
@@ -73,7 +73,8 @@ class activation_store {
                                          .prefetch_budget_bytes = prefetch_budget_bytes,
                                          .codec = codec,
                                          .nvme_path = nvme_path,
-                                         .nvme_bytes = nvme_bytes})) {}
+                                         .nvme_bytes = nvme_bytes,
+                                         .device_bytes = device_bytes})) {}
   ~activation_store() {
     const nb::gil_scoped_release unlocked;
     store_.reset();
@@ -165,10 +166,10 @@ NB_MODULE(_core, m) {
                                "A ferry::tensor_cache of the device and pinned memory on the CPU model of the "
                                "device runtime, holding byte buffers under integer keys.")
       .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t, const std::string&, const std::string&,
-                    std::uint64_t>(),
+                    std::uint64_t, std::size_t>(),
            nb::arg("resident_below_bytes"), nb::arg("keep_last"), nb::arg("pinned_budget_bytes"),
            nb::arg("prefetch_budget_bytes"), nb::arg("codec") = "none", nb::arg("nvme_path") = "",
-           nb::arg("nvme_bytes") = 0)
+           nb::arg("nvme_bytes") = 0, nb::arg("device_bytes") = 0)
       .def("offload", &activation_store::offload, nb::arg("key"), nb::arg("src").noconvert(),
            nb::arg("element") = "bytes",
            "Copies the C-contiguous CPU tensor's bytes into the cache and stores them under key (encoded by the "

@@ -37,7 +37,7 @@ class cuda_store_binding {
  public:
   cuda_store_binding(int device, std::size_t resident_below_bytes, std::size_t keep_last,
                      std::size_t pinned_budget_bytes, std::size_t prefetch_budget_bytes, const std::string& codec,
-                     const std::string& nvme_path, std::uint64_t nvme_bytes)
+                     const std::string& nvme_path, std::uint64_t nvme_bytes, std::size_t device_bytes)
       : store_(std::make_unique<ferry_python::cuda_activation_store>(
             device, ferry_python::store_settings{.resident_below_bytes = resident_below_bytes,
                                                  .keep_last = keep_last,
@@ -45,7 +45,8 @@ class cuda_store_binding {
                                                  .prefetch_budget_bytes = prefetch_budget_bytes,
                                                  .codec = codec,
                                                  .nvme_path = nvme_path,
-                                                 .nvme_bytes = nvme_bytes})) {}
+                                                 .nvme_bytes = nvme_bytes,
+                                                 .device_bytes = device_bytes})) {}
   ~cuda_store_binding() {
     const nb::gil_scoped_release unlocked;
     store_.reset();
@@ -189,10 +190,10 @@ NB_MODULE(_cuda, m) {
                                  "ferry::tensor_caches of one CUDA device's memory, pinned memory and optionally an "
                                  "NVMe file, holding the bytes of CUDA tensors under integer keys.")
       .def(nb::init<int, std::size_t, std::size_t, std::size_t, std::size_t, const std::string&, const std::string&,
-                    std::uint64_t>(),
+                    std::uint64_t, std::size_t>(),
            nb::arg("device"), nb::arg("resident_below_bytes"), nb::arg("keep_last"), nb::arg("pinned_budget_bytes"),
            nb::arg("prefetch_budget_bytes"), nb::arg("codec") = "none", nb::arg("nvme_path") = "",
-           nb::arg("nvme_bytes") = 0)
+           nb::arg("nvme_bytes") = 0, nb::arg("device_bytes") = 0)
       .def("offload", &cuda_store_binding::offload, nb::arg("key"), nb::arg("src").noconvert(), nb::arg("element"),
            nb::arg("stream"),
            "Copies the C-contiguous CUDA tensor's bytes into the cache after the work on stream (a cudaStream_t "

@@ -20,6 +20,7 @@ struct store_settings {
   std::string codec = "none";             // "none", "bf16" or "fp8"
   std::string nvme_path;                  // a third tier's file; empty: two tiers
   std::uint64_t nvme_bytes = 0;           // its capacity (> 0 with a path)
+  std::size_t device_bytes = 0;           // the most bytes of copies waiting for the D2H lane; 0: no bound
 };
 
 // The caches' counters summed (`ferry::tensor_cache_stats`), and the store's own.
@@ -38,6 +39,8 @@ struct store_stats {
   bool nvme = false;                // whether the store has an NVMe tier
   std::uint64_t encoded = 0;        // tensors stored through a codec
   std::uint64_t encoded_bytes = 0;  // their bytes before it
+  std::uint64_t throttled = 0;      // offloads after which the caller's stream waited for the D2H lane
+  std::size_t in_flight_bytes = 0;  // bytes of copies the store still counts as waiting for the lane
   std::string codec;                // the store's codec
 };
 

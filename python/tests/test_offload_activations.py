@@ -501,3 +501,26 @@ def test_nvme_arguments_are_checked_and_a_folder_is_an_os_error_naming_it(tmp_pa
     assert e.value.errno == errno.EISDIR and str(tmp_path) in str(e.value)
     with pytest.raises(TypeError, match="nvme_path must be"):
         ft.offload_activations(nvme_path=b"/tmp/x", nvme_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("device_bytes", [1, 100 << 10])
+def test_a_bound_on_copies_waiting_for_the_link_keeps_gradients_exact(device_bytes):
+    x = torch.randn(64, 64)
+    ref_model, model = _mlp(), _mlp()
+    ref_model(x).square().mean().backward()
+    off = ft.offload_activations(min_bytes=0, keep_last=0, device_bytes=device_bytes)
+    for _ in range(2):
+        model.zero_grad()
+        with off:
+            loss = model(x).square().mean()
+        s = off.stats()
+        assert s["offloaded"] > 0 and s["in_flight_bytes"] <= device_bytes  # each offload drained down to the bound
+        loss.backward()
+        for a, b in zip(ref_model.parameters(), model.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    unbounded = ft.offload_activations(min_bytes=0, keep_last=0)
+    with unbounded:
+        model(x).sum().backward()
+    assert unbounded.stats()["throttled"] == 0 and unbounded.stats()["in_flight_bytes"] == 0
+    with pytest.raises(ValueError, match="device_bytes"):
+        ft.offload_activations(device_bytes=-1)

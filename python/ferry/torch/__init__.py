@@ -223,6 +223,12 @@ class offload_activations:
             own: ``pinned_bytes`` is per device) and without the NVMe tier, which is the
             first store's.
 
+        device_bytes: the most bytes of offloaded tensors whose D2H copy has not yet read
+            them (they wait in ferry's device memory meanwhile) before the saving stream
+            is held back, on the device, until the link has drained the excess; 0: no
+            bound (the forward pass runs ahead of the link as far as it likes, and ferry's
+            device memory holds what the link has not drained). Per device.
+
     Streams (CUDA): each store copies on a stream of its own. A saved tensor is copied
     after the work enqueued on the stream current when it was saved, and that stream
     waits for the copy before it goes on, so the memory torch frees behind it is not
@@ -250,6 +256,7 @@ class offload_activations:
         nvme_path: Optional[Union[str, "os.PathLike[str]"]] = None,
         nvme_bytes: int = 0,
         device: Optional[Union[torch.device, str, int]] = None,
+        device_bytes: int = 0,
     ) -> None:
         if codec not in _CODECS:
             raise ValueError(f"offload_activations: codec must be None, 'bf16' or 'fp8', not {codec!r}")
@@ -260,6 +267,7 @@ class offload_activations:
             ("pinned_bytes", pinned_bytes),
             ("prefetch_bytes", prefetch_bytes),
             ("nvme_bytes", nvme_bytes),
+            ("device_bytes", device_bytes),
         ):
             checked[name] = whole(f"offload_activations: {name}", value)
         min_bytes, keep_last = checked["min_bytes"], checked["keep_last"]
@@ -279,6 +287,7 @@ class offload_activations:
             pinned_budget_bytes=pinned_bytes,
             prefetch_budget_bytes=prefetch_bytes,
             codec=_CODECS[codec],
+            device_bytes=checked["device_bytes"],
         )
         self._nvme_path = path
         self._nvme_bytes = checked["nvme_bytes"]
@@ -460,8 +469,10 @@ class offload_activations:
         not_dense, no_room, last); the NVMe tier's (``nvme``: whether there is one, ``spilled``,
         ``spilled_bytes``, ``read_back``); ``codec``, and the tensors stored through it (``encoded``)
         with their bytes before it (``encoded_bytes``; ``offloaded_bytes`` counts the
-        bytes after it). Counters are summed over the devices' stores; ``devices`` names
-        the devices that have one."""
+        bytes after it); with ``device_bytes``, the offloads after which the saving stream
+        was held back (``throttled``) and the bytes still counted as waiting for the link
+        (``in_flight_bytes``). Counters are summed over the devices' stores; ``devices``
+        names the devices that have one."""
         with self._lock:
             per_store = [dict(store.stats()) for store in self._stores.values()]
         s: Dict[str, Any] = {}
