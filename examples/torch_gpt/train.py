@@ -96,7 +96,10 @@ def main():
                     help="keep the optimizer's states in a file in DIR (streamed through 3 pinned buffers)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (a build with ferry._cuda and a GPU)")
     a = ap.parse_args()
-    device = torch.device(a.device)
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        raise SystemExit(f"torch_gpt: --device {a.device!r} is not a device (cpu or cuda)") from None
     if device.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
         raise SystemExit(f"torch_gpt: --device cuda needs ferry._cuda (ferry.has_cuda: {ferry.has_cuda}) and a GPU "
                          f"({ferry.cuda_device_count()} seen)")

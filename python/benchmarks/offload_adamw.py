@@ -1,7 +1,7 @@
 """ferry.torch.OffloadAdamW with its states in pinned memory and on NVMe, against
-torch.optim.AdamW on the CPU (its per-parameter loop, foreach and fused kernels), side by
-side in one run: the step time of each over the same parameters and gradients,
-round-robin, median and spread over --repetitions, and ratios to torch's fastest.
+torch.optim.AdamW (its per-parameter loop, foreach and fused kernels), side by side in one
+run: the step time of each over the same parameters and gradients, round-robin, median and
+spread ((max - min) / median) over --repetitions, and ratios to torch's fastest.
 
 The NVMe rows stream every parameter's states (pinned_bytes = the ring of three buffers
 only: "nvme, 0/N resident") or keep about half of them in pinned memory (with 6 or fewer

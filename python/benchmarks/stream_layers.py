@@ -1,6 +1,9 @@
 """ferry.torch.stream_layers against the same layers resident and against PyTorch's own
 recompute (torch.utils.checkpoint per layer, non-reentrant), side by side in one run, on
-the tensors of this build (CPU tensors through the CPU model of ferry's device runtime):
+CPU tensors (through the CPU model of ferry's device runtime; the stack's CUDA slots,
+stream_layers(device="cuda"), are measured by the GPU machine's tests).
+
+What it reports:
 
 - step: a stack of (Linear + GELU + Linear) blocks trained a step at a time (forward,
   backward, zero_grad), each variant's median step time over --repetitions, round-robin,
@@ -100,7 +103,7 @@ def main():
     st_t = statistics.median(timed(st, tx, 5))
     per_layer_us = (st_t - ck_t) / a.tiny_layers * 1e6
 
-    print(f"stream_layers on {'CUDA' if ferry.has_cuda else 'the CPU model (CPU tensors)'}, "
+    print(f"stream_layers on the CPU model (CPU tensors; spread = (max - min) / median), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"step: {a.layers} x (Linear {a.hidden} + GELU + Linear {a.hidden}), {a.tokens} tokens, "
           f"{weight_bytes / 2**20:.1f} MiB of weights through {a.slots} slots; medians of {a.repetitions}")
