@@ -36,7 +36,7 @@ import torch
 import ferry
 from ferry import _core
 from ferry.torch._checks import memory_order as _memory_order
-from ferry.torch._checks import file_path, whole
+from ferry.torch._checks import device_of, file_path, whole
 from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
 
@@ -141,31 +141,13 @@ class _Saved:
 
 
 def _default_device(device: Optional[Union[torch.device, str, int]]) -> torch.device:
-    """``device`` as a torch.device with an index where CUDA (None: the current CUDA
-    device where this build has CUDA and one is there, else the CPU)."""
+    """``device`` checked (``_checks.device_of``); None: the current CUDA device where this
+    build has CUDA and one is there, else the CPU."""
     if device is None:
         if ferry.has_cuda and ferry.cuda_device_count() > 0 and torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"offload_activations: device {device!r} is not a device ({e})") from None
-    if d.type == "cpu":
-        return torch.device("cpu")
-    if d.type != "cuda":
-        raise ValueError(f"offload_activations: device {d} is not the CPU or a CUDA device")
-    if not ferry.has_cuda:
-        raise ValueError(f"offload_activations: device {d}: this build of ferry has no CUDA module (ferry.has_cuda "
-                         "is False; build it where the CUDA toolkit is)")
-    count = ferry.cuda_device_count()
-    if not torch.cuda.is_available() or count == 0:
-        raise ValueError(f"offload_activations: device {d}: no CUDA device is usable here")
-    index = device if isinstance(device, int) else d.index  # torch.device(2**40) is not cuda:2**40
-    if index is not None and not 0 <= index < count:
-        raise ValueError(f"offload_activations: device {device!r}: CUDA device {index} does not exist (ferry sees "
-                         f"{count})")
-    return torch.device("cuda", index if index is not None else torch.cuda.current_device())
+    return device_of("offload_activations", device)
 
 
 def _is_parameter(t: torch.Tensor) -> bool:

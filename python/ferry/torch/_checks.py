@@ -7,6 +7,8 @@ from typing import Any, Optional, Tuple
 
 import torch
 
+import ferry
+
 
 def whole(what: str, value: Any) -> int:
     """`value` as an int in [0, 2**63): Python, numpy and torch integers (not bools); a
@@ -62,3 +64,29 @@ def memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
     if t.permute(order).is_contiguous():
         return order
     return None
+
+
+def device_of(what: str, device: Any) -> torch.device:
+    """``device`` (a torch.device, a str or a CUDA index) as the CPU or a CUDA device with
+    its index, checked against this build and machine: a ValueError naming ``what`` for
+    something that is not a device, a device other than the CPU and CUDA, CUDA in a build
+    without ``ferry._cuda`` or where no CUDA device is usable, and an index past the
+    devices ferry sees (``torch.device(2**40)`` is taken by torch as ``cuda:0``)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{what}: device {device!r} is not a device ({e})") from None
+    if d.type == "cpu":
+        return torch.device("cpu")
+    if d.type != "cuda":
+        raise ValueError(f"{what}: device {d} is not the CPU or a CUDA device")
+    if not ferry.has_cuda:
+        raise ValueError(f"{what}: device {d}: this build of ferry has no CUDA module (ferry.has_cuda is False; "
+                         "build it where the CUDA toolkit is)")
+    count = ferry.cuda_device_count()
+    if not torch.cuda.is_available() or count == 0:
+        raise ValueError(f"{what}: device {d}: no CUDA device is usable here")
+    index = device if isinstance(device, int) else d.index
+    if index is not None and not 0 <= index < count:
+        raise ValueError(f"{what}: device {device!r}: CUDA device {index} does not exist (ferry sees {count})")
+    return torch.device("cuda", index if index is not None else torch.cuda.current_device())

@@ -11,7 +11,7 @@ import torch
 
 import ferry
 from ferry import _core
-from ferry.torch._checks import memory_order, whole
+from ferry.torch._checks import device_of, memory_order, whole
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -548,24 +548,7 @@ def _slot_device(device: Any, params: List[torch.Tensor]) -> torch.device:
             raise ValueError(f"stream_layers: the parameters are on several devices ({sorted(map(str, on))}); "
                              "pass device=")
         device = next(iter(on)) if on else torch.device("cpu")
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"stream_layers: device {device!r} is not a device ({e})") from None
-    if d.type == "cpu":
-        return torch.device("cpu")
-    if d.type != "cuda":
-        raise ValueError(f"stream_layers: device {d} is not the CPU or a CUDA device")
-    if not ferry.has_cuda:
-        raise ValueError(f"stream_layers: device {d}: this build of ferry has no CUDA module (ferry.has_cuda is "
-                         "False; build it where the CUDA toolkit is)")
-    count = ferry.cuda_device_count()
-    if not torch.cuda.is_available() or count == 0:
-        raise ValueError(f"stream_layers: device {d}: no CUDA device is usable here")
-    index = device if isinstance(device, int) else d.index  # torch.device(2**40) is not cuda:2**40
-    if index is not None and not 0 <= index < count:
-        raise ValueError(f"stream_layers: device {device!r}: CUDA device {index} does not exist (ferry sees {count})")
-    return torch.device("cuda", index if index is not None else torch.cuda.current_device())
+    return device_of("stream_layers", device)
 
 
 def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient_slabs: int = 4,
