@@ -28,6 +28,7 @@
 #include "activation_store.hpp"
 #include "adamw.hpp"
 #include "bind_common.hpp"
+#include "cpu_caller.hpp"
 #include "layers.hpp"
 #include "states.hpp"
 #include <nanobind/nanobind.h>
@@ -61,51 +62,25 @@ using host_array = nb::ndarray<nb::device::cpu, nb::c_contig>;
 // thread's work is a stream of its own here (`caller_`), standing where torch's current
 // stream stands on CUDA, so the store orders its copies against it with the same events
 // (activation_store.hpp). The GIL is released while the cache works.
-class activation_store {
+using store_type = ferry_python::basic_activation_store<cpu_config>;
+
+class activation_store : private ferry_python::cpu_caller, public ferry_python::store_binding<store_type> {
  public:
   activation_store(std::size_t resident_below_bytes, std::size_t keep_last, std::size_t pinned_budget_bytes,
                    std::size_t prefetch_budget_bytes, const std::string& codec, const std::string& nvme_path,
                    std::uint64_t nvme_bytes, std::size_t device_bytes)
-      : store_(std::make_unique<ferry_python::basic_activation_store<cpu_config>>(
-            ferry_python::store_settings{.resident_below_bytes = resident_below_bytes,
-                                         .keep_last = keep_last,
-                                         .pinned_budget_bytes = pinned_budget_bytes,
-                                         .prefetch_budget_bytes = prefetch_budget_bytes,
-                                         .codec = codec,
-                                         .nvme_path = nvme_path,
-                                         .nvme_bytes = nvme_bytes,
-                                         .device_bytes = device_bytes})) {}
-  ~activation_store() {
-    const nb::gil_scoped_release unlocked;
-    store_.reset();
-  }
-  activation_store(const activation_store&) = delete;
-  activation_store& operator=(const activation_store&) = delete;
+      : store_binding(std::make_unique<store_type>(
+            ferry_python::settings_of(resident_below_bytes, keep_last, pinned_budget_bytes, prefetch_budget_bytes,
+                                      codec, nvme_path, nvme_bytes, device_bytes))) {}
 
   std::string offload(std::uint64_t key, const host_array& src, const std::string& element) {
     const nb::gil_scoped_release unlocked;
-    return store_->offload(key, src.data(), src.nbytes(), element, ferry::cpu_stream_ref(caller_.get()));
+    return store_->offload(key, src.data(), src.nbytes(), element, ref());
   }
   void fetch(std::uint64_t key, const host_array& dst) {
     const nb::gil_scoped_release unlocked;
-    store_->fetch(key, dst.data(), dst.nbytes(), ferry::cpu_stream_ref(caller_.get()));
+    store_->fetch(key, dst.data(), dst.nbytes(), ref());
   }
-  void discard(std::uint64_t key) {
-    const nb::gil_scoped_release unlocked;
-    store_->discard(key);
-  }
-  void end_iteration() {
-    const nb::gil_scoped_release unlocked;
-    store_->end_iteration();
-  }
-  [[nodiscard]] bool contains(std::uint64_t key) const { return store_->contains(key); }
-  [[nodiscard]] std::size_t size() const { return store_->size(); }
-  [[nodiscard]] std::string tier_of(std::uint64_t key) { return store_->tier_of(key); }
-  [[nodiscard]] nb::dict stats() const { return ferry_python::stats_dict(store_->stats()); }
-
- private:
-  ferry::cpu_stream caller_;  // declared first: the store's events wait on it until the store goes
-  std::unique_ptr<ferry_python::basic_activation_store<cpu_config>> store_;
 };
 
 // Optimizer states in a pinned pool: `zeros(n)` hands out a float32 torch tensor of n
@@ -162,9 +137,10 @@ NB_MODULE(_core, m) {
 
   ferry_python::register_translators();
 
-  nb::class_<activation_store>(m, "ActivationStore",
-                               "A ferry::tensor_cache of the device and pinned memory on the CPU model of the "
-                               "device runtime, holding byte buffers under integer keys.")
+  nb::class_<activation_store> store(m, "ActivationStore",
+                                     "ferry::tensor_caches of the device and pinned memory on the CPU model of "
+                                     "the device runtime, holding byte buffers under integer keys.");
+  store
       .def(nb::init<std::size_t, std::size_t, std::size_t, std::size_t, const std::string&, const std::string&,
                     std::uint64_t, std::size_t>(),
            nb::arg("resident_below_bytes"), nb::arg("keep_last"), nb::arg("pinned_budget_bytes"),
@@ -175,14 +151,8 @@ NB_MODULE(_core, m) {
            "Copies the C-contiguous CPU tensor's bytes into the cache and stores them under key (encoded by the "
            "store's codec when it takes element: 'float32', 'bfloat16', 'float16'); returns the codec used.")
       .def("fetch", &activation_store::fetch, nb::arg("key"), nb::arg("dst").noconvert(),
-           "Copies the bytes stored under key into dst (as many bytes), then erases the key.")
-      .def("discard", &activation_store::discard, nb::arg("key"), "Erases key without fetching it.")
-      .def("end_iteration", &activation_store::end_iteration,
-           "Ends an iteration: the first one is recorded, later ones replay it (prefetch, eviction).")
-      .def("contains", &activation_store::contains, nb::arg("key"))
-      .def("tier_of", &activation_store::tier_of, nb::arg("key"), "'device' or 'pinned': where key's bytes are.")
-      .def("stats", &activation_store::stats, "The cache's counters and the keys held.")
-      .def("__len__", &activation_store::size);
+           "Copies the bytes stored under key into dst (as many bytes), then erases the key.");
+  ferry_python::def_store_common(store);
 
   nb::class_<state_pool>(m, "StatePool", "Optimizer states in a ferry::pinned_pool, handed out as float32 tensors.")
       .def(nb::init<std::size_t>(), nb::arg("budget_bytes"))

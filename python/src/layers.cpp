@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bind_common.hpp"
+#include "cpu_caller.hpp"
 #include "layer_stack.hpp"
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -45,51 +46,28 @@ struct cpu_layers_config {
 };
 
 using stack_type = ferry_python::basic_layer_stack<cpu_layers_config>;
-using byte_view = nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<1>, nb::c_contig>;
+using ferry_python::byte_view;
 
-byte_view view(std::byte* p, std::size_t n) { return {reinterpret_cast<std::uint8_t*>(p), {n}, nb::handle()}; }
-
-class layer_stack {
+class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack_binding<stack_type> {
  public:
   layer_stack(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs)
-      : stack_(std::make_unique<stack_type>(layouts, slots, gradient_slabs)) {}
-  layer_stack(const layer_stack&) = delete;
-  layer_stack& operator=(const layer_stack&) = delete;
-  ~layer_stack() {
-    const nb::gil_scoped_release unlocked;
-    stack_.reset();  // waits for every load, push and callback
-  }
+      : stack_binding(std::make_unique<stack_type>(layouts, slots, gradient_slabs)) {}
 
-  [[nodiscard]] std::size_t layers() const noexcept { return stack_->layers(); }
-  [[nodiscard]] std::size_t slots() const noexcept { return stack_->slots(); }
-  [[nodiscard]] std::size_t layer_bytes(std::size_t layer) const { return stack_->layer_bytes(layer); }
-  [[nodiscard]] byte_view weights(std::size_t layer) {
-    const auto w = stack_->weights(layer);
-    return view(w.data(), w.size());
-  }
-  [[nodiscard]] byte_view gradient(std::size_t layer) {
-    const auto g = stack_->gradient(layer);
-    return view(g.data(), g.size());
-  }
-  void begin_pass(bool forward) {
-    const nb::gil_scoped_release unlocked;
-    stack_->begin_pass(forward);
-  }
   [[nodiscard]] byte_view acquire(std::size_t layer) {
     std::byte* p = nullptr;
     {
       const nb::gil_scoped_release unlocked;
-      p = stack_->acquire(layer, caller());
+      p = stack_->acquire(layer, ref());
     }
-    return view(p, stack_->layer_bytes(layer));
+    return ferry_python::host_view(p, stack_->layer_bytes(layer));
   }
   void release(std::size_t layer) {
     const nb::gil_scoped_release unlocked;
-    stack_->release(layer, caller());
+    stack_->release(layer, ref());
   }
   void reset() {
     const nb::gil_scoped_release unlocked;
-    stack_->reset(caller());
+    stack_->reset(ref());
   }
   [[nodiscard]] byte_view staging(std::size_t layer) {
     std::byte* p = nullptr;
@@ -97,54 +75,29 @@ class layer_stack {
       const nb::gil_scoped_release unlocked;
       p = stack_->staging(layer);
     }
-    return view(p, stack_->layer_bytes(layer));
+    return ferry_python::host_view(p, stack_->layer_bytes(layer));
   }
   void push(std::size_t layer, bool accumulate) {
     const nb::gil_scoped_release unlocked;
-    stack_->push(layer, accumulate, caller());
+    stack_->push(layer, accumulate, ref());
   }
-  void wait_gradients() {
-    const nb::gil_scoped_release unlocked;
-    stack_->wait_gradients();
-  }
-  void wait_loads() {
-    const nb::gil_scoped_release unlocked;
-    stack_->wait_loads();
-  }
-  [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
-  [[nodiscard]] nb::dict stats() const { return ferry_python::layer_stats(stack_->stats()); }
-
- private:
-  [[nodiscard]] ferry::cpu_stream_ref caller() const { return ferry::cpu_stream_ref(caller_.get()); }
-  ferry::cpu_stream caller_;  // the Python thread's work; declared first: the stack waits on it until it goes
-  std::unique_ptr<stack_type> stack_;
 };
 
 }  // namespace
 
 void bind_layer_stack(nb::module_& m) {
-  nb::class_<layer_stack>(m, "LayerStack",
-                          "ferry's layer streamer on the CPU model: L layers' weights in pinned slabs, K device "
-                          "slots, gradients pushed out to pinned slabs (see ferry.torch.stream_layers).")
+  nb::class_<layer_stack> stack(m, "LayerStack",
+                                "ferry's layer streamer on the CPU model: L layers' weights in pinned slabs, K "
+                                "device slots, gradients pushed out to pinned slabs (see ferry.torch.stream_layers).");
+  stack
       .def(nb::init<const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(), nb::arg("layouts"),
            nb::arg("slots"), nb::arg("gradient_slabs"))
-      .def_prop_ro("layers", &layer_stack::layers)
-      .def_prop_ro("slots", &layer_stack::slots)
-      .def("layer_bytes", &layer_stack::layer_bytes, nb::arg("layer"))
-      .def("weights", &layer_stack::weights, nb::arg("layer"), nb::rv_policy::reference_internal,
-           "Layer's pinned weight slab as a uint8 tensor (lives as long as this object).")
-      .def("gradient", &layer_stack::gradient, nb::arg("layer"), nb::rv_policy::reference_internal,
-           "Layer's gradient slab as a uint8 tensor (lives as long as this object).")
-      .def("begin_pass", &layer_stack::begin_pass, nb::arg("forward"))
       .def("acquire", &layer_stack::acquire, nb::arg("layer"), nb::rv_policy::reference_internal,
            "Layer's slot, loaded (valid until release).")
       .def("release", &layer_stack::release, nb::arg("layer"))
       .def("reset", &layer_stack::reset, "Abandons the pass in progress.")
       .def("staging", &layer_stack::staging, nb::arg("layer"), nb::rv_policy::reference_internal,
            "The staging buffer the next push reads (free of earlier pushes).")
-      .def("push", &layer_stack::push, nb::arg("layer"), nb::arg("accumulate"))
-      .def("wait_gradients", &layer_stack::wait_gradients)
-      .def("wait_loads", &layer_stack::wait_loads, "Blocks until every load issued so far has landed.")
-      .def_prop_ro("in_pass", &layer_stack::in_pass)
-      .def("stats", &layer_stack::stats);
+      .def("push", &layer_stack::push, nb::arg("layer"), nb::arg("accumulate"));
+  ferry_python::def_stack_common(stack);
 }
