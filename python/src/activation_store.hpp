@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "store_types.hpp"
+#include "stream_bridge.hpp"
 
 namespace ferry_python {
 
@@ -93,14 +94,13 @@ class basic_activation_store {
   // std::invalid_argument for a codec other than "none", "bf16", "fp8", or only one of
   // an NVMe path and capacity; ferry::io_error when the NVMe file cannot be opened.
   explicit basic_activation_store(const store_settings& s, runtime_type runtime = {})
-      : runtime_(runtime),
-        own_(runtime),
+      : bridge_(runtime),
         sched_stream_(runtime),
         sched_(sched_stream_.get(), ferry::scheduler_options{}),
         arena_(std::numeric_limits<std::size_t>::max(),
                ferry::device_arena_options{.device = sched_.backend().device()}, sched_.backend().api()),
         pool_(pool_options(s.pinned_budget_bytes)),
-        device_tier_(arena_, own_.get()),
+        device_tier_(arena_, bridge_.own()),
         tiers_(device_tier_, ferry::pinned_tier(pool_)),
         options_(options(s)),
         codec_(s.codec),
@@ -119,24 +119,19 @@ class basic_activation_store {
       nvme_.emplace(std::move(o));  // io_error (OSError): a folder, no permission, no space
       nvme_tiers_.emplace(device_tier_, ferry::pinned_tier(pool_), *nvme_);
     }
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_create(&to_own_));
-    if (auto st = runtime_.event_create(&to_caller_); !runtime_type::ok(st)) {
-      (void)runtime_.event_destroy(to_own_);
-      FERRY_RUNTIME_TRY(runtime_type, st);
-    }
   }
 
   ~basic_activation_store() {
     for (auto& c : caches_) c.reset();  // before the tiers and the scheduler they use
     nvme_tiers_.reset();
     nvme_.reset();
-    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(own_handle()));
-    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(runtime_type::handle(sched_.d2h())));
-    for (const auto& f : in_flight_) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(f.event));
-    for (const auto e : spare_events_) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(e));
-    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_own_));
-    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_caller_));
-  }
+    const runtime_type& rt = bridge_.runtime();
+    // The frees on the own stream, before the arena goes, and the D2H lane's last records.
+    FERRY_RUNTIME_ASSERT(runtime_type, rt.stream_synchronize(bridge_.own_handle()));
+    FERRY_RUNTIME_ASSERT(runtime_type, rt.stream_synchronize(runtime_type::handle(sched_.d2h())));
+    for (const auto& f : in_flight_) FERRY_RUNTIME_ASSERT(runtime_type, rt.event_destroy(f.event));
+    for (const auto e : spare_events_) FERRY_RUNTIME_ASSERT(runtime_type, rt.event_destroy(e));
+  }  // then the bridge, last: it waits for its stream
   basic_activation_store(const basic_activation_store&) = delete;
   basic_activation_store& operator=(const basic_activation_store&) = delete;
 
@@ -150,15 +145,16 @@ class basic_activation_store {
     if (sizes_.contains(key)) throw key_error("ferry: the key is stored already " + key_text(key));
     const std::size_t which = pick(element, bytes);
     any_cache& cache = cache_at(which);
-    const stream_ref own = own_.get();
+    const stream_ref own = bridge_.own();
     sizes_.reserve(sizes_.size() + 1);  // the record below cannot fail once the cache holds the key
-    wait_for(own_handle(), to_own_, runtime_type::handle(caller));  // the producer's work first
+    bridge_.own_after(caller);          // the producer's work first
     void* p = cache.allocate(bytes, own);
     try {
-      FERRY_RUNTIME_TRY(runtime_type, Config::copy_in(runtime_, p, src, bytes, own_handle()), key, bytes);
+      FERRY_RUNTIME_TRY(runtime_type, Config::copy_in(bridge_.runtime(), p, src, bytes, bridge_.own_handle()), key,
+                        bytes);
       // The caller's stream goes on once the copy has read `src` (torch may reuse it).
-      wait_for(runtime_type::handle(caller), to_caller_, own_handle());
-      if constexpr (Config::host_caller) FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_synchronize(own_handle()));
+      bridge_.caller_after_own(caller);
+      if constexpr (Config::host_caller) bridge_.synchronize();
       cache.store(key, p, bytes, own);
     } catch (...) {
       if (cache.contains(key)) {
@@ -186,12 +182,13 @@ class basic_activation_store {
                                   " bytes, the stored one " + std::to_string(it->second.bytes) + " " + key_text(key));
     }
     any_cache& cache = *caches_[it->second.cache];
-    const stream_ref own = own_.get();
-    wait_for(own_handle(), to_own_, runtime_type::handle(caller));  // `dst`'s earlier users first
+    const stream_ref own = bridge_.own();
+    bridge_.own_after(caller);  // `dst`'s earlier users first
     const void* p = cache.get(key, own);
-    FERRY_RUNTIME_TRY(runtime_type, Config::copy_out(runtime_, dst, p, bytes, own_handle()), key, bytes);
-    wait_for(runtime_type::handle(caller), to_caller_, own_handle());
-    if constexpr (Config::host_caller) FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_synchronize(own_handle()));
+    FERRY_RUNTIME_TRY(runtime_type, Config::copy_out(bridge_.runtime(), dst, p, bytes, bridge_.own_handle()), key,
+                      bytes);
+    bridge_.caller_after_own(caller);
+    if constexpr (Config::host_caller) bridge_.synchronize();
     cache.erase(key, own);  // the device copy is freed on the own stream, after the copy out
     sizes_.erase(it);
   }
@@ -201,7 +198,7 @@ class basic_activation_store {
   void discard(std::uint64_t key) {
     const auto it = sizes_.find(key);
     if (it == sizes_.end()) return;
-    caches_[it->second.cache]->erase(key, own_.get());
+    caches_[it->second.cache]->erase(key, bridge_.own());
     sizes_.erase(it);
   }
 
@@ -312,19 +309,18 @@ class basic_activation_store {
     event_handle event;  // recorded on the D2H lane after the offload of those bytes
   };
 
-  [[nodiscard]] stream_handle own_handle() const noexcept { return runtime_type::handle(own_.get()); }
-
   // The bound on copies waiting for the D2H lane (see the file comment).
   void throttle(std::size_t bytes, stream_ref caller) {
     if (device_bytes_ == 0) return;
+    const runtime_type& rt = bridge_.runtime();
     event_handle e{};
     if (!spare_events_.empty()) {
       e = spare_events_.back();
       spare_events_.pop_back();
     } else {
-      FERRY_RUNTIME_TRY(runtime_type, runtime_.event_create(&e));
+      FERRY_RUNTIME_TRY(runtime_type, rt.event_create(&e));
     }
-    if (const auto st = runtime_.event_record(e, runtime_type::handle(sched_.d2h())); !runtime_type::ok(st)) {
+    if (const auto st = rt.event_record(e, runtime_type::handle(sched_.d2h())); !runtime_type::ok(st)) {
       spare_events_.push_back(e);
       FERRY_RUNTIME_TRY(runtime_type, st);
     }
@@ -332,11 +328,11 @@ class basic_activation_store {
     in_flight_bytes_ += bytes;
     while (in_flight_bytes_ > device_bytes_ && !in_flight_.empty()) {
       const in_flight f = in_flight_.front();
-      const auto st = runtime_.event_query(f.event);
+      const auto st = rt.event_query(f.event);
       if (!runtime_type::ok(st)) {
         if (!runtime_type::not_ready(st)) FERRY_RUNTIME_TRY(runtime_type, st);
         // Not drained yet: the caller's stream waits for it (on the device).
-        FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_wait_event(runtime_type::handle(caller), f.event));
+        FERRY_RUNTIME_TRY(runtime_type, rt.stream_wait_event(runtime_type::handle(caller), f.event));
         ++throttled_;
       }
       in_flight_.pop_front();
@@ -351,13 +347,6 @@ class basic_activation_store {
       ++encoded_;
       encoded_bytes_ += bytes;
     }
-  }
-
-  // `waiter` waits, on the device, for the work enqueued on `after` so far (through
-  // `e`, recorded on `after` now). Only events: nothing is issued on either stream.
-  void wait_for(stream_handle waiter, event_handle e, stream_handle after) {
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_record(e, after));
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_wait_event(waiter, e));
   }
 
   // The cache for a tensor of `bytes` bytes of `element`s: a codec's when the store has
@@ -423,8 +412,7 @@ class basic_activation_store {
     return o;
   }
 
-  runtime_type runtime_;
-  ferry::detail::runtime_stream<runtime_type> own_;  // every copy of the store, and the caches' producer and consumer
+  stream_bridge<runtime_type> bridge_;  // every copy of the store, and the caches' producer and consumer
   ferry::detail::runtime_stream<runtime_type> sched_stream_;
   scheduler_type sched_;
   ferry::basic_device_arena<runtime_type> arena_;
@@ -435,8 +423,6 @@ class basic_activation_store {
   std::optional<nvme_tiers_type> nvme_tiers_;
   ferry::tensor_cache_options options_;
   std::string codec_;
-  event_handle to_own_{};     // the own stream waits for the caller's work
-  event_handle to_caller_{};  // the caller's stream waits for the own stream's copy
   std::array<std::unique_ptr<any_cache>, cache_count> caches_;
   std::unordered_map<std::uint64_t, held> sizes_;  // bytes stored under each key, and their cache
   std::uint64_t encoded_ = 0;

@@ -53,6 +53,7 @@
 
 #include "layer_stack_types.hpp"
 #include "store_types.hpp"
+#include "stream_bridge.hpp"
 
 namespace ferry_python {
 
@@ -131,11 +132,7 @@ class basic_layer_stack {
   // errors (out_of_capacity: the pinned pool or device memory).
   basic_layer_stack(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
                     runtime_type runtime = {})
-      : layouts_(parse(layouts)),
-        bytes_(layer_sizes(layouts_)),
-        runtime_(runtime),
-        own_(runtime),
-        sched_stream_(runtime) {
+      : layouts_(parse(layouts)), bytes_(layer_sizes(layouts_)), bridge_(runtime), sched_stream_(runtime) {
     if (slots == 0) throw std::invalid_argument("ferry: stream_layers needs at least one slot [slots = 0]");
     if (gradient_slabs == 0) throw std::invalid_argument("ferry: stream_layers needs at least one gradient slab");
     std::size_t largest = 0;
@@ -156,11 +153,11 @@ class basic_layer_stack {
     arena_.emplace(std::numeric_limits<std::size_t>::max(),
                    ferry::device_arena_options{.device = sched_->backend().device()}, sched_->backend().api());
     staging_bytes_ = ferry::slot_memory::stride(largest);
-    for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, own_.get()));
+    for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, bridge_.own()));
     ferry::layer_streamer_options lo;
     lo.gradient_slabs = gradient_slabs;
-    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_, Config::slots(slots, *arena_, own_.get()),
-                      lo);
+    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
+                      Config::slots(slots, *arena_, bridge_.own()), lo);
     gradients_.reserve(bytes_.size());
     for (const std::size_t b : bytes_) {
       auto* p = static_cast<std::byte*>(pool_->allocate(b));
@@ -168,12 +165,6 @@ class basic_layer_stack {
       gradients_.push_back(p);
     }
     accumulate_ = std::make_unique<std::atomic<bool>[]>(bytes_.size());
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_create(&to_own_));
-    if (auto st = runtime_.event_create(&to_caller_); !runtime_type::ok(st)) {
-      (void)runtime_.event_destroy(to_own_);
-      to_own_ = {};
-      FERRY_RUNTIME_TRY(runtime_type, st);
-    }
   }
 
   basic_layer_stack(const basic_layer_stack&) = delete;
@@ -183,11 +174,10 @@ class basic_layer_stack {
     streamer_.reset();  // waits for every load, push and callback
     for (std::size_t i = 0; i < gradients_.size(); ++i) pool_->deallocate(gradients_[i], bytes_[i]);
     for (auto* s : staging_) {
-      if (s != nullptr) arena_->deallocate(s, staging_bytes_, own_.get());
+      if (s != nullptr) arena_->deallocate(s, staging_bytes_, bridge_.own());
     }
-    FERRY_RUNTIME_ASSERT(runtime_type, runtime_.stream_synchronize(own_handle()));
-    if (to_own_ != event_handle{}) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_own_));
-    if (to_caller_ != event_handle{}) FERRY_RUNTIME_ASSERT(runtime_type, runtime_.event_destroy(to_caller_));
+    // The frees on the stack's stream, before the arena goes.
+    FERRY_RUNTIME_ASSERT(runtime_type, bridge_.runtime().stream_synchronize(bridge_.own_handle()));
   }
 
   [[nodiscard]] std::size_t layers() const noexcept { return bytes_.size(); }
@@ -207,23 +197,23 @@ class basic_layer_stack {
   // work enqueued on `caller` after the call; valid until `release`.
   [[nodiscard]] std::byte* acquire(std::size_t layer, stream_ref caller) {
     check(layer);
-    std::byte* p = streamer_->acquire(layer, own_.get());
-    wait_for(runtime_type::handle(caller), to_caller_, own_handle());
-    if constexpr (Config::host_caller) FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_synchronize(own_handle()));
+    std::byte* p = streamer_->acquire(layer, bridge_.own());
+    bridge_.caller_after_own(caller);
+    if constexpr (Config::host_caller) bridge_.synchronize();
     return p;
   }
 
   // Gives back `layer`'s slot once the work enqueued on `caller` so far (that reads it) is done.
   void release(std::size_t layer, stream_ref caller) {
     check(layer);
-    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
-    streamer_->release(layer, own_.get());
+    bridge_.own_after(caller);
+    streamer_->release(layer, bridge_.own());
   }
 
   // Abandons the pass in progress (held slots released after `caller`'s work so far).
   void reset(stream_ref caller) {
-    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
-    streamer_->reset(own_.get());
+    bridge_.own_after(caller);
+    streamer_->reset(bridge_.own());
   }
 
   // The staging buffer the next `push` reads (device memory, `layer_bytes(layer)` bytes),
@@ -240,8 +230,8 @@ class basic_layer_stack {
   void push(std::size_t layer, bool accumulate, stream_ref caller) {
     check(layer);
     accumulate_[layer].store(accumulate, std::memory_order_relaxed);
-    wait_for(own_handle(), to_own_, runtime_type::handle(caller));
-    pushed_[next_] = streamer_->push_gradient(layer, staging_[next_], bytes_[layer], own_.get(),
+    bridge_.own_after(caller);
+    pushed_[next_] = streamer_->push_gradient(layer, staging_[next_], bytes_[layer], bridge_.own(),
                                               [this](std::size_t l, std::span<const std::byte> g) { land(l, g); });
     next_ = (next_ + 1) % staging_.size();
   }
@@ -273,8 +263,6 @@ class basic_layer_stack {
   using backend_type = ferry::device_backend<runtime_type>;
   using scheduler_type = ferry::basic_scheduler<backend_type>;
   using streamer_type = ferry::basic_layer_streamer<backend_type>;
-  using event_handle = typename runtime_type::event_handle;
-  using stream_handle = typename runtime_type::stream_handle;
 
   static std::vector<std::vector<segment>> parse(const std::vector<layer_layout>& layouts) {
     if (layouts.empty()) throw std::invalid_argument("ferry: stream_layers needs at least one layer");
@@ -317,14 +305,6 @@ class basic_layer_stack {
     return layer;
   }
 
-  [[nodiscard]] stream_handle own_handle() const noexcept { return runtime_type::handle(own_.get()); }
-
-  // `waiter` waits, on the device, for the work enqueued on `after` so far.
-  void wait_for(stream_handle waiter, event_handle e, stream_handle after) {
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.event_record(e, after));
-    FERRY_RUNTIME_TRY(runtime_type, runtime_.stream_wait_event(waiter, e));
-  }
-
   // On a scheduler thread: the landed gradient of `layer` into its slab.
   void land(std::size_t layer, std::span<const std::byte> g) {
     std::byte* dst = gradients_[layer];
@@ -337,8 +317,7 @@ class basic_layer_stack {
 
   std::vector<std::vector<segment>> layouts_;
   std::vector<std::size_t> bytes_;
-  runtime_type runtime_;
-  ferry::detail::runtime_stream<runtime_type> own_;  // the streamer's compute stream
+  stream_bridge<runtime_type> bridge_;  // the streamer's compute stream, ordered against the caller's
   ferry::detail::runtime_stream<runtime_type> sched_stream_;
   std::optional<ferry::pinned_pool> pool_;  // weights and gradient slabs
   std::optional<scheduler_type> sched_;
@@ -349,8 +328,6 @@ class basic_layer_stack {
   std::array<typename streamer_type::ticket_type, 2> pushed_;
   std::size_t next_ = 0;
   std::unique_ptr<std::atomic<bool>[]> accumulate_;
-  event_handle to_own_{};
-  event_handle to_caller_{};
   std::optional<streamer_type> streamer_;  // last: destroyed first
 };
 
