@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -83,6 +84,9 @@ inline nanobind::dict layer_stats(const layer_counters& c) {
   d["pool_waits"] = c.pool_waits;
   d["pinned_bytes"] = c.pinned_bytes;
   d["slot_bytes"] = c.slot_bytes;
+  d["nvme"] = c.nvme;
+  d["file_bytes"] = c.file_bytes;
+  d["direct_io"] = c.direct_io;
   return d;
 }
 
@@ -167,6 +171,9 @@ inline byte_view device_view(std::byte* p, std::size_t n, int device) {
                    nanobind::device::cuda::value, device);
 }
 
+// A contiguous uint8 CPU tensor (or array) taken as bytes.
+using host_bytes = nanobind::ndarray<std::uint8_t, nanobind::ndim<1>, nanobind::c_contig, nanobind::device::cpu>;
+
 // The base of a `LayerStack` binding: owns the stack (`Stack`: the CPU model's
 // basic_layer_stack, or cuda_layer_stack) and forwards what takes no stream; the weight
 // and gradient slabs are host memory either way. Destroyed before a derived binding's
@@ -202,6 +209,18 @@ class stack_binding {
   }
   [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
   [[nodiscard]] nanobind::dict stats() const { return layer_stats(stack_->stats()); }
+  [[nodiscard]] bool on_nvme() const { return stack_->on_nvme(); }
+  [[nodiscard]] bool lost(std::size_t layer) const { return stack_->lost(layer); }
+  void read_weights(std::size_t layer, const host_bytes& out) {
+    const std::span<std::byte> dst(reinterpret_cast<std::byte*>(out.data()), out.shape(0));
+    const nanobind::gil_scoped_release unlocked;
+    stack_->read_weights(layer, dst);
+  }
+  void write_weights(std::size_t layer, const host_bytes& src) {
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(src.data()), src.shape(0));
+    const nanobind::gil_scoped_release unlocked;
+    stack_->write_weights(layer, bytes);
+  }
 
  protected:
   explicit stack_binding(std::unique_ptr<Stack> stack) : stack_(std::move(stack)) {}
@@ -235,6 +254,20 @@ void def_stack_common(nanobind::class_<Binding>& c) {
           "wait_loads", [](Binding& b) { b.wait_loads(); },
           "Blocks until every load issued so far has landed (the host may then write the weight slabs).")
       .def_prop_ro("in_pass", [](const Binding& b) { return b.in_pass(); })
+      .def_prop_ro(
+          "on_nvme", [](const Binding& b) { return b.on_nvme(); }, "Whether the weights are on NVMe.")
+      .def(
+          "lost", [](const Binding& b, std::size_t layer) { return b.lost(layer); }, nb::arg("layer"),
+          "Whether the layer's weights in the file are undefined (a failed write, then a failed rollback).")
+      .def(
+          "read_weights", [](Binding& b, std::size_t layer, const host_bytes& out) { b.read_weights(layer, out); },
+          nb::arg("layer"), nb::arg("out").noconvert(),
+          "Weights on NVMe: the layer's bytes into out (a uint8 CPU tensor of layer_bytes(layer)), between passes.")
+      .def(
+          "write_weights", [](Binding& b, std::size_t layer, const host_bytes& src) { b.write_weights(layer, src); },
+          nb::arg("layer"), nb::arg("src").noconvert(),
+          "Weights on NVMe: src (a uint8 CPU tensor of layer_bytes(layer)) into the layer's place in the file, "
+          "between passes; a failed write puts the old bytes back (or marks the layer lost).")
       .def("stats", [](const Binding& b) { return b.stats(); });
 }
 

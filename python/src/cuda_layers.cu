@@ -17,6 +17,7 @@ namespace {
 struct cuda_layers_config {
   using runtime = ferry::cuda_runtime;
   static constexpr bool host_caller = false;
+  static constexpr bool fault_injection = false;
   // One allocation of the stack's device arena, made on the stack's stream and synchronised
   // (the scheduler's H2D lane may write it then).
   static ferry::slot_memory slots(std::size_t k, ferry::basic_device_arena<ferry::cuda_runtime>& arena,
@@ -31,16 +32,17 @@ using stack_type = basic_layer_stack<cuda_layers_config>;
 
 struct cuda_layer_stack::impl {
   stack_type stack;
-  impl(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs)
-      : stack(layouts, slots, gradient_slabs) {}
+  impl(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
+       const std::string& nvme_path)
+      : stack(layouts, slots, gradient_slabs, nvme_path) {}
 };
 
 cuda_layer_stack::cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots,
-                                   std::size_t gradient_slabs)
+                                   std::size_t gradient_slabs, const std::string& nvme_path)
     : device_(device) {
   check_cuda_device(device);
   const cuda_device_scope on(device_);
-  impl_ = std::make_unique<impl>(layouts, slots, gradient_slabs);
+  impl_ = std::make_unique<impl>(layouts, slots, gradient_slabs, nvme_path);
 }
 
 cuda_layer_stack::~cuda_layer_stack() {
@@ -97,5 +99,17 @@ void cuda_layer_stack::wait_loads() {
 
 bool cuda_layer_stack::in_pass() const { return impl_->stack.in_pass(); }
 layer_counters cuda_layer_stack::stats() const { return impl_->stack.stats(); }
+bool cuda_layer_stack::on_nvme() const noexcept { return impl_->stack.on_nvme(); }
+bool cuda_layer_stack::lost(std::size_t layer) const { return impl_->stack.lost(layer); }
+
+void cuda_layer_stack::read_weights(std::size_t layer, std::span<std::byte> dst) {
+  const cuda_device_scope on(device_);
+  impl_->stack.read_weights(layer, dst);
+}
+
+void cuda_layer_stack::write_weights(std::size_t layer, std::span<const std::byte> src) {
+  const cuda_device_scope on(device_);
+  impl_->stack.write_weights(layer, src);
+}
 
 }  // namespace ferry_python

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "layer_stack_types.hpp"
@@ -15,11 +16,15 @@ namespace ferry_python {
 // basic_layer_stack on the CUDA runtime, on one device, which each call makes current for
 // its duration. Slots and staging buffers are device memory of `device`; weight and
 // gradient slabs pinned host memory. Streams are `cudaStream_t` values (torch's
-// `Stream.cuda_stream`; the legacy default stream 0 is taken). Not thread-safe.
+// `Stream.cuda_stream`; the legacy default stream 0 is taken). With `nvme_path`, the
+// weights are in that file instead of pinned slabs, and the stack is frozen (see
+// layer_stack.hpp). Not thread-safe.
 class cuda_layer_stack {
  public:
-  // std::invalid_argument for a device this process does not see, or bad layouts.
-  cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs);
+  // std::invalid_argument for a device this process does not see, or bad layouts;
+  // ferry::io_error for the file.
+  cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
+                   const std::string& nvme_path = {});
   ~cuda_layer_stack();
   cuda_layer_stack(const cuda_layer_stack&) = delete;
   cuda_layer_stack& operator=(const cuda_layer_stack&) = delete;
@@ -39,6 +44,10 @@ class cuda_layer_stack {
   void wait_loads();
   [[nodiscard]] bool in_pass() const;
   [[nodiscard]] layer_counters stats() const;
+  [[nodiscard]] bool on_nvme() const noexcept;
+  [[nodiscard]] bool lost(std::size_t layer) const;
+  void read_weights(std::size_t layer, std::span<std::byte> dst);
+  void write_weights(std::size_t layer, std::span<const std::byte> src);
   [[nodiscard]] int device() const noexcept { return device_; }
 
  private:

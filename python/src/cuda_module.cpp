@@ -71,8 +71,8 @@ class cuda_store_binding : public ferry_python::store_binding<ferry_python::cuda
 class cuda_stack_binding : public ferry_python::stack_binding<ferry_python::cuda_layer_stack> {
  public:
   cuda_stack_binding(int device, const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
-                     std::size_t gradient_slabs)
-      : stack_binding(std::make_unique<ferry_python::cuda_layer_stack>(device, layouts, slots, gradient_slabs)) {}
+                     std::size_t gradient_slabs, const std::string& nvme_path)
+      : stack_binding(make(device, layouts, slots, gradient_slabs, nvme_path)) {}
 
   [[nodiscard]] int device() const { return stack_->device(); }
   [[nodiscard]] byte_view acquire(std::size_t layer, std::uintptr_t stream) {
@@ -102,6 +102,15 @@ class cuda_stack_binding : public ferry_python::stack_binding<ferry_python::cuda
   void push(std::size_t layer, bool accumulate, std::uintptr_t stream) {
     const nb::gil_scoped_release unlocked;
     stack_->push(layer, accumulate, stream);
+  }
+
+ private:
+  static std::unique_ptr<ferry_python::cuda_layer_stack> make(int device,
+                                                              const std::vector<ferry_python::layer_layout>& layouts,
+                                                              std::size_t slots, std::size_t gradient_slabs,
+                                                              const std::string& nvme_path) {
+    const nb::gil_scoped_release unlocked;  // the weights' file is made and sized
+    return std::make_unique<ferry_python::cuda_layer_stack>(device, layouts, slots, gradient_slabs, nvme_path);
   }
 };
 
@@ -138,8 +147,10 @@ NB_MODULE(_cuda, m) {
                                        "K slots in device memory, gradients pushed out to pinned slabs (see "
                                        "ferry.torch.stream_layers).");
   stack
-      .def(nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(), nb::arg("device"),
-           nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"))
+      .def(
+          nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&>(),
+          nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"), nb::arg("nvme_path") = "",
+          "nvme_path: the weights' file (a frozen stack; '': pinned slabs).")
       .def_prop_ro("device", &cuda_stack_binding::device)
       .def("acquire", &cuda_stack_binding::acquire, nb::arg("layer"), nb::arg("stream"),
            nb::rv_policy::reference_internal,

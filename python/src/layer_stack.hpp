@@ -24,15 +24,25 @@
 // only where `Config::host_caller` says the caller's compute is the host (the CPU model:
 // `acquire` returns once the load has landed, `staging` once the buffer's last push has
 // read it) and where a staging buffer is reused (`staging` waits for the push two before).
+//
+// Weights on NVMe (a path given): the weights live in one file, a `ferry::nvme_tier` with a
+// region per layer (O_DIRECT where the file system allows it; made, sized to the layers,
+// locked, and removed with the stack), and each load is one `nvme_to_device` through the
+// scheduler's bounce ring, so no pinned memory holds them. Such a stack is frozen: it has
+// no gradient slabs or staging buffers (`gradient`, `staging` and `push` refuse), and the
+// host reads and writes a layer's bytes with `read_weights` / `write_weights` (between
+// passes; a failed write puts the old bytes back, or marks the layer lost).
 #pragma once
 
 #include <ferry/codec/formats.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/detail/cuda/runtime_stream.hpp>
+#include <ferry/io/syscalls.hpp>
 #include <ferry/memory/device_arena.hpp>
 #include <ferry/memory/pinned_pool.hpp>
 #include <ferry/memory/slot_memory.hpp>
 #include <ferry/pipeline/layer_streamer.hpp>
+#include <ferry/tier/nvme_tier.hpp>
 #include <ferry/transfer/device_backend.hpp>
 #include <ferry/transfer/scheduler.hpp>
 
@@ -117,9 +127,11 @@ inline std::string layer_text(std::size_t layer, std::size_t layers) {
 }
 
 // Config: `runtime` (a ferry device runtime), `host_caller` (whether the caller's compute
-// is the host, which then reads a slot as soon as `acquire` returns), and
+// is the host, which then reads a slot as soon as `acquire` returns),
 // `slots(k, arena, stream)`: the streamer's slot memory (the CPU model: host memory of the
-// streamer's own, `slot_memory::host`; CUDA: one allocation of the stack's device arena).
+// streamer's own, `slot_memory::host`; CUDA: one allocation of the stack's device arena),
+// and `fault_injection` (whether the weights' file may run over `faulty_syscalls`, for
+// tests: the CPU model only, so that the CUDA module builds one tier type).
 template <class Config>
 class basic_layer_stack {
  public:
@@ -128,9 +140,14 @@ class basic_layer_stack {
 
   // `layouts[i]`: layer i's parameters, in any order, not overlapping, each aligned to its
   // element; the layer's bytes are the end of its last parameter. On the runtime's current
-  // device. std::invalid_argument (bad layouts, 0 slots), type_error (a dtype), ferry's
-  // errors (out_of_capacity: the pinned pool or device memory).
+  // device. `nvme_path`: empty, weights in pinned slabs; else the weights' file (a new or
+  // empty file: the tier empties it; its contents are undefined until `write_weights`),
+  // and the stack is frozen. `faults`: the file's calls fail as the plan says (only where
+  // `Config::fault_injection`). std::invalid_argument (bad layouts, 0 slots, a fault plan
+  // where the config takes none), type_error (a dtype), ferry's errors (out_of_capacity:
+  // the pinned pool or device memory; io_error: the file).
   basic_layer_stack(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
+                    const std::string& nvme_path = {}, std::shared_ptr<ferry::io::fault_plan> faults = {},
                     runtime_type runtime = {})
       : layouts_(parse(layouts)), bytes_(layer_sizes(layouts_)), bridge_(runtime), sched_stream_(runtime) {
     if (slots == 0) throw std::invalid_argument("ferry: stream_layers needs at least one slot [slots = 0]");
@@ -141,28 +158,53 @@ class basic_layer_stack {
       largest = std::max(largest, b);
       total += ferry::slot_memory::stride(b);
     }
+    if (faults && !nvme_path.empty()) {
+      if constexpr (!Config::fault_injection) {
+        throw std::invalid_argument("ferry: this layer stack takes no fault plan (the CPU model's tests only)");
+      }
+    }
+    const bool frozen = !nvme_path.empty();
     ferry::pinned_pool_options po;
     // Weights and gradients: a slab holds one largest layer (the rest pack in), so a
     // stack of equal layers strands nothing; the budget is a cap (only what is
     // allocated is used): twice the layers' bytes, doubled for what the ends of slabs
-    // may strand, plus a slab.
+    // may strand, plus a slab. A frozen stack allocates nothing from it.
     po.slab_bytes = (largest + 4095) / 4096 * 4096;
-    po.budget_bytes = 4 * total + 4 * layouts_.size() * 4096 + po.slab_bytes;
+    po.budget_bytes = frozen ? po.slab_bytes : 4 * total + 4 * layouts_.size() * 4096 + po.slab_bytes;
     pool_.emplace(po);
     sched_.emplace(sched_stream_.get(), ferry::scheduler_options{});
     arena_.emplace(std::numeric_limits<std::size_t>::max(),
                    ferry::device_arena_options{.device = sched_->backend().device()}, sched_->backend().api());
-    staging_bytes_ = ferry::slot_memory::stride(largest);
-    for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, bridge_.own()));
     ferry::layer_streamer_options lo;
     lo.gradient_slabs = gradient_slabs;
-    streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
-                      Config::slots(slots, *arena_, bridge_.own()), lo);
-    gradients_.reserve(bytes_.size());
-    for (const std::size_t b : bytes_) {
-      auto* p = static_cast<std::byte*>(pool_->allocate(b));
-      std::memset(p, 0, b);
-      gradients_.push_back(p);
+    if (frozen) {
+      ferry::nvme_options o;
+      o.paths = {nvme_path};
+      std::uint64_t capacity = 0;
+      for (const std::size_t b : bytes_) capacity += (b + o.alignment - 1) / o.alignment * o.alignment;
+      o.capacity = capacity;
+      if constexpr (Config::fault_injection) {
+        if (faults) {
+          file_ = std::make_unique<file_on<ferry::io::faulty_syscalls<>>>(std::move(o),
+                                                                          ferry::io::faulty_syscalls<>(faults), bytes_);
+        }
+      }
+      if (!file_)
+        file_ = std::make_unique<file_on<ferry::io::posix_syscalls>>(std::move(o), ferry::io::posix_syscalls{}, bytes_);
+      lo.gradient_pool = &*pool_;  // lent: no gradient slab is reserved, and none is ever taken
+      file_->make_streamer(streamer_, *sched_, Config::slots(slots, *arena_, bridge_.own()), lo);
+      lost_ = std::make_unique<std::atomic<bool>[]>(bytes_.size());
+    } else {
+      staging_bytes_ = ferry::slot_memory::stride(largest);
+      for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, bridge_.own()));
+      streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
+                        Config::slots(slots, *arena_, bridge_.own()), lo);
+      gradients_.reserve(bytes_.size());
+      for (const std::size_t b : bytes_) {
+        auto* p = static_cast<std::byte*>(pool_->allocate(b));
+        std::memset(p, 0, b);
+        gradients_.push_back(p);
+      }
     }
     accumulate_ = std::make_unique<std::atomic<bool>[]>(bytes_.size());
   }
@@ -184,12 +226,73 @@ class basic_layer_stack {
   [[nodiscard]] std::size_t slots() const noexcept { return streamer_->slots(); }
   [[nodiscard]] std::size_t layer_bytes(std::size_t layer) const { return bytes_.at(check(layer)); }
 
-  // Layer's pinned weight slab (host memory; lives as long as the stack).
+  // Whether the weights are on NVMe (the stack is frozen).
+  [[nodiscard]] bool on_nvme() const noexcept { return file_ != nullptr; }
+
+  // Layer's pinned weight slab (host memory; lives as long as the stack). ferry::logic_error
+  // with the weights on NVMe.
   [[nodiscard]] std::span<std::byte> weights(std::size_t layer) { return streamer_->weights(check(layer)); }
-  // Layer's gradient slab (host memory).
-  [[nodiscard]] std::span<std::byte> gradient(std::size_t layer) { return {gradients_[check(layer)], bytes_[layer]}; }
+  // Layer's gradient slab (host memory). ferry::logic_error for a frozen stack.
+  [[nodiscard]] std::span<std::byte> gradient(std::size_t layer) {
+    check(layer);
+    refuse_frozen("gradient slabs");
+    return {gradients_[layer], bytes_[layer]};
+  }
+
+  // Weights on NVMe: layer's bytes from the file into `dst` (`layer_bytes(layer)` bytes).
+  // At any time, from any thread (loads only read the file too). ferry::logic_error
+  // (pinned weights, a lost layer), std::invalid_argument (a size), io_error.
+  void read_weights(std::size_t layer, std::span<std::byte> dst) {
+    check_file_access(layer, dst.size());
+    if (lost_[layer].load()) {
+      throw ferry::logic_error("ferry: the weights of a lost layer cannot be read " + lost_text(layer),
+                               FERRY_DETAIL_SITE());
+    }
+    file_->read(layer, dst);
+  }
+
+  // Weights on NVMe: `src` (`layer_bytes(layer)` bytes) into the layer's place in the file,
+  // between passes, once the loads issued so far have landed; the next pass loads it. When
+  // the write fails, the old bytes are written back and the error is thrown; when that
+  // fails too, the layer is lost (every pass and read refuses it) until a write succeeds.
+  // ferry::logic_error (pinned weights, a pass in progress), std::invalid_argument, io_error.
+  void write_weights(std::size_t layer, std::span<const std::byte> src) {
+    check_file_access(layer, src.size());
+    if (streamer_->in_pass()) {
+      throw ferry::logic_error(
+          "ferry: the weights on NVMe are written between passes, not during one " + layer_text(layer, bytes_.size()),
+          FERRY_DETAIL_SITE());
+    }
+    streamer_->wait_loads();  // no load still reads the region
+    std::vector<std::byte> old;
+    const bool was_lost = lost_[layer].load();
+    if (!was_lost) {
+      old.resize(src.size());
+      file_->read(layer, old);
+    }
+    try {
+      file_->write(layer, src);
+    } catch (...) {
+      if (!was_lost) {
+        try {
+          file_->write(layer, old);
+        } catch (...) {
+          lost_[layer].store(true);
+        }
+      }
+      throw;
+    }
+    lost_[layer].store(false);
+  }
+
+  // Whether a layer's weights were lost in the file (a failed write, then a failed rollback).
+  [[nodiscard]] bool lost(std::size_t layer) const { return file_ != nullptr && lost_[check(layer)].load(); }
 
   void begin_pass(bool forward) {
+    for (std::size_t i = 0; file_ != nullptr && i < bytes_.size(); ++i) {
+      if (lost_[i].load())
+        throw ferry::logic_error("ferry: a pass over a stack with a lost layer " + lost_text(i), FERRY_DETAIL_SITE());
+    }
     streamer_->begin_pass(forward ? ferry::pass_direction::forward : ferry::pass_direction::backward);
   }
 
@@ -220,6 +323,7 @@ class basic_layer_stack {
   // once the push that last read it has completed (the host waits for it).
   [[nodiscard]] std::byte* staging(std::size_t layer) {
     check(layer);
+    refuse_frozen("gradient pushes");
     pushed_[next_].wait();  // throws that push's error
     return staging_[next_];
   }
@@ -229,6 +333,7 @@ class basic_layer_stack {
   // (`accumulate`) or copied over the layer's gradient slab.
   void push(std::size_t layer, bool accumulate, stream_ref caller) {
     check(layer);
+    refuse_frozen("gradient pushes");
     accumulate_[layer].store(accumulate, std::memory_order_relaxed);
     bridge_.own_after(caller);
     pushed_[next_] = streamer_->push_gradient(layer, staging_[next_], bytes_[layer], bridge_.own(),
@@ -256,7 +361,10 @@ class basic_layer_stack {
             s.landed,
             s.pool_waits,
             pool_->used(),
-            streamer_->slots() * streamer_->slot_stride()};
+            streamer_->slots() * streamer_->slot_stride(),
+            file_ != nullptr,
+            file_ ? file_->capacity() : 0,
+            file_ != nullptr && file_->direct()};
   }
 
  private:
@@ -300,6 +408,70 @@ class basic_layer_stack {
     return out;
   }
 
+  // The weights' file: an NVMe tier over syscalls `Sys` and a region per layer.
+  struct file_base {
+    file_base() = default;
+    file_base(const file_base&) = delete;
+    file_base& operator=(const file_base&) = delete;
+    virtual ~file_base() = default;
+    virtual void make_streamer(std::optional<streamer_type>& out, scheduler_type& sched, ferry::slot_memory slots,
+                               const ferry::layer_streamer_options& o) = 0;
+    virtual void read(std::size_t layer, std::span<std::byte> dst) = 0;
+    virtual void write(std::size_t layer, std::span<const std::byte> src) = 0;
+    [[nodiscard]] virtual std::uint64_t capacity() const = 0;
+    [[nodiscard]] virtual bool direct() const = 0;
+  };
+
+  template <class Sys>
+  struct file_on final : file_base {
+    ferry::basic_nvme_tier<Sys> tier;
+    std::vector<ferry::nvme_region> regions;
+    file_on(ferry::nvme_options o, Sys sys, const std::vector<std::size_t>& bytes)
+        : tier(std::move(o), std::move(sys)) {  // io_error: a folder, no permission, no space
+      regions.reserve(bytes.size());
+      for (const std::size_t b : bytes) regions.push_back(tier.allocate(b));
+    }
+    ~file_on() override {
+      for (const auto& r : regions) tier.deallocate(r);
+    }
+    void make_streamer(std::optional<streamer_type>& out, scheduler_type& sched, ferry::slot_memory slots,
+                       const ferry::layer_streamer_options& o) override {
+      out.emplace(sched, tier, regions, std::move(slots), o);
+    }
+    void read(std::size_t layer, std::span<std::byte> dst) override { tier.read(regions[layer], dst); }
+    void write(std::size_t layer, std::span<const std::byte> src) override { tier.write(regions[layer], src); }
+    [[nodiscard]] std::uint64_t capacity() const override { return tier.capacity(); }
+    [[nodiscard]] bool direct() const override {
+      const auto files = tier.files();
+      return !files.empty() && files.front().mode == ferry::io::io_mode::direct;
+    }
+  };
+
+  void refuse_frozen(const char* what) const {
+    if (file_) {
+      throw ferry::logic_error(std::string("ferry: a stack with its weights on NVMe is frozen: it has no ") + what +
+                                   " (its weights get no gradient)",
+                               FERRY_DETAIL_SITE());
+    }
+  }
+
+  void check_file_access(std::size_t layer, std::size_t bytes) {
+    check(layer);
+    if (!file_) {
+      throw ferry::logic_error("ferry: read_weights / write_weights: the weights are in pinned slabs, not on NVMe",
+                               FERRY_DETAIL_SITE());
+    }
+    if (bytes != bytes_[layer]) {
+      throw std::invalid_argument("ferry: a layer's weights are " + std::to_string(bytes_[layer]) + " bytes, not " +
+                                  std::to_string(bytes) + " " + layer_text(layer, bytes_.size()));
+    }
+  }
+
+  [[nodiscard]] std::string lost_text(std::size_t layer) const {
+    return layer_text(layer, bytes_.size()) +
+           " (a write of its weights failed, and so did writing the old ones back: write the whole layer again)";
+  }
+
   std::size_t check(std::size_t layer) const {
     if (layer >= bytes_.size()) throw std::out_of_range("ferry: no such layer " + layer_text(layer, bytes_.size()));
     return layer;
@@ -328,7 +500,9 @@ class basic_layer_stack {
   std::array<typename streamer_type::ticket_type, 2> pushed_;
   std::size_t next_ = 0;
   std::unique_ptr<std::atomic<bool>[]> accumulate_;
-  std::optional<streamer_type> streamer_;  // last: destroyed first
+  std::unique_ptr<file_base> file_;            // the weights on NVMe (null: pinned slabs); outlives the streamer
+  std::unique_ptr<std::atomic<bool>[]> lost_;  // per layer, with file_: its bytes in the file are undefined
+  std::optional<streamer_type> streamer_;      // last: destroyed first
 };
 
 }  // namespace ferry_python

@@ -8,7 +8,8 @@
 // as `staging` returns. The caller's stream is a stream of this object's own, standing
 // where torch's current stream stands on CUDA, so the stack orders its work against it
 // with the same events (ferry._cuda.LayerStack is the same code on CUDA). The GIL is
-// released while the stack waits.
+// released while the stack waits. With its weights on NVMe, the stack's file may take a
+// FaultPlan (tests of its read and write errors).
 #include "layers.hpp"
 
 #include <ferry/cuda/cpu_runtime.hpp>
@@ -22,6 +23,7 @@
 
 #include "bind_common.hpp"
 #include "cpu_caller.hpp"
+#include "fault_plan.hpp"
 #include "layer_stack.hpp"
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -35,6 +37,7 @@ namespace {
 struct cpu_layers_config {
   using runtime = ferry::cpu_runtime;
   static constexpr bool host_caller = true;
+  static constexpr bool fault_injection = true;
   // Host memory of the streamer's own: the model's H2D lane fills a slot before any stream
   // of the caller's reads it (an arena allocation would need an edge from its stream to
   // the lane's first load, which the model requires and a host synchronisation does not
@@ -50,8 +53,9 @@ using ferry_python::byte_view;
 
 class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack_binding<stack_type> {
  public:
-  layer_stack(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs)
-      : stack_binding(std::make_unique<stack_type>(layouts, slots, gradient_slabs)) {}
+  layer_stack(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
+              const std::string& nvme_path, const ferry_python::fault_plan_handle* faults)
+      : stack_binding(make(layouts, slots, gradient_slabs, nvme_path, faults)) {}
 
   [[nodiscard]] byte_view acquire(std::size_t layer) {
     std::byte* p = nullptr;
@@ -81,6 +85,15 @@ class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack
     const nb::gil_scoped_release unlocked;
     stack_->push(layer, accumulate, ref());
   }
+
+ private:
+  static std::unique_ptr<stack_type> make(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
+                                          std::size_t gradient_slabs, const std::string& nvme_path,
+                                          const ferry_python::fault_plan_handle* faults) {
+    const nb::gil_scoped_release unlocked;  // the weights' file is made and sized
+    return std::make_unique<stack_type>(layouts, slots, gradient_slabs, nvme_path,
+                                        faults != nullptr ? faults->plan : nullptr);
+  }
 };
 
 }  // namespace
@@ -90,8 +103,12 @@ void bind_layer_stack(nb::module_& m) {
                                 "ferry's layer streamer on the CPU model: L layers' weights in pinned slabs, K "
                                 "device slots, gradients pushed out to pinned slabs (see ferry.torch.stream_layers).");
   stack
-      .def(nb::init<const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t>(), nb::arg("layouts"),
-           nb::arg("slots"), nb::arg("gradient_slabs"))
+      .def(nb::init<const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&,
+                    const ferry_python::fault_plan_handle*>(),
+           nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"), nb::arg("nvme_path") = "",
+           nb::arg("faults").none() = nb::none(),
+           "nvme_path: the weights' file (a frozen stack; '' : pinned slabs); faults: a FaultPlan for its calls "
+           "(tests).")
       .def("acquire", &layer_stack::acquire, nb::arg("layer"), nb::rv_policy::reference_internal,
            "Layer's slot, loaded (valid until release).")
       .def("release", &layer_stack::release, nb::arg("layer"))

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "adamw.hpp"
+#include "fault_plan.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -274,9 +275,7 @@ ferry::io::syscall_kind call_of(const std::string& name) {
       ("ferry: FaultPlan: no call named '" + name + "' (pread, pwrite, open, fsync, ftruncate, fallocate)").c_str());
 }
 
-struct fault_plan_handle {
-  std::shared_ptr<ferry::io::fault_plan> plan = std::make_shared<ferry::io::fault_plan>();
-};
+using ferry_python::fault_plan_handle;
 
 class nvme_states {
  public:

@@ -95,3 +95,26 @@ def test_training_with_offload_adamw_matches_the_layers_on_the_gpu_with_offload_
                 p.copy_(c)
     for a, b in zip(ref_cpu, st.parameters()):
         assert torch.equal(a.detach(), b.detach())
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_frozen_weights_on_nvme_load_into_cuda_slots_and_give_the_gpus_outputs_and_input_gradients(tmp_path, slots):
+    ref = _stack().cuda().requires_grad_(False)
+    layers = list(copy.deepcopy(_stack()).requires_grad_(False))
+    st = ft.stream_layers(layers, slots=slots, device="cuda", nvme_path=tmp_path / "w.bin")
+    assert all(p.is_meta for p in st.parameters()) and st.stats()["pinned_bytes"] == 0
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    for step in range(2):
+        torch.manual_seed(step)
+        y = ref(x)
+        y.square().sum().backward()
+        torch.manual_seed(step)
+        y2 = st(x2)
+        y2.square().sum().backward()
+        torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(st(x), ref(x), rtol=1e-5, atol=1e-5)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(st.state_dict()[f"layers.{k}"], v.cpu()), k

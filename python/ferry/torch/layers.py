@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 import ferry
 from ferry import _core
-from ferry.torch._checks import device_of, memory_order, whole
+from ferry.torch._checks import device_of, file_path, memory_order, whole
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -21,6 +22,15 @@ _ALIGN = 64  # bytes between parameters in a layer's slab (torch's CPU allocator
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def _to_meta(p: torch.nn.Parameter) -> None:
+    """Makes ``p`` (the same Python object) a parameter of its shape, strides and dtype
+    without values, on ``meta``: what a parameter whose values are in a stack's file is.
+    (``p.data = ...`` cannot change a tensor's device; ``swap_tensors`` can.)"""
+    empty = torch.nn.Parameter(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta"),
+                               requires_grad=p.requires_grad)
+    torch.utils.swap_tensors(p, empty)
 
 
 def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
@@ -109,7 +119,7 @@ class StreamedLayers(torch.nn.Module):
     ``slots`` device slots as the passes need them (made by ``stream_layers``; see there)."""
 
     def __init__(self, layers: Sequence[torch.nn.Module], slots: int = 2, gradient_slabs: int = 4,
-                 preserve_rng_state: bool = True, device: Any = None) -> None:
+                 preserve_rng_state: bool = True, device: Any = None, nvme_path: Any = None) -> None:
         super().__init__()
         if isinstance(layers, torch.nn.Module) and not isinstance(layers, (torch.nn.ModuleList, torch.nn.Sequential)):
             raise TypeError("stream_layers takes a sequence of modules (a list, nn.ModuleList or nn.Sequential)")
@@ -125,6 +135,7 @@ class StreamedLayers(torch.nn.Module):
         gradient_slabs = whole("gradient_slabs", gradient_slabs)
         if gradient_slabs < 1:
             raise ValueError("stream_layers: gradient_slabs must be at least 1, not 0")
+        path = file_path("stream_layers: nvme_path", nvme_path)
         self.layers = torch.nn.ModuleList(layers)
         self.preserve_rng_state = bool(preserve_rng_state)
         slots = min(slots, len(layers))  # more slots than layers would hold nothing
@@ -146,22 +157,54 @@ class StreamedLayers(torch.nn.Module):
                         "weight belongs to one layer (tie weights outside the stack)"
                     )
                 owner[id(p)] = (i, name)
+                if path and weakref.getweakrefcount(p):
+                    raise ValueError(
+                        f"stream_layers: parameter {name!r} of layer {i} has weak references (an optimizer's, a "
+                        "hook's?); weights on NVMe make each parameter a meta tensor in place, which torch refuses "
+                        "then: stream the layers before making what refers to them"
+                    )
+                if path and p.requires_grad:
+                    raise ValueError(
+                        f"stream_layers: parameter {name!r} of layer {i} requires grad; weights on NVMe are frozen "
+                        "(freeze them first, p.requires_grad_(False), or leave out nvme_path to train them from "
+                        "pinned memory)"
+                    )
         specs = [lay.spec() for lay in self._layouts]
         if self.device.type == "cuda":
-            self._core = ferry._cuda.LayerStack(self.device.index, specs, slots, gradient_slabs)
+            self._core = ferry._cuda.LayerStack(self.device.index, specs, slots, gradient_slabs, nvme_path=path)
         else:
-            self._core = _core.LayerStack(specs, slots, gradient_slabs)
+            self._core = _core.LayerStack(specs, slots, gradient_slabs, nvme_path=path)
         self._gradient_slabs = gradient_slabs
-        # The weights move into the pinned slabs: each parameter's data becomes a view of
-        # its slab, so the optimizer, state_dict and load_state_dict work on them in place.
+        self._nvme = bool(path)
+        self._nvme_path = path
+        self._written = [0] * len(layers)  # per layer, the writes into the file since it was made
         self._grads: List[List[torch.Tensor]] = []
         with torch.no_grad():
-            for i, lay in enumerate(self._layouts):
-                for p, w in zip(lay.params, lay.views(self._core.weights(i))):
-                    w.copy_(p)
-                    p.data = w
-                self._grads.append(lay.views(self._core.gradient(i)))
+            if self._nvme:
+                # Every layer into the file first, then the parameters let go of their values
+                # (they become ``meta`` tensors): a failed write leaves the layers as they were.
+                for i, lay in enumerate(self._layouts):
+                    raw = torch.zeros(self._core.layer_bytes(i), dtype=torch.uint8)
+                    for p, w in zip(lay.params, lay.views(raw)):
+                        w.copy_(p)
+                    self._core.write_weights(i, raw)
+                for lay in self._layouts:
+                    for p in lay.params:
+                        _to_meta(p)
+            else:
+                # The weights move into the pinned slabs: each parameter's data becomes a view
+                # of its slab, so the optimizer, state_dict and load_state_dict work on them in
+                # place.
+                for i, lay in enumerate(self._layouts):
+                    for p, w in zip(lay.params, lay.views(self._core.weights(i))):
+                        w.copy_(p)
+                        p.data = w
+                    self._grads.append(lay.views(self._core.gradient(i)))
         self._weight_ptr = [[p.data_ptr() for p in lay.params] for lay in self._layouts]
+        if self._nvme:
+            # state_dict() reads the values from the file; load_state_dict() writes them there.
+            self.register_state_dict_post_hook(StreamedLayers._state_dict_from_file)
+            self.register_load_state_dict_pre_hook(StreamedLayers._load_into_file)
         self._got: List[List[bool]] = [[False] * len(lay.params) for lay in self._layouts]
         self._token = torch.zeros((), requires_grad=True)  # puts every layer's node in the graph
         self._accumulate: List[bool] = [False] * len(layers)
@@ -223,9 +266,11 @@ class StreamedLayers(torch.nn.Module):
         except BaseException:
             self._reset()
             raise
-        if not self._recording:
+        if not self._recording or self._nvme:
             # No backward pass follows: the host may write the weight slabs next (an
             # optimizer, load_state_dict), so the loads that read them must have landed.
+            # From NVMe, always: a read that failed after its layer's acquire (which then
+            # ran from a slot the read did not fill) is thrown here, so the pass fails.
             self._core.wait_loads()
         return x
 
@@ -244,6 +289,7 @@ class StreamedLayers(torch.nn.Module):
             "autocast": (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)),
             "training": [m.training for m in layer.modules()],
             "versions": [p._version for p in self._layouts[i].params],
+            "written": self._written[i],
             "extra": [(a, a._version) for a in extra if isinstance(a, torch.Tensor)],
         }
 
@@ -290,6 +336,11 @@ class StreamedLayers(torch.nn.Module):
                 raise RuntimeError("StreamedLayers: the forward pass ran without grad; there is nothing to differentiate")
             self._check_versions(i, state)
             mode, want = self._gradient_mode(lay)
+            if self._nvme and mode != "none":
+                raise RuntimeError(
+                    f"StreamedLayers: a weight of layer {i} requires grad since the forward pass; the weights on "
+                    "NVMe are frozen (they get no gradient)"
+                )
             if i == last:
                 with self._pass_lock:
                     if core.in_pass:
@@ -355,6 +406,8 @@ class StreamedLayers(torch.nn.Module):
             if i == 0 or not self._engine_goes_below(below):
                 # The pass ends here: with layer 0, or above it when autograd stops (the
                 # gradients asked for, ``backward(inputs=...)``, are all above).
+                if self._nvme:
+                    core.wait_loads()  # a failed read fails the pass (see forward)
                 core.wait_gradients()
                 self._assign_gradients()
                 if i != 0:
@@ -397,6 +450,13 @@ class StreamedLayers(torch.nn.Module):
 
     def _check_versions(self, i: int, state: Dict[str, Any]) -> None:
         lay = self._layouts[i]
+        if state["written"] != self._written[i]:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[StreamedLayers: the weights of layer {i} were written into {self._nvme_path!r} "
+                f"({self._written[i] - state['written']} time(s): load_state_dict, a replaced parameter) since the "
+                "forward pass; the backward pass recomputes the layer from its weights]"
+            )
         for name, p, v in zip(lay.names, lay.params, state["versions"]):
             if p._version != v:
                 raise RuntimeError(
@@ -417,6 +477,8 @@ class StreamedLayers(torch.nn.Module):
         trainable parameter's ``.grad`` is its view there, overwrite it when none has a
         ``.grad``; otherwise fill with -0.0 (x + -0.0 == x, bit for bit) what has none or
         another tensor, and add."""
+        if self._nvme:
+            return  # frozen: no gradient slabs
         with torch.no_grad():
             for i, lay in enumerate(self._layouts):
                 for p, g in zip(lay.params, self._grads[i]):
@@ -451,7 +513,11 @@ class StreamedLayers(torch.nn.Module):
     def _sync_weights(self) -> None:
         """Before a forward pass: a parameter replaced since the last (a new
         ``nn.Parameter``, ``p.data = ...``, ``load_state_dict(assign=True)``) has its values
-        copied into its place in the slab and becomes a view of it again."""
+        copied into its place in the slab and becomes a view of it again (weights on NVMe:
+        see ``_sync_file``)."""
+        if self._nvme:
+            self._sync_file()
+            return
         with torch.no_grad():
             for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
                 now = dict(layer.named_parameters())
@@ -477,6 +543,137 @@ class StreamedLayers(torch.nn.Module):
                     p.data = views[k]
                     lay.params[k] = p
                     self._weight_ptr[i][k] = p.data_ptr()
+
+    # -- weights on NVMe ---------------------------------------------------------------
+
+    def _sync_file(self) -> None:
+        """Before a forward pass with the weights on NVMe: each layer's parameters are its
+        own, named as they were, and frozen; a parameter replaced by one with values (a new
+        ``nn.Parameter``) has them written into the file and becomes a ``meta`` tensor; one
+        replaced by a ``meta`` tensor (``load_state_dict(assign=True)``, whose values the
+        load wrote into the file) is taken as it is."""
+        with torch.no_grad():
+            for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
+                now = dict(layer.named_parameters())
+                if list(now) != lay.names:
+                    raise RuntimeError(
+                        f"StreamedLayers: layer {i}'s parameters changed names since stream_layers "
+                        f"({lay.names} -> {list(now)}); stream a new stack"
+                    )
+                if self._core.lost(i):
+                    raise RuntimeError(
+                        f"StreamedLayers: layer {i}'s weights in {self._nvme_path!r} were lost (a write failed, and "
+                        "so did writing the old ones back); load a state_dict with the layer's weights to go on"
+                    )
+                fresh = []
+                for k, (name, old) in enumerate(zip(lay.names, lay.params)):
+                    p = now[name]
+                    if p.requires_grad:
+                        raise RuntimeError(
+                            f"StreamedLayers: parameter {name!r} of layer {i} requires grad; the weights on NVMe are "
+                            "frozen (they get no gradient): p.requires_grad_(False), or stream the layers without "
+                            "nvme_path to train them"
+                        )
+                    if p is old:
+                        continue
+                    if p.shape != old.shape or p.dtype != old.dtype:
+                        raise RuntimeError(
+                            f"StreamedLayers: parameter {name!r} of layer {i} was replaced by one of shape "
+                            f"{tuple(p.shape)} and dtype {p.dtype} (streamed: {tuple(old.shape)}, {old.dtype})"
+                        )
+                    fresh.append(k)
+                if not fresh:
+                    continue
+                valued = [k for k in fresh if not now[lay.names[k]].is_meta]
+                if valued:
+                    raw = self._read_layer(i)
+                    views = lay.views(raw)
+                    for k in valued:
+                        views[k].copy_(now[lay.names[k]])
+                    self._written[i] += 1
+                    self._core.write_weights(i, raw)
+                for k in fresh:
+                    p = now[lay.names[k]]
+                    if not p.is_meta:
+                        _to_meta(p)
+                    lay.params[k] = p
+
+    def _read_layer(self, i: int) -> torch.Tensor:
+        """Layer i's bytes, read from the file into a new CPU tensor."""
+        raw = torch.empty(self._core.layer_bytes(i), dtype=torch.uint8)
+        self._core.read_weights(i, raw)
+        return raw
+
+    def read_weights(self, i: int) -> Dict[str, torch.Tensor]:
+        """Layer i's weights as new CPU tensors, by parameter name: from the pinned slab (a
+        copy), or read from the file with the weights on NVMe (where the parameters are
+        ``meta`` tensors, without values)."""
+        i = whole("read_weights: the layer", i)
+        if i >= len(self._layouts):
+            raise IndexError(f"StreamedLayers.read_weights: no layer {i} (the stack has {len(self._layouts)})")
+        lay = self._layouts[i]
+        if self._nvme:
+            return dict(zip(lay.names, lay.views(self._read_layer(i))))
+        return {name: p.detach().clone() for name, p in zip(lay.names, lay.params)}
+
+    @staticmethod
+    def _state_dict_from_file(module: "StreamedLayers", state_dict: Dict[str, Any], prefix: str,
+                              local_metadata: Any) -> None:
+        """state_dict's post hook with the weights on NVMe: each streamed parameter's entry
+        (a ``meta`` tensor) becomes its values, read from the file (one read per layer)."""
+        for i, lay in enumerate(module._layouts):
+            keys = [f"{prefix}layers.{i}.{name}" for name in lay.names]
+            if not any(k in state_dict and getattr(state_dict[k], "is_meta", False) for k in keys):
+                continue
+            for k, v in zip(keys, lay.views(module._read_layer(i))):
+                if k in state_dict and getattr(state_dict[k], "is_meta", False):
+                    state_dict[k] = v
+
+    @staticmethod
+    def _load_into_file(module: "StreamedLayers", state_dict: Dict[str, Any], prefix: str, local_metadata: Any,
+                        strict: bool, missing_keys: List[str], unexpected_keys: List[str],
+                        error_msgs: List[str]) -> None:
+        """load_state_dict's pre hook with the weights on NVMe: the given values of each
+        layer's streamed parameters are written into the file (one read and one write per
+        layer, a failed write putting the old bytes back), and their entries become ``meta``
+        tensors, so that torch's own load (a copy into a ``meta`` parameter, or an assign)
+        leaves the values where they are. An entry of another shape is left to torch's load,
+        which reports it."""
+        if module._core.in_pass:
+            raise RuntimeError(
+                "StreamedLayers.load_state_dict: a pass over the stack is in progress; the weights on NVMe are "
+                "written between passes"
+            )
+        with torch.no_grad():
+            for i, lay in enumerate(module._layouts):
+                given = []
+                for k, (name, p) in enumerate(zip(lay.names, lay.params)):
+                    key = f"{prefix}layers.{i}.{name}"
+                    v = state_dict.get(key)
+                    if isinstance(v, torch.Tensor) and not v.is_meta and v.shape == p.shape:
+                        given.append((k, key, v))
+                if not given:
+                    continue
+                if module._core.lost(i):
+                    # Its bytes in the file are undefined: only the whole layer is written.
+                    if len(given) != len(lay.names):
+                        missing = sorted(set(lay.names) - {lay.names[k] for k, _, _ in given})
+                        raise RuntimeError(
+                            f"StreamedLayers.load_state_dict: layer {i}'s weights in {module._nvme_path!r} were lost "
+                            f"(a write failed, and so did writing the old ones back); the state_dict must give all "
+                            f"of them ({missing} missing)"
+                        )
+                    raw = torch.zeros(module._core.layer_bytes(i), dtype=torch.uint8)
+                else:
+                    raw = module._read_layer(i)
+                views = lay.views(raw)
+                for k, _, v in given:
+                    views[k].copy_(v)  # cast to the parameter's dtype, as torch's load copies
+                module._written[i] += 1  # before: a failed write may have changed the file too
+                module._core.write_weights(i, raw)
+                for k, key, v in given:
+                    p = lay.params[k]
+                    state_dict[key] = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
 
     # -- the rest ---------------------------------------------------------------------
 
@@ -509,7 +706,13 @@ class StreamedLayers(torch.nn.Module):
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "StreamedLayers":
         """A stack of its own: the layers copied (weights with their current values, in new
-        slabs), the same slots and options; ``.grad`` is not copied."""
+        slabs), the same slots and options; ``.grad`` is not copied. Refused with the
+        weights on NVMe (a copy would need a file of its own)."""
+        if self._nvme:
+            raise TypeError(
+                f"a StreamedLayers with its weights on NVMe ({self._nvme_path!r}) cannot be deep-copied (its "
+                "weights are in its file): stream a copy of the layers, with their state_dict() loaded, to a new path"
+            )
         layers = [copy.deepcopy(layer, memo) for layer in self.layers]
         for layer in layers:
             for p in layer.parameters():
@@ -525,8 +728,10 @@ class StreamedLayers(torch.nn.Module):
 
     def stats(self) -> Dict[str, int]:
         """The streamer's counters: ``passes``, ``loads``, ``bytes_loaded``, ``acquires``,
-        ``releases``, ``pushes``, ``bytes_pushed``, ``landed``, ``pool_waits``, and
-        ``pinned_bytes`` (weight and gradient slabs), ``slot_bytes`` (the device slots)."""
+        ``releases``, ``pushes``, ``bytes_pushed``, ``landed``, ``pool_waits``,
+        ``pinned_bytes`` (weight and gradient slabs), ``slot_bytes`` (the device slots), and
+        the weights' file: ``nvme`` (whether the weights are on NVMe), ``file_bytes`` (its
+        size), ``direct_io`` (whether it is read with O_DIRECT)."""
         return dict(self._core.stats())
 
     @property
@@ -536,7 +741,8 @@ class StreamedLayers(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"slots={self._core.slots}, device={self.device}, "
-                f"layer_bytes={[self._core.layer_bytes(i) for i in range(len(self.layers))]}")
+                + (f"nvme_path={self._nvme_path!r}, " if self._nvme else "")
+                + f"layer_bytes={[self._core.layer_bytes(i) for i in range(len(self.layers))]}")
 
 
 def _slot_device(device: Any, params: List[torch.Tensor]) -> torch.device:
@@ -552,7 +758,7 @@ def _slot_device(device: Any, params: List[torch.Tensor]) -> torch.device:
 
 
 def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient_slabs: int = 4,
-                  preserve_rng_state: bool = True, device: Any = None) -> StreamedLayers:
+                  preserve_rng_state: bool = True, device: Any = None, nvme_path: Any = None) -> StreamedLayers:
     """Streams a stack of layers through ``slots`` device slots (MegaTrain-style layer
     streaming): a module that runs ``x = layer(x, *args)`` for each layer, whose weights
     live in ferry's pinned slabs and are loaded into a slot ahead of use.
@@ -590,9 +796,25 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         ``load_state_dict``) after a backward pass or a forward pass without grad: the
         stack has waited for the loads that read them then (on CUDA the loads are
         otherwise asynchronous)
+    :param nvme_path: the weights on NVMe instead (FlexGen / ZeRO-Infinity's parameter
+        tier, for a model larger than host memory too): a new or empty file ferry makes,
+        sizes to the layers' bytes (each padded to 4 KiB), locks, reads with O_DIRECT where
+        the file system allows it, and removes when the stack goes. Each load is a read
+        from the file into a slot through a bounce ring of pinned memory; no pinned memory
+        holds the weights, and there are no gradient slabs. The weights are **frozen**:
+        every streamed parameter must have ``requires_grad`` False (inference, or a frozen
+        stack under trainable parts outside it; the input still gets its gradient). Each
+        parameter becomes a ``meta`` tensor (the same object: shape, dtype, no values);
+        ``state_dict()`` reads the values from the file, ``load_state_dict`` writes them
+        there (between passes), a parameter replaced by one with values has them written
+        at the next forward pass, and ``read_weights(i)`` reads a layer's
     :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
-        other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device
+        other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device; with
+        ``nvme_path``, a parameter that requires grad or is weakly referenced
+    :raises FileExistsError: ``nvme_path`` is a file that is not empty
+    :raises OSError: the file cannot be made, sized or written (``errno`` the file
+        system's), the parameters unchanged
     :raises MemoryError: when the pinned slabs cannot be had
     """
     return StreamedLayers(layers, slots=slots, gradient_slabs=gradient_slabs, preserve_rng_state=preserve_rng_state,
-                          device=device)
+                          device=device, nvme_path=nvme_path)
