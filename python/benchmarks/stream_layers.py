@@ -12,10 +12,18 @@ What it reports:
   the weights (loads into slots, gradients pushed out and landed in the slabs);
 - per layer: the host time one streamed layer costs a step (two acquires, a release each,
   a push), from a stack of --tiny-layers layers of 16 float32 weights, minus the same
-  stack under checkpoint.
+  stack under checkpoint;
+- with --nvme DIR, inference from NVMe: the same blocks frozen, a forward pass without
+  grad, resident, streamed from pinned slabs and streamed from a file in DIR
+  (stream_layers(nvme_path=...)), each variant's median; and the disk's own rate in the
+  same run: the weights' bytes read back from a file of that size in DIR with O_DIRECT
+  (where the file system allows it) in 1 MiB reads, round-robin with the passes; and a
+  pass over one token, whose compute is next to nothing, so that the file's bytes over
+  that pass are ferry's load rate, a ratio to what the disk gives.
 
     python python/benchmarks/stream_layers.py [--layers 8] [--hidden 1024]
-        [--tokens 1024] [--slots 2] [--repetitions 7] [--tiny-layers 200] [--json out.json]
+        [--tokens 1024] [--slots 2] [--repetitions 7] [--tiny-layers 200]
+        [--nvme DIR] [--json out.json]
 
 On a CPU the "device" slots are host memory: the figures are ferry's host cost, not the
 link's (that needs a GPU, docs/python.md)."""
@@ -23,6 +31,8 @@ link's (that needs a GPU, docs/python.md)."""
 import argparse
 import copy
 import json
+import mmap
+import os
 import statistics
 import time
 
@@ -66,6 +76,78 @@ def timed(model, x, n):
     return out
 
 
+def disk_read_seconds(path, nbytes, chunk=1 << 20):
+    """Seconds to read `nbytes` of `path` sequentially in `chunk` reads, with O_DIRECT
+    where the file system takes it (else buffered, said by the second value)."""
+    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    direct = True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        fd, direct = os.open(path, os.O_RDONLY), False
+    try:
+        t0 = time.perf_counter()
+        done = 0
+        while done < nbytes:
+            n = os.preadv(fd, [buf], done)
+            if n <= 0:
+                break
+            done += n
+        return time.perf_counter() - t0, direct
+    finally:
+        os.close(fd)
+
+
+def inference_from_nvme(base, x, a):
+    """Forward passes without grad of the frozen blocks: resident, pinned, NVMe; and the
+    disk's read rate over the same bytes, round-robin."""
+    frozen = [copy.deepcopy(b).requires_grad_(False) for b in base]
+    weights = os.path.join(a.nvme, f"ferry-bench-weights-{os.getpid()}.bin")
+    probe = os.path.join(a.nvme, f"ferry-bench-disk-{os.getpid()}.bin")
+    variants = {
+        "resident": torch.nn.Sequential(*copy.deepcopy(frozen)),
+        "ferry pinned": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots),
+        "ferry nvme": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots, nvme_path=weights),
+    }
+    file_bytes = variants["ferry nvme"].stats()["file_bytes"]
+    chunk = 1 << 20
+    with open(probe, "wb") as f:
+        for _ in range(-(-file_bytes // chunk)):
+            f.write(os.urandom(chunk))
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        with torch.no_grad():
+            for m in variants.values():  # warm up
+                m(x)
+            times = {k: [] for k in variants}
+            one = []
+            disk = []
+            direct = True
+            for _ in range(a.repetitions):
+                for k, m in variants.items():
+                    t0 = time.perf_counter()
+                    m(x)
+                    times[k].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                variants["ferry nvme"](x[:1])
+                one.append(time.perf_counter() - t0)
+                t, direct = disk_read_seconds(probe, file_bytes)
+                disk.append(t)
+        st = variants["ferry nvme"].stats()
+    finally:
+        os.unlink(probe)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()}
+    disk_gbs = [file_bytes / t / 1e9 for t in disk]
+    one_gbs = [file_bytes / t / 1e9 for t in one]
+    return {"forward_ms": med, "spread": spread, "file_bytes": file_bytes, "direct_io": st["direct_io"],
+            "disk_direct": direct, "disk_gbs_median": statistics.median(disk_gbs),
+            "disk_gbs_min": min(disk_gbs), "disk_gbs_max": max(disk_gbs),
+            "one_token_gbs_median": statistics.median(one_gbs), "one_token_gbs_min": min(one_gbs),
+            "one_token_gbs_max": max(one_gbs)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--layers", type=int, default=8)
@@ -74,8 +156,12 @@ def main():
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--repetitions", type=int, default=7)
     ap.add_argument("--tiny-layers", type=int, default=200)
+    ap.add_argument("--nvme", default=None, metavar="DIR",
+                    help="also run inference with the weights on NVMe, files in DIR (made and removed)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.nvme is not None and not os.path.isdir(a.nvme):
+        ap.error(f"--nvme {a.nvme!r} is not a folder")
 
     base = blocks(a.layers, a.hidden)
     x = torch.randn(a.tokens, a.hidden, requires_grad=True)
@@ -112,10 +198,26 @@ def main():
               f"{med[k] / med['checkpoint']:.3f}x checkpoint   spread {spread[k]:.1%}")
     print(f"per streamed layer (two loads, a gradient push, over checkpoint's recompute): "
           f"{per_layer_us:.1f} us of host time a step")
+    nvme = None
+    if a.nvme is not None:
+        nvme = inference_from_nvme(base, x.detach(), a)
+        fm = nvme["forward_ms"]
+        print(f"inference from NVMe: the blocks frozen, a forward pass without grad; {nvme['file_bytes'] / 2**20:.1f} "
+              f"MiB file in {a.nvme} (O_DIRECT: {nvme['direct_io']}); medians of {a.repetitions}")
+        for k in fm:
+            print(f"  {k:13s} {fm[k]:8.2f} ms   {fm[k] / fm['resident']:.3f}x resident   "
+                  f"spread {nvme['spread'][k]:.1%}")
+        print(f"  load rate (the file's bytes over a one-token pass from NVMe): median "
+              f"{nvme['one_token_gbs_median']:.2f} GB/s (min {nvme['one_token_gbs_min']:.2f}, max "
+              f"{nvme['one_token_gbs_max']:.2f}); the disk, the same bytes in 1 MiB reads (O_DIRECT: "
+              f"{nvme['disk_direct']}): median {nvme['disk_gbs_median']:.2f} GB/s (min {nvme['disk_gbs_min']:.2f}, "
+              f"max {nvme['disk_gbs_max']:.2f}); ferry / disk "
+              f"{nvme['one_token_gbs_median'] / nvme['disk_gbs_median']:.3f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"step_ms": med, "spread": spread, "weight_bytes": weight_bytes,
-                       "per_layer_us": per_layer_us, "args": vars(a), "torch": torch.__version__}, f, indent=1)
+                       "per_layer_us": per_layer_us, "nvme": nvme, "args": vars(a), "torch": torch.__version__}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
