@@ -3,9 +3,14 @@
 // One file (a `ferry::nvme_tier` of `capacity` bytes, locked while the object lives,
 // removed when it goes) and one `ferry::state_swapper` over it whose groups are the
 // optimizer's parameters, in param-group order. Each group holds two fp32 arrays,
-// [exp_avg | exp_avg_sq]: the parameters are fp32 CPU tensors, so they are the master
-// weights themselves, and the swapper keeps no master arrays (`keep_master` off: a third
-// less file space, pinned memory and I/O than [master | m | v]). The groups that fit
+// [exp_avg | exp_avg_sq], while every parameter is float32 (its own master weights: the
+// swapper keeps no master arrays, `keep_master` off, a third less file space, pinned
+// memory and I/O than [master | m | v]); a layout with a bfloat16 or float16 parameter
+// keeps master arrays (`layout(..., keep_master=True)`), each such parameter's float32
+// master is stepped and the parameter becomes it rounded to nearest even (a float32
+// parameter's master array is left unused). Before the step, a parameter that is not its
+// master rounded (changed since: a checkpoint of the model loaded, an edit) re-seeds the
+// master from it, as `OffloadAdamW`'s pinned states do. The groups that fit
 // `ram_budget_bytes` stay in the swapper's pinned memory and are stepped in place, the
 // rest are streamed through its ring of three buffers: group g+1 read and g-1 written
 // while ferry's CPU AdamW steps g, in place on the caller's parameter.
@@ -25,6 +30,7 @@
 // the plan says (the same file, engine and swapper otherwise).
 #include "states.hpp"
 
+#include <ferry/codec/formats.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/io/syscalls.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
@@ -34,6 +40,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -57,15 +64,33 @@ namespace {
 
 using ferry_python::adamw_runner;
 using ferry_python::f32_array;
+// A bfloat16 or float16 tensor's elements, viewed as int16 (`Tensor.view(torch.int16)`).
+using i16_array = nb::ndarray<nb::device::cpu, std::int16_t, nb::ndim<1>, nb::c_contig>;
 
-// One parameter's step: group g, its tensor and gradient (n floats each), its constants.
+// A parameter's element type.
+enum class precision : std::uint8_t { f32, bf16, f16 };
+
+inline std::size_t bytes_of(precision p) { return p == precision::f32 ? 4 : 2; }
+
+// One parameter's step: group g, its tensor and gradient (n elements each, of `type`),
+// its constants.
 struct entry {
   std::size_t group = 0;
-  float* param = nullptr;
-  const float* grad = nullptr;
+  void* param = nullptr;
+  const void* grad = nullptr;
   std::size_t n = 0;
+  precision type = precision::f32;
   ferry::adamw_constants constants;
 };
+
+// A binary16 or bfloat16 element as binary32, exactly.
+inline float widen(precision t, std::uint16_t bits) {
+  return t == precision::bf16 ? ferry::to_float(ferry::bfloat16{bits}) : ferry::to_float(ferry::half{bits});
+}
+// A binary32 value rounded to nearest even into binary16 or bfloat16.
+inline std::uint16_t narrow(precision t, float x) {
+  return t == precision::bf16 ? ferry::to_bfloat16(x).bits : ferry::to_half(x).bits;
+}
 
 ferry::state_part part_of(const std::string& name) {
   if (name == "master") return ferry::state_part::master;
@@ -80,8 +105,11 @@ class states_base {
   states_base(const states_base&) = delete;
   states_base& operator=(const states_base&) = delete;
   virtual ~states_base() = default;
-  virtual void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from) = 0;
-  virtual void initialize(std::size_t g, std::span<const float> m, std::span<const float> v) = 0;
+  virtual void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from,
+                      bool keep_master) = 0;
+  virtual void initialize(std::size_t g, std::span<const float> m, std::span<const float> v,
+                          std::span<const float> master) = 0;
+  [[nodiscard]] virtual bool keeps_master() const = 0;
   [[nodiscard]] virtual bool initialized(std::size_t g) const = 0;
   virtual void read(std::size_t g, ferry::state_part part, std::span<float> out) = 0;
   // Steps the groups of `entries` (the other groups keep their states); returns those
@@ -104,26 +132,27 @@ class states_on final : public states_base {
   // A swapper for groups of `sizes` elements; group g takes the states of the old
   // swapper's group `from[g]` (-1: none, left uninitialized). The old one stays until the
   // new one is complete: any error leaves it as it was.
-  void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from) override {
+  void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from, bool keep_master) override {
     if (sizes.empty()) throw nb::value_error("ferry: NvmeStates.layout of no parameters");
     if (from.size() != sizes.size()) throw nb::value_error("ferry: NvmeStates.layout: one source per group");
     // The file must hold every group's two copies even while the pinned memory holds them
     // all: a wrong capacity is said at once, not when the model has grown.
     const std::size_t a = tier_.alignment();
+    const std::size_t arrays = keep_master ? 3 : 2;
     std::size_t need = 0;
-    for (const std::size_t n : sizes) need += 2 * 2 * ((n * sizeof(float) + a - 1) / a * a);
+    for (const std::size_t n : sizes) need += 2 * arrays * ((n * sizeof(float) + a - 1) / a * a);
     if (need > tier_.capacity()) {
-      throw ferry::out_of_capacity(
-          "the NVMe file of the optimizer states (2 copies of exp_avg and exp_avg_sq per "
-          "parameter, each padded to " +
-              std::to_string(a) + " bytes; nvme_bytes)",
-          need, 0, tier_.capacity(), FERRY_DETAIL_SITE());
+      throw ferry::out_of_capacity(std::string("the NVMe file of the optimizer states (2 copies of ") +
+                                       (keep_master ? "the master, exp_avg and exp_avg_sq" : "exp_avg and exp_avg_sq") +
+                                       " per parameter, each padded to " + std::to_string(a) + " bytes; nvme_bytes)",
+                                   need, 0, tier_.capacity(), FERRY_DETAIL_SITE());
     }
     ferry::state_swapper_options o;
     o.ram_budget_bytes = budget_;
-    o.keep_master = false;  // the caller's fp32 parameters are the masters
+    o.keep_master = keep_master;  // off: the caller's fp32 parameters are the masters
     auto fresh = std::make_unique<swapper_type>(tier_, std::span<const std::size_t>(sizes), o);
     if (swapper_) {
+      std::vector<float> master;
       std::vector<float> m;
       std::vector<float> v;
       for (std::size_t g = 0; g < sizes.size(); ++g) {
@@ -140,22 +169,43 @@ class states_on final : public states_base {
         v.resize(sizes[g]);
         swapper_->read(old, ferry::state_part::m, m);
         swapper_->read(old, ferry::state_part::v, v);
-        fresh->initialize(g, {}, m, v);
+        master.clear();
+        if (keep_master) {
+          master.resize(sizes[g]);  // zeros where the old layout kept none: the next step re-seeds it
+          if (keep_master_) swapper_->read(old, ferry::state_part::master, master);
+        }
+        fresh->initialize(g, master, m, v);
       }
     }
     std::size_t largest = 0;
+    std::size_t widest = 0;
     for (std::size_t g = 0; g < sizes.size(); ++g) {
+      widest = std::max(widest, sizes[g]);
       if (!fresh->layout(g).resident) largest = std::max(largest, sizes[g]);
     }
-    std::array<std::vector<float>, undo_slots> undo;
-    for (auto& u : undo) u.resize(largest);
+    std::array<std::vector<std::byte>, undo_slots> undo;
+    for (auto& u : undo) u.resize(largest * sizeof(float));
+    std::vector<float> widened(keep_master ? widest : 0);
     swapper_ = std::move(fresh);
+    keep_master_ = keep_master;
     undo_ = std::move(undo);
+    widened_ = std::move(widened);
   }
 
-  void initialize(std::size_t g, std::span<const float> m, std::span<const float> v) override {
-    sw().initialize(g, {}, m, v);
+  void initialize(std::size_t g, std::span<const float> m, std::span<const float> v,
+                  std::span<const float> master) override {
+    swapper_type& s = sw();
+    if (!keep_master_ && !master.empty()) {
+      throw nb::value_error("ferry: NvmeStates.initialize: a master for a layout that keeps none");
+    }
+    std::vector<float> zeros;
+    if (keep_master_ && master.empty()) {
+      zeros.resize(s.layout(g).elements);  // re-seeded from the parameter by its next step
+      master = zeros;
+    }
+    s.initialize(g, master, m, v);
   }
+  [[nodiscard]] bool keeps_master() const override { return keep_master_; }
   [[nodiscard]] bool initialized(std::size_t g) const override { return sw().initialized(g); }
   void read(std::size_t g, ferry::state_part part, std::span<float> out) override { sw().read(g, part, out); }
   [[nodiscard]] std::size_t groups() const override { return swapper_ ? swapper_->groups() : 0; }
@@ -168,6 +218,11 @@ class states_on final : public states_base {
     std::vector<char> resident(groups, 0);
     for (std::size_t g = 0; g < groups; ++g) resident[g] = s.layout(g).resident ? 1 : 0;
     for (const entry& e : entries) {
+      if (e.type != precision::f32 && !keep_master_) {
+        throw nb::value_error(("ferry: NvmeStates.step: a bfloat16 or float16 parameter (group " +
+                               std::to_string(e.group) + ") in a layout without master arrays")
+                                  .c_str());
+      }
       if (e.group >= groups || e.n != s.layout(e.group).elements || of[e.group] != nullptr) {
         throw nb::value_error(("ferry: NvmeStates.step: a parameter of " + std::to_string(e.n) +
                                " elements for group " + std::to_string(e.group) + " of " + std::to_string(groups) +
@@ -183,13 +238,18 @@ class states_on final : public states_base {
     const auto compute = [&](std::size_t g, ferry::group_view view) {
       const entry* e = of[g];
       if (e == nullptr) return;  // no gradient: the group keeps its states
-      const std::span<float> param(e->param, e->n);
       if (resident[g] == 0) {
         const std::size_t slot = streamed++ % undo_slots;
-        std::copy(param.begin(), param.end(), undo_[slot].begin());
+        std::memcpy(undo_[slot].data(), e->param, e->n * bytes_of(e->type));
         undone[slot] = g;
       }
-      adamw.step_spans(param, std::span<const float>(e->grad, e->n), view.m, view.v, e->constants);
+      if (e->type == precision::f32) {
+        adamw.step_spans(std::span<float>(static_cast<float*>(e->param), e->n),
+                         std::span<const float>(static_cast<const float*>(e->grad), e->n), view.m, view.v,
+                         e->constants);
+      } else {
+        step_low(adamw, *e, view);
+      }
       computed[g] = 1;
     };
     std::exception_ptr error;
@@ -206,7 +266,7 @@ class states_on final : public states_base {
       const std::size_t g = undone[slot];
       if (g == none || s.updated(g)) continue;
       const entry* e = of[g];
-      std::copy_n(undo_[slot].begin(), e->n, e->param);
+      std::memcpy(e->param, undo_[slot].data(), e->n * bytes_of(e->type));
       computed[g] = 0;
     }
     updated.clear();
@@ -230,8 +290,9 @@ class states_on final : public states_base {
     d["ring_bytes"] = swapper_ ? swapper_->ring_bytes() : 0;
     d["host_bytes"] = swapper_ ? swapper_->host_bytes() : 0;
     d["budget_bytes"] = swapper_ ? swapper_->budget_bytes() : budget_;
-    d["undo_bytes"] = undo_[0].size() * sizeof(float) * undo_slots;
-    d["bytes_per_element"] = 2 * sizeof(float);  // exp_avg and exp_avg_sq: no master array
+    d["undo_bytes"] = undo_[0].size() * undo_slots;
+    d["bytes_per_element"] = (keep_master_ ? 3 : 2) * sizeof(float);  // [master |] exp_avg | exp_avg_sq
+    d["keep_master"] = keep_master_;
     d["capacity_bytes"] = tier_.capacity();
     d["file_bytes_used"] = tier_.used();
     d["engine"] = std::string(tier_.engine_name());
@@ -252,6 +313,24 @@ class states_on final : public states_base {
   static constexpr std::size_t undo_slots = swapper_type::ring_slots;
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
 
+  // A bfloat16 or float16 parameter's step: the master re-seeded from the parameter where
+  // the parameter is not the master rounded; the master stepped with the gradient widened
+  // (exactly) to binary32; the parameter the master rounded to nearest even.
+  void step_low(adamw_runner& adamw, const entry& e, ferry::group_view view) {
+    auto* low = static_cast<std::uint16_t*>(e.param);
+    const auto* grad = static_cast<const std::uint16_t*>(e.grad);
+    const std::span<float> master = view.master;
+    bool same = true;
+    for (std::size_t i = 0; i < e.n && same; ++i) same = narrow(e.type, master[i]) == low[i];
+    if (!same) {
+      for (std::size_t i = 0; i < e.n; ++i) master[i] = widen(e.type, low[i]);
+    }
+    const std::span<float> g(widened_.data(), e.n);
+    for (std::size_t i = 0; i < e.n; ++i) g[i] = widen(e.type, grad[i]);
+    adamw.step_spans(master, g, view.m, view.v, e.constants);
+    for (std::size_t i = 0; i < e.n; ++i) low[i] = narrow(e.type, master[i]);
+  }
+
   [[nodiscard]] swapper_type& sw() const {
     if (!swapper_) throw nb::value_error("ferry: NvmeStates has no layout yet (layout() first)");
     return *swapper_;
@@ -260,7 +339,9 @@ class states_on final : public states_base {
   tier_type tier_;
   std::size_t budget_;
   std::unique_ptr<swapper_type> swapper_;  // before tier_ goes: declared after it
-  std::array<std::vector<float>, undo_slots> undo_;
+  bool keep_master_ = false;
+  std::array<std::vector<std::byte>, undo_slots> undo_;  // streamed groups' parameters before their step
+  std::vector<float> widened_;                           // a low-precision gradient in binary32
 };
 
 ferry::io::syscall_kind call_of(const std::string& name) {
@@ -299,20 +380,24 @@ class nvme_states {
     }
   }
 
-  void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from) {
+  void layout(const std::vector<std::size_t>& sizes, const std::vector<std::int64_t>& from, bool keep_master) {
     const nb::gil_scoped_release unlocked;
-    impl_->layout(sizes, from);
+    impl_->layout(sizes, from, keep_master);
   }
 
-  void initialize(std::size_t g, const std::optional<f32_array>& m, const std::optional<f32_array>& v) {
+  void initialize(std::size_t g, const std::optional<f32_array>& m, const std::optional<f32_array>& v,
+                  const std::optional<f32_array>& master) {
     const auto span_of = [](const std::optional<f32_array>& a) {
       return a ? std::span<const float>(a->data(), a->shape(0)) : std::span<const float>();
     };
     const std::span<const float> mm = span_of(m);
     const std::span<const float> vv = span_of(v);
+    const std::span<const float> ww = span_of(master);
     const nb::gil_scoped_release unlocked;
-    impl_->initialize(g, mm, vv);
+    impl_->initialize(g, mm, vv, ww);
   }
+
+  [[nodiscard]] bool keeps_master() const { return impl_->keeps_master(); }
 
   [[nodiscard]] bool initialized(std::size_t g) const { return impl_->initialized(g); }
 
@@ -322,27 +407,46 @@ class nvme_states {
     impl_->read(g, p, std::span<float>(out.data(), out.shape(0)));
   }
 
-  // entries: (group, param, grad, lr, beta1, beta2, eps, weight_decay, step); returns the
-  // groups updated. After an error, `last_updated` holds them.
+  // entries: (group, param, grad, lr, beta1, beta2, eps, weight_decay, step[, dtype]);
+  // dtype "float32" (the default: param and grad float32 arrays), "bfloat16" or "float16"
+  // (param and grad the 16-bit tensors viewed as int16). Returns the groups updated.
+  // After an error, `last_updated` holds them.
   std::vector<std::size_t> step(adamw_runner& adamw, const nb::list& entries) {
     last_updated_.clear();  // whatever happens next, nothing of an earlier call is reported
     std::vector<entry> work;
     work.reserve(entries.size());
     for (nb::handle h : entries) {
       const auto t = nb::cast<nb::tuple>(h);
-      if (t.size() != 9) throw nb::value_error("ferry: NvmeStates.step: an entry of 9 items");
-      const auto param = nb::cast<f32_array>(t[1], false);
-      const auto grad = nb::cast<f32_array>(t[2], false);
-      if (param.shape(0) != grad.shape(0)) {
-        throw nb::value_error(("ferry: NvmeStates.step: a parameter of " + std::to_string(param.shape(0)) +
-                               " elements with a gradient of " + std::to_string(grad.shape(0)))
+      if (t.size() != 9 && t.size() != 10) throw nb::value_error("ferry: NvmeStates.step: an entry of 9 or 10 items");
+      entry e;
+      const std::string type = t.size() == 10 ? nb::cast<std::string>(t[9]) : "float32";
+      std::size_t n = 0;
+      std::size_t grad_n = 0;
+      if (type == "float32") {
+        const auto param = nb::cast<f32_array>(t[1], false);
+        const auto grad = nb::cast<f32_array>(t[2], false);
+        e.param = param.data();
+        e.grad = grad.data();
+        n = param.shape(0);
+        grad_n = grad.shape(0);
+      } else if (type == "bfloat16" || type == "float16") {
+        const auto param = nb::cast<i16_array>(t[1], false);
+        const auto grad = nb::cast<i16_array>(t[2], false);
+        e.type = type == "bfloat16" ? precision::bf16 : precision::f16;
+        e.param = param.data();
+        e.grad = grad.data();
+        n = param.shape(0);
+        grad_n = grad.shape(0);
+      } else {
+        throw nb::value_error(("ferry: NvmeStates.step: dtype '" + type + "' (float32, bfloat16, float16)").c_str());
+      }
+      if (n != grad_n) {
+        throw nb::value_error(("ferry: NvmeStates.step: a parameter of " + std::to_string(n) +
+                               " elements with a gradient of " + std::to_string(grad_n))
                                   .c_str());
       }
-      entry e;
       e.group = nb::cast<std::size_t>(t[0]);
-      e.param = param.data();
-      e.grad = grad.data();
-      e.n = param.shape(0);
+      e.n = n;
       e.constants = ferry::adamw_constants::from_double(nb::cast<double>(t[3]), nb::cast<double>(t[4]),
                                                         nb::cast<double>(t[5]), nb::cast<double>(t[6]),
                                                         nb::cast<double>(t[7]), nb::cast<std::uint64_t>(t[8]));
@@ -395,10 +499,14 @@ void bind_nvme_states(nb::module_& m) {
                           "over a ferry::nvme_tier file, stepped by ferry's CPU AdamW.")
       .def(nb::init<const std::string&, std::uint64_t, std::size_t, const fault_plan_handle*>(), nb::arg("path"),
            nb::arg("capacity"), nb::arg("ram_budget_bytes"), nb::arg("faults").none() = nb::none())
-      .def("layout", &nvme_states::layout, nb::arg("sizes"), nb::arg("sources"),
-           "Groups of these sizes; group g takes the states of the old group sources[g] (-1: none).")
+      .def("layout", &nvme_states::layout, nb::arg("sizes"), nb::arg("sources"), nb::arg("keep_master") = false,
+           "Groups of these sizes; group g takes the states of the old group sources[g] (-1: none); keep_master: "
+           "each group holds a float32 master array too (bfloat16 / float16 parameters).")
       .def("initialize", &nvme_states::initialize, nb::arg("group"), nb::arg("exp_avg").noconvert().none() = nb::none(),
-           nb::arg("exp_avg_sq").noconvert().none() = nb::none(), "Sets a group's moments (zeros where None).")
+           nb::arg("exp_avg_sq").noconvert().none() = nb::none(), nb::arg("master").noconvert().none() = nb::none(),
+           "Sets a group's moments (zeros where None) and, with master arrays, its master (zeros where None: the "
+           "next step re-seeds it from the parameter).")
+      .def_prop_ro("keep_master", &nvme_states::keeps_master, "Whether the layout keeps master arrays.")
       .def("initialized", &nvme_states::initialized, nb::arg("group"))
       .def("read", &nvme_states::read, nb::arg("group"), nb::arg("part"), nb::arg("out").noconvert(),
            "Copies a group's 'exp_avg' or 'exp_avg_sq' into out.")

@@ -404,12 +404,6 @@ def test_a_change_to_a_low_precision_parameter_between_steps_reseeds_its_master(
     assert "master" not in opt.state[p]
 
 
-def test_low_precision_parameters_are_refused_with_states_on_nvme(tmp_path):
-    with pytest.raises(ValueError, match="with nvme_path, parameters must be float32.*bfloat16"):
-        ft.OffloadAdamW([torch.randn(4, dtype=torch.bfloat16, requires_grad=True)], nvme_path=tmp_path / "s.bin",
-                        nvme_bytes=1 << 20)
-
-
 def test_a_torch_adamw_state_of_low_precision_parameters_loads_with_the_master_from_the_parameter():
     p = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
     plain = torch.optim.AdamW([p], lr=1e-2)

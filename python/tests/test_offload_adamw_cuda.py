@@ -21,10 +21,20 @@ def _model(seed=0):
     return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)).cuda()
 
 
-def _lockstep(steps, clip=None, nvme=None, side_stream=False, **kw):
-    """Trains a CUDA model with OffloadAdamW and, beside it, CPU copies of its parameters
-    with an OffloadAdamW of their own fed the CUDA gradients; returns both."""
-    model = _model()
+def _deep(seed=0):
+    """Eight weights of 64 Ki elements or fewer: with states on NVMe, a budget of 2 MiB
+    (float32: the ring 3 x 512 KiB) or 3 MiB (bfloat16, with masters: 3 x 768 KiB) keeps
+    the biases and some weights in pinned memory and streams six weights."""
+    torch.manual_seed(seed)
+    inner = [m for _ in range(6) for m in (torch.nn.GELU(), torch.nn.Linear(256, 256))]
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), *inner, torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+
+
+def _lockstep(steps, clip=None, nvme=None, side_stream=False, model=None, **kw):
+    """Trains a CUDA model (`model`, else `_model()`) with OffloadAdamW and, beside it, CPU
+    copies of its parameters with an OffloadAdamW of their own fed the CUDA gradients;
+    returns both."""
+    model = _model() if model is None else model
     cpu_params = [p.detach().cpu().clone().requires_grad_() for p in model.parameters()]
     opt = ft.OffloadAdamW(model.parameters(), lr=1e-2, **(nvme or {}), **kw)
     ref = ft.OffloadAdamW(cpu_params, lr=1e-2, **kw)
@@ -70,8 +80,8 @@ def test_gradients_made_on_a_side_stream_are_waited_for():
 
 
 def test_cuda_parameters_with_states_on_nvme(tmp_path):
-    nvme = dict(nvme_path=tmp_path / "states.bin", nvme_bytes=64 << 20, pinned_bytes=1 << 20)
-    model, opt, cpu_params, ref = _lockstep(3, nvme=nvme)
+    nvme = dict(nvme_path=tmp_path / "states.bin", nvme_bytes=64 << 20, pinned_bytes=2 << 20)
+    model, opt, cpu_params, ref = _lockstep(3, nvme=nvme, model=_deep())
     assert opt.nvme_stats["spilled_groups"] > 0
     _assert_same(model, opt, cpu_params, ref)
 
@@ -128,3 +138,26 @@ def test_bfloat16_cuda_parameters_step_their_host_master_as_bfloat16_cpu_copies_
     for p, c in zip(model.parameters(), cpu_params):
         assert torch.equal(p.detach().cpu(), c.detach())
         assert torch.equal(opt.state[p]["master"], ref.state[c]["master"])
+
+
+def test_bfloat16_cuda_parameters_with_their_masters_on_nvme_step_as_bfloat16_cpu_copies_do(tmp_path):
+    model = _deep().to(torch.bfloat16)
+    cpu_params = [p.detach().cpu().clone().requires_grad_() for p in model.parameters()]
+    opt = ft.OffloadAdamW(model.parameters(), lr=1e-2, nvme_path=tmp_path / "states.bin", nvme_bytes=64 << 20,
+                          pinned_bytes=3 << 20)
+    ref = ft.OffloadAdamW(cpu_params, lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)).float().square().mean().backward()
+        for c, p in zip(cpu_params, model.parameters()):
+            c.grad = p.grad.cpu()
+        opt.step()
+        ref.step()
+    torch.cuda.synchronize()
+    assert opt.nvme_stats["keep_master"] and opt.nvme_stats["spilled_groups"] > 0
+    sa, sb = opt.state_dict(), ref.state_dict()
+    for p, c in zip(model.parameters(), cpu_params):
+        assert torch.equal(p.detach().cpu(), c.detach())
+    for i in sb["state"]:
+        for key in ("master", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa["state"][i][key], sb["state"][i][key]), (i, key)

@@ -2,7 +2,9 @@
 against the same optimizer with its states in pinned memory (the same kernel: every bit
 equal), parameters streamed and resident, param groups added late, checkpoints both ways,
 and the faults: an I/O error in a step (each parameter keeps its states, the next step
-finishes that step exactly once), in a load, full and shared files, copies refused."""
+finishes that step exactly once), in a load, full and shared files, copies refused; and
+bfloat16 / float16 parameters with their float32 masters in the file, against the same
+with the masters in pinned memory."""
 
 import copy
 import errno
@@ -22,6 +24,9 @@ from ferry import _core
 SHAPES = [(1000,)] * 4 + [(10, 100), (17,), (1000,), (25, 40), (3,), (1000,)]
 STREAMED = 28 << 10
 RESIDENT = 256 << 10
+# With master arrays (a bfloat16 or float16 parameter), each copy is 3 sections: the ring
+# 3 x 12 KiB = 36 KiB, so 40 KiB streams every parameter.
+STREAMED_MASTER = 40 << 10
 
 
 def _fresh(seed=3):
@@ -57,8 +62,19 @@ def _same_states(a, b):
     assert [{k: g[k] for k in keys} for g in sa["param_groups"]] == [{k: g[k] for k in keys} for g in sb["param_groups"]]
     assert sorted(sa["state"]) == sorted(sb["state"])
     for i in sb["state"]:
-        for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert sorted(sa["state"][i]) == sorted(sb["state"][i]), i  # "master" for a bfloat16 / float16 one
+        for key in sb["state"][i]:
             assert torch.equal(sa["state"][i][key], sb["state"][i][key]), (i, key)
+
+
+def _mixed(dtype, seed=3):
+    """SHAPES' parameters, every other one in `dtype` (the rest float32: their master
+    arrays in the file unused)."""
+    return [p.detach().to(dtype if i % 2 else torch.float32).requires_grad_() for i, p in enumerate(_fresh(seed))]
+
+
+def _mixed_grads(params, steps, seed=5):
+    return [[g.to(p.dtype) for p, g in zip(params, gs)] for gs in _grads(steps, seed)]
 
 
 @pytest.mark.parametrize("budget", [STREAMED, 64 << 10, RESIDENT])
@@ -446,3 +462,115 @@ def test_all_three_together_train_a_small_gpt_as_with_the_states_in_pinned_memor
     assert losses == ref_losses and losses[-1] < losses[0]
     assert all(torch.equal(a, b) for a, b in zip(weights, ref_weights))
     assert opt.nvme_stats["spilled_groups"] > 0 and opt.nvme_stats["bytes_written"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("budget", [STREAMED_MASTER, RESIDENT])
+def test_low_precision_parameters_with_masters_in_the_file_step_every_bit_as_in_pinned_memory(tmp_path, dtype, budget):
+    ours_p, ref_p = _mixed(dtype), _mixed(dtype)
+    ours = _nvme(ours_p, tmp_path, budget, lr=1e-2, weight_decay=0.1)
+    ref = ft.OffloadAdamW(ref_p, lr=1e-2, weight_decay=0.1)
+    grads = _mixed_grads(ours_p, 5)
+    _lockstep(grads[:2], (ours, ours_p), (ref, ref_p))
+    # a change between steps (a checkpoint of the model loaded, say) re-seeds the master in both
+    with torch.no_grad():
+        for a, b in zip(ours_p[1::4], ref_p[1::4]):
+            a.mul_(0.5)
+            b.mul_(0.5)
+    _lockstep(grads[2:], (ours, ours_p), (ref, ref_p))
+    for a, b in zip(ours_p, ref_p):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    _same_states(ours, ref)
+    s = ours.nvme_stats
+    assert s["keep_master"] and s["bytes_per_element"] == 12 and s["steps"] == 5
+    if budget == STREAMED_MASTER:
+        assert s["resident_groups"] == 0 and s["undo_bytes"] == 3 * 1000 * 4
+    else:
+        assert s["spilled_groups"] == 0
+
+
+def test_low_precision_runs_resume_bit_for_bit_from_either_kind_of_checkpoint(tmp_path):
+    grads = _mixed_grads(_mixed(torch.bfloat16), 6)
+    straight_p = _mixed(torch.bfloat16)
+    straight = _nvme(straight_p, tmp_path, STREAMED_MASTER, name="a.bin")
+    _lockstep(grads, (straight, straight_p))
+    for source in ("nvme", "pinned"):
+        first_p = _mixed(torch.bfloat16)
+        first = _nvme(first_p, tmp_path, STREAMED_MASTER, name="b.bin") if source == "nvme" else ft.OffloadAdamW(first_p)
+        _lockstep(grads[:3], (first, first_p))
+        checkpoint = copy.deepcopy(first.state_dict())
+        assert all("master" in checkpoint["state"][i] for i in range(1, len(SHAPES), 2))
+        del first
+        gc.collect()
+        resumed_p = [p.detach().clone().requires_grad_() for p in first_p]
+        resumed = _nvme(resumed_p, tmp_path, STREAMED_MASTER, name="c.bin")
+        resumed.load_state_dict(checkpoint)
+        _lockstep(grads[3:], (resumed, resumed_p))
+        assert all(torch.equal(a, b) for a, b in zip(resumed_p, straight_p)), source
+        _same_states(resumed, straight)
+        # and the file's checkpoint resumes in pinned memory too
+        back_p = [p.detach().clone().requires_grad_() for p in first_p]
+        back = ft.OffloadAdamW(back_p)
+        back.load_state_dict(checkpoint)
+        _lockstep(grads[3:], (back, back_p))
+        assert all(torch.equal(a, b) for a, b in zip(back_p, straight_p)), source
+        del resumed
+        gc.collect()
+
+
+def test_a_parameter_converted_to_bfloat16_after_steps_gets_a_master_in_a_new_layout(tmp_path):
+    ours_p, ref_p = _fresh(), _fresh()
+    ours = _nvme(ours_p, tmp_path, STREAMED_MASTER)
+    ref = ft.OffloadAdamW(ref_p)
+    _lockstep(_grads(2), (ours, ours_p), (ref, ref_p))
+    assert not ours.nvme_stats["keep_master"]
+    for a, b in zip(ours_p[:3], ref_p[:3]):  # model.bfloat16() on part of a model
+        a.data = a.data.bfloat16()
+        b.data = b.data.bfloat16()
+    for gs in _grads(3, seed=8):
+        for params in (ours_p, ref_p):
+            _give(params, [g.to(p.dtype) for p, g in zip(params, gs)])
+        ours.step()
+        ref.step()
+    assert ours.nvme_stats["keep_master"]
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+
+
+@pytest.mark.parametrize("call,skip", [("pwrite", 1), ("pwrite", 2), ("pread", 4)])
+def test_an_io_error_in_a_low_precision_step_puts_the_16_bit_parameters_back(tmp_path, monkeypatch, call, skip):
+    plan = _core.FaultPlan()
+    _faulty(monkeypatch, plan)
+    ours_p, ref_p = _mixed(torch.float16), _mixed(torch.float16)
+    ours = _nvme(ours_p, tmp_path, STREAMED_MASTER)
+    ref = ft.OffloadAdamW(ref_p)
+    grads = _mixed_grads(ours_p, 3)
+    _lockstep(grads[:1], (ours, ours_p), (ref, ref_p))
+    before = [p.detach().clone() for p in ours_p]
+    rule = plan.add(call, errno.EIO, skip=skip)
+    _give(ours_p, grads[1])
+    _give(ref_p, grads[1])
+    ref.step()
+    with pytest.raises(OSError):
+        ours.step()
+    assert plan.fired(rule) == 1
+    for p, r, b in zip(ours_p, ref_p, before):
+        step = int(ours.state[p]["step"])
+        assert torch.equal(p, r if step == 2 else b)
+    assert any(int(ours.state[p]["step"]) == 1 for p in ours_p if p.dtype == torch.float16)  # one put back
+    ours.step()
+    _lockstep(grads[2:], (ours, ours_p), (ref, ref_p))
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)
+
+
+def test_a_file_too_small_for_the_masters_is_a_memory_error_naming_the_arrays(tmp_path):
+    params = _mixed(torch.bfloat16)
+    before = [p.detach().clone() for p in params]
+    # room for two arrays per copy, not three
+    opt = ft.OffloadAdamW(params, nvme_path=tmp_path / "s.bin", nvme_bytes=sum(2 * 2 * -(-p.numel() * 4 // 4096) * 4096
+                                                                          for p in params))
+    _give(params, _mixed_grads(params, 1)[0])
+    with pytest.raises(MemoryError, match="the master, exp_avg and exp_avg_sq"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, before))

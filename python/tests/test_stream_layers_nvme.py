@@ -283,3 +283,27 @@ def test_weights_written_between_forward_and_backward_fail_the_backward_as_an_in
     y2 = st(x2)
     y2.sum().backward()
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("states_on_nvme", [False, True])
+def test_offload_adamw_over_all_the_parameters_leaves_the_frozen_meta_ones_alone(tmp_path, states_on_nvme):
+    torch.manual_seed(0)
+    head_ref, head = torch.nn.Linear(32, 5), None
+    head = copy.deepcopy(head_ref)
+    ref = torch.nn.Sequential(_stack(), head_ref)
+    stack = ft.stream_layers(list(_stack()), nvme_path=tmp_path / "w.bin")
+    mine = torch.nn.Sequential(stack, head)
+    kw = dict(nvme_path=tmp_path / "s.bin", nvme_bytes=1 << 20) if states_on_nvme else {}
+    opt = ft.OffloadAdamW(mine.parameters(), lr=1e-2, **kw)  # the stack's meta parameters among them
+    opt_ref = ft.OffloadAdamW(head_ref.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 32), torch.randint(0, 5, (8,))
+    for step in range(3):
+        for model, o in ((ref, opt_ref), (mine, opt)):
+            o.zero_grad()
+            torch.manual_seed(step)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            o.step()
+    assert torch.equal(head.weight, head_ref.weight) and torch.equal(head.bias, head_ref.bias)
+    assert len(opt.state_dict()["state"]) == 2  # the head's two parameters
+    if states_on_nvme:
+        assert opt.nvme_stats["groups"] == 2

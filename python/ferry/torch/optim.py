@@ -18,6 +18,9 @@ from ferry.torch._checks import file_path, whole
 
 __all__ = ["OffloadAdamW"]
 
+# The dtype names NvmeStates.step takes for a parameter stepped through its master.
+_LOW = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
 
 def _describe(t: torch.Tensor) -> str:
     return f"shape = {tuple(t.shape)}, dtype = {t.dtype}, device = {t.device}"
@@ -133,7 +136,9 @@ class OffloadAdamW(torch.optim.Optimizer):
     offload, for one process: ``ferry::state_swapper`` over a ``ferry::nvme_tier``): per
     parameter, in param-group order, its two moments (8 bytes per element, twice: the new
     states go to the copy that is not current, so a failed write never touches the good
-    one; the fp32 parameters are the master weights, so no master copy is kept). The
+    one; float32 parameters are their own master weights, so no master copy is kept; with
+    a bfloat16 or float16 parameter among them, every parameter's copies hold a float32
+    master array too, 12 bytes per element, twice, a float32 parameter's left unused). The
     parameters that fit ``pinned_bytes`` stay in pinned memory and are stepped in place;
     the others are
     streamed through three pinned buffers: the next parameter's states read and the last
@@ -152,7 +157,10 @@ class OffloadAdamW(torch.optim.Optimizer):
     a new ``.data``, a checkpoint of the model loaded), the master is re-seeded from the
     parameter; where they agree, the master, not the rounded parameter, is what the step
     starts from (mixed-precision training's master weights). A parameter converted to
-    float32 since is its own master again. Not with ``nvme_path`` (a ``ValueError``). A CUDA parameter is stepped on
+    float32 since is its own master again. With ``nvme_path`` the master lives in the file
+    beside the moments and is stepped the same way (the parameter compared with it
+    rounded, re-seeded where they differ): a run with its states on NVMe goes on bit for
+    bit as one with them in pinned memory. A CUDA parameter is stepped on
     the CPU too (ZeRO-Offload's optimizer step): at each ``step`` it and its gradient are
     copied D2H into pinned copies of them (8 bytes per element of pinned memory beyond
     ``pinned_bytes``, made at its first step and reused), on a pull stream of ferry's
@@ -196,7 +204,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             file is its own): save ``state_dict()``.
         nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 16
             bytes per element of every parameter, each of its four arrays (two, twice)
-            rounded up to 4 KiB, checked at the first ``step`` (``MemoryError`` with both
+            rounded up to 4 KiB (24 bytes per element and six arrays with a bfloat16 or
+            float16 parameter among them), checked at the first ``step`` (``MemoryError`` with both
             figures) even while ``pinned_bytes`` holds every state. A param group added after the first step moves the states to a new
             layout at the next ``step``: the file and the pinned memory hold both layouts
             meanwhile (a ``MemoryError`` when they cannot leaves the states where they
@@ -208,7 +217,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         ValueError: a hyper-parameter out of range (naming it), ``amsgrad`` or
             ``maximize`` (not supported), a parameter that is not float32, bfloat16 or
             float16, strided, contiguous and on the CPU or a CUDA device (naming its shape,
-            dtype and device), a bfloat16 or float16 one with ``nvme_path``.
+            dtype and device).
         MemoryError: at a ``step`` whose new moments do not fit in the pool (nothing is
             updated; the step can be called again once there is room); with
             ``nvme_path``, at the first ``step`` when the file's capacity or the host
@@ -288,7 +297,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     def nvme_stats(self) -> Optional[Dict[str, Any]]:
         """With ``nvme_path``: the states' figures (``groups``, ``resident_groups``,
         ``spilled_groups``, ``ring_bytes``, ``host_bytes``, ``undo_bytes``,
-        ``bytes_per_element`` (8: the two moments),
+        ``bytes_per_element`` (8: the two moments; 12 with master arrays), ``keep_master``
+        (whether the copies hold master arrays: a bfloat16 or float16 parameter),
         ``capacity_bytes``, ``file_bytes_used``, ``engine``, ``direct_io``, ``steps``,
         ``failed_steps``, ``reads``, ``writes``, ``bytes_read``, ``bytes_written``,
         ``pending``); None without."""
@@ -317,12 +327,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         try:
             _group_hyper(group)
             for p in group["params"]:
+                if p.is_meta and not p.requires_grad:
+                    continue  # a frozen parameter without values (stream_layers(nvme_path=...)): never stepped
                 _check_param(p)
-                if self._settings.get("nvme_path") and p.dtype != torch.float32:
-                    raise ValueError(
-                        "OffloadAdamW: with nvme_path, parameters must be float32 (a master copy for bfloat16 and "
-                        f"float16 parameters is kept in pinned memory only) [{_describe(p)}]"
-                    )
             if self._settings.get("nvme_path") and len({id(p) for p in group["params"]}) != len(group["params"]):
                 raise ValueError(
                     "OffloadAdamW: a parameter appears twice in one group (torch steps it twice; the states on "
@@ -453,11 +460,14 @@ class OffloadAdamW(torch.optim.Optimizer):
         the last layout gets a new swapper; the states move over: the file and the pinned
         memory hold both layouts meanwhile); {id(p): group}. Raises MemoryError (nothing
         changed) when they do not fit."""
-        order = [p for group in self.param_groups for p in group["params"]]
-        if [id(p) for p in order] != [id(p) for p in self._layout]:
+        order = [p for group in self.param_groups for p in group["params"] if not p.is_meta]
+        # Master arrays while any parameter is bfloat16 or float16 (one converted since, by
+        # model.bfloat16() or model.float(), makes a new layout too).
+        keep = any(p.dtype != torch.float32 for p in order)
+        if [id(p) for p in order] != [id(p) for p in self._layout] or (order and keep != self._nvme.keep_master):
             if order:
                 old = {id(p): i for i, p in enumerate(self._layout)}
-                self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order])
+                self._nvme.layout([p.numel() for p in order], [old.get(id(p), -1) for p in order], keep)
             self._layout = order
         return {id(p): i for i, p in enumerate(self._layout)}
 
@@ -499,7 +509,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
                     grad = grad.clone()
                 grad = grad.contiguous().view(-1)
-            entries.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
+            if p.dtype == torch.float32:
+                entries.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
+            else:  # stepped through its master in the file; 16-bit elements passed as int16
+                entries.append((g, param.view(torch.int16), grad.view(torch.int16), lr, beta1, beta2, eps, wd, step,
+                                _LOW[p.dtype]))
         if not entries:
             self._unfinished = None
             return
@@ -555,7 +569,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         for i, st in sd["state"].items():
             p = params[i]
             st = dict(st)
-            for key in ("exp_avg", "exp_avg_sq"):
+            keys = ("exp_avg", "exp_avg_sq") + (("master",) if p.dtype != torch.float32 else ())
+            for key in keys:
                 t = torch.zeros(p.numel(), dtype=torch.float32)
                 if p.numel() > 0:
                     self._nvme.read(index[id(p)], key, t)
@@ -652,7 +667,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if fresh is None:
                     self._nvme.initialize(g)
                 else:
-                    self._nvme.initialize(g, fresh["exp_avg"].reshape(-1), fresh["exp_avg_sq"].reshape(-1))
+                    master = fresh.get("master") if self._nvme.keep_master else None
+                    self._nvme.initialize(g, fresh["exp_avg"].reshape(-1), fresh["exp_avg_sq"].reshape(-1),
+                                          None if master is None else master.reshape(-1))
         except BaseException as e:
             self._broken = f"a load_state_dict that failed part way ({type(e).__name__}: {e})"
             for p in list(self.state):
