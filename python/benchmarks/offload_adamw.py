@@ -9,8 +9,14 @@ parameters that budget holds all of them, and the row says so);
 each step reads and writes 8 bytes per streamed element (exp_avg, exp_avg_sq),
 so their rows also give the file's throughput (bytes read + written / step time).
 
+With --dtype bfloat16 (or float16) the parameters and gradients are 16-bit: torch's AdamW
+steps them as they are (no master), ferry's through a float32 master per parameter, in
+its pool ("pinned") or in the file beside the moments (12 bytes per streamed element
+read and written).
+
     python python/benchmarks/offload_adamw.py [--device cpu|cuda] [--params 16]
-        [--elements 1048576] [--repetitions 7] [--nvme-dir DIR] [--json out.json]
+        [--elements 1048576] [--dtype float32|bfloat16|float16] [--repetitions 7]
+        [--nvme-dir DIR] [--json out.json]
 
 With --device cuda the parameters and gradients are CUDA tensors: torch's AdamW steps them
 on the GPU with its states resident there (the reference), ferry's on the CPU from pinned
@@ -33,11 +39,11 @@ import ferry
 import ferry.torch as ft
 
 
-def make(n_params, elements, device, seed=0):
+def make(n_params, elements, device, dtype=torch.float32, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
-    params = [torch.randn(elements, generator=g, device=device).requires_grad_() for _ in range(n_params)]
+    params = [torch.randn(elements, generator=g, device=device).to(dtype).requires_grad_() for _ in range(n_params)]
     for p in params:
-        p.grad = torch.randn(elements, generator=g, device=device) * 1e-3
+        p.grad = (torch.randn(elements, generator=g, device=device) * 1e-3).to(dtype)
     return params
 
 
@@ -46,10 +52,11 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def ring_bytes(elements):
-    """The swapper's ring: three copies of one parameter's states, [exp_avg | exp_avg_sq]."""
+def ring_bytes(elements, arrays=2):
+    """The swapper's ring: three copies of one parameter's states, [exp_avg | exp_avg_sq]
+    (and the master first, with `arrays` 3)."""
     section = -(-elements * 4 // 4096) * 4096
-    return 3 * 2 * section
+    return 3 * arrays * section
 
 
 def main():
@@ -57,6 +64,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the CUDA build and a device)")
     ap.add_argument("--params", type=int, default=16)
     ap.add_argument("--elements", type=int, default=1 << 20)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--repetitions", type=int, default=7)
     ap.add_argument("--nvme-dir", default=tempfile.gettempdir())
     ap.add_argument("--json", default=None)
@@ -68,9 +76,11 @@ def main():
         raise SystemExit("offload_adamw benchmark: --device cuda needs the CUDA build (ferry.has_cuda: "
                          f"{ferry.has_cuda}) and a CUDA device ({ferry.cuda_device_count()} seen)")
 
+    dtype = getattr(torch, a.dtype)
+    arrays = 2 if dtype == torch.float32 else 3  # with a master
     total = a.params * a.elements
-    nvme_bytes = 2 * a.params * ring_bytes(a.elements) // 3 + (16 << 20)  # two copies of 8 B per element
-    ring = ring_bytes(a.elements)
+    nvme_bytes = 2 * a.params * ring_bytes(a.elements, arrays) // 3 + (16 << 20)  # two copies of each array
+    ring = ring_bytes(a.elements, arrays)
     half = ring + (a.params // 2) * (ring // 3)  # resident: what fits beside the ring (all of them if few)
     variants = {}
     files = []
@@ -85,7 +95,7 @@ def main():
             ps, pinned_bytes=ring, nvme_path=files[-1], nvme_bytes=nvme_bytes),
     }.items():
         files.append(os.path.join(a.nvme_dir, f"ferry-bench-adamw-{os.getpid()}-{len(files)}.bin"))
-        params = make(a.params, a.elements, device)
+        params = make(a.params, a.elements, device, dtype)
         try:
             opt = factory(params)
             opt.step()  # warm up: states made, the file written once
@@ -112,8 +122,8 @@ def main():
 
     where = f"CUDA ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "the CPU"
     print(f"OffloadAdamW, parameters on {where}, torch {torch.__version__}, {torch.get_num_threads()} torch threads; "
-          f"{a.params} parameters of {a.elements} float32 ({total * 4 / 2**20:.0f} MiB), "
-          f"states {total * 8 / 2**20:.0f} MiB; "
+          f"{a.params} parameters of {a.elements} {a.dtype} ({total * dtype.itemsize / 2**20:.0f} MiB), "
+          f"states {total * 4 * arrays / 2**20:.0f} MiB (ferry's; {'the moments' if arrays == 2 else 'master and moments'}); "
           f"file in {a.nvme_dir}; medians of {a.repetitions} steps")
     rows = {}
     for k, opt in variants.items():
@@ -128,8 +138,9 @@ def main():
                      f"{'O_DIRECT' if s['direct_io'] else 'buffered'}), {s['resident_groups']}/{s['groups']} "
                      f"resident, {s['host_bytes'] / 2**20:.1f} MiB pinned")
         if device.type == "cuda" and k.startswith("ferry"):
-            row["link_gb_s"] = total * 12 / (med[k] / 1e3) / 1e9  # parameter + gradient D2H, parameter H2D
-            extra += f"   link {row['link_gb_s']:.1f} GB/s (12 B per element)"
+            crossing = 3 * dtype.itemsize  # parameter + gradient D2H, parameter H2D
+            row["link_gb_s"] = total * crossing / (med[k] / 1e3) / 1e9
+            extra += f"   link {row['link_gb_s']:.1f} GB/s ({crossing} B per element)"
         rows[k] = row
         print(f"  {k:27s} {med[k]:9.2f} ms   {med[k] / torch_best:6.3f}x torch's fastest   "
               f"spread {spread[k]:.1%}{extra}")

@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -83,13 +84,53 @@ struct entry {
   ferry::adamw_constants constants;
 };
 
-// A binary16 or bfloat16 element as binary32, exactly.
-inline float widen(precision t, std::uint16_t bits) {
-  return t == precision::bf16 ? ferry::to_float(ferry::bfloat16{bits}) : ferry::to_float(ferry::half{bits});
+// Loops over a 16-bit parameter's elements, written so that the compiler vectorises them
+// (no branch, no early exit): binary16 and bfloat16 to binary32 exactly, and back rounded
+// to nearest even as torch rounds (`Tensor.to`, `copy_`): bit for bit `ferry::to_bfloat16`
+// / `to_half` but for NaN, which becomes torch's quiet NaN (bfloat16 0x7FC0; binary16 0x7E00
+// with the sign), so that the pinned path (torch's rounding) and this one agree bit for bit.
+
+// dst[i] = src[i] widened.
+inline void widen_all(precision t, const std::uint16_t* src, float* dst, std::size_t n) {
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<std::uint32_t>(src[i]) << 16);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = ferry::to_float(ferry::half{src[i]});
+  }
 }
-// A binary32 value rounded to nearest even into binary16 or bfloat16.
-inline std::uint16_t narrow(precision t, float x) {
-  return t == precision::bf16 ? ferry::to_bfloat16(x).bits : ferry::to_half(x).bits;
+
+// x rounded to bfloat16 (NaN: 0x7FC0), as a select rather than `to_bfloat16`'s branch.
+inline std::uint16_t bf16_bits(float x) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+// x rounded to binary16 (NaN: 0x7E00 with x's sign).
+inline std::uint16_t f16_bits(float x) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  const auto nan = static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7E00u);
+  return (b & 0x7FFFFFFFu) > 0x7F800000u ? nan : ferry::to_half(x).bits;
+}
+
+// dst[i] = src[i] rounded.
+inline void narrow_all(precision t, const float* src, std::uint16_t* dst, std::size_t n) {
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_bits(src[i]);
+  }
+}
+
+// Whether every low[i] is master[i] rounded.
+inline bool rounds_to(precision t, const float* master, const std::uint16_t* low, std::size_t n) {
+  std::uint32_t differ = 0;
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(bf16_bits(master[i]) ^ low[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(f16_bits(master[i]) ^ low[i]);
+  }
+  return differ == 0;
 }
 
 ferry::state_part part_of(const std::string& name) {
@@ -319,16 +360,11 @@ class states_on final : public states_base {
   void step_low(adamw_runner& adamw, const entry& e, ferry::group_view view) {
     auto* low = static_cast<std::uint16_t*>(e.param);
     const auto* grad = static_cast<const std::uint16_t*>(e.grad);
-    const std::span<float> master = view.master;
-    bool same = true;
-    for (std::size_t i = 0; i < e.n && same; ++i) same = narrow(e.type, master[i]) == low[i];
-    if (!same) {
-      for (std::size_t i = 0; i < e.n; ++i) master[i] = widen(e.type, low[i]);
-    }
-    const std::span<float> g(widened_.data(), e.n);
-    for (std::size_t i = 0; i < e.n; ++i) g[i] = widen(e.type, grad[i]);
-    adamw.step_spans(master, g, view.m, view.v, e.constants);
-    for (std::size_t i = 0; i < e.n; ++i) low[i] = narrow(e.type, master[i]);
+    float* master = view.master.data();
+    if (!rounds_to(e.type, master, low, e.n)) widen_all(e.type, low, master, e.n);
+    widen_all(e.type, grad, widened_.data(), e.n);
+    adamw.step_spans(view.master, std::span<const float>(widened_.data(), e.n), view.m, view.v, e.constants);
+    narrow_all(e.type, master, low, e.n);
   }
 
   [[nodiscard]] swapper_type& sw() const {

@@ -424,7 +424,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                         grad = grad.contiguous().view(-1)
                     low = param  # the parameter's own values (on the host), rounded from the master after
                     if master is not None:
-                        if not torch.equal(low, master.view(-1).to(low.dtype)):
+                        # bits, not values: a NaN equals no value, and would re-seed the whole
+                        # master at every step
+                        if not torch.equal(low.view(torch.int16), master.view(-1).to(low.dtype).view(torch.int16)):
                             master.view(-1).copy_(low)  # changed since this optimizer wrote it: re-seeded
                         param, grad = master.view(-1), grad.float()
                     self._adamw.step(
