@@ -420,3 +420,26 @@ def test_a_torch_adamw_state_of_low_precision_parameters_loads_with_the_master_f
     opt.step()
     assert torch.equal(p.detach(), opt.state[p]["master"].bfloat16())
     assert (opt.state[p]["master"] - before).abs().max() < 0.05  # stepped from the loaded weights
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_nan_in_a_low_precision_parameter_does_not_reseed_the_rest_of_its_master(dtype):
+    """AdamW steps each element on its own: the elements beside a NaN keep the master they
+    have without it (a value comparison would find NaN != NaN and re-seed the whole master
+    from the rounded parameter at every step)."""
+    g = torch.Generator().manual_seed(2)
+    values = torch.randn(256, generator=g)
+    clean = values.to(dtype).requires_grad_()
+    dirty = values.clone()
+    dirty[0] = float("nan")
+    dirty = dirty.to(dtype).requires_grad_()
+    opts = [ft.OffloadAdamW([p], lr=1e-3) for p in (clean, dirty)]
+    for _ in range(4):
+        grad = torch.randn(256, generator=g).to(dtype)
+        for p, opt in zip((clean, dirty), opts):
+            p.grad = grad.clone()
+            opt.step()
+    a, b = opts[0].state[clean]["master"], opts[1].state[dirty]["master"]
+    assert torch.equal(a[1:], b[1:]) and b[0].isnan()
+    assert torch.equal(clean[1:], dirty[1:])
+    assert not torch.equal(a[1:], clean[1:].float())  # the master holds more than the parameter
