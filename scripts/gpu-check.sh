@@ -452,10 +452,11 @@ python_tests() {
     return 1
   fi
   # The example, on the GPU: blocks streamed, activations offloaded, states pinned; its
-  # losses against plain PyTorch's, and both runs' peak device memory.
+  # losses against plain PyTorch's, and both runs' peak device memory; then the trained
+  # model evaluated with its blocks' weights on NVMe (loaded into CUDA slots).
   if [[ $mode == gpu ]]; then
     PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/examples/torch_gpt/train.py" --device cuda \
-      --layers 8 --width 1024 --tokens 512 --batch 8 --steps 5 || return 1
+      --layers 8 --width 1024 --tokens 512 --batch 8 --steps 5 --eval-nvme "${TMPDIR:-/tmp}" || return 1
   fi
 }
 python_bench() {

@@ -5,12 +5,16 @@ and AdamW's moments live in ferry's pinned pool (or, with --states-nvme DIR, in 
 there, streamed through three pinned buffers), stepped by ferry's CPU AdamW
 (ferry.torch.OffloadAdamW). The same steps run
 first with plain PyTorch (no offload, torch.optim.AdamW); the script prints both runs'
-losses and step times, what ferry moved, and the memory it kept out of the way.
+losses and step times, what ferry moved, and the memory it kept out of the way. With
+--eval-nvme DIR it then evaluates the trained model with its blocks' weights in a file
+in DIR instead (frozen, stream_layers(nvme_path=...): inference from NVMe, no pinned
+memory holding them) and checks that the loss is the trained model's, bit for bit.
 
     pip install ./python            # from the repository root, once
     python examples/torch_gpt/train.py [--layers 4] [--width 256] [--tokens 128]
                                        [--batch 8] [--steps 5] [--slots 2]
-                                       [--states-nvme DIR] [--device cpu|cuda]
+                                       [--states-nvme DIR] [--eval-nvme DIR]
+                                       [--device cpu|cuda]
 
 On the CPU (the default) the model's tensors go through the CPU model of ferry's device
 runtime, so the "device" is host memory too: the point is the API and its exactness. With
@@ -20,6 +24,7 @@ torch's device memory in both runs (docs/python.md)."""
 
 import argparse
 import contextlib
+import copy
 import math
 import os
 import time
@@ -82,6 +87,37 @@ def train(model, opt, offload, batches, device):
     return losses, times, peak
 
 
+def evaluate_from_nvme(model, a, batch, device):
+    """The trained model's loss on `batch` without grad, then the same model with copies of
+    its blocks frozen and streamed from a file in --eval-nvme (their weights on NVMe:
+    stream_layers(nvme_path=...)); True when the two losses are bit for bit equal."""
+    x, y = batch
+    model.eval()
+    with torch.no_grad():
+        trained = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    frozen = GPT(a.vocab, a.width, a.layers, a.heads).to(device).eval()
+    for name in ("emb", "ln", "head"):
+        getattr(frozen, name).load_state_dict(getattr(model, name).state_dict())
+    blocks = [copy.deepcopy(b).requires_grad_(False) for b in model.blocks.layers]  # copies of the slabs' weights
+    path = os.path.join(a.eval_nvme, f"torch_gpt-weights-{os.getpid()}.bin")
+    frozen.blocks = ft.stream_layers(blocks, slots=a.slots, device=device, nvme_path=path)
+    with torch.no_grad():
+        times = []
+        for _ in range(3):  # the first pass warms the file's engine and the scheduler
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(frozen(x).flatten(0, 1), y.flatten()).item()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    st = frozen.blocks.stats()
+    print(f"evaluation from NVMe: {len(blocks)} frozen blocks in {path} ({st['file_bytes'] / 2**20:.1f} MiB, "
+          f"{'O_DIRECT' if st['direct_io'] else 'buffered'}; {st['pinned_bytes']} bytes of pinned slabs), "
+          f"{st['loads']} loads ({st['bytes_loaded'] / 2**20:.1f} MiB) in 3 passes of "
+          f"{', '.join(f'{t * 1e3:.1f}' for t in times)} ms; loss {loss:.6f}, "
+          f"the trained model's {trained:.6f}: equal {loss == trained}")
+    return loss == trained
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--layers", type=int, default=4)
@@ -94,6 +130,8 @@ def main():
     ap.add_argument("--slots", type=int, default=2, help="device slots the blocks are streamed through")
     ap.add_argument("--states-nvme", metavar="DIR", default=None,
                     help="keep the optimizer's states in a file in DIR (streamed through 3 pinned buffers)")
+    ap.add_argument("--eval-nvme", metavar="DIR", default=None,
+                    help="then evaluate the trained model with its blocks' weights in a file in DIR (frozen)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (a build with ferry._cuda and a GPU)")
     a = ap.parse_args()
     try:
@@ -165,6 +203,8 @@ def main():
               f"for the link, is beside it: {ls['slot_bytes'] / 2**20:.1f} MiB of slots)")
     worst = max(abs(x - y) / abs(x) for x, y in zip(ref[0], ours[0]))
     ok = ours[0][0] == ref[0][0] and worst < 1e-4 and ours[0][-1] < ours[0][0]
+    if a.eval_nvme:
+        ok = evaluate_from_nvme(model, a, batch, device) and ok
     print(f"losses: first equal {ours[0][0] == ref[0][0]}, largest relative difference {worst:.2e} "
           f"(parameters within an ulp a step of torch's AdamW), falling {ours[0][-1] < ours[0][0]}")
     print("torch_gpt: ok" if ok else "torch_gpt: FAILED")
