@@ -45,7 +45,10 @@
 #                      shape (16 x Linear 8192 + GELU, 16384 tokens, bf16: 8 GiB saved a step)
 #                      against save_on_cpu, no offload and the link floor (python-bench.json);
 #                      offload_adamw.py --device cuda: OffloadAdamW with CUDA parameters
-#                      against torch's AdamW resident on the GPU (python-bench-adamw.json)
+#                      against torch's AdamW resident on the GPU (python-bench-adamw.json);
+#                      stream_layers.py --device cuda --nvme: layers streamed through CUDA
+#                      slots against them resident and checkpointed, and inference from
+#                      NVMe against the disk's own reads (python-bench-layers.json)
 # OUT gets summary.md (one line per step: passed / failed / timed out / skipped /
 # interrupted, with its time and limit; rewritten after every step, so a run stopped from
 # outside still leaves one), gpu-check.log (everything printed), a log per step and the
@@ -101,7 +104,7 @@ declare -A limit=(
   [example-stream_ordering]=8 [example-activation_offload]=30 [example-layer_streaming]=8 [example-kv_offload]=8
   [bench-suite]=30 [bench-overlap]=8 [bench-device-nvme]=15
   [memcheck]=65 [racecheck]=40 [micro]=10
-  [python-build]=120 [python-tests]=50 [python-bench]=90
+  [python-build]=120 [python-tests]=50 [python-bench]=150
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
@@ -469,7 +472,14 @@ python_bench() {
   # float32 (1 GiB of parameters; 3 GiB cross the link a step).
   PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/python/benchmarks/offload_adamw.py" \
     --device cuda --params 16 --elements 16777216 --repetitions 3 --nvme-dir "$scratch" \
-    --json "$out/python-bench-adamw.json"
+    --json "$out/python-bench-adamw.json" || return 1
+  # stream_layers with CUDA slots against the layers resident on the GPU and checkpointed:
+  # 8 x (Linear 4096 + GELU + Linear 4096), 1 GiB of float32 weights through 2 slots; then
+  # inference with the weights in a file on the scratch disk, its load rate against the
+  # disk's own O_DIRECT reads.
+  PYTHONPATH=$python_site PYTHONUNBUFFERED=1 python3 "$carry/src/python/benchmarks/stream_layers.py" \
+    --device cuda --layers 8 --hidden 4096 --tokens 4096 --slots 2 --repetitions 3 --tiny-layers 200 \
+    --nvme "$scratch" --json "$out/python-bench-layers.json"
 }
 
 export carry bin out scratch mode memcheck_cases python_site

@@ -1,7 +1,8 @@
 """ferry.torch.stream_layers against the same layers resident and against PyTorch's own
 recompute (torch.utils.checkpoint per layer, non-reentrant), side by side in one run, on
-CPU tensors (through the CPU model of ferry's device runtime; the stack's CUDA slots,
-stream_layers(device="cuda"), are measured by the GPU machine's tests).
+CPU tensors (through the CPU model of ferry's device runtime) or, with --device cuda, on a
+GPU (the resident and checkpointed layers in its memory, ferry's K slots there and the
+weights in pinned host slabs; each step timed to the device's completion).
 
 What it reports:
 
@@ -23,10 +24,10 @@ What it reports:
 
     python python/benchmarks/stream_layers.py [--layers 8] [--hidden 1024]
         [--tokens 1024] [--slots 2] [--repetitions 7] [--tiny-layers 200]
-        [--nvme DIR] [--json out.json]
+        [--nvme DIR] [--device cpu|cuda] [--json out.json]
 
 On a CPU the "device" slots are host memory: the figures are ferry's host cost, not the
-link's (that needs a GPU, docs/python.md)."""
+link's (that needs --device cuda and a GPU, docs/python.md)."""
 
 import argparse
 import copy
@@ -41,6 +42,13 @@ import torch.utils.checkpoint
 
 import ferry
 import ferry.torch as ft
+
+DEVICE = torch.device("cpu")  # --device
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def blocks(layers, hidden, seed=0):
@@ -70,8 +78,10 @@ def step(model, x):
 def timed(model, x, n):
     out = []
     for _ in range(n):
+        sync()
         t0 = time.perf_counter()
         step(model, x)
+        sync()
         out.append(time.perf_counter() - t0)
     return out
 
@@ -105,9 +115,9 @@ def inference_from_nvme(base, x, a):
     weights = os.path.join(a.nvme, f"ferry-bench-weights-{os.getpid()}.bin")
     probe = os.path.join(a.nvme, f"ferry-bench-disk-{os.getpid()}.bin")
     variants = {
-        "resident": torch.nn.Sequential(*copy.deepcopy(frozen)),
-        "ferry pinned": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots),
-        "ferry nvme": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots, nvme_path=weights),
+        "resident": torch.nn.Sequential(*copy.deepcopy(frozen)).to(DEVICE),
+        "ferry pinned": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots, device=DEVICE),
+        "ferry nvme": ft.stream_layers(copy.deepcopy(frozen), slots=a.slots, nvme_path=weights, device=DEVICE),
     }
     file_bytes = variants["ferry nvme"].stats()["file_bytes"]
     chunk = 1 << 20
@@ -126,11 +136,15 @@ def inference_from_nvme(base, x, a):
             direct = True
             for _ in range(a.repetitions):
                 for k, m in variants.items():
+                    sync()
                     t0 = time.perf_counter()
                     m(x)
+                    sync()
                     times[k].append(time.perf_counter() - t0)
+                sync()
                 t0 = time.perf_counter()
                 variants["ferry nvme"](x[:1])
+                sync()
                 one.append(time.perf_counter() - t0)
                 t, direct = disk_read_seconds(probe, file_bytes)
                 disk.append(t)
@@ -158,17 +172,30 @@ def main():
     ap.add_argument("--tiny-layers", type=int, default=200)
     ap.add_argument("--nvme", default=None, metavar="DIR",
                     help="also run inference with the weights on NVMe, files in DIR (made and removed)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the CUDA build and a device)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    global DEVICE
+    try:
+        DEVICE = torch.device(a.device)
+    except RuntimeError:
+        ap.error(f"--device {a.device!r} is not a device (cpu or cuda)")
+    if DEVICE.type not in ("cpu", "cuda"):
+        ap.error(f"--device {a.device}: the CPU or a CUDA device")
+    if DEVICE.type == "cuda" and not (ferry.has_cuda and ferry.cuda_device_count() > 0):
+        ap.error(f"--device cuda needs the CUDA build (ferry.has_cuda: {ferry.has_cuda}) and a CUDA device "
+                 f"({ferry.cuda_device_count()} seen)")
+    if DEVICE.type == "cuda" and DEVICE.index is None:
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
     if a.nvme is not None and not os.path.isdir(a.nvme):
         ap.error(f"--nvme {a.nvme!r} is not a folder")
 
     base = blocks(a.layers, a.hidden)
-    x = torch.randn(a.tokens, a.hidden, requires_grad=True)
+    x = torch.randn(a.tokens, a.hidden, device=DEVICE, requires_grad=True)
     variants = {
-        "resident": torch.nn.Sequential(*copy.deepcopy(base)),
-        "checkpoint": Checkpointed(copy.deepcopy(base)),
-        "ferry": ft.stream_layers(copy.deepcopy(base), slots=a.slots),
+        "resident": torch.nn.Sequential(*copy.deepcopy(base)).to(DEVICE),
+        "checkpoint": Checkpointed(copy.deepcopy(base)).to(DEVICE),
+        "ferry": ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE),
     }
     for m in variants.values():  # warm up
         step(m, x)
@@ -181,15 +208,18 @@ def main():
     weight_bytes = sum(p.numel() * p.element_size() for p in variants["ferry"].parameters())
 
     tiny = [torch.nn.Linear(4, 4) for _ in range(a.tiny_layers)]  # 20 weights each
-    tx = torch.randn(1, 4, requires_grad=True)
-    ck, st = Checkpointed(copy.deepcopy(tiny)), ft.stream_layers(copy.deepcopy(tiny), slots=a.slots)
+    tx = torch.randn(1, 4, device=DEVICE, requires_grad=True)
+    ck = Checkpointed(copy.deepcopy(tiny)).to(DEVICE)
+    st = ft.stream_layers(copy.deepcopy(tiny), slots=a.slots, device=DEVICE)
     step(ck, tx)
     step(st, tx)
     ck_t = statistics.median(timed(ck, tx, 5))
     st_t = statistics.median(timed(st, tx, 5))
     per_layer_us = (st_t - ck_t) / a.tiny_layers * 1e6
 
-    print(f"stream_layers on the CPU model (CPU tensors; spread = (max - min) / median), "
+    where = (f"CUDA ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda"
+             else "the CPU model (CPU tensors)")
+    print(f"stream_layers on {where} (spread = (max - min) / median), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"step: {a.layers} x (Linear {a.hidden} + GELU + Linear {a.hidden}), {a.tokens} tokens, "
           f"{weight_bytes / 2**20:.1f} MiB of weights through {a.slots} slots; medians of {a.repetitions}")
@@ -201,6 +231,7 @@ def main():
     nvme = None
     if a.nvme is not None:
         nvme = inference_from_nvme(base, x.detach(), a)
+        nvme["device"] = str(DEVICE)
         fm = nvme["forward_ms"]
         print(f"inference from NVMe: the blocks frozen, a forward pass without grad; {nvme['file_bytes'] / 2**20:.1f} "
               f"MiB file in {a.nvme} (O_DIRECT: {nvme['direct_io']}); medians of {a.repetitions}")
@@ -216,8 +247,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"step_ms": med, "spread": spread, "weight_bytes": weight_bytes,
-                       "per_layer_us": per_layer_us, "nvme": nvme, "args": vars(a), "torch": torch.__version__}, f,
-                      indent=1)
+                       "per_layer_us": per_layer_us, "nvme": nvme, "device": where, "args": vars(a),
+                       "torch": torch.__version__}, f, indent=1)
 
 
 if __name__ == "__main__":
