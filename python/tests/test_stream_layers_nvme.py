@@ -9,6 +9,8 @@ import copy
 import errno
 import gc
 import os
+import pickle
+import re
 import weakref
 
 import pytest
@@ -308,3 +310,146 @@ def test_offload_adamw_over_all_the_parameters_leaves_the_frozen_meta_ones_alone
     assert len(opt.state_dict()["state"]) == 2  # the head's two parameters
     if states_on_nvme:
         assert opt.nvme_stats["groups"] == 2
+
+
+def test_a_parameter_torch_cannot_swap_fails_the_stack_before_any_parameter_changes(tmp_path):
+    layers = [torch.nn.Linear(8, 8).requires_grad_(False) for _ in range(3)]
+    layers[1].weight.tensor_model_parallel = True  # an attribute of the caller's: kept
+    before = [p.detach().clone() for lay in layers for p in lay.parameters()]
+    x = torch.randn(2, 8, requires_grad=True)
+    y = layers[2](x)  # a live graph saved layer 2's weight: torch cannot swap it
+    with pytest.raises(ValueError, match=r"'weight' of layer 2 cannot become a meta tensor in place"):
+        ft.stream_layers(layers, nvme_path=tmp_path / "w.bin")
+    after = [p for lay in layers for p in lay.parameters()]
+    assert not any(p.is_meta for p in after)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert not os.path.exists(tmp_path / "w.bin")
+    del y
+    st = ft.stream_layers(layers, nvme_path=tmp_path / "w.bin")  # the graph gone, it works
+    assert layers[1].weight.is_meta and layers[1].weight.tensor_model_parallel is True
+
+
+def test_in_place_changes_to_the_meta_parameters_and_ties_are_refused_at_the_next_pass(tmp_path):
+    ref = _stack()
+    st = ft.stream_layers(list(copy.deepcopy(ref)), nvme_path=tmp_path / "w.bin")
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        st.layers[1][4].bias.fill_(100.0)  # a no-op on a meta tensor: said, not lost silently
+    with pytest.raises(RuntimeError, match=r"'4.bias' of layer 1 was changed in place"):
+        st(x)
+    st.load_state_dict({f"layers.{k}": v for k, v in ref.state_dict().items()})  # the way to write weights
+    torch.manual_seed(0)
+    want = ref(x)
+    torch.manual_seed(0)
+    assert torch.equal(st(x), want)
+    tied = torch.nn.Parameter(torch.eye(32), requires_grad=False)
+    st.layers[0][1].weight, st.layers[1][1].weight = torch.nn.Parameter(torch.zeros(67, 32), requires_grad=False), None
+    st.layers[1][1].weight = st.layers[0][1].weight
+    with pytest.raises(RuntimeError, match=r"'1.weight' of layer 1 is also '1.weight' of layer 0"):
+        st(x)
+    st.layers[1][1].weight = torch.nn.Parameter(torch.empty(67, 32, device="meta"), requires_grad=False)
+    with pytest.raises(RuntimeError, match="replaced by a meta tensor, which has no values"):
+        st(x)
+    del tied
+
+
+def test_a_layer_called_on_its_own_is_refused_and_pickle_names_the_file(tmp_path):
+    st = ft.stream_layers(list(_stack()), nvme_path=tmp_path / "w.bin")
+    with pytest.raises(RuntimeError, match="called on its own; its parameters are meta tensors"):
+        st.layers[0](torch.randn(2, 32))
+    with pytest.raises(TypeError, match="in its file"):
+        pickle.dumps(st)
+    assert st(torch.randn(2, 32)).shape == (2, 32)  # the stack itself runs them
+
+
+def test_a_stack_built_on_meta_is_loaded_layer_by_layer_from_a_memory_mapped_checkpoint(tmp_path):
+    """A stack larger than host memory: the layers made on the meta device (no values
+    anywhere), streamed to the file, and their weights loaded from a checkpoint that
+    torch.load maps rather than reads."""
+    ref = _stack()
+    torch.save({f"layers.{k}": v for k, v in ref.state_dict().items()}, tmp_path / "ckpt.pt")
+    with torch.device("meta"):
+        layers = list(_stack())
+    st = ft.stream_layers(layers, nvme_path=tmp_path / "w.bin")
+    x = torch.randn(4, 32)
+    with pytest.raises(RuntimeError, match=r"layer 0's weights \['0.weight', .*\] were never given"):
+        st(x)
+    part = {k: v for k, v in torch.load(tmp_path / "ckpt.pt", mmap=True).items() if not k.startswith("layers.3.")}
+    st.load_state_dict(part, strict=False)
+    with pytest.raises(RuntimeError, match=r"layer 3's weights .* were never given"):
+        st(x)
+    assert st.read_weights(3)["1.weight"].is_meta and "layers.3.1.weight" in st.state_dict()
+    st.load_state_dict(torch.load(tmp_path / "ckpt.pt", mmap=True))
+    torch.manual_seed(0)
+    want = ref(x)
+    torch.manual_seed(0)
+    assert torch.equal(st(x), want)
+
+
+def test_a_load_stopped_by_an_io_error_names_the_layers_it_wrote(tmp_path, monkeypatch):
+    plan = _core.FaultPlan()
+    _with_faults(monkeypatch, plan)
+    st = ft.stream_layers(list(_stack()), nvme_path=tmp_path / "w.bin")
+    other = _stack(seed=9)
+    plan.add("pwrite", errno.ENOSPC, skip=2, times=1)  # a write after the first ones fails
+    with pytest.raises(OSError, match=r"layers \[[0-9, ]*\] hold the loaded weights, layer [0-9] and those after") as e:
+        st.load_state_dict({f"layers.{k}": v for k, v in other.state_dict().items()})
+    assert e.value.errno == errno.ENOSPC
+    failed = int(re.search(r"layer ([0-9]) and those after", str(e.value)).group(1))
+    assert 0 < failed < 4 and f"layers {list(range(failed))} hold" in str(e.value)
+    got = st.state_dict()
+    for k, v in other.state_dict().items():
+        if k.endswith(("1.weight", "4.weight")):  # the Linear weights (the layer norms' are alike in both)
+            assert torch.equal(got[f"layers.{k}"], v) == (int(k.split(".")[0]) < failed), k
+
+
+def test_loads_and_passes_on_two_threads_never_mix_two_checkpoints_in_one_pass(tmp_path):
+    import threading
+
+    layer = torch.nn.Linear(512, 512, bias=False).requires_grad_(False)
+    st = ft.stream_layers([layer], slots=1, nvme_path=tmp_path / "w.bin")
+    ones = {"layers.0.weight": torch.ones(512, 512)}
+    twos = {"layers.0.weight": torch.full((512, 512), 2.0)}
+    st.load_state_dict(ones)
+    stop = threading.Event()
+    errors = []
+
+    def loads():
+        try:
+            while not stop.is_set():
+                for sd in (twos, ones):
+                    try:
+                        st.load_state_dict(sd)
+                    except RuntimeError as e:  # a pass in progress: refused, retried
+                        assert "in progress" in str(e)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=loads)
+    t.start()
+    try:
+        x = torch.ones(1, 512)
+        for _ in range(60):
+            with torch.no_grad():
+                y = st(x)
+            assert torch.all(y == 512.0) or torch.all(y == 1024.0), y.unique()
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+
+
+def test_the_file_is_removed_at_exit_while_a_graph_still_holds_the_stack(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "w.bin"
+    script = (
+        "import torch, ferry.torch as ft\n"
+        f"st = ft.stream_layers([torch.nn.Linear(8, 8).requires_grad_(False)], nvme_path={str(path)!r})\n"
+        "loss = st(torch.randn(1, 8, requires_grad=True)).sum()\n"
+        "loss.backward()\n"
+        f"import os; assert os.path.exists({str(path)!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
+    assert not path.exists()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import functools
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -24,13 +26,53 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _to_meta(p: torch.nn.Parameter) -> None:
-    """Makes ``p`` (the same Python object) a parameter of its shape, strides and dtype
-    without values, on ``meta``: what a parameter whose values are in a stack's file is.
-    (``p.data = ...`` cannot change a tensor's device; ``swap_tensors`` can.)"""
-    empty = torch.nn.Parameter(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta"),
-                               requires_grad=p.requires_grad)
-    torch.utils.swap_tensors(p, empty)
+def _to_meta(items: Sequence[Tuple[int, str, torch.nn.Parameter]],
+             what: str = "stream_layers") -> List[Tuple[torch.nn.Parameter, Any]]:
+    """Makes each parameter of ``items`` (layer, name, parameter) a parameter of its shape,
+    strides and dtype without values, on ``meta``, in place: the same Python object, its
+    attributes kept (``p.data = ...`` cannot change a tensor's device; ``swap_tensors``
+    can). All or none: when torch refuses one (a live autograd graph saved it, a weak
+    reference, a subclass with ``__slots__``), those done are swapped back and a
+    ValueError names it (``what``: who asks). Returns (parameter, holder of its values)
+    pairs, for ``_swap_back``."""
+    done: List[Tuple[torch.nn.Parameter, Any]] = []
+    try:
+        for i, name, p in items:
+            empty = torch.nn.Parameter(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta"),
+                                       requires_grad=p.requires_grad)
+            empty.__dict__.update(p.__dict__)  # swap_tensors swaps the attributes too: p keeps a copy of its own
+            try:
+                torch.utils.swap_tensors(p, empty)
+            except Exception as e:  # torch's RuntimeError or TypeError
+                raise ValueError(
+                    f"{what}: parameter {name!r} of layer {i} cannot become a meta tensor in place, as the "
+                    f"weights on NVMe need ({type(e).__name__}: {e}); something holds it: an autograd graph that "
+                    "saved it (free it first), a weak reference, a Parameter subclass with __slots__. Nothing "
+                    "changed"
+                ) from None
+            done.append((p, empty))
+    except BaseException:
+        _swap_back(done)
+        raise
+    return done
+
+
+def _swap_back(done: List[Tuple[torch.nn.Parameter, Any]]) -> None:
+    """Undoes ``_to_meta``: each parameter gets its values (and attributes) back."""
+    for p, holder in reversed(done):
+        torch.utils.swap_tensors(p, holder)
+
+
+# Stacks with their weights on NVMe, closed at exit: an autograd graph alive then (a global
+# ``loss`` after ``backward()``) holds its stack past the interpreter's last collection, and
+# the file would stay behind.
+_OPEN_FILES: "weakref.WeakSet[StreamedLayers]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_files() -> None:
+    for stack in list(_OPEN_FILES):
+        stack._close()
 
 
 def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
@@ -141,11 +183,17 @@ class StreamedLayers(torch.nn.Module):
         slots = min(slots, len(layers))  # more slots than layers would hold nothing
         self._pass_lock = threading.Lock()  # one pass begins at a time (two threads, one stack)
         self._layouts = [_Layout(layer, i) for i, layer in enumerate(layers)]
-        self.device = _slot_device(device, [p for lay in self._layouts for p in lay.params])
+        self.device = _slot_device(device, [p for lay in self._layouts for p in lay.params if not p.is_meta])
         owner: Dict[int, Tuple[int, str]] = {}
         for i, lay in enumerate(self._layouts):
             for name, p in zip(lay.names, lay.params):
-                if p.device.type != "cpu" and p.device != self.device:
+                if p.is_meta and not path:
+                    raise ValueError(
+                        f"stream_layers: parameter {name!r} of layer {i} is a meta tensor (no values: a layer built "
+                        "on the meta device, or streamed already by a stack with its weights on NVMe); weights in "
+                        "pinned memory need values, weights on NVMe (nvme_path=) may be loaded later"
+                    )
+                if p.device.type not in ("cpu", "meta") and p.device != self.device:
                     raise ValueError(
                         f"stream_layers: parameter {name!r} of layer {i} is on {p.device}; the slots are on "
                         f"{self.device} (a parameter is on the CPU or on the slots' device)"
@@ -178,19 +226,37 @@ class StreamedLayers(torch.nn.Module):
         self._nvme = bool(path)
         self._nvme_path = path
         self._written = [0] * len(layers)  # per layer, the writes into the file since it was made
+        # With the weights on NVMe: per layer, the parameters with no values yet (meta at
+        # stream_layers: loaded later), and the parameters' versions when the stack last
+        # took them (an in-place change to a meta tensor changes nothing: refused); per
+        # thread, the keys a load_state_dict in progress wrote into the file.
+        self._unset: List[set] = [set() for _ in layers]
+        self._versions: List[List[int]] = []
+        self._handled: Dict[int, List[str]] = {}
+        self._inside = 0  # > 0 while the stack runs a layer (the layers' own hooks let it)
         self._grads: List[List[torch.Tensor]] = []
         with torch.no_grad():
             if self._nvme:
                 # Every layer into the file first, then the parameters let go of their values
-                # (they become ``meta`` tensors): a failed write leaves the layers as they were.
-                for i, lay in enumerate(self._layouts):
-                    raw = torch.zeros(self._core.layer_bytes(i), dtype=torch.uint8)
-                    for p, w in zip(lay.params, lay.views(raw)):
-                        w.copy_(p)
-                    self._core.write_weights(i, raw)
-                for lay in self._layouts:
-                    for p in lay.params:
-                        _to_meta(p)
+                # (they become ``meta`` tensors, all or none): a failure leaves the layers as
+                # they were, and the file goes with the core.
+                try:
+                    for i, lay in enumerate(self._layouts):
+                        raw = torch.zeros(self._core.layer_bytes(i), dtype=torch.uint8)
+                        for k, (p, w) in enumerate(zip(lay.params, lay.views(raw))):
+                            if p.is_meta:
+                                self._unset[i].add(k)
+                            else:
+                                w.copy_(p)
+                        self._core.write_weights(i, raw)
+                    _to_meta([(i, name, p) for i, lay in enumerate(self._layouts)
+                              for name, p in zip(lay.names, lay.params) if not p.is_meta])
+                except BaseException:
+                    self._close()
+                    raise
+                self._versions = [[p._version for p in lay.params] for lay in self._layouts]
+                for layer in self.layers:
+                    layer.register_forward_pre_hook(functools.partial(StreamedLayers._outside_call, weakref.ref(self)))
             else:
                 # The weights move into the pinned slabs: each parameter's data becomes a view
                 # of its slab, so the optimizer, state_dict and load_state_dict work on them in
@@ -205,6 +271,8 @@ class StreamedLayers(torch.nn.Module):
             # state_dict() reads the values from the file; load_state_dict() writes them there.
             self.register_state_dict_post_hook(StreamedLayers._state_dict_from_file)
             self.register_load_state_dict_pre_hook(StreamedLayers._load_into_file)
+            self.register_load_state_dict_post_hook(StreamedLayers._after_load)
+            _OPEN_FILES.add(self)
         self._got: List[List[bool]] = [[False] * len(lay.params) for lay in self._layouts]
         self._token = torch.zeros((), requires_grad=True)  # puts every layer's node in the graph
         self._accumulate: List[bool] = [False] * len(layers)
@@ -299,7 +367,11 @@ class StreamedLayers(torch.nn.Module):
         same ones); the weights' tensors are leaves needing grad as the parameters do."""
         lay = self._layouts[i]
         leaves = [v.detach().requires_grad_(p.requires_grad) for v, p in zip(lay.views(slot), lay.params)]
-        out = torch.func.functional_call(self.layers[i], dict(zip(lay.names, leaves)), (x,) + tuple(extra))
+        self._inside += 1
+        try:
+            out = torch.func.functional_call(self.layers[i], dict(zip(lay.names, leaves)), (x,) + tuple(extra))
+        finally:
+            self._inside -= 1
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"StreamedLayers: layer {i} returned a {type(out).__name__}, not one tensor")
         return out, leaves
@@ -547,11 +619,13 @@ class StreamedLayers(torch.nn.Module):
     # -- weights on NVMe ---------------------------------------------------------------
 
     def _sync_file(self) -> None:
-        """Before a forward pass with the weights on NVMe: each layer's parameters are its
-        own, named as they were, and frozen; a parameter replaced by one with values (a new
+        """Before a forward pass with the weights on NVMe, per layer: its parameters are
+        named as they were, frozen, each of one layer, not changed in place (a ``meta``
+        tensor keeps no values: the change would be lost) and all given (none left without
+        values since ``stream_layers``). A parameter replaced by one with values (a new
         ``nn.Parameter``) has them written into the file and becomes a ``meta`` tensor; one
-        replaced by a ``meta`` tensor (``load_state_dict(assign=True)``, whose values the
-        load wrote into the file) is taken as it is."""
+        replaced by a ``meta`` tensor (no values to write) is refused."""
+        owner: Dict[int, Tuple[int, str]] = {}
         with torch.no_grad():
             for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
                 now = dict(layer.named_parameters())
@@ -568,6 +642,13 @@ class StreamedLayers(torch.nn.Module):
                 fresh = []
                 for k, (name, old) in enumerate(zip(lay.names, lay.params)):
                     p = now[name]
+                    if id(p) in owner:
+                        j, other = owner[id(p)]
+                        raise RuntimeError(
+                            f"StreamedLayers: parameter {name!r} of layer {i} is also {other!r} of layer {j}; a "
+                            "streamed weight belongs to one layer (tie weights outside the stack)"
+                        )
+                    owner[id(p)] = (i, name)
                     if p.requires_grad:
                         raise RuntimeError(
                             f"StreamedLayers: parameter {name!r} of layer {i} requires grad; the weights on NVMe are "
@@ -575,28 +656,54 @@ class StreamedLayers(torch.nn.Module):
                             "nvme_path to train them"
                         )
                     if p is old:
+                        if p._version != self._versions[i][k]:
+                            raise RuntimeError(
+                                f"StreamedLayers: parameter {name!r} of layer {i} was changed in place (a meta tensor: "
+                                f"its values are in {self._nvme_path!r}, and the change went nowhere); write weights "
+                                "with load_state_dict, or assign a new nn.Parameter with the values"
+                            )
                         continue
                     if p.shape != old.shape or p.dtype != old.dtype:
                         raise RuntimeError(
                             f"StreamedLayers: parameter {name!r} of layer {i} was replaced by one of shape "
                             f"{tuple(p.shape)} and dtype {p.dtype} (streamed: {tuple(old.shape)}, {old.dtype})"
                         )
+                    if p.is_meta:
+                        raise RuntimeError(
+                            f"StreamedLayers: parameter {name!r} of layer {i} was replaced by a meta tensor, which has "
+                            "no values to write; assign an nn.Parameter with values, or load_state_dict"
+                        )
                     fresh.append(k)
-                if not fresh:
-                    continue
-                valued = [k for k in fresh if not now[lay.names[k]].is_meta]
-                if valued:
-                    raw = self._read_layer(i)
-                    views = lay.views(raw)
-                    for k in valued:
-                        views[k].copy_(now[lay.names[k]])
-                    self._written[i] += 1
-                    self._core.write_weights(i, raw)
-                for k in fresh:
-                    p = now[lay.names[k]]
-                    if not p.is_meta:
-                        _to_meta(p)
-                    lay.params[k] = p
+                if fresh:
+                    self._take(i, lay, [(k, now[lay.names[k]]) for k in fresh])
+                if self._unset[i]:
+                    missing = [lay.names[k] for k in sorted(self._unset[i])]
+                    raise RuntimeError(
+                        f"StreamedLayers: layer {i}'s weights {missing} were never given (meta tensors at "
+                        "stream_layers); load_state_dict them first"
+                    )
+
+    def _take(self, i: int, lay: "_Layout", fresh: List[Tuple[int, torch.nn.Parameter]]) -> None:
+        """Layer i's replaced parameters: the values of those that have some written into
+        the file, every one of them made (or kept) a ``meta`` tensor and the layer's own;
+        all or none (a failed write gives the parameters their values back)."""
+        valued = [(k, p) for k, p in fresh if not p.is_meta]
+        if valued:
+            raw = self._read_layer(i)
+            views = lay.views(raw)
+            for k, p in valued:
+                views[k].copy_(p)
+            done = _to_meta([(i, lay.names[k], p) for k, p in valued], "StreamedLayers (a replaced parameter)")
+            try:
+                self._written[i] += 1
+                self._core.write_weights(i, raw)
+            except BaseException:
+                _swap_back(done)
+                raise
+        for k, p in fresh:
+            lay.params[k] = p
+            self._versions[i][k] = p._version
+            self._unset[i].discard(k)
 
     def _read_layer(self, i: int) -> torch.Tensor:
         """Layer i's bytes, read from the file into a new CPU tensor."""
@@ -607,26 +714,45 @@ class StreamedLayers(torch.nn.Module):
     def read_weights(self, i: int) -> Dict[str, torch.Tensor]:
         """Layer i's weights as new CPU tensors, by parameter name: from the pinned slab (a
         copy), or read from the file with the weights on NVMe (where the parameters are
-        ``meta`` tensors, without values)."""
+        ``meta`` tensors, without values; one never given stays a ``meta`` tensor here)."""
         i = whole("read_weights: the layer", i)
         if i >= len(self._layouts):
             raise IndexError(f"StreamedLayers.read_weights: no layer {i} (the stack has {len(self._layouts)})")
         lay = self._layouts[i]
         if self._nvme:
-            return dict(zip(lay.names, lay.views(self._read_layer(i))))
+            views = lay.views(self._read_layer(i))
+            return {name: (p.detach() if k in self._unset[i] else v)
+                    for k, (name, p, v) in enumerate(zip(lay.names, lay.params, views))}
         return {name: p.detach().clone() for name, p in zip(lay.names, lay.params)}
+
+    @staticmethod
+    def _outside_call(stack_ref: Any, module: torch.nn.Module, args: Any) -> None:
+        """A streamed layer's forward pre-hook, with the weights on NVMe: its parameters
+        are meta tensors, so a call from outside the stack is refused (torch may compute
+        with a meta weight and return uninitialised memory rather than raise)."""
+        stack = stack_ref()
+        if stack is not None and stack._inside == 0:
+            raise RuntimeError(
+                f"a layer of a StreamedLayers with its weights on NVMe ({stack._nvme_path!r}) was called on its own; "
+                "its parameters are meta tensors (the values are in the file): call the stack, or read the "
+                "weights with state_dict() / read_weights(i)"
+            )
 
     @staticmethod
     def _state_dict_from_file(module: "StreamedLayers", state_dict: Dict[str, Any], prefix: str,
                               local_metadata: Any) -> None:
         """state_dict's post hook with the weights on NVMe: each streamed parameter's entry
-        (a ``meta`` tensor) becomes its values, read from the file (one read per layer)."""
+        (a ``meta`` tensor, or the parameter itself with ``keep_vars=True``) becomes its
+        values, read from the file (one read per layer); one never given stays a ``meta``
+        tensor."""
         for i, lay in enumerate(module._layouts):
             keys = [f"{prefix}layers.{i}.{name}" for name in lay.names]
-            if not any(k in state_dict and getattr(state_dict[k], "is_meta", False) for k in keys):
+            wanted = [k for n, k in enumerate(keys)
+                      if n not in module._unset[i] and getattr(state_dict.get(k), "is_meta", False)]
+            if not wanted:
                 continue
             for k, v in zip(keys, lay.views(module._read_layer(i))):
-                if k in state_dict and getattr(state_dict[k], "is_meta", False):
+                if k in wanted:
                     state_dict[k] = v
 
     @staticmethod
@@ -634,17 +760,21 @@ class StreamedLayers(torch.nn.Module):
                         strict: bool, missing_keys: List[str], unexpected_keys: List[str],
                         error_msgs: List[str]) -> None:
         """load_state_dict's pre hook with the weights on NVMe: the given values of each
-        layer's streamed parameters are written into the file (one read and one write per
-        layer, a failed write putting the old bytes back), and their entries become ``meta``
-        tensors, so that torch's own load (a copy into a ``meta`` parameter, or an assign)
-        leaves the values where they are. An entry of another shape is left to torch's load,
-        which reports it."""
-        if module._core.in_pass:
-            raise RuntimeError(
-                "StreamedLayers.load_state_dict: a pass over the stack is in progress; the weights on NVMe are "
-                "written between passes"
-            )
-        with torch.no_grad():
+        layer's streamed parameters are written into the file, layer by layer (one read and
+        one write each, cast to the parameter's dtype as torch's load casts; a failed write
+        puts the layer's old bytes back, and the error names the layers written before it),
+        and their entries leave torch's load (which would copy into, or assign, ``meta``
+        tensors: the parameters stay as they are); ``_after_load`` takes their keys out of
+        the missing ones. An entry of another shape is left to torch's load, which reports
+        it. Under the stack's pass lock: no pass begins while the file is written."""
+        handled = module._handled.setdefault(threading.get_ident(), [])
+        written: List[int] = []
+        with module._pass_lock, torch.no_grad():
+            if module._core.in_pass:
+                raise RuntimeError(
+                    "StreamedLayers.load_state_dict: a pass over the stack is in progress; the weights on NVMe are "
+                    "written between passes"
+                )
             for i, lay in enumerate(module._layouts):
                 given = []
                 for k, (name, p) in enumerate(zip(lay.names, lay.params)):
@@ -668,12 +798,38 @@ class StreamedLayers(torch.nn.Module):
                     raw = module._read_layer(i)
                 views = lay.views(raw)
                 for k, _, v in given:
-                    views[k].copy_(v)  # cast to the parameter's dtype, as torch's load copies
+                    views[k].copy_(v)
                 module._written[i] += 1  # before: a failed write may have changed the file too
-                module._core.write_weights(i, raw)
-                for k, key, v in given:
-                    p = lay.params[k]
-                    state_dict[key] = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
+                try:
+                    module._core.write_weights(i, raw)
+                except OSError as e:
+                    raise OSError(
+                        e.errno,
+                        f"{e.strerror}; StreamedLayers.load_state_dict: layers {written} hold the loaded weights, "
+                        f"layer {i} and those after it their own",
+                    ) from e
+                written.append(i)
+                for k, key, _ in given:
+                    del state_dict[key]
+                    handled.append(key)
+                    module._unset[i].discard(k)
+                    module._versions[i][k] = lay.params[k]._version  # an in-place no-op before: overwritten
+
+    @staticmethod
+    def _after_load(module: "StreamedLayers", incompatible_keys: Any) -> None:
+        """load_state_dict's post hook with the weights on NVMe: the keys the pre hook
+        wrote into the file (and took out of torch's load) are not missing."""
+        handled = set(module._handled.pop(threading.get_ident(), []))
+        if handled:
+            incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if k not in handled]
+
+    def _close(self) -> None:
+        """Drops the stack's core now (its file is removed): at exit, or when
+        ``stream_layers`` fails part way. The stack cannot run afterwards."""
+        core = getattr(self, "_core", None)
+        if core is not None:
+            self._core = None
+            del core
 
     # -- the rest ---------------------------------------------------------------------
 
@@ -721,9 +877,10 @@ class StreamedLayers(torch.nn.Module):
                               preserve_rng_state=self.preserve_rng_state, device=self.device)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
+        where = f"in its file {self._nvme_path!r}" if getattr(self, "_nvme", False) else "in ferry's pinned slabs"
         raise TypeError(
-            "a StreamedLayers cannot be pickled (its weights are in ferry's pinned slabs): save its state_dict(), "
-            "and load it into a new stack (or into the layers as they were)"
+            f"a StreamedLayers cannot be pickled (its weights are {where}): save its state_dict(), and load it into "
+            "a new stack (or into the layers as they were)"
         )
 
     def stats(self) -> Dict[str, int]:
