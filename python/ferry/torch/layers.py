@@ -961,13 +961,20 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         holds the weights, and there are no gradient slabs. The weights are **frozen**:
         every streamed parameter must have ``requires_grad`` False (inference, or a frozen
         stack under trainable parts outside it; the input still gets its gradient). Each
-        parameter becomes a ``meta`` tensor (the same object: shape, dtype, no values);
-        ``state_dict()`` reads the values from the file, ``load_state_dict`` writes them
-        there (between passes), a parameter replaced by one with values has them written
-        at the next forward pass, and ``read_weights(i)`` reads a layer's
+        parameter becomes a ``meta`` tensor (the same object and attributes: shape, dtype,
+        no values; all or none); ``state_dict()`` reads the values from the file,
+        ``load_state_dict`` writes them there (between passes, under the pass lock), a
+        parameter replaced by one with values has them written at the next forward pass,
+        and ``read_weights(i)`` reads a layer's. In-place changes to the ``meta``
+        parameters, a parameter in two layers and a layer called on its own are refused.
+        Layers built on the ``meta`` device may be streamed and loaded later
+        (``load_state_dict``, from ``torch.load(..., mmap=True)``): a stack larger than
+        host memory. The file is removed with the stack, or at exit
     :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
         other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device; with
-        ``nvme_path``, a parameter that requires grad or is weakly referenced
+        ``nvme_path``, a parameter that requires grad or that torch cannot make a ``meta``
+        tensor in place (weakly referenced, saved by a live graph); without it, a ``meta``
+        parameter
     :raises FileExistsError: ``nvme_path`` is a file that is not empty
     :raises OSError: the file cannot be made, sized or written (``errno`` the file
         system's), the parameters unchanged
