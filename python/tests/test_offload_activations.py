@@ -524,3 +524,22 @@ def test_a_bound_on_copies_waiting_for_the_link_keeps_gradients_exact(device_byt
     assert unbounded.stats()["throttled"] == 0 and unbounded.stats()["in_flight_bytes"] == 0
     with pytest.raises(ValueError, match="device_bytes"):
         ft.offload_activations(device_bytes=-1)
+
+
+def test_the_nvme_file_is_removed_at_exit_while_a_graph_still_holds_saved_tensors(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "act.bin"
+    script = (
+        "import os, torch, ferry.torch as ft\n"
+        f"off = ft.offload_activations(min_bytes=0, keep_last=0, pinned_bytes=1 << 20, nvme_path={str(path)!r}, "
+        "nvme_bytes=64 << 20)\n"
+        "lin = torch.nn.Linear(512, 512)\n"
+        "with off:\n"
+        "    y = lin(torch.randn(1024, 512, requires_grad=True)).relu().sum()  # no backward: the graph lives on\n"
+        f"assert os.path.exists({str(path)!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
+    assert not path.exists()

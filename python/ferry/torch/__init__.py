@@ -36,7 +36,7 @@ import torch
 import ferry
 from ferry import _core
 from ferry.torch._checks import memory_order as _memory_order
-from ferry.torch._checks import device_of, file_path, whole
+from ferry.torch._checks import device_of, file_path, own_file, whole
 from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
 
@@ -426,6 +426,8 @@ class offload_activations:
                                                 **self._settings)
         else:
             store = _core.ActivationStore(nvme_path=path, nvme_bytes=self._nvme_bytes if path else 0, **self._settings)
+        if path:
+            own_file(path)  # removed at exit if the store is alive then (saved tensors of a graph hold it)
         self._stores[device] = store
         return store
 

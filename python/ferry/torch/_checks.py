@@ -1,9 +1,10 @@
 """Argument and layout checks shared by ferry.torch's objects."""
 
+import atexit
 import errno
 import operator
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -52,6 +53,36 @@ def file_path(what: str, value: Any) -> str:
             path,
         )
     return path
+
+
+# The NVMe files ferry's objects made in this process, by path: (device, inode) of each.
+_FILES: Dict[str, Tuple[int, int]] = {}
+
+
+def own_file(path: str) -> None:
+    """Notes that ferry made the file at ``path`` (an NVMe tier's, just opened), so that
+    it is removed at the interpreter's exit if it is still there then: an object alive at
+    exit (held by an autograd graph, a global ``loss`` after or before ``backward()``)
+    may never be destroyed, and its tier would never remove its file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _FILES[path] = (st.st_dev, st.st_ino)
+
+
+@atexit.register
+def _remove_files() -> None:
+    """At exit: each file of ``own_file`` still at its path, the same file (device and
+    inode: never a file made there since by someone else), is removed; the tier's open
+    descriptor keeps its data until the process ends."""
+    for path, ident in list(_FILES.items()):
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == ident:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def memory_order(t: torch.Tensor) -> Optional[Tuple[int, ...]]:

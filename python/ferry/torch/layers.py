@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import functools
@@ -14,7 +13,7 @@ import torch
 
 import ferry
 from ferry import _core
-from ferry.torch._checks import device_of, file_path, memory_order, whole
+from ferry.torch._checks import device_of, file_path, memory_order, own_file, whole
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -62,17 +61,6 @@ def _swap_back(done: List[Tuple[torch.nn.Parameter, Any]]) -> None:
     for p, holder in reversed(done):
         torch.utils.swap_tensors(p, holder)
 
-
-# Stacks with their weights on NVMe, closed at exit: an autograd graph alive then (a global
-# ``loss`` after ``backward()``) holds its stack past the interpreter's last collection, and
-# the file would stay behind.
-_OPEN_FILES: "weakref.WeakSet[StreamedLayers]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_files() -> None:
-    for stack in list(_OPEN_FILES):
-        stack._close()
 
 
 def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
@@ -225,6 +213,8 @@ class StreamedLayers(torch.nn.Module):
         self._gradient_slabs = gradient_slabs
         self._nvme = bool(path)
         self._nvme_path = path
+        if path:
+            own_file(path)  # removed at exit if the stack is alive then (held by a graph)
         self._written = [0] * len(layers)  # per layer, the writes into the file since it was made
         # With the weights on NVMe: per layer, the parameters with no values yet (meta at
         # stream_layers: loaded later), and the parameters' versions when the stack last
@@ -272,7 +262,6 @@ class StreamedLayers(torch.nn.Module):
             self.register_state_dict_post_hook(StreamedLayers._state_dict_from_file)
             self.register_load_state_dict_pre_hook(StreamedLayers._load_into_file)
             self.register_load_state_dict_post_hook(StreamedLayers._after_load)
-            _OPEN_FILES.add(self)
         self._got: List[List[bool]] = [[False] * len(lay.params) for lay in self._layouts]
         self._token = torch.zeros((), requires_grad=True)  # puts every layer's node in the graph
         self._accumulate: List[bool] = [False] * len(layers)
@@ -824,8 +813,8 @@ class StreamedLayers(torch.nn.Module):
             incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if k not in handled]
 
     def _close(self) -> None:
-        """Drops the stack's core now (its file is removed): at exit, or when
-        ``stream_layers`` fails part way. The stack cannot run afterwards."""
+        """Drops the stack's core now (its file is removed), when ``stream_layers`` fails
+        part way."""
         core = getattr(self, "_core", None)
         if core is not None:
             self._core = None

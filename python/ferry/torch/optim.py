@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from ferry import _core
-from ferry.torch._checks import file_path, whole
+from ferry.torch._checks import file_path, own_file, whole
 
 __all__ = ["OffloadAdamW"]
 
@@ -281,6 +281,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._nvme = _core.NvmeStates(
                 self._settings["nvme_path"], self._settings["nvme_bytes"], self._settings["pinned_bytes"]
             )
+            own_file(self._settings["nvme_path"])  # removed at exit if the optimizer is alive then
         else:
             self._pool = _core.StatePool(self._settings["pinned_bytes"])
 
