@@ -8,9 +8,10 @@
 // memory and I/O than [master | m | v]); a layout with a bfloat16 or float16 parameter
 // keeps master arrays (`layout(..., keep_master=True)`), each such parameter's float32
 // master is stepped and the parameter becomes it rounded to nearest even (a float32
-// parameter's master array is left unused). Before the step, a parameter that is not its
-// master rounded (changed since: a checkpoint of the model loaded, an edit) re-seeds the
-// master from it, as `OffloadAdamW`'s pinned states do. The groups that fit
+// parameter's master array holds NaN once it is stepped: stale). Before the step, a
+// parameter that is not its master rounded (changed since: a checkpoint of the model
+// loaded, an edit) re-seeds the master from it, as `OffloadAdamW`'s pinned states do.
+// The groups that fit
 // `ram_budget_bytes` stay in the swapper's pinned memory and are stepped in place, the
 // rest are streamed through its ring of three buffers: group g+1 read and g-1 written
 // while ferry's CPU AdamW steps g, in place on the caller's parameter.
@@ -288,6 +289,10 @@ class states_on final : public states_base {
         adamw.step_spans(std::span<float>(static_cast<float*>(e->param), e->n),
                          std::span<const float>(static_cast<const float*>(e->grad), e->n), view.m, view.v,
                          e->constants);
+        // A float32 parameter is its own master: its master array (a layout that keeps
+        // them) is stale from now on. NaN rounds to no value but NaN, so a parameter made
+        // 16-bit later re-seeds it from itself, as the pinned path makes it a new master.
+        std::fill(view.master.begin(), view.master.end(), std::numeric_limits<float>::quiet_NaN());
       } else {
         step_low(adamw, *e, view);
       }

@@ -607,3 +607,32 @@ def test_masters_in_the_file_round_every_binade_as_torch_rounds(tmp_path, dtype)
     for key in ("exp_avg", "exp_avg_sq", "master"):  # NaN where the other has NaN, every other bit equal
         a, b = ours.state_dict()["state"][0][key], ref.state_dict()["state"][0][key]
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), key
+
+
+def test_a_parameter_stepped_as_float32_between_bfloat16_steps_gets_a_new_master_as_in_pinned_memory(tmp_path):
+    """bfloat16, then float32 for a step (its own master: the pinned path drops the master),
+    then bfloat16 again (a new master from the parameter): the file's master array, stale
+    since the float32 step, is re-seeded the same way."""
+    ours_p, ref_p = _mixed(torch.bfloat16), _mixed(torch.bfloat16)
+    ours = _nvme(ours_p, tmp_path, STREAMED_MASTER, lr=1e-2)
+    ref = ft.OffloadAdamW(ref_p, lr=1e-2)
+    grads = _grads(7, seed=21)
+
+    def step(gs, lr):
+        for opt, params in ((ours, ours_p), (ref, ref_p)):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            _give(params, [g.to(p.dtype) for p, g in zip(params, gs)])
+            opt.step()
+
+    for gs in grads[:3]:
+        step(gs, 1e-2)
+    for params in (ours_p, ref_p):
+        params[1].data = params[1].data.float()
+    step(grads[3], 0.0)  # stepped, unchanged: its old master still rounds to it
+    for params in (ours_p, ref_p):
+        params[1].data = params[1].data.bfloat16()
+    for gs in grads[4:]:
+        step(gs, 1e-2)
+    assert all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
+    _same_states(ours, ref)

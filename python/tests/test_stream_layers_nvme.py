@@ -453,3 +453,16 @@ def test_the_file_is_removed_at_exit_while_a_graph_still_holds_the_stack(tmp_pat
     )
     subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
     assert not path.exists()
+
+
+def test_after_a_failed_load_the_next_one_reports_every_missing_key(tmp_path, monkeypatch):
+    plan = _core.FaultPlan()
+    _with_faults(monkeypatch, plan)
+    st = ft.stream_layers(list(_stack()), nvme_path=tmp_path / "w.bin")
+    plan.add("pwrite", errno.EIO, skip=1, times=1)
+    with pytest.raises(OSError):
+        st.load_state_dict({f"layers.{k}": v for k, v in _stack(seed=9).state_dict().items()})
+    result = st.load_state_dict({}, strict=False)
+    assert sorted(result.missing_keys) == sorted(st.state_dict())  # layer 0's keys too
+    with pytest.raises(RuntimeError, match="layers.0.1.weight"):
+        st.load_state_dict({})

@@ -756,7 +756,8 @@ class StreamedLayers(torch.nn.Module):
         tensors: the parameters stay as they are); ``_after_load`` takes their keys out of
         the missing ones. An entry of another shape is left to torch's load, which reports
         it. Under the stack's pass lock: no pass begins while the file is written."""
-        handled = module._handled.setdefault(threading.get_ident(), [])
+        handled: List[str] = []
+        module._handled[threading.get_ident()] = handled  # this load's (a failed one's are dropped)
         written: List[int] = []
         with module._pass_lock, torch.no_grad():
             if module._core.in_pass:

@@ -138,7 +138,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     states go to the copy that is not current, so a failed write never touches the good
     one; float32 parameters are their own master weights, so no master copy is kept; with
     a bfloat16 or float16 parameter among them, every parameter's copies hold a float32
-    master array too, 12 bytes per element, twice, a float32 parameter's left unused). The
+    master array too, 12 bytes per element, twice; a float32 parameter's is stale, NaN, so
+    that one made 16-bit later gets a new master from itself, as in pinned memory). The
     parameters that fit ``pinned_bytes`` stay in pinned memory and are stepped in place;
     the others are
     streamed through three pinned buffers: the next parameter's states read and the last
