@@ -1,14 +1,18 @@
 // ferry._core.AdamW (bound in core.cpp), shared with NvmeStates (states.cpp), which steps
-// its groups with it.
+// its groups with it, a bfloat16 or float16 parameter's through its float32 master in the
+// file (`step_low_spans`).
 #pragma once
 
+#include <ferry/codec/formats.hpp>
 #include <ferry/optim/adamw.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -18,6 +22,60 @@ namespace ferry_python {
 namespace nb = nanobind;
 
 using f32_array = nb::ndarray<nb::device::cpu, float, nb::ndim<1>, nb::c_contig>;
+// A bfloat16 or float16 tensor's elements, viewed as int16 (`Tensor.view(torch.int16)`).
+using i16_array = nb::ndarray<nb::device::cpu, std::int16_t, nb::ndim<1>, nb::c_contig>;
+
+// A parameter's element type.
+enum class precision : std::uint8_t { f32, bf16, f16 };
+
+// Loops over a 16-bit parameter's elements, written so that the compiler vectorises them
+// (no branch, no early exit): binary16 and bfloat16 to binary32 exactly, and back rounded
+// to nearest even as torch rounds (`Tensor.to`, `copy_`): bit for bit `ferry::to_bfloat16`
+// / `to_half` but for NaN, which becomes torch's quiet NaN (bfloat16 0x7FC0; binary16 0x7E00
+// with the sign: c10's scalar conversions; torch's vectorised ones may give another NaN).
+
+// dst[i] = src[i] widened.
+inline void widen_all(precision t, const std::uint16_t* src, float* dst, std::size_t n) {
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<std::uint32_t>(src[i]) << 16);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = ferry::to_float(ferry::half{src[i]});
+  }
+}
+
+// x rounded to bfloat16 (NaN: 0x7FC0), as a select rather than `to_bfloat16`'s branch.
+inline std::uint16_t bf16_bits(float x) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+// x rounded to binary16 (NaN: 0x7E00 with x's sign).
+inline std::uint16_t f16_bits(float x) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  const auto nan = static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7E00u);
+  return (b & 0x7FFFFFFFu) > 0x7F800000u ? nan : ferry::to_half(x).bits;
+}
+
+// dst[i] = src[i] rounded.
+inline void narrow_all(precision t, const float* src, std::uint16_t* dst, std::size_t n) {
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_bits(src[i]);
+  }
+}
+
+// Whether every low[i] is master[i] rounded.
+inline bool rounds_to(precision t, const float* master, const std::uint16_t* low, std::size_t n) {
+  std::uint32_t differ = 0;
+  if (t == precision::bf16) {
+    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(bf16_bits(master[i]) ^ low[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(f16_bits(master[i]) ^ low[i]);
+  }
+  return differ == 0;
+}
 
 // ferry's CPU AdamW over one parameter's fp32 arrays: `unfused` rounds every operation as
 // PyTorch's scalar code does, `fused` the moments' multiply-adds as its AVX2 / AVX-512
@@ -54,6 +112,22 @@ class adamw_runner {
     step_spans(p, g, mm, vv, c);
   }
 
+  // One step of a bfloat16 or float16 parameter (`low`, its `grad`: 16-bit elements,
+  // n = master.size()) through its float32 `master`: the master re-seeded from the
+  // parameter where the parameter is not the master rounded (changed since: compared bit
+  // for bit, so that a NaN does not re-seed it at every step), stepped with the gradient
+  // widened exactly, and rounded to nearest even into the parameter. On the calling
+  // thread but for the step itself; the GIL is the caller's business.
+  void step_low_spans(precision t, std::uint16_t* low, const std::uint16_t* grad, std::span<float> master,
+                      std::span<float> m, std::span<float> v, const ferry::adamw_constants& c) {
+    const std::size_t n = master.size();
+    if (!rounds_to(t, master.data(), low, n)) widen_all(t, low, master.data(), n);
+    if (widened_.size() < n) widened_.resize(n);
+    widen_all(t, grad, widened_.data(), n);
+    step_spans(master, std::span<const float>(widened_.data(), n), m, v, c);
+    narrow_all(t, master.data(), low, n);
+  }
+
   // One step over spans of one length, in place; the GIL is the caller's business.
   void step_spans(std::span<float> param, std::span<const float> grad, std::span<float> m, std::span<float> v,
                   const ferry::adamw_constants& c) {
@@ -72,6 +146,7 @@ class adamw_runner {
  private:
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::fused>> fused_;
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::unfused>> unfused_;
+  std::vector<float> widened_;  // a 16-bit gradient in binary32 (one caller at a time: OffloadAdamW's lock)
 };
 
 }  // namespace ferry_python

@@ -66,11 +66,8 @@ namespace {
 
 using ferry_python::adamw_runner;
 using ferry_python::f32_array;
-// A bfloat16 or float16 tensor's elements, viewed as int16 (`Tensor.view(torch.int16)`).
-using i16_array = nb::ndarray<nb::device::cpu, std::int16_t, nb::ndim<1>, nb::c_contig>;
-
-// A parameter's element type.
-enum class precision : std::uint8_t { f32, bf16, f16 };
+using ferry_python::i16_array;
+using ferry_python::precision;
 
 inline std::size_t bytes_of(precision p) { return p == precision::f32 ? 4 : 2; }
 
@@ -84,55 +81,6 @@ struct entry {
   precision type = precision::f32;
   ferry::adamw_constants constants;
 };
-
-// Loops over a 16-bit parameter's elements, written so that the compiler vectorises them
-// (no branch, no early exit): binary16 and bfloat16 to binary32 exactly, and back rounded
-// to nearest even as torch rounds (`Tensor.to`, `copy_`): bit for bit `ferry::to_bfloat16`
-// / `to_half` but for NaN, which becomes torch's quiet NaN (bfloat16 0x7FC0; binary16 0x7E00
-// with the sign), so that the pinned path (torch's rounding) and this one agree bit for bit.
-
-// dst[i] = src[i] widened.
-inline void widen_all(precision t, const std::uint16_t* src, float* dst, std::size_t n) {
-  if (t == precision::bf16) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<std::uint32_t>(src[i]) << 16);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = ferry::to_float(ferry::half{src[i]});
-  }
-}
-
-// x rounded to bfloat16 (NaN: 0x7FC0), as a select rather than `to_bfloat16`'s branch.
-inline std::uint16_t bf16_bits(float x) {
-  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
-  const std::uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-  return static_cast<std::uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
-}
-
-// x rounded to binary16 (NaN: 0x7E00 with x's sign).
-inline std::uint16_t f16_bits(float x) {
-  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
-  const auto nan = static_cast<std::uint16_t>(((b >> 16) & 0x8000u) | 0x7E00u);
-  return (b & 0x7FFFFFFFu) > 0x7F800000u ? nan : ferry::to_half(x).bits;
-}
-
-// dst[i] = src[i] rounded.
-inline void narrow_all(precision t, const float* src, std::uint16_t* dst, std::size_t n) {
-  if (t == precision::bf16) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_bits(src[i]);
-  }
-}
-
-// Whether every low[i] is master[i] rounded.
-inline bool rounds_to(precision t, const float* master, const std::uint16_t* low, std::size_t n) {
-  std::uint32_t differ = 0;
-  if (t == precision::bf16) {
-    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(bf16_bits(master[i]) ^ low[i]);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(f16_bits(master[i]) ^ low[i]);
-  }
-  return differ == 0;
-}
 
 ferry::state_part part_of(const std::string& name) {
   if (name == "master") return ferry::state_part::master;
@@ -227,11 +175,9 @@ class states_on final : public states_base {
     }
     std::array<std::vector<std::byte>, undo_slots> undo;
     for (auto& u : undo) u.resize(largest * sizeof(float));
-    std::vector<float> widened(keep_master ? widest : 0);
     swapper_ = std::move(fresh);
     keep_master_ = keep_master;
     undo_ = std::move(undo);
-    widened_ = std::move(widened);
   }
 
   void initialize(std::size_t g, std::span<const float> m, std::span<const float> v,
@@ -363,13 +309,8 @@ class states_on final : public states_base {
   // the parameter is not the master rounded; the master stepped with the gradient widened
   // (exactly) to binary32; the parameter the master rounded to nearest even.
   void step_low(adamw_runner& adamw, const entry& e, ferry::group_view view) {
-    auto* low = static_cast<std::uint16_t*>(e.param);
-    const auto* grad = static_cast<const std::uint16_t*>(e.grad);
-    float* master = view.master.data();
-    if (!rounds_to(e.type, master, low, e.n)) widen_all(e.type, low, master, e.n);
-    widen_all(e.type, grad, widened_.data(), e.n);
-    adamw.step_spans(view.master, std::span<const float>(widened_.data(), e.n), view.m, view.v, e.constants);
-    narrow_all(e.type, master, low, e.n);
+    adamw.step_low_spans(e.type, static_cast<std::uint16_t*>(e.param), static_cast<const std::uint16_t*>(e.grad),
+                         view.master, view.m, view.v, e.constants);
   }
 
   [[nodiscard]] swapper_type& sw() const {
@@ -382,7 +323,6 @@ class states_on final : public states_base {
   std::unique_ptr<swapper_type> swapper_;  // before tier_ goes: declared after it
   bool keep_master_ = false;
   std::array<std::vector<std::byte>, undo_slots> undo_;  // streamed groups' parameters before their step
-  std::vector<float> widened_;                           // a low-precision gradient in binary32
 };
 
 ferry::io::syscall_kind call_of(const std::string& name) {
