@@ -62,7 +62,6 @@ def _swap_back(done: List[Tuple[torch.nn.Parameter, Any]]) -> None:
         torch.utils.swap_tensors(p, holder)
 
 
-
 def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
     """Whether `t`'s memory is in `raw`'s (a slot, reused by the next layer)."""
     start = raw.data_ptr()
