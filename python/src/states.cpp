@@ -31,7 +31,6 @@
 // the plan says (the same file, engine and swapper otherwise).
 #include "states.hpp"
 
-#include <ferry/codec/formats.hpp>
 #include <ferry/core/error.hpp>
 #include <ferry/io/syscalls.hpp>
 #include <ferry/pipeline/state_swapper.hpp>
@@ -39,7 +38,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -168,9 +166,7 @@ class states_on final : public states_base {
       }
     }
     std::size_t largest = 0;
-    std::size_t widest = 0;
     for (std::size_t g = 0; g < sizes.size(); ++g) {
-      widest = std::max(widest, sizes[g]);
       if (!fresh->layout(g).resident) largest = std::max(largest, sizes[g]);
     }
     std::array<std::vector<std::byte>, undo_slots> undo;
