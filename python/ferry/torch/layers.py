@@ -62,6 +62,18 @@ def _swap_back(done: List[Tuple[torch.nn.Parameter, Any]]) -> None:
         torch.utils.swap_tensors(p, holder)
 
 
+def _params_of(layer: torch.nn.Module, lay: "_Layout", i: int) -> Dict[str, torch.nn.Parameter]:
+    """Layer i's parameters now, by name; a RuntimeError when their names changed since
+    ``stream_layers`` (``lay``)."""
+    now = dict(layer.named_parameters())
+    if list(now) != lay.names:
+        raise RuntimeError(
+            f"StreamedLayers: layer {i}'s parameters changed names since stream_layers "
+            f"({lay.names} -> {list(now)}); stream a new stack"
+        )
+    return now
+
+
 def _in(t: torch.Tensor, raw: torch.Tensor) -> bool:
     """Whether `t`'s memory is in `raw`'s (a slot, reused by the next layer)."""
     start = raw.data_ptr()
@@ -580,12 +592,7 @@ class StreamedLayers(torch.nn.Module):
             return
         with torch.no_grad():
             for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
-                now = dict(layer.named_parameters())
-                if list(now) != lay.names:
-                    raise RuntimeError(
-                        f"StreamedLayers: layer {i}'s parameters changed names since stream_layers "
-                        f"({lay.names} -> {list(now)}); stream a new stack"
-                    )
+                now = _params_of(layer, lay, i)
                 views = None
                 for k, (name, old) in enumerate(zip(lay.names, lay.params)):
                     p = now[name]
@@ -616,12 +623,7 @@ class StreamedLayers(torch.nn.Module):
         owner: Dict[int, Tuple[int, str]] = {}
         with torch.no_grad():
             for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
-                now = dict(layer.named_parameters())
-                if list(now) != lay.names:
-                    raise RuntimeError(
-                        f"StreamedLayers: layer {i}'s parameters changed names since stream_layers "
-                        f"({lay.names} -> {list(now)}); stream a new stack"
-                    )
+                now = _params_of(layer, lay, i)
                 if self._core.lost(i):
                     raise RuntimeError(
                         f"StreamedLayers: layer {i}'s weights in {self._nvme_path!r} were lost (a write failed, and "
