@@ -104,7 +104,7 @@ declare -A limit=(
   [example-stream_ordering]=8 [example-activation_offload]=30 [example-layer_streaming]=8 [example-kv_offload]=8
   [bench-suite]=30 [bench-overlap]=8 [bench-device-nvme]=15
   [memcheck]=65 [racecheck]=40 [micro]=10
-  [python-build]=120 [python-tests]=50 [python-bench]=150
+  [python-build]=100 [python-tests]=50 [python-bench]=120
 )
 kill_after=2
 number() { [[ $1 =~ ^[1-9][0-9]{0,4}$ ]]; }  # 1 .. 99999
