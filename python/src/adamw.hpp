@@ -66,13 +66,22 @@ inline void narrow_all(precision t, const float* src, std::uint16_t* dst, std::s
   }
 }
 
-// Whether every low[i] is master[i] rounded.
+// The bits by which `rounded` (a NaN as this file rounds it) and `low` differ, none where
+// both are NaNs: any NaN is a NaN master rounded (torch's vectorised bfloat16 conversion
+// gives 0xFFFF where c10's scalar one gives 0x7FC0), so that a NaN written by torch does
+// not re-seed the whole master at every step. `exponent`: the format's infinity, bits.
+inline std::uint32_t differs(std::uint16_t rounded, std::uint16_t low, std::uint32_t exponent) {
+  const bool both_nan = ((rounded & 0x7FFFu) > exponent) & ((low & 0x7FFFu) > exponent);
+  return static_cast<std::uint32_t>(rounded ^ low) & (both_nan ? 0u : 0xFFFFu);
+}
+
+// Whether every low[i] is master[i] rounded (NaN: any NaN).
 inline bool rounds_to(precision t, const float* master, const std::uint16_t* low, std::size_t n) {
   std::uint32_t differ = 0;
   if (t == precision::bf16) {
-    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(bf16_bits(master[i]) ^ low[i]);
+    for (std::size_t i = 0; i < n; ++i) differ |= differs(bf16_bits(master[i]), low[i], 0x7F80u);
   } else {
-    for (std::size_t i = 0; i < n; ++i) differ |= static_cast<std::uint32_t>(f16_bits(master[i]) ^ low[i]);
+    for (std::size_t i = 0; i < n; ++i) differ |= differs(f16_bits(master[i]), low[i], 0x7C00u);
   }
   return differ == 0;
 }
@@ -110,6 +119,33 @@ class adamw_runner {
     const std::span<float> vv(v.data(), n);
     const nb::gil_scoped_release unlocked;
     step_spans(p, g, mm, vv, c);
+  }
+
+  // One step of a bfloat16 or float16 parameter through its float32 master (the pinned
+  // path of OffloadAdamW): `low` and `grad` are the parameter's and its gradient's 16-bit
+  // elements (int16 views), `master`, `m` and `v` float32, all of one length; `type`
+  // "bfloat16" or "float16". step_low_spans below, with the GIL released.
+  void step_low(const std::string& type, const i16_array& low, const i16_array& grad, const f32_array& master,
+                const f32_array& m, const f32_array& v, double lr, double beta1, double beta2, double eps,
+                double weight_decay, std::uint64_t step_number) {
+    if (type != "bfloat16" && type != "float16") {
+      throw nb::value_error(("ferry: AdamW.step_low takes 'bfloat16' or 'float16', not '" + type + "'").c_str());
+    }
+    const std::size_t n = master.shape(0);
+    if (low.shape(0) != n || grad.shape(0) != n || m.shape(0) != n || v.shape(0) != n) {
+      throw nb::value_error(("ferry: AdamW arrays of different lengths [param = " + std::to_string(low.shape(0)) +
+                             ", grad = " + std::to_string(grad.shape(0)) + ", master = " + std::to_string(n) +
+                             ", exp_avg = " + std::to_string(m.shape(0)) +
+                             ", exp_avg_sq = " + std::to_string(v.shape(0)) + "]")
+                                .c_str());
+    }
+    const ferry::adamw_constants c =
+        ferry::adamw_constants::from_double(lr, beta1, beta2, eps, weight_decay, step_number);
+    auto* p = reinterpret_cast<std::uint16_t*>(low.data());         // NOLINT: int16 elements as their bits
+    auto* g = reinterpret_cast<const std::uint16_t*>(grad.data());  // NOLINT
+    const nb::gil_scoped_release unlocked;
+    step_low_spans(type == "bfloat16" ? precision::bf16 : precision::f16, p, g, std::span<float>(master.data(), n),
+                   std::span<float>(m.data(), n), std::span<float>(v.data(), n), c);
   }
 
   // One step of a bfloat16 or float16 parameter (`low`, its `grad`: 16-bit elements,

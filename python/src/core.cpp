@@ -166,6 +166,14 @@ NB_MODULE(_core, m) {
            nb::arg("exp_avg").noconvert(), nb::arg("exp_avg_sq").noconvert(), nb::arg("lr"), nb::arg("beta1"),
            nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"), nb::arg("step"),
            "One AdamW step (step >= 1) over contiguous 1-D float32 CPU tensors of one length, in place.")
+      .def("step_low", &adamw_runner::step_low, nb::arg("dtype"), nb::arg("param").noconvert(),
+           nb::arg("grad").noconvert(), nb::arg("master").noconvert(), nb::arg("exp_avg").noconvert(),
+           nb::arg("exp_avg_sq").noconvert(), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
+           nb::arg("weight_decay"), nb::arg("step"),
+           "One AdamW step of a bfloat16 or float16 parameter (dtype) through its float32 master: param and grad "
+           "its and its gradient's elements as contiguous 1-D int16 CPU tensors, master, exp_avg and exp_avg_sq "
+           "float32, one length. The master is re-seeded from param where param is not the master rounded (bit "
+           "for bit), stepped with the gradient widened, and rounded to nearest even into param.")
       .def_prop_ro("threads", &adamw_runner::threads)
       .def_prop_ro("isa", &adamw_runner::isa);
 

@@ -443,3 +443,60 @@ def test_a_nan_in_a_low_precision_parameter_does_not_reseed_the_rest_of_its_mast
     assert torch.equal(a[1:], b[1:]) and b[0].isnan()
     assert torch.equal(clean[1:], dirty[1:])
     assert not torch.equal(a[1:], clean[1:].float())  # the master holds more than the parameter
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reseed", [False, True])
+def test_the_16_bit_step_in_one_call_equals_the_same_passes_as_torch_ops(dtype, reseed):
+    """`_core.AdamW.step_low` (the pinned path's one call) against compare, widen, step and
+    round written as torch ops around the float32 step: bit for bit, with ties to even,
+    subnormals, infinities and a NaN among the elements (NaN: any NaN)."""
+    from ferry import _core
+
+    g = torch.Generator().manual_seed(3 + reseed)
+    n = 4099  # not a multiple of any vector width
+    master = torch.randn(n, generator=g) * 4
+    master[:8] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-40, -3e-39, 65504.0, 1.0 + 2**-8])
+    master[8] = float("nan")
+    low = master.to(dtype)
+    if reseed:
+        low[100:200] = torch.randn(100, generator=g).to(dtype)  # changed since the master was rounded
+    grad = (torch.randn(n, generator=g) * 1e-2).to(dtype)
+    moments = (torch.randn(n, generator=g) * 1e-3, torch.rand(n, generator=g) * 1e-5)
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, step=3)
+    adamw = _core.AdamW(1, True)
+
+    ref_low, ref_master, ref_m, ref_v = low.clone(), master.clone(), moments[0].clone(), moments[1].clone()
+    changed = not torch.equal(ref_low.view(torch.int16), ref_master.to(dtype).view(torch.int16))
+    assert changed == reseed  # both branches: the master re-seeded, or stepped on
+    if changed:
+        ref_master.copy_(ref_low)
+    adamw.step(ref_master, grad.float(), ref_m, ref_v, **hyper)
+    ref_low.copy_(ref_master)
+
+    got_low, got_master, got_m, got_v = low.clone(), master.clone(), moments[0].clone(), moments[1].clone()
+    adamw.step_low(str(dtype)[6:], got_low.view(torch.int16), grad.view(torch.int16), got_master, got_m, got_v, **hyper)
+
+    nan = ref_master.isnan()
+    assert torch.equal(nan, got_master.isnan()) and torch.equal(ref_low.isnan(), got_low.isnan())
+    assert torch.equal(ref_master[~nan].view(torch.int32), got_master[~nan].view(torch.int32))
+    keep = ~ref_low.isnan()
+    assert torch.equal(ref_low[keep].view(torch.int16), got_low[keep].view(torch.int16))
+    assert torch.equal(ref_m[~nan], got_m[~nan]) and torch.equal(ref_v[~nan], got_v[~nan])
+
+
+def test_the_16_bit_step_refuses_other_dtypes_and_arrays_of_different_lengths():
+    from ferry import _core
+
+    adamw = _core.AdamW(1, True)
+    low = torch.zeros(8, dtype=torch.int16)
+    f = [torch.zeros(8) for _ in range(3)]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, step=1)
+    with pytest.raises(ValueError, match="'bfloat16' or 'float16', not 'float32'"):
+        adamw.step_low("float32", low, low.clone(), *f, **hyper)
+    with pytest.raises(ValueError, match=r"different lengths \[param = 8, grad = 7, master = 8"):
+        adamw.step_low("bfloat16", low, low[:7].clone(), *f, **hyper)
+    before = [t.clone() for t in f]
+    with pytest.raises(TypeError):
+        adamw.step_low("bfloat16", low, low.clone(), f[0][::2], f[1][:4], f[2][:4], **hyper)  # strided master
+    assert all(torch.equal(a, b) for a, b in zip(before, f))

@@ -424,27 +424,19 @@ class OffloadAdamW(torch.optim.Optimizer):
                         if grad.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
                             grad = grad.clone()  # a gradient sharing its parameter's memory (p.grad = p.detach())
                         grad = grad.contiguous().view(-1)
-                    low = param  # the parameter's own values (on the host), rounded from the master after
-                    if master is not None:
-                        # bits, not values: a NaN equals no value, and would re-seed the whole
-                        # master at every step
-                        if not torch.equal(low.view(torch.int16), master.view(-1).to(low.dtype).view(torch.int16)):
-                            master.view(-1).copy_(low)  # changed since this optimizer wrote it: re-seeded
-                        param, grad = master.view(-1), grad.float()
-                    self._adamw.step(
-                        param,
-                        grad,
-                        state["exp_avg"].view(-1),
-                        state["exp_avg_sq"].view(-1),
-                        lr=lr,
-                        beta1=beta1,
-                        beta2=beta2,
-                        eps=eps,
-                        weight_decay=wd,
-                        step=step,
-                    )
-                    if master is not None:
-                        low.copy_(param)  # rounded to nearest even into the parameter (or its pinned copy)
+                    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step)
+                    if master is None:
+                        self._adamw.step(param, grad, state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1), **hyper)
+                    else:
+                        # One call: the master re-seeded from the parameter (on the host) where
+                        # the parameter is not the master rounded (bits, not values: a NaN
+                        # equals no value, and would re-seed it at every step), stepped with the
+                        # gradient widened, and rounded to nearest even into the parameter (or
+                        # its pinned copy). Loops of ferry's, without the four temporaries of
+                        # the same passes as torch ops (docs/benchmarks.md).
+                        self._adamw.step_low(_LOW[p.dtype], param.view(torch.int16), grad.view(torch.int16),
+                                             master.view(-1), state["exp_avg"].view(-1),
+                                             state["exp_avg_sq"].view(-1), **hyper)
                     if event is not None:
                         self._staging.push(p)  # H2D while the CPU steps the next
                 state["step"].fill_(float(step))
