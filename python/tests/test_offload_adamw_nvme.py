@@ -581,31 +581,32 @@ def test_a_file_too_small_for_the_masters_is_a_memory_error_naming_the_arrays(tm
 def test_masters_in_the_file_round_every_binade_as_torch_rounds(tmp_path, dtype):
     """Parameters from the smallest subnormals to the top of the range (float16: 65504,
     steps that carry it past 65520 to inf, and then to NaN), zeros of both signs: the C++
-    rounding of the file's path gives torch's bits (the pinned path rounds with
-    Tensor.copy_), and NaN where torch gives NaN."""
+    rounding of the file's path gives torch's bits (Tensor.to of a float32 master stepped
+    on its own), and NaN where torch gives NaN."""
     info = torch.finfo(dtype)
     g = torch.Generator().manual_seed(11)
     exps = torch.linspace(math.log2(info.smallest_normal) - 8, math.log2(info.max), 4000)
     values = torch.exp2(exps) * torch.where(torch.rand(4000, generator=g) < 0.5, -1.0, 1.0)
     values = torch.cat([values, torch.tensor([0.0, -0.0, info.max, -info.max, info.tiny])])
     ours_p = [values.to(dtype).requires_grad_()]
-    ref_p = [values.to(dtype).requires_grad_()]
+    ref_p = [values.to(dtype).float().requires_grad_()]  # the master, stepped as float32, rounded by torch
     ours = _nvme(ours_p, tmp_path, RESIDENT, lr=0.5, weight_decay=0.0)
     ref = ft.OffloadAdamW(ref_p, lr=0.5, weight_decay=0.0)
     for step in range(3):
         grad = (torch.randn(values.shape, generator=g) * values.abs().clamp(min=1e-30)).to(dtype)
-        for params in (ours_p, ref_p):
-            params[0].grad = grad.clone()
+        ours_p[0].grad = grad.clone()
+        ref_p[0].grad = grad.float()
         ours.step()
         ref.step()
-        a, b = ours_p[0].detach(), ref_p[0].detach()
+        a, b = ours_p[0].detach(), ref_p[0].detach().to(dtype)
         assert torch.equal(a.isnan(), b.isnan()), step  # NaN where the other has NaN (its bits are torch's
         keep = ~a.isnan()                               # vectorised conversion's own), every other bit equal
         assert torch.equal(a[keep].view(torch.int16), b[keep].view(torch.int16)), step
     if dtype == torch.float16:
         assert ours_p[0].isnan().any()  # the test reaches the top: past 65520 to inf, then NaN
+    ref_state = dict(ref.state_dict()["state"][0], master=ref_p[0].detach())
     for key in ("exp_avg", "exp_avg_sq", "master"):  # NaN where the other has NaN, every other bit equal
-        a, b = ours.state_dict()["state"][0][key], ref.state_dict()["state"][0][key]
+        a, b = ours.state_dict()["state"][0][key], ref_state[key]
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), key
 
 
