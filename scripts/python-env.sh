@@ -49,7 +49,11 @@ fi
 site="$(pwd)/build/python-site"
 echo "python-env: building ferry-torch from python/ into $site" >&2
 rm -rf "$site"
-"$py" -m pip install -q --no-deps --no-build-isolation --target "$site" "${launch[@]}" ./python >&2
+# A build folder of this script's own (build/python-build, not pyproject.toml's
+# python/build, which a user's build-isolated `pip install ./python` configures with
+# another cmake): kept between calls, so a rebuild compiles only what changed.
+"$py" -m pip install -q --no-deps --no-build-isolation --target "$site" -C build-dir="$(pwd)/build/python-build" \
+  "${launch[@]}" ./python >&2
 PYTHONPATH="$site" "$py" -c 'import ferry, ferry.torch, torch; print("python-env: ferry-torch", ferry.__version__, "from", ferry.__file__, "with torch", torch.__version__, "(CUDA build:", ferry.has_cuda, ")")' >&2
 echo "$py"
 echo "$site"
