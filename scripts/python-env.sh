@@ -37,10 +37,8 @@ fi
 # pip's each time: their headers then have one path, so that ccache (when installed;
 # FERRY_USE_CCACHE=0 turns it off) finds the last build's objects, as it does for the
 # C++ builds (the extension took about 2.5 minutes of each CI run before).
-if ! "$py" -c 'import nanobind, scikit_build_core, cmake, ninja' >/dev/null 2>&1; then
-  echo "python-env: installing nanobind, scikit-build-core, cmake and ninja from PyPI into $env_dir" >&2
-  "$py" -m pip install -q "nanobind>=2.4" "scikit-build-core>=0.10" "cmake>=3.26" ninja >&2
-fi
+# (pip asks PyPI only for what the environment does not satisfy, an older nanobind included.)
+"$py" -m pip install -q "nanobind>=2.4" "scikit-build-core>=0.10" "cmake>=3.26" ninja >&2
 launch=()
 if [[ "${FERRY_USE_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}

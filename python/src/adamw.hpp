@@ -9,10 +9,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -160,18 +160,20 @@ class adamw_runner {
   }
 
   // One step of a bfloat16 or float16 parameter (`low`, its `grad`: 16-bit elements,
-  // n = master.size()) through its float32 `master`: the master re-seeded from the
-  // parameter where the parameter is not the master rounded (changed since: compared bit
-  // for bit, so that a NaN does not re-seed it at every step), stepped with the gradient
-  // widened exactly, and rounded to nearest even into the parameter. On the calling
-  // thread but for the step itself; the GIL is the caller's business.
+  // n = master.size()) through its float32 `master`: the whole master re-seeded from the
+  // parameter when any element of the parameter is not its master element rounded (changed
+  // since; compared bit for bit, any NaN equal to any NaN, so that a NaN does not re-seed it
+  // at every step), stepped with the gradient widened exactly, and rounded to nearest even
+  // into the parameter. On the calling thread but for the step itself; the GIL is the
+  // caller's business. Calls on one runner from several threads at once are safe (the
+  // widened gradient is each call's own), on the same arrays are not.
   void step_low_spans(precision t, std::uint16_t* low, const std::uint16_t* grad, std::span<float> master,
                       std::span<float> m, std::span<float> v, const ferry::adamw_constants& c) {
     const std::size_t n = master.size();
     if (!rounds_to(t, master.data(), low, n)) widen_all(t, low, master.data(), n);
-    if (widened_.size() < n) widened_.resize(n);
-    widen_all(t, grad, widened_.data(), n);
-    step_spans(master, std::span<const float>(widened_.data(), n), m, v, c);
+    const auto widened = std::make_unique_for_overwrite<float[]>(n);  // NOLINT: a buffer, not an owner to pass
+    widen_all(t, grad, widened.get(), n);
+    step_spans(master, std::span<const float>(widened.get(), n), m, v, c);
     narrow_all(t, master.data(), low, n);
   }
 
@@ -193,7 +195,6 @@ class adamw_runner {
  private:
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::fused>> fused_;
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::unfused>> unfused_;
-  std::vector<float> widened_;  // a 16-bit gradient in binary32 (one caller at a time: OffloadAdamW's lock)
 };
 
 }  // namespace ferry_python

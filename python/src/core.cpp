@@ -172,8 +172,9 @@ NB_MODULE(_core, m) {
            nb::arg("weight_decay"), nb::arg("step"),
            "One AdamW step of a bfloat16 or float16 parameter (dtype) through its float32 master: param and grad "
            "its and its gradient's elements as contiguous 1-D int16 CPU tensors, master, exp_avg and exp_avg_sq "
-           "float32, one length. The master is re-seeded from param where param is not the master rounded (bit "
-           "for bit), stepped with the gradient widened, and rounded to nearest even into param.")
+           "float32, one length. The whole master is re-seeded from param when any element of param is not its "
+           "master element rounded (bit for bit, any NaN equal to any NaN), stepped with the gradient widened, and "
+           "rounded to nearest even into param. Safe from several threads at once on different arrays.")
       .def_prop_ro("threads", &adamw_runner::threads)
       .def_prop_ro("isa", &adamw_runner::isa);
 

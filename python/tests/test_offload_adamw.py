@@ -500,3 +500,36 @@ def test_the_16_bit_step_refuses_other_dtypes_and_arrays_of_different_lengths():
     with pytest.raises(TypeError):
         adamw.step_low("bfloat16", low, low.clone(), f[0][::2], f[1][:4], f[2][:4], **hyper)  # strided master
     assert all(torch.equal(a, b) for a, b in zip(before, f))
+
+
+def test_the_16_bit_step_from_two_threads_on_one_runner_equals_the_steps_one_after_the_other():
+    """Each call widens the gradient into a buffer of its own: two threads stepping other
+    arrays of different lengths through one `_core.AdamW` at once (the GIL released) give
+    what the same calls give one after the other."""
+    import threading
+
+    from ferry import _core
+
+    g = torch.Generator().manual_seed(5)
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, step=1)
+
+    def arrays(n):
+        master = torch.randn(n, generator=g)
+        return [master.bfloat16(), (torch.randn(n, generator=g) * 1e-2).bfloat16(), master, torch.zeros(n),
+                torch.zeros(n)]
+
+    def run(adamw, a, times):
+        for _ in range(times):
+            adamw.step_low("bfloat16", a[0].view(torch.int16), a[1].view(torch.int16), *a[2:], **hyper)
+
+    big, small = arrays(1 << 20), arrays(5)
+    alone = [[t.clone() for t in big], [t.clone() for t in small]]
+    run(_core.AdamW(1, True), alone[0], 6)
+    run(_core.AdamW(1, True), alone[1], 600)
+    shared = _core.AdamW(1, True)
+    other = threading.Thread(target=run, args=(shared, small, 600))
+    other.start()
+    run(shared, big, 6)
+    other.join()
+    for got, want in zip(big + small, alone[0] + alone[1]):
+        assert torch.equal(got, want)
