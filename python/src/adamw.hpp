@@ -9,10 +9,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -115,12 +115,7 @@ class adamw_runner {
   void step(const f32_array& param, const f32_array& grad, const f32_array& m, const f32_array& v, double lr,
             double beta1, double beta2, double eps, double weight_decay, std::uint64_t step_number) {
     const std::size_t n = param.shape(0);
-    if (grad.shape(0) != n || m.shape(0) != n || v.shape(0) != n) {
-      throw nb::value_error(("ferry: AdamW arrays of different lengths [param = " + std::to_string(n) +
-                             ", grad = " + std::to_string(grad.shape(0)) + ", exp_avg = " + std::to_string(m.shape(0)) +
-                             ", exp_avg_sq = " + std::to_string(v.shape(0)) + "]")
-                                .c_str());
-    }
+    check_lengths(n, grad.shape(0), std::nullopt, m.shape(0), v.shape(0));
     // PyTorch's constants from its Python-float hyper-parameters (checked: ValueError).
     const ferry::adamw_constants c =
         ferry::adamw_constants::from_double(lr, beta1, beta2, eps, weight_decay, step_number);
@@ -143,13 +138,7 @@ class adamw_runner {
       throw nb::value_error(("ferry: AdamW.step_low takes 'bfloat16' or 'float16', not '" + type + "'").c_str());
     }
     const std::size_t n = master.shape(0);
-    if (low.shape(0) != n || grad.shape(0) != n || m.shape(0) != n || v.shape(0) != n) {
-      throw nb::value_error(("ferry: AdamW arrays of different lengths [param = " + std::to_string(low.shape(0)) +
-                             ", grad = " + std::to_string(grad.shape(0)) + ", master = " + std::to_string(n) +
-                             ", exp_avg = " + std::to_string(m.shape(0)) +
-                             ", exp_avg_sq = " + std::to_string(v.shape(0)) + "]")
-                                .c_str());
-    }
+    check_lengths(low.shape(0), grad.shape(0), n, m.shape(0), v.shape(0));
     const ferry::adamw_constants c =
         ferry::adamw_constants::from_double(lr, beta1, beta2, eps, weight_decay, step_number);
     auto* p = reinterpret_cast<std::uint16_t*>(low.data());         // NOLINT: int16 elements as their bits
@@ -166,14 +155,17 @@ class adamw_runner {
   // at every step), stepped with the gradient widened exactly, and rounded to nearest even
   // into the parameter. On the calling thread but for the step itself; the GIL is the
   // caller's business. Calls on one runner from several threads at once are safe (the
-  // widened gradient is each call's own), on the same arrays are not.
+  // widened gradient is each thread's own), on the same arrays are not.
   void step_low_spans(precision t, std::uint16_t* low, const std::uint16_t* grad, std::span<float> master,
                       std::span<float> m, std::span<float> v, const ferry::adamw_constants& c) {
     const std::size_t n = master.size();
     if (!rounds_to(t, master.data(), low, n)) widen_all(t, low, master.data(), n);
-    const auto widened = std::make_unique_for_overwrite<float[]>(n);  // NOLINT: a buffer, not an owner to pass
-    widen_all(t, grad, widened.get(), n);
-    step_spans(master, std::span<const float>(widened.get(), n), m, v, c);
+    // The calling thread's own buffer, kept for its next call (no allocation a step once it
+    // has held the largest parameter): calls from other threads never share it.
+    thread_local std::vector<float> widened;
+    if (widened.size() < n) widened.resize(n);
+    widen_all(t, grad, widened.data(), n);
+    step_spans(master, std::span<const float>(widened.data(), n), m, v, c);
     narrow_all(t, master.data(), low, n);
   }
 
@@ -193,6 +185,17 @@ class adamw_runner {
   }
 
  private:
+  // A ValueError naming every length unless all are one (`master`: the 16-bit step's).
+  static void check_lengths(std::size_t param, std::size_t grad, std::optional<std::size_t> master, std::size_t m,
+                            std::size_t v) {
+    const std::size_t n = master.value_or(param);
+    if (param == n && grad == n && m == n && v == n) return;
+    throw nb::value_error(("ferry: AdamW arrays of different lengths [param = " + std::to_string(param) + ", grad = " +
+                           std::to_string(grad) + (master ? ", master = " + std::to_string(*master) : std::string()) +
+                           ", exp_avg = " + std::to_string(m) + ", exp_avg_sq = " + std::to_string(v) + "]")
+                              .c_str());
+  }
+
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::fused>> fused_;
   std::optional<ferry::basic_adamw<ferry::adamw_rounding::unfused>> unfused_;
 };

@@ -503,7 +503,7 @@ def test_the_16_bit_step_refuses_other_dtypes_and_arrays_of_different_lengths():
 
 
 def test_the_16_bit_step_from_two_threads_on_one_runner_equals_the_steps_one_after_the_other():
-    """Each call widens the gradient into a buffer of its own: two threads stepping other
+    """Each thread widens the gradient into a buffer of its own: two threads stepping other
     arrays of different lengths through one `_core.AdamW` at once (the GIL released) give
     what the same calls give one after the other."""
     import threading
