@@ -29,6 +29,7 @@
 #include "adamw.hpp"
 #include "bind_common.hpp"
 #include "cpu_caller.hpp"
+#include "dlpack_exchange.hpp"
 #include "layers.hpp"
 #include "states.hpp"
 #include <nanobind/nanobind.h>
@@ -56,7 +57,9 @@ struct cpu_config {
   }
 };
 
-using host_array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+// A C-contiguous CPU tensor's bytes: DLPack's C exchange table where torch has it, else
+// `__dlpack__` (dlpack_exchange.hpp).
+using host_array = ferry_python::contiguous_bytes<nb::device::cpu::value>;
 
 // ferry._core.ActivationStore: the store on the CPU model, for CPU tensors. The Python
 // thread's work is a stream of its own here (`caller_`), standing where torch's current
@@ -75,11 +78,11 @@ class activation_store : private ferry_python::cpu_caller, public ferry_python::
 
   std::string offload(std::uint64_t key, const host_array& src, const std::string& element) {
     const nb::gil_scoped_release unlocked;
-    return store_->offload(key, src.data(), src.nbytes(), element, ref());
+    return store_->offload(key, src.data, src.nbytes, element, ref());
   }
   void fetch(std::uint64_t key, const host_array& dst) {
     const nb::gil_scoped_release unlocked;
-    store_->fetch(key, dst.data(), dst.nbytes(), ref());
+    store_->fetch(key, dst.data, dst.nbytes, ref());
   }
 };
 
@@ -136,6 +139,12 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
 
   ferry_python::register_translators();
+  m.def(
+      "dlpack_exchange",
+      [](nb::handle obj) { return ferry_python::dlpack_abi::api_of(Py_TYPE(obj.ptr())) != nullptr; },
+      nb::arg("obj"),
+      "Whether obj's type publishes a DLPack C exchange table (`__dlpack_c_exchange_api__`, DLPack 1.x, minor >= "
+      "2) that this build takes tensors through, without a Python call; else they cross by `__dlpack__`.");
 
   nb::class_<activation_store> store(m, "ActivationStore",
                                      "ferry::tensor_caches of the device and pinned memory on the CPU model of "

@@ -21,6 +21,7 @@
 #include "bind_common.hpp"
 #include "cuda_layers.hpp"
 #include "cuda_store.hpp"
+#include "dlpack_exchange.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -31,7 +32,9 @@ namespace nb = nanobind;
 
 namespace {
 
-using cuda_array = nb::ndarray<nb::device::cuda, nb::c_contig>;
+// A C-contiguous CUDA tensor's bytes: DLPack's C exchange table where torch has it, else
+// `__dlpack__` (dlpack_exchange.hpp).
+using cuda_array = ferry_python::contiguous_bytes<nb::device::cuda::value>;
 using ferry_python::byte_view;
 
 class cuda_store_binding : public ferry_python::store_binding<ferry_python::cuda_activation_store> {
@@ -46,20 +49,20 @@ class cuda_store_binding : public ferry_python::store_binding<ferry_python::cuda
   std::string offload(std::uint64_t key, const cuda_array& src, const std::string& element, std::uintptr_t stream) {
     check_device("offload", key, src);
     const nb::gil_scoped_release unlocked;
-    return store_->offload(key, src.data(), src.nbytes(), element, stream);
+    return store_->offload(key, src.data, src.nbytes, element, stream);
   }
   void fetch(std::uint64_t key, const cuda_array& dst, std::uintptr_t stream) {
     check_device("fetch", key, dst);
     const nb::gil_scoped_release unlocked;
-    store_->fetch(key, dst.data(), dst.nbytes(), stream);
+    store_->fetch(key, dst.data, dst.nbytes, stream);
   }
   [[nodiscard]] int device() const { return store_->device(); }
 
  private:
   void check_device(const char* call, std::uint64_t key, const cuda_array& a) const {
-    if (a.device_id() != store_->device()) {
+    if (a.device_id != store_->device()) {
       throw std::invalid_argument(
-          std::string("ferry: ") + call + " of a tensor on cuda:" + std::to_string(a.device_id()) +
+          std::string("ferry: ") + call + " of a tensor on cuda:" + std::to_string(a.device_id) +
           " to the store of cuda:" + std::to_string(store_->device()) + " " + ferry_python::key_text(key));
     }
   }

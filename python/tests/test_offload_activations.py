@@ -543,3 +543,56 @@ def test_the_nvme_file_is_removed_at_exit_while_a_graph_still_holds_saved_tensor
     )
     subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
     assert not path.exists()
+
+
+def _bytes_of(t):
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).clone()
+
+
+def test_the_extension_takes_tensors_by_the_dlpack_exchange_table_and_by_dlpack_alike():
+    # torch >= 2.10 publishes DLPack's C exchange table; the extension then takes a tensor
+    # without calling __dlpack__. Either path must hand the store the same bytes.
+    assert ferry._core.dlpack_exchange(torch.empty(1)) == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    assert ferry._core.dlpack_exchange(torch.nn.Parameter(torch.empty(1))) == ferry._core.dlpack_exchange(
+        torch.empty(1))
+    assert not ferry._core.dlpack_exchange(np.zeros(4))
+    assert not ferry._core.dlpack_exchange(3)
+    store = ferry._core.ActivationStore(0, 0, 0, 1 << 20)
+    base = torch.arange(64, dtype=torch.float32)
+    cases = [
+        base[5:21],  # an offset into its storage
+        base.view(4, 16)[1:3],  # rows of a matrix: contiguous, offset
+        torch.arange(8.0).view(8, 1).expand(8, 1),  # a dimension of size 1 takes any stride
+        torch.arange(12.0).view(3, 4).t().contiguous().t().t(),  # contiguous again after two transposes
+        torch.tensor(3.5, dtype=torch.float64),  # zero dimensions
+        torch.arange(-7, 9, dtype=torch.int16),
+        torch.tensor([True, False, True]),
+        torch.randn(33, dtype=torch.float32).to(torch.bfloat16),
+        torch.nn.Parameter(torch.randn(6)),  # another type (a subclass): its own table lookup
+    ]
+    for key, t in enumerate(cases):
+        expected = _bytes_of(t)
+        store.offload(key, t.detach())
+        out = torch.empty(expected.numel(), dtype=torch.uint8)
+        store.fetch(key, out)
+        assert torch.equal(out, expected), (key, t)
+        typed = torch.empty_like(t.detach())  # fetched into a tensor of the dtype too
+        store.offload(key, t.detach())
+        store.fetch(key, typed)
+        assert torch.equal(_bytes_of(typed), expected), key
+    array = np.arange(10, dtype=np.int32)  # no table: through __dlpack__ / the buffer protocol
+    store.offload(100, array)
+    back = np.zeros(10, dtype=np.int32)
+    store.fetch(100, back)
+    assert np.array_equal(back, array)
+    for bad in (torch.arange(12.0).view(3, 4).t(), torch.arange(10.0)[::3], torch.empty(4, 4)[:, 1:]):
+        with pytest.raises(TypeError):
+            store.offload(200, bad)  # not C-contiguous: refused, never copied
+        assert not store.contains(200)
+    store.offload(201, torch.arange(8, dtype=torch.uint8))
+    with pytest.raises(TypeError):
+        store.fetch(201, torch.empty(16, dtype=torch.uint8)[::2])  # a strided destination is refused
+    with pytest.raises(TypeError):
+        store.fetch(201, [0] * 8)  # not a tensor
+    assert store.contains(201)  # the refused fetches kept the bytes
+    assert len(store) == 1

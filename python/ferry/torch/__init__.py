@@ -46,6 +46,12 @@ _KEEP_ATTR = "_ferry_keep_on_device"
 # What the store's codecs are called, and the dtypes they take (others are stored exactly).
 _CODECS = {None: "none", "bf16": "bf16", "fp8": "fp8"}
 _ELEMENTS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# Dtypes a tensor crosses into the extension as (DLPack), with no byte view made first;
+# any other (float8, complex, quantized: not every torch exports them) crosses as uint8.
+_AS_IS = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                    torch.int16, torch.int8, torch.uint8, torch.bool})
+# The order of a contiguous tensor's dimensions in memory, by their number.
+_IDENTITY = tuple(tuple(range(n)) for n in range(65))
 
 
 def keep_on_device(tensor: torch.Tensor) -> torch.Tensor:
@@ -95,26 +101,30 @@ class _Saved:
     after the save."""
 
     __slots__ = ("_owner", "key", "store", "nbytes", "shape", "dtype", "device", "stream", "order", "version",
-                 "source", "_value", "_got", "__weakref__")
+                 "source", "ident", "ref", "_value", "_got", "__weakref__")
 
-    def __init__(self, owner: "offload_activations", key: Optional[int], t: torch.Tensor,
-                 order: Tuple[int, ...]) -> None:
+    def __init__(self, owner: "offload_activations", t: torch.Tensor, order: Tuple[int, ...],
+                 ident: Tuple[Any, ...]) -> None:
         self._owner = owner  # the cache lives while a graph still needs its bytes
-        self.key = key
+        self.key: Optional[int] = None
         self.store: Any = None  # the store holding the key, once offloaded
-        self.nbytes = t.numel() * t.element_size()
+        self.nbytes = t.nbytes
         self.shape = t.shape
         self.dtype = t.dtype
         self.device = t.device
         # CUDA: the stream current at the save (the producer's); the offload, which may run
         # at a later save under another stream, is ordered after this one's work.
-        self.stream = torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
+        self.stream = torch.cuda.current_stream(self.device) if t.is_cuda else None
         self.order = order  # dims from outermost to innermost in memory
         self.version = t._version
         self.source = weakref.ref(t)
+        # What identifies the saved bytes (the owner's table of live saves), and this
+        # object's entry there (a weak reference: the graph holds the object, not the table).
+        self.ident = ident
+        self.ref = weakref.ref(self)
         # Pending (one of the last ``keep_last`` saves, not offloaded yet): the tensor
         # itself, with no key; offloaded: None; fetched: the tensor brought back.
-        self._value: Optional[torch.Tensor] = t if key is None else None
+        self._value: Optional[torch.Tensor] = t
         self._got = False
 
     def get(self) -> torch.Tensor:
@@ -123,9 +133,14 @@ class _Saved:
             raise _inplace_error(source, self.version)
         self._got = True
         if self._value is None:
+            identity = self.order == _IDENTITY[len(self.order)]
+            if identity and self.dtype in _AS_IS:  # the common case: one allocation, no view
+                self._value = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                self._owner._fetch(self.store, self.key, self._value)
+                return self._value
             raw = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
             self._owner._fetch(self.store, self.key, raw)
-            if self.order == tuple(range(len(self.order))):
+            if identity:
                 self._value = raw.view(self.dtype).view(self.shape)
             else:
                 dense = raw.view(self.dtype).view([self.shape[d] for d in self.order])
@@ -136,8 +151,7 @@ class _Saved:
         return self._value
 
     def __del__(self) -> None:
-        if self._value is None and self.store is not None:
-            self._owner._discard(self.store, self.key)
+        self._owner._forget(self)
 
 
 def _default_device(device: Optional[Union[torch.device, str, int]]) -> torch.device:
@@ -151,7 +165,8 @@ def _default_device(device: Optional[Union[torch.device, str, int]]) -> torch.de
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
-    return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
+    # A parameter is a leaf (torch makes it so), and a leaf that requires grad counts as one.
+    return t.is_leaf and (t.requires_grad or (type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)))
 
 
 class offload_activations:
@@ -303,7 +318,7 @@ class offload_activations:
         self._deduplicated = 0
         # Tensors saved more than once (one activation read by the q, k and v projections)
         # are offloaded once: the live _Saved of each, by what identifies its bytes.
-        self._live: "weakref.WeakValueDictionary[tuple, _Saved]" = weakref.WeakValueDictionary()
+        self._live: "Dict[tuple, weakref.ref[_Saved]]" = {}
 
     # --- the context manager ----------------------------------------------------------
 
@@ -337,16 +352,24 @@ class offload_activations:
 
     def _why_kept(self, t: torch.Tensor) -> Tuple[Optional[str], Optional[Tuple[int, ...]]]:
         """Why `t` stays where autograd saved it (None: it is offloaded), and the order of
-        its dimensions in memory."""
+        its dimensions in memory. The checks are attribute reads, cheapest first where
+        the order of the reasons allows (a save pays for them all)."""
         if getattr(t, _KEEP_ATTR, False):
             return "marked", None
-        if t.device.type != "cpu" and not (t.device.type == "cuda" and self._cuda_usable):
+        if not t.is_cpu and not (t.is_cuda and self._cuda_usable):
             return "device", None
-        if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
+        if _is_parameter(t):
             return "parameter", None  # weights and views of them (w.t()), frozen ones too: they stay alive anyway
-        if t.numel() * t.element_size() < max(self.min_bytes, 1):
+        base = t._base
+        if base is not None and _is_parameter(base):
+            return "parameter", None
+        if t.nbytes < max(self.min_bytes, 1):
             return "small", None
-        order = _memory_order(t) if t.layout == torch.strided else None
+        if t.layout != torch.strided:
+            return "not_dense", None
+        if t.is_contiguous():  # the common case, without a sort
+            return None, _IDENTITY[t.dim()]
+        order = _memory_order(t)
         if order is None:
             return "not_dense", None
         return None, order
@@ -358,15 +381,16 @@ class offload_activations:
             return _Kept(t)
         ident = (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
         with self._lock:
-            earlier = self._live.get(ident)
+            ref = self._live.get(ident)
+            earlier = ref() if ref is not None else None
             if earlier is not None and earlier.source() is t:
                 self._deduplicated += 1
                 return earlier
             # The last ``keep_last`` saves stay pending (as autograd saved them); each save
             # offloads the one ``keep_last`` saves before it, whatever codec takes it.
-            saved = _Saved(self, None, t, order)
-            self._live[ident] = saved
-            self._pending.append(weakref.ref(saved))
+            saved = _Saved(self, t, order, ident)
+            self._live[ident] = saved.ref
+            self._pending.append(saved.ref)
             while len(self._pending) > self._keep_last:
                 self._offload(self._pending.popleft())
         return saved
@@ -383,11 +407,13 @@ class offload_activations:
         if dense.is_conj() or dense.is_neg():
             with torch.cuda.stream(saved.stream) if saved.stream is not None else contextlib.nullcontext():
                 dense = dense.resolve_conj().resolve_neg()
-        if saved.order != tuple(range(len(saved.order))):
+        identity = saved.order == _IDENTITY[len(saved.order)]
+        if not identity:
             dense = dense.permute(saved.order)
-        flat = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
+        if not identity or t.dtype not in _AS_IS:
+            dense = dense.reshape(-1).view(torch.uint8)  # any dtype, as bytes
         try:
-            store = self._store_for(t.device)
+            store = self._store_for(saved.device)
         except MemoryError:
             self._kept["no_room"] += 1
             return
@@ -398,9 +424,9 @@ class offload_activations:
         element = _ELEMENTS.get(t.dtype, "bytes")
         try:
             if saved.stream is None:
-                store.offload(key, flat, element)
+                store.offload(key, dense, element)
             else:
-                store.offload(key, flat, element, saved.stream.cuda_stream)
+                store.offload(key, dense, element, saved.stream.cuda_stream)
         except MemoryError:
             self._kept["no_room"] += 1  # nothing stored; the tensor stays as autograd saved it
             return
@@ -431,16 +457,22 @@ class offload_activations:
         self._stores[device] = store
         return store
 
-    def _fetch(self, store: Any, key: int, raw: torch.Tensor) -> None:
+    def _fetch(self, store: Any, key: int, out: torch.Tensor) -> None:
         with self._lock:
-            if raw.device.type == "cuda":
-                store.fetch(key, raw, torch.cuda.current_stream(raw.device).cuda_stream)
+            if out.is_cuda:
+                store.fetch(key, out, torch.cuda.current_stream(out.device).cuda_stream)
             else:
-                store.fetch(key, raw)
+                store.fetch(key, out)
 
-    def _discard(self, store: Any, key: int) -> None:
+    def _forget(self, saved: _Saved) -> None:
+        """A save's object is being freed: its entry in the table of live saves goes, and
+        its bytes when they were offloaded and never fetched (a graph freed without its
+        backward pass)."""
         with self._lock:
-            store.discard(key)
+            if self._live.get(saved.ident) is saved.ref:
+                del self._live[saved.ident]
+            if saved._value is None and saved.store is not None:
+                saved.store.discard(saved.key)
 
     # --- what the user reads ----------------------------------------------------------
 

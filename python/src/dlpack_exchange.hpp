@@ -1,0 +1,180 @@
+// A C-contiguous tensor's bytes, taken from Python by DLPack's C exchange API where the
+// tensor's type offers it, and by nanobind's `ndarray` (the `__dlpack__` protocol) where it
+// does not.
+//
+// Why. `__dlpack__` is a Python method in torch (torch/_tensor.py): taking one tensor
+// through it costs about 6 us of host time on the 2-core VM of docs/benchmarks.md, twice
+// per saved tensor (offload, fetch) against the 20 us budget. DLPack 1.2 added a
+// table of C functions that a tensor type publishes as a PyCapsule named
+// "dlpack_exchange_api" in its attribute `__dlpack_c_exchange_api__` (torch from 2.10);
+// its `dltensor_from_py_object_no_sync` fills a DLTensor on the stack, with no Python
+// call and no allocation, valid until the call returns. The struct layouts below are
+// that standard's C ABI (dlpack.h, DLPack 1.3), declared here: the extension includes no
+// header of torch's and links no libtorch, as before.
+//
+// What is taken: a tensor of the given DLPack device type (kDLCPU = 1, kDLCUDA = 2),
+// C-contiguous (dimensions of size 1 take any stride; an empty tensor is contiguous), of
+// whole bytes per element. Anything else (another device, a strided view, sub-byte
+// elements, a type without the table, a table of another major version, a producer that
+// refuses) is left to nanobind's `ndarray` caster, which takes what it can and otherwise
+// makes the call fail with nanobind's TypeError naming the signature, as before.
+// The bytes are the caller's: valid while the call runs (the argument holds the tensor).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry_python {
+
+namespace dlpack_abi {
+
+// DLPack's C structs (dlpack.h of DLPack 1.3), as laid out in memory.
+struct version {
+  std::uint32_t major;
+  std::uint32_t minor;
+};
+struct device {
+  std::int32_t type;  // DLDeviceType, a C enum
+  std::int32_t id;
+};
+struct data_type {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct tensor {
+  void* data;
+  device dev;
+  std::int32_t ndim;
+  data_type dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // in elements; may be null (compact row-major)
+  std::uint64_t byte_offset;
+};
+struct exchange_header {
+  version ver;
+  exchange_header* prev_api;
+};
+// DLPackExchangeAPI: only `dltensor_from_py_object_no_sync` is called here.
+struct exchange_api {
+  exchange_header header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, tensor* out);  // 0, or -1 with a Python error set
+  void* current_work_stream;
+};
+
+inline constexpr std::uint32_t supported_major = 1;
+inline constexpr std::int32_t cpu = 1;   // kDLCPU
+inline constexpr std::int32_t cuda = 2;  // kDLCUDA
+
+// The exchange table of `type`, or null where it has none (or one this code cannot read).
+// A few types are remembered (torch.Tensor, nn.Parameter, ...), each held by a reference
+// so that its address is never another type's; the GIL guards the table.
+inline const exchange_api* api_of(PyTypeObject* type) {
+  struct entry {
+    PyTypeObject* type;
+    const exchange_api* api;
+  };
+  static entry seen[8] = {};
+  static std::size_t next = 0;
+  for (const entry& e : seen) {
+    if (e.type == type) return e.api;
+  }
+  const exchange_api* api = nullptr;
+  PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) {
+    PyErr_Clear();
+  } else {
+    if (PyCapsule_IsValid(capsule, "dlpack_exchange_api") != 0) {
+      const auto* a = static_cast<const exchange_api*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+      // Within a major version a table only grows at its end; minor 2 has every field above.
+      if (a != nullptr && a->header.ver.major == supported_major && a->header.ver.minor >= 2 &&
+          a->dltensor_from_py_object_no_sync != nullptr) {
+        api = a;  // lives as long as the process (the standard's rule for producers)
+      }
+    }
+    Py_DECREF(capsule);
+  }
+  entry& slot = seen[next++ % 8];
+  Py_XDECREF(reinterpret_cast<PyObject*>(slot.type));
+  Py_INCREF(reinterpret_cast<PyObject*>(type));
+  slot = {type, api};
+  return api;
+}
+
+}  // namespace dlpack_abi
+
+/// A C-contiguous tensor's bytes on one kind of device (`DeviceType`: nanobind's
+/// `device::cpu::value` or `device::cuda::value`), as a binding's argument: `data`, its
+/// size in bytes, and the device's index (0 on the CPU). Borrowed for the call only.
+template <int DeviceType>
+struct contiguous_bytes {
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+  std::int32_t device_id = 0;
+};
+
+namespace dlpack_abi {
+
+// `src` through the exchange table: true with `out` filled, false (no Python error left)
+// where the table is missing or the tensor is not what is taken.
+template <int DeviceType>
+bool take(PyObject* src, contiguous_bytes<DeviceType>& out) {
+  const exchange_api* api = api_of(Py_TYPE(src));
+  if (api == nullptr) return false;
+  tensor t{};
+  if (api->dltensor_from_py_object_no_sync(src, &t) != 0) {
+    PyErr_Clear();  // the caster after this one decides (and words the error)
+    return false;
+  }
+  if (t.dev.type != DeviceType || t.dtype.lanes == 0 || (t.dtype.bits % 8) != 0 || t.ndim < 0) return false;
+  std::size_t elements = 1;
+  std::int64_t expected = 1;  // the stride a compact row-major layout has at this dimension
+  bool compact = true;
+  for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
+    const std::int64_t n = t.shape[d];
+    if (n < 0) return false;
+    if (t.strides != nullptr && n != 1 && t.strides[d] != expected) compact = false;
+    expected *= n;
+    elements *= static_cast<std::size_t>(n);
+  }
+  if (!compact && elements != 0) return false;
+  out.data = static_cast<std::byte*>(t.data) + t.byte_offset;
+  out.nbytes = elements * (t.dtype.bits / 8u) * t.dtype.lanes;
+  out.device_id = t.dev.id;
+  return true;
+}
+
+}  // namespace dlpack_abi
+}  // namespace ferry_python
+
+namespace nanobind::detail {
+
+template <int DeviceType>
+struct type_caster<ferry_python::contiguous_bytes<DeviceType>> {
+  using fallback = ndarray<c_contig, std::conditional_t<DeviceType == device::cuda::value, device::cuda, device::cpu>>;
+  NB_TYPE_CASTER(ferry_python::contiguous_bytes<DeviceType>, make_caster<fallback>::Name)
+
+  bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (ferry_python::dlpack_abi::take(src.ptr(), value)) return true;
+    // No implicit conversion: a copy made here would be written by a fetch and lost.
+    if (!imported_.from_python(src, flags & ~static_cast<uint8_t>(cast_flags::convert), cleanup)) return false;
+    value.data = imported_.value.data();
+    value.nbytes = imported_.value.nbytes();
+    value.device_id = imported_.value.device_id();
+    return true;
+  }
+  static handle from_cpp(const ferry_python::contiguous_bytes<DeviceType>&, rv_policy, cleanup_list*) noexcept {
+    return {};  // an argument type only
+  }
+
+ private:
+  make_caster<fallback> imported_;  // holds what `__dlpack__` gave while the call runs
+};
+
+}  // namespace nanobind::detail
