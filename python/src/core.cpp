@@ -140,8 +140,7 @@ NB_MODULE(_core, m) {
 
   ferry_python::register_translators();
   m.def(
-      "dlpack_exchange",
-      [](nb::handle obj) { return ferry_python::dlpack_abi::api_of(Py_TYPE(obj.ptr())) != nullptr; },
+      "dlpack_exchange", [](nb::handle obj) { return ferry_python::dlpack_abi::api_of(Py_TYPE(obj.ptr())) != nullptr; },
       nb::arg("obj"),
       "Whether obj's type publishes a DLPack C exchange table (`__dlpack_c_exchange_api__`, DLPack 1.x, minor >= "
       "2) that this build takes tensors through, without a Python call; else they cross by `__dlpack__`.");

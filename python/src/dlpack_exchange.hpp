@@ -21,11 +21,11 @@
 // The bytes are the caller's: valid while the call runs (the argument holds the tensor).
 #pragma once
 
-#include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
-
 #include <cstddef>
 #include <cstdint>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
 namespace ferry_python {
 
