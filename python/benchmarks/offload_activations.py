@@ -11,7 +11,9 @@ What it reports:
   codec's;
 - per tensor: the host time each saved tensor costs (pack + unpack), from a step that
   saves --tiny-tensors tensors of 4 KiB through a custom function, minus the same step
-  without hooks: the issue's target is <= 20 us a tensor;
+  without hooks: the issue's target is <= 20 us a tensor; of which ferry.torch's Python
+  layer (the same step with the store's calls made no-ops) and what taking one tensor
+  into the extension costs a call;
 - on CUDA, the link floor: the step can be no faster than its forward pass or the D2H of
   what it saves, whichever is longer, plus its backward pass or the H2D of it back
   (each pass and each direction measured here: pinned copies of the step's bytes), and
@@ -117,6 +119,52 @@ def tiny_step(n, ctx, device):
     return time.perf_counter() - t0
 
 
+class _NoStore:
+    """A store whose calls do nothing (the Python layer's share of the host time)."""
+
+    def __init__(self):
+        self.keys = set()
+
+    def contains(self, key):
+        return key in self.keys
+
+    def offload(self, key, src, element, stream=None):
+        self.keys.add(key)
+        return "none"
+
+    def fetch(self, key, dst, stream=None):
+        self.keys.discard(key)
+
+    def discard(self, key):
+        self.keys.discard(key)
+
+    def end_iteration(self):
+        pass
+
+
+def tensor_crossing_us(device, calls=20000):
+    """Host time to take a 4 KiB tensor into the extension, per call: a fetch of a key the
+    store does not hold (the tensor taken, then the KeyError) less the same call's
+    KeyError with no tensor to take (``tier_of``), medians of three."""
+    store = ft.offload_activations(min_bytes=0, device=device)._stores[device]
+    out = torch.empty(4096, dtype=torch.uint8, device=device)
+    stream = [torch.cuda.current_stream(device).cuda_stream] if device.type == "cuda" else []
+
+    def timed(call):
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                try:
+                    call()
+                except KeyError:
+                    pass
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs) / calls * 1e6
+
+    return timed(lambda: store.fetch(1 << 40, out, *stream)) - timed(lambda: store.tier_of(1 << 40))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--device", default="cpu", help="cpu or cuda (ferry._cuda and a CUDA device needed)")
@@ -189,6 +237,15 @@ def main():
     plain = [tiny_step(a.tiny_tensors, plain_hooks, device) for _ in range(3)]
     hooked = [tiny_step(a.tiny_tensors, lambda: tiny, device) for _ in range(3)]
     per_tensor_us = (statistics.median(hooked) - statistics.median(plain)) / a.tiny_tensors * 1e6
+    # The same with the store's calls made no-ops: what ferry.torch's own Python layer costs
+    # (the checks, the bookkeeping, the fetch's allocation), which a GPU's host pays alike.
+    layer = ft.offload_activations(min_bytes=0, keep_last=0, device=device)
+    layer._stores[device] = _NoStore()
+    tiny_step(a.tiny_tensors, lambda: layer, device)  # warm up
+    layered = [tiny_step(a.tiny_tensors, lambda: layer, device) for _ in range(5)]
+    layer_us = (statistics.median(layered) - statistics.median(plain)) / a.tiny_tensors * 1e6
+    crossing_us = tensor_crossing_us(device)
+    exchange = getattr(ferry._core, "dlpack_exchange", lambda t: False)(torch.empty(0))
 
     where = (f"CUDA ({torch.cuda.get_device_name(device)})" if device.type == "cuda"
              else "the CPU model (CPU tensors)")
@@ -209,10 +266,14 @@ def main():
     target = ("target <= 20" if device.type == "cuda"
               else "the <= 20 us target is for CUDA tensors; the CPU model hands work between threads")
     print(f"per saved tensor (4 KiB, pack + unpack): {per_tensor_us:.1f} us of host time ({target})")
+    print(f"  of which ferry.torch's Python layer (the store's calls made no-ops): {layer_us:.1f} us; "
+          f"a tensor into the extension: {crossing_us:.2f} us a call, two calls a tensor "
+          f"(DLPack exchange table: {exchange})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"step_ms": med, "spread": spread, "offloaded_bytes_per_step": saved_bytes, "bytes_moved": moved,
-                       "per_tensor_us": per_tensor_us, "link": link, "args": vars(a), "torch": torch.__version__,
+                       "per_tensor_us": per_tensor_us, "layer_us": layer_us, "crossing_us": crossing_us,
+                       "link": link, "args": vars(a), "torch": torch.__version__,
                        "device": where}, f, indent=1)
 
 
