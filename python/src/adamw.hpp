@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dlpack_exchange.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
@@ -24,6 +25,11 @@ namespace nb = nanobind;
 using f32_array = nb::ndarray<nb::device::cpu, float, nb::ndim<1>, nb::c_contig>;
 // A bfloat16 or float16 tensor's elements, viewed as int16 (`Tensor.view(torch.int16)`).
 using i16_array = nb::ndarray<nb::device::cpu, std::int16_t, nb::ndim<1>, nb::c_contig>;
+// The same, as the step's arguments: through DLPack's C exchange table where torch has it
+// (no Python call per array: four or five a parameter a step), else as above
+// (dlpack_exchange.hpp).
+using f32_vector = cpu_vector<float>;
+using i16_vector = cpu_vector<std::int16_t>;
 
 // A parameter's element type.
 enum class precision : std::uint8_t { f32, bf16, f16 };
@@ -112,7 +118,7 @@ class adamw_runner {
     }
   }
 
-  void step(const f32_array& param, const f32_array& grad, const f32_array& m, const f32_array& v, double lr,
+  void step(const f32_vector& param, const f32_vector& grad, const f32_vector& m, const f32_vector& v, double lr,
             double beta1, double beta2, double eps, double weight_decay, std::uint64_t step_number) {
     const std::size_t n = param.shape(0);
     check_lengths(n, grad.shape(0), std::nullopt, m.shape(0), v.shape(0));
@@ -131,8 +137,8 @@ class adamw_runner {
   // path of OffloadAdamW): `low` and `grad` are the parameter's and its gradient's 16-bit
   // elements (int16 views), `master`, `m` and `v` float32, all of one length; `type`
   // "bfloat16" or "float16". step_low_spans below, with the GIL released.
-  void step_low(const std::string& type, const i16_array& low, const i16_array& grad, const f32_array& master,
-                const f32_array& m, const f32_array& v, double lr, double beta1, double beta2, double eps,
+  void step_low(const std::string& type, const i16_vector& low, const i16_vector& grad, const f32_vector& master,
+                const f32_vector& m, const f32_vector& v, double lr, double beta1, double beta2, double eps,
                 double weight_decay, std::uint64_t step_number) {
     if (type != "bfloat16" && type != "float16") {
       throw nb::value_error(("ferry: AdamW.step_low takes 'bfloat16' or 'float16', not '" + type + "'").c_str());

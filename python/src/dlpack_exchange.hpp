@@ -23,6 +23,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -119,34 +121,84 @@ struct contiguous_bytes {
   std::int32_t device_id = 0;
 };
 
+/// A one-dimensional contiguous CPU tensor of `T` (float: float32; std::int16_t: int16), as
+/// a binding's argument, with the accessors of nanobind's `ndarray` that the bindings use.
+/// Borrowed for the call only.
+template <class T>
+struct cpu_vector {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  [[nodiscard]] T* data() const { return ptr; }
+  [[nodiscard]] std::size_t shape(std::size_t) const { return n; }
+  [[nodiscard]] std::size_t size() const { return n; }
+};
+
 namespace dlpack_abi {
 
-// `src` through the exchange table: true with `out` filled, false (no Python error left)
-// where the table is missing or the tensor is not what is taken.
-template <int DeviceType>
-bool take(PyObject* src, contiguous_bytes<DeviceType>& out) {
+// `src` described through its type's exchange table: true with `t` filled, false (no
+// Python error left) where there is no table or the producer refuses.
+inline bool describe(PyObject* src, tensor& t) {
   const exchange_api* api = api_of(Py_TYPE(src));
   if (api == nullptr) return false;
-  tensor t{};
   if (api->dltensor_from_py_object_no_sync(src, &t) != 0) {
     PyErr_Clear();  // the caster after this one decides (and words the error)
     return false;
   }
-  if (t.dev.type != DeviceType || t.dtype.lanes == 0 || (t.dtype.bits % 8) != 0 || t.ndim < 0) return false;
+  return true;
+}
+
+// The elements of `t` when it is C-contiguous (a dimension of size 1 takes any stride; an
+// empty tensor is contiguous), else nothing.
+inline std::optional<std::size_t> contiguous_elements(const tensor& t) {
+  if (t.ndim < 0) return std::nullopt;
   std::size_t elements = 1;
   std::int64_t expected = 1;  // the stride a compact row-major layout has at this dimension
   bool compact = true;
   for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
     const std::int64_t n = t.shape[d];
-    if (n < 0) return false;
+    if (n < 0) return std::nullopt;
     if (t.strides != nullptr && n != 1 && t.strides[d] != expected) compact = false;
     expected *= n;
     elements *= static_cast<std::size_t>(n);
   }
-  if (!compact && elements != 0) return false;
+  if (!compact && elements != 0) return std::nullopt;
+  return elements;
+}
+
+// `src` as bytes through the exchange table: true with `out` filled, false where the
+// table is missing or the tensor is not what is taken.
+template <int DeviceType>
+bool take(PyObject* src, contiguous_bytes<DeviceType>& out) {
+  tensor t{};
+  if (!describe(src, t)) return false;
+  if (t.dev.type != DeviceType || t.dtype.lanes == 0 || (t.dtype.bits % 8) != 0) return false;
+  const std::optional<std::size_t> elements = contiguous_elements(t);
+  if (!elements) return false;
   out.data = static_cast<std::byte*>(t.data) + t.byte_offset;
-  out.nbytes = elements * (t.dtype.bits / 8u) * t.dtype.lanes;
+  out.nbytes = *elements * (t.dtype.bits / 8u) * t.dtype.lanes;
   out.device_id = t.dev.id;
+  return true;
+}
+
+// DLPack's type code of `T` (kDLInt 0, kDLFloat 2).
+template <class T>
+constexpr std::uint8_t code_of() {
+  return std::is_floating_point_v<T> ? 2 : 0;
+}
+
+// `src` as a vector of `T` through the exchange table (one dimension, contiguous, on the
+// CPU, of exactly `T`'s DLPack type).
+template <class T>
+bool take(PyObject* src, cpu_vector<T>& out) {
+  tensor t{};
+  if (!describe(src, t)) return false;
+  if (t.dev.type != cpu || t.ndim != 1 || t.dtype.code != code_of<T>() || t.dtype.bits != 8 * sizeof(T) ||
+      t.dtype.lanes != 1) {
+    return false;
+  }
+  if (t.shape[0] < 0 || (t.strides != nullptr && t.shape[0] > 1 && t.strides[0] != 1)) return false;
+  out.ptr = reinterpret_cast<T*>(static_cast<std::byte*>(t.data) + t.byte_offset);  // NOLINT: the producer's elements
+  out.n = static_cast<std::size_t>(t.shape[0]);
   return true;
 }
 
@@ -170,6 +222,27 @@ struct type_caster<ferry_python::contiguous_bytes<DeviceType>> {
     return true;
   }
   static handle from_cpp(const ferry_python::contiguous_bytes<DeviceType>&, rv_policy, cleanup_list*) noexcept {
+    return {};  // an argument type only
+  }
+
+ private:
+  make_caster<fallback> imported_;  // holds what `__dlpack__` gave while the call runs
+};
+
+template <class T>
+struct type_caster<ferry_python::cpu_vector<T>> {
+  using fallback = ndarray<device::cpu, T, ndim<1>, c_contig>;
+  NB_TYPE_CASTER(ferry_python::cpu_vector<T>, make_caster<fallback>::Name)
+
+  bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (ferry_python::dlpack_abi::take(src.ptr(), value)) return true;
+    // No implicit conversion: a step written into a converted copy would be lost.
+    if (!imported_.from_python(src, flags & ~static_cast<uint8_t>(cast_flags::convert), cleanup)) return false;
+    value.ptr = imported_.value.data();
+    value.n = imported_.value.shape(0);
+    return true;
+  }
+  static handle from_cpp(const ferry_python::cpu_vector<T>&, rv_policy, cleanup_list*) noexcept {
     return {};  // an argument type only
   }
 

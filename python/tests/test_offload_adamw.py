@@ -502,6 +502,40 @@ def test_the_16_bit_step_refuses_other_dtypes_and_arrays_of_different_lengths():
     assert all(torch.equal(a, b) for a, b in zip(before, f))
 
 
+def test_the_step_takes_its_arrays_by_the_exchange_table_or_by_dlpack_alike_and_refuses_the_wrong_ones():
+    """torch tensors cross into the step through DLPack's C exchange table (where torch has
+    it), numpy arrays through DLPack / the buffer protocol: the same step, bit for bit; a
+    strided, two-dimensional or float64 array is a TypeError that changes nothing."""
+    import numpy as np
+
+    from ferry import _core
+
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step=3)
+    g = torch.Generator().manual_seed(7)
+    arrays = [torch.randn(37, generator=g) for _ in range(2)] + [torch.rand(37, generator=g) for _ in range(2)]
+    as_torch = [t.clone() for t in arrays]
+    as_numpy = [t.clone().numpy() for t in arrays]
+    base = torch.randn(40, generator=g)
+    _core.AdamW(1, True).step(*as_torch, **hyper)
+    _core.AdamW(1, True).step(*as_numpy, **hyper)
+    for a, b in zip(as_torch, as_numpy):
+        assert torch.equal(a, torch.from_numpy(b))
+    shifted = base.clone()  # a parameter at an offset into its storage: shifted[3:]
+    view_args = [shifted[3:], arrays[1].clone(), arrays[2].clone(), arrays[3].clone()]
+    view_args[0].copy_(arrays[0])
+    _core.AdamW(1, True).step(*view_args, **hyper)
+    assert torch.equal(shifted[3:], as_torch[0]) and torch.equal(shifted[:3], base[:3])  # its own elements only
+    adamw = _core.AdamW(1, True)
+    for bad in (torch.randn(74)[::2], torch.randn(37, 1), torch.randn(37, dtype=torch.float64),
+                torch.randn(37).to(torch.bfloat16)):
+        kept = [t.clone() for t in arrays]
+        with pytest.raises(TypeError):
+            adamw.step(bad, *kept[1:], **hyper)
+        with pytest.raises(TypeError):
+            adamw.step(*kept[:3], bad, **hyper)
+        assert all(torch.equal(a, b) for a, b in zip(kept, arrays))
+
+
 def test_the_16_bit_step_from_two_threads_on_one_runner_equals_the_steps_one_after_the_other():
     """Each thread widens the gradient into a buffer of its own: two threads stepping other
     arrays of different lengths through one `_core.AdamW` at once (the GIL released) give
