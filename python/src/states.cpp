@@ -64,7 +64,6 @@ namespace {
 
 using ferry_python::adamw_runner;
 using ferry_python::f32_array;
-using ferry_python::i16_array;
 using ferry_python::precision;
 
 inline std::size_t bytes_of(precision p) { return p == precision::f32 ? 4 : 2; }
@@ -400,15 +399,15 @@ class nvme_states {
       std::size_t n = 0;
       std::size_t grad_n = 0;
       if (type == "float32") {
-        const auto param = nb::cast<f32_array>(t[1], false);
-        const auto grad = nb::cast<f32_array>(t[2], false);
+        const auto param = nb::cast<ferry_python::f32_vector>(t[1], false);
+        const auto grad = nb::cast<ferry_python::f32_vector>(t[2], false);
         e.param = param.data();
         e.grad = grad.data();
         n = param.shape(0);
         grad_n = grad.shape(0);
       } else if (type == "bfloat16" || type == "float16") {
-        const auto param = nb::cast<i16_array>(t[1], false);
-        const auto grad = nb::cast<i16_array>(t[2], false);
+        const auto param = nb::cast<ferry_python::i16_vector>(t[1], false);
+        const auto grad = nb::cast<ferry_python::i16_vector>(t[2], false);
         e.type = type == "bfloat16" ? precision::bf16 : precision::f16;
         e.param = param.data();
         e.grad = grad.data();
