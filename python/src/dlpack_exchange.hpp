@@ -14,10 +14,12 @@
 //
 // What is taken: a tensor of the given DLPack device type (kDLCPU = 1, kDLCUDA = 2),
 // C-contiguous (dimensions of size 1 take any stride; an empty tensor is contiguous), of
-// whole bytes per element. Anything else (another device, a strided view, sub-byte
-// elements, a type without the table, a table of another major version, a producer that
-// refuses) is left to nanobind's `ndarray` caster, which takes what it can and otherwise
-// makes the call fail with nanobind's TypeError naming the signature, as before.
+// whole bytes per element, with storage. Anything else (another device, a strided view,
+// sub-byte elements, a type without the table, a table of another major version, a
+// producer that refuses) is left to nanobind's `ndarray` caster, which takes what it can and
+// otherwise makes the call fail with nanobind's TypeError naming the signature, as before;
+// after it too, sub-byte elements (whose byte count it would get short) and a tensor with
+// elements but no storage (a fake tensor: a null pointer) are refused.
 // The bytes are the caller's: valid while the call runs (the argument holds the tensor).
 #pragma once
 
@@ -174,6 +176,7 @@ bool take(PyObject* src, contiguous_bytes<DeviceType>& out) {
   if (t.dev.type != DeviceType || t.dtype.lanes == 0 || (t.dtype.bits % 8) != 0) return false;
   const std::optional<std::size_t> elements = contiguous_elements(t);
   if (!elements) return false;
+  if (t.data == nullptr && *elements != 0) return false;  // no storage (a fake tensor)
   out.data = static_cast<std::byte*>(t.data) + t.byte_offset;
   out.nbytes = *elements * (t.dtype.bits / 8u) * t.dtype.lanes;
   out.device_id = t.dev.id;
@@ -197,6 +200,7 @@ bool take(PyObject* src, cpu_vector<T>& out) {
     return false;
   }
   if (t.shape[0] < 0 || (t.strides != nullptr && t.shape[0] > 1 && t.strides[0] != 1)) return false;
+  if (t.data == nullptr && t.shape[0] != 0) return false;                           // no storage (a fake tensor)
   out.ptr = reinterpret_cast<T*>(static_cast<std::byte*>(t.data) + t.byte_offset);  // NOLINT: the producer's elements
   out.n = static_cast<std::size_t>(t.shape[0]);
   return true;
@@ -216,6 +220,10 @@ struct type_caster<ferry_python::contiguous_bytes<DeviceType>> {
     if (ferry_python::dlpack_abi::take(src.ptr(), value)) return true;
     // No implicit conversion: a copy made here would be written by a fetch and lost.
     if (!imported_.from_python(src, flags & ~static_cast<uint8_t>(cast_flags::convert), cleanup)) return false;
+    // Sub-byte elements (float4_e2m1fn_x2): nanobind's byte count would be short; storage
+    // missing (a fake tensor): nothing to read or write. Refused both.
+    if (imported_.value.dtype().bits % 8 != 0) return false;
+    if (imported_.value.data() == nullptr && imported_.value.size() != 0) return false;
     value.data = imported_.value.data();
     value.nbytes = imported_.value.nbytes();
     value.device_id = imported_.value.device_id();
@@ -238,6 +246,7 @@ struct type_caster<ferry_python::cpu_vector<T>> {
     if (ferry_python::dlpack_abi::take(src.ptr(), value)) return true;
     // No implicit conversion: a step written into a converted copy would be lost.
     if (!imported_.from_python(src, flags & ~static_cast<uint8_t>(cast_flags::convert), cleanup)) return false;
+    if (imported_.value.data() == nullptr && imported_.value.shape(0) != 0) return false;  // a fake tensor
     value.ptr = imported_.value.data();
     value.n = imported_.value.shape(0);
     return true;

@@ -596,3 +596,60 @@ def test_the_extension_takes_tensors_by_the_dlpack_exchange_table_and_by_dlpack_
         store.fetch(201, [0] * 8)  # not a tensor
     assert store.contains(201)  # the refused fetches kept the bytes
     assert len(store) == 1
+
+
+def test_a_sparse_tensor_stays_and_a_tensor_of_65_dimensions_is_offloaded_with_exact_gradients():
+    # torch raises on `nbytes` of a sparse COO tensor: the hooks size it another way and
+    # keep it (not dense); past 64 dimensions the identity order is made on the spot.
+    s = torch.randn(4, 4).to_sparse()
+    w = torch.randn(4, 3, requires_grad=True)
+    torch.sparse.mm(s, w).square().sum().backward()
+    expected = w.grad.clone()
+    w.grad = None
+    off = ft.offload_activations(min_bytes=0, keep_last=0, device="cpu")
+    with off:
+        y = torch.sparse.mm(s, w)
+        loss = y.square().sum()
+    loss.backward()
+    assert torch.equal(w.grad, expected)
+    assert off.stats()["kept"]["not_dense"] >= 1
+
+    x = torch.randn([1] * 64 + [4], requires_grad=True)
+    (x * 2).exp().sum().backward()
+    expected = x.grad.clone()
+    x.grad = None
+    off = ft.offload_activations(min_bytes=0, keep_last=0, device="cpu")
+    with off:
+        loss = (x * 2).exp().sum()
+    loss.backward()
+    assert torch.equal(x.grad, expected)
+    assert off.stats()["offloaded"] >= 1
+
+
+def test_tensors_without_storage_or_of_sub_byte_elements_are_refused_by_the_extension():
+    # A fake tensor has elements and a null data pointer: refused (a TypeError), never read
+    # or written. Sub-byte elements would be counted short by DLPack's byte count: refused
+    # (offload_activations sends them as a uint8 view).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(8)
+    store = ferry._core.ActivationStore(0, 0, 0, 1 << 20)
+    with pytest.raises(TypeError):
+        store.offload(1, fake)
+    store.offload(2, torch.arange(32, dtype=torch.uint8))
+    with pytest.raises(TypeError):
+        store.fetch(2, fake.view(torch.uint8))
+    assert store.contains(2)
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, step=1)
+    arrays = [torch.randn(8), torch.randn(8), torch.zeros(8), torch.zeros(8)]
+    for i in range(4):
+        args = list(arrays)
+        args[i] = fake
+        with pytest.raises(TypeError):
+            ferry._core.AdamW(1, False).step(*args, **hyper)
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        packed = torch.arange(16, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+        with pytest.raises(TypeError):
+            store.offload(3, packed)
+        assert not store.contains(3)

@@ -50,8 +50,13 @@ _ELEMENTS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16
 # any other (float8, complex, quantized: not every torch exports them) crosses as uint8.
 _AS_IS = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool})
-# The order of a contiguous tensor's dimensions in memory, by their number.
+# The order of a contiguous tensor's dimensions in memory, by their number (made once for
+# the usual numbers; `_identity`).
 _IDENTITY = tuple(tuple(range(n)) for n in range(65))
+
+
+def _identity(n: int) -> Tuple[int, ...]:
+    return _IDENTITY[n] if n < len(_IDENTITY) else tuple(range(n))
 
 
 def keep_on_device(tensor: torch.Tensor) -> torch.Tensor:
@@ -133,7 +138,7 @@ class _Saved:
             raise _inplace_error(source, self.version)
         self._got = True
         if self._value is None:
-            identity = self.order == _IDENTITY[len(self.order)]
+            identity = self.order == _identity(len(self.order))
             if identity and self.dtype in _AS_IS:  # the common case: one allocation, no view
                 self._value = torch.empty(self.shape, dtype=self.dtype, device=self.device)
                 self._owner._fetch(self.store, self.key, self._value)
@@ -363,12 +368,13 @@ class offload_activations:
         base = t._base
         if base is not None and _is_parameter(base):
             return "parameter", None
-        if t.nbytes < max(self.min_bytes, 1):
+        strided = t.layout == torch.strided  # (`nbytes` raises for a sparse COO tensor)
+        if (t.nbytes if strided else t.numel() * t.element_size()) < max(self.min_bytes, 1):
             return "small", None
-        if t.layout != torch.strided:
+        if not strided:
             return "not_dense", None
         if t.is_contiguous():  # the common case, without a sort
-            return None, _IDENTITY[t.dim()]
+            return None, _identity(t.dim())
         order = _memory_order(t)
         if order is None:
             return "not_dense", None
@@ -407,7 +413,7 @@ class offload_activations:
         if dense.is_conj() or dense.is_neg():
             with torch.cuda.stream(saved.stream) if saved.stream is not None else contextlib.nullcontext():
                 dense = dense.resolve_conj().resolve_neg()
-        identity = saved.order == _IDENTITY[len(saved.order)]
+        identity = saved.order == _identity(len(saved.order))
         if not identity:
             dense = dense.permute(saved.order)
         if not identity or t.dtype not in _AS_IS:
