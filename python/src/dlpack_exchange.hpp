@@ -6,7 +6,9 @@
 // through it costs about 6 us of host time on the 2-core VM of docs/benchmarks.md, twice
 // per saved tensor (offload, fetch) against the 20 us budget. DLPack 1.2 added a
 // table of C functions that a tensor type publishes as a PyCapsule named
-// "dlpack_exchange_api" in its attribute `__dlpack_c_exchange_api__` (torch from 2.10);
+// "dlpack_exchange_api" in its attribute `__dlpack_c_exchange_api__` (torch since pytorch PR
+// #169724 of December 2025; an int under the older name `__c_dlpack_exchange_api__` before,
+// which is not read here);
 // its `dltensor_from_py_object_no_sync` fills a DLTensor on the stack, with no Python
 // call and no allocation, valid until the call returns. The struct layouts below are
 // that standard's C ABI (dlpack.h, DLPack 1.3), declared here: the extension includes no
