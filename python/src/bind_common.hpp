@@ -210,6 +210,7 @@ class stack_binding {
   [[nodiscard]] bool in_pass() const { return stack_->in_pass(); }
   [[nodiscard]] nanobind::dict stats() const { return layer_stats(stack_->stats()); }
   [[nodiscard]] bool on_nvme() const { return stack_->on_nvme(); }
+  [[nodiscard]] bool trainable() const { return stack_->trainable(); }
   [[nodiscard]] bool lost(std::size_t layer) const { return stack_->lost(layer); }
   void read_weights(std::size_t layer, const host_bytes& out) {
     const std::span<std::byte> dst(reinterpret_cast<std::byte*>(out.data()), out.shape(0));
@@ -256,6 +257,9 @@ void def_stack_common(nanobind::class_<Binding>& c) {
       .def_prop_ro("in_pass", [](const Binding& b) { return b.in_pass(); })
       .def_prop_ro(
           "on_nvme", [](const Binding& b) { return b.on_nvme(); }, "Whether the weights are on NVMe.")
+      .def_prop_ro(
+          "trainable", [](const Binding& b) { return b.trainable(); },
+          "Whether the stack has gradient slabs (weights in pinned memory, or on NVMe with trainable=True).")
       .def(
           "lost", [](const Binding& b, std::size_t layer) { return b.lost(layer); }, nb::arg("layer"),
           "Whether the layer's weights in the file are undefined (a failed write, then a failed rollback).")

@@ -33,16 +33,16 @@ using stack_type = basic_layer_stack<cuda_layers_config>;
 struct cuda_layer_stack::impl {
   stack_type stack;
   impl(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
-       const std::string& nvme_path)
-      : stack(layouts, slots, gradient_slabs, nvme_path) {}
+       const std::string& nvme_path, bool trainable)
+      : stack(layouts, slots, gradient_slabs, nvme_path, trainable) {}
 };
 
 cuda_layer_stack::cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots,
-                                   std::size_t gradient_slabs, const std::string& nvme_path)
+                                   std::size_t gradient_slabs, const std::string& nvme_path, bool trainable)
     : device_(device) {
   check_cuda_device(device);
   const cuda_device_scope on(device_);
-  impl_ = std::make_unique<impl>(layouts, slots, gradient_slabs, nvme_path);
+  impl_ = std::make_unique<impl>(layouts, slots, gradient_slabs, nvme_path, trainable);
 }
 
 cuda_layer_stack::~cuda_layer_stack() {
@@ -100,6 +100,7 @@ void cuda_layer_stack::wait_loads() {
 bool cuda_layer_stack::in_pass() const { return impl_->stack.in_pass(); }
 layer_counters cuda_layer_stack::stats() const { return impl_->stack.stats(); }
 bool cuda_layer_stack::on_nvme() const noexcept { return impl_->stack.on_nvme(); }
+bool cuda_layer_stack::trainable() const noexcept { return impl_->stack.trainable(); }
 bool cuda_layer_stack::lost(std::size_t layer) const { return impl_->stack.lost(layer); }
 
 void cuda_layer_stack::read_weights(std::size_t layer, std::span<std::byte> dst) {

@@ -17,14 +17,14 @@ namespace ferry_python {
 // its duration. Slots and staging buffers are device memory of `device`; weight and
 // gradient slabs pinned host memory. Streams are `cudaStream_t` values (torch's
 // `Stream.cuda_stream`; the legacy default stream 0 is taken). With `nvme_path`, the
-// weights are in that file instead of pinned slabs, and the stack is frozen (see
-// layer_stack.hpp). Not thread-safe.
+// weights are in that file instead of pinned slabs, and the stack is frozen unless
+// `trainable` (see layer_stack.hpp). Not thread-safe.
 class cuda_layer_stack {
  public:
   // std::invalid_argument for a device this process does not see, or bad layouts;
   // ferry::io_error for the file.
   cuda_layer_stack(int device, const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
-                   const std::string& nvme_path = {});
+                   const std::string& nvme_path = {}, bool trainable = false);
   ~cuda_layer_stack();
   cuda_layer_stack(const cuda_layer_stack&) = delete;
   cuda_layer_stack& operator=(const cuda_layer_stack&) = delete;
@@ -45,6 +45,7 @@ class cuda_layer_stack {
   [[nodiscard]] bool in_pass() const;
   [[nodiscard]] layer_counters stats() const;
   [[nodiscard]] bool on_nvme() const noexcept;
+  [[nodiscard]] bool trainable() const noexcept;
   [[nodiscard]] bool lost(std::size_t layer) const;
   void read_weights(std::size_t layer, std::span<std::byte> dst);
   void write_weights(std::size_t layer, std::span<const std::byte> src);

@@ -74,8 +74,8 @@ class cuda_store_binding : public ferry_python::store_binding<ferry_python::cuda
 class cuda_stack_binding : public ferry_python::stack_binding<ferry_python::cuda_layer_stack> {
  public:
   cuda_stack_binding(int device, const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
-                     std::size_t gradient_slabs, const std::string& nvme_path)
-      : stack_binding(make(device, layouts, slots, gradient_slabs, nvme_path)) {}
+                     std::size_t gradient_slabs, const std::string& nvme_path, bool trainable)
+      : stack_binding(make(device, layouts, slots, gradient_slabs, nvme_path, trainable)) {}
 
   [[nodiscard]] int device() const { return stack_->device(); }
   [[nodiscard]] byte_view acquire(std::size_t layer, std::uintptr_t stream) {
@@ -111,9 +111,10 @@ class cuda_stack_binding : public ferry_python::stack_binding<ferry_python::cuda
   static std::unique_ptr<ferry_python::cuda_layer_stack> make(int device,
                                                               const std::vector<ferry_python::layer_layout>& layouts,
                                                               std::size_t slots, std::size_t gradient_slabs,
-                                                              const std::string& nvme_path) {
+                                                              const std::string& nvme_path, bool trainable) {
     const nb::gil_scoped_release unlocked;  // the weights' file is made and sized
-    return std::make_unique<ferry_python::cuda_layer_stack>(device, layouts, slots, gradient_slabs, nvme_path);
+    return std::make_unique<ferry_python::cuda_layer_stack>(device, layouts, slots, gradient_slabs, nvme_path,
+                                                            trainable);
   }
 };
 
@@ -151,9 +152,12 @@ NB_MODULE(_cuda, m) {
                                        "ferry.torch.stream_layers).");
   stack
       .def(
-          nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&>(),
+          nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&,
+                   bool>(),
           nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"), nb::arg("nvme_path") = "",
-          "nvme_path: the weights' file (a frozen stack; '': pinned slabs).")
+          nb::arg("trainable") = false,
+          "nvme_path: the weights' file ('': pinned slabs); trainable: with a file, gradient slabs and pushes as in "
+          "pinned memory (else the stack is frozen).")
       .def_prop_ro("device", &cuda_stack_binding::device)
       .def("acquire", &cuda_stack_binding::acquire, nb::arg("layer"), nb::arg("stream"),
            nb::rv_policy::reference_internal,

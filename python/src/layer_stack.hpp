@@ -28,10 +28,14 @@
 // Weights on NVMe (a path given): the weights live in one file, a `ferry::nvme_tier` with a
 // region per layer (O_DIRECT where the file system allows it; made, sized to the layers,
 // locked, and removed with the stack), and each load is one `nvme_to_device` through the
-// scheduler's bounce ring, so no pinned memory holds them. Such a stack is frozen: it has
-// no gradient slabs or staging buffers (`gradient`, `staging` and `push` refuse), and the
-// host reads and writes a layer's bytes with `read_weights` / `write_weights` (between
-// passes; a failed write puts the old bytes back, or marks the layer lost).
+// scheduler's bounce ring, so no pinned memory holds them. The host reads and writes a
+// layer's bytes with `read_weights` / `write_weights` (between passes; a failed write puts
+// the old bytes back, or marks the layer lost). Such a stack is frozen (no gradient slabs
+// or staging buffers: `gradient`, `staging` and `push` refuse) unless it is `trainable`:
+// then it keeps the gradient slabs and staging buffers of a stack in pinned memory, and
+// only the weights are in the file (ZeRO-Infinity's split: parameters, and the optimizer's
+// states, on NVMe; gradients in host memory), so an optimizer steps a layer by reading its
+// weights, updating them from its gradient slab, and writing them back.
 #pragma once
 
 #include <ferry/codec/formats.hpp>
@@ -142,13 +146,14 @@ class basic_layer_stack {
   // element; the layer's bytes are the end of its last parameter. On the runtime's current
   // device. `nvme_path`: empty, weights in pinned slabs; else the weights' file (a new or
   // empty file: the tier empties it; its contents are undefined until `write_weights`),
-  // and the stack is frozen. `faults`: the file's calls fail as the plan says (only where
+  // and the stack is frozen unless `trainable` (gradient slabs and staging buffers as in
+  // pinned memory; ignored without a path: such a stack always has them). `faults`: the file's calls fail as the plan says (only where
   // `Config::fault_injection`). std::invalid_argument (bad layouts, 0 slots, a fault plan
   // where the config takes none), type_error (a dtype), ferry's errors (out_of_capacity:
   // the pinned pool or device memory; io_error: the file).
   basic_layer_stack(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
-                    const std::string& nvme_path = {}, std::shared_ptr<ferry::io::fault_plan> faults = {},
-                    runtime_type runtime = {})
+                    const std::string& nvme_path = {}, bool trainable = false,
+                    std::shared_ptr<ferry::io::fault_plan> faults = {}, runtime_type runtime = {})
       : layouts_(parse(layouts)), bytes_(layer_sizes(layouts_)), bridge_(runtime), sched_stream_(runtime) {
     if (slots == 0) throw std::invalid_argument("ferry: stream_layers needs at least one slot [slots = 0]");
     if (gradient_slabs == 0) throw std::invalid_argument("ferry: stream_layers needs at least one gradient slab");
@@ -163,21 +168,24 @@ class basic_layer_stack {
         throw std::invalid_argument("ferry: this layer stack takes no fault plan (the CPU model's tests only)");
       }
     }
-    const bool frozen = !nvme_path.empty();
+    const bool on_file = !nvme_path.empty();
+    const bool frozen = on_file && !trainable;
     ferry::pinned_pool_options po;
     // Weights and gradients: a slab holds one largest layer (the rest pack in), so a
     // stack of equal layers strands nothing; the budget is a cap (only what is
-    // allocated is used): twice the layers' bytes, doubled for what the ends of slabs
-    // may strand, plus a slab. A frozen stack allocates nothing from it.
+    // allocated is used): the layers' bytes once per kind held (weights and gradients in
+    // pinned memory; gradients only, with the weights on NVMe), doubled for what the ends
+    // of slabs may strand, plus a slab. A frozen stack allocates nothing from it.
     po.slab_bytes = (largest + 4095) / 4096 * 4096;
-    po.budget_bytes = frozen ? po.slab_bytes : 4 * total + 4 * layouts_.size() * 4096 + po.slab_bytes;
+    const std::size_t kinds = on_file ? 1 : 2;
+    po.budget_bytes = frozen ? po.slab_bytes : 2 * kinds * total + 2 * kinds * layouts_.size() * 4096 + po.slab_bytes;
     pool_.emplace(po);
     sched_.emplace(sched_stream_.get(), ferry::scheduler_options{});
     arena_.emplace(std::numeric_limits<std::size_t>::max(),
                    ferry::device_arena_options{.device = sched_->backend().device()}, sched_->backend().api());
     ferry::layer_streamer_options lo;
     lo.gradient_slabs = gradient_slabs;
-    if (frozen) {
+    if (on_file) {
       ferry::nvme_options o;
       o.paths = {nvme_path};
       std::uint64_t capacity = 0;
@@ -191,14 +199,18 @@ class basic_layer_stack {
       }
       if (!file_)
         file_ = std::make_unique<file_on<ferry::io::posix_syscalls>>(std::move(o), ferry::io::posix_syscalls{}, bytes_);
-      lo.gradient_pool = &*pool_;  // lent: no gradient slab is reserved, and none is ever taken
+      // Frozen: the pool lent as the gradient pool (no gradient slab is reserved, and none
+      // is ever taken); trainable: the streamer's own, as in pinned memory.
+      if (frozen) lo.gradient_pool = &*pool_;
       file_->make_streamer(streamer_, *sched_, Config::slots(slots, *arena_, bridge_.own()), lo);
       lost_ = std::make_unique<std::atomic<bool>[]>(bytes_.size());
     } else {
-      staging_bytes_ = ferry::slot_memory::stride(largest);
-      for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, bridge_.own()));
       streamer_.emplace(*sched_, std::span<const std::size_t>(bytes_), *pool_,
                         Config::slots(slots, *arena_, bridge_.own()), lo);
+    }
+    if (!frozen) {
+      staging_bytes_ = ferry::slot_memory::stride(largest);
+      for (auto& s : staging_) s = static_cast<std::byte*>(arena_->allocate(staging_bytes_, bridge_.own()));
       gradients_.reserve(bytes_.size());
       for (const std::size_t b : bytes_) {
         auto* p = static_cast<std::byte*>(pool_->allocate(b));
@@ -226,8 +238,11 @@ class basic_layer_stack {
   [[nodiscard]] std::size_t slots() const noexcept { return streamer_->slots(); }
   [[nodiscard]] std::size_t layer_bytes(std::size_t layer) const { return bytes_.at(check(layer)); }
 
-  // Whether the weights are on NVMe (the stack is frozen).
+  // Whether the weights are on NVMe.
   [[nodiscard]] bool on_nvme() const noexcept { return file_ != nullptr; }
+  // Whether the stack has gradient slabs (weights in pinned memory, or a trainable stack
+  // on NVMe).
+  [[nodiscard]] bool trainable() const noexcept { return staging_[0] != nullptr; }
 
   // Layer's pinned weight slab (host memory; lives as long as the stack). ferry::logic_error
   // with the weights on NVMe.
@@ -448,7 +463,7 @@ class basic_layer_stack {
   };
 
   void refuse_frozen(const char* what) const {
-    if (file_) {
+    if (staging_[0] == nullptr) {
       throw ferry::logic_error(std::string("ferry: a stack with its weights on NVMe is frozen: it has no ") + what +
                                    " (its weights get no gradient)",
                                FERRY_DETAIL_SITE());

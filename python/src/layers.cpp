@@ -54,8 +54,8 @@ using ferry_python::byte_view;
 class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack_binding<stack_type> {
  public:
   layer_stack(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
-              const std::string& nvme_path, const ferry_python::fault_plan_handle* faults)
-      : stack_binding(make(layouts, slots, gradient_slabs, nvme_path, faults)) {}
+              const std::string& nvme_path, bool trainable, const ferry_python::fault_plan_handle* faults)
+      : stack_binding(make(layouts, slots, gradient_slabs, nvme_path, trainable, faults)) {}
 
   [[nodiscard]] byte_view acquire(std::size_t layer) {
     std::byte* p = nullptr;
@@ -89,9 +89,9 @@ class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack
  private:
   static std::unique_ptr<stack_type> make(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
                                           std::size_t gradient_slabs, const std::string& nvme_path,
-                                          const ferry_python::fault_plan_handle* faults) {
+                                          bool trainable, const ferry_python::fault_plan_handle* faults) {
     const nb::gil_scoped_release unlocked;  // the weights' file is made and sized
-    return std::make_unique<stack_type>(layouts, slots, gradient_slabs, nvme_path,
+    return std::make_unique<stack_type>(layouts, slots, gradient_slabs, nvme_path, trainable,
                                         faults != nullptr ? faults->plan : nullptr);
   }
 };
@@ -103,12 +103,12 @@ void bind_layer_stack(nb::module_& m) {
                                 "ferry's layer streamer on the CPU model: L layers' weights in pinned slabs, K "
                                 "device slots, gradients pushed out to pinned slabs (see ferry.torch.stream_layers).");
   stack
-      .def(nb::init<const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&,
+      .def(nb::init<const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&, bool,
                     const ferry_python::fault_plan_handle*>(),
            nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"), nb::arg("nvme_path") = "",
-           nb::arg("faults").none() = nb::none(),
-           "nvme_path: the weights' file (a frozen stack; '' : pinned slabs); faults: a FaultPlan for its calls "
-           "(tests).")
+           nb::arg("trainable") = false, nb::arg("faults").none() = nb::none(),
+           "nvme_path: the weights' file ('' : pinned slabs); trainable: with a file, gradient slabs and pushes as "
+           "in pinned memory (else the stack is frozen); faults: a FaultPlan for the file's calls (tests).")
       .def("acquire", &layer_stack::acquire, nb::arg("layer"), nb::rv_policy::reference_internal,
            "Layer's slot, loaded (valid until release).")
       .def("release", &layer_stack::release, nb::arg("layer"))

@@ -37,10 +37,12 @@ import ferry
 from ferry import _core
 from ferry.torch._checks import memory_order as _memory_order
 from ferry.torch._checks import device_of, file_path, own_file, whole
+from ferry.torch._slab_grad import SlabGradient, clip_grad_norm_
 from ferry.torch.layers import StreamedLayers, stream_layers
 from ferry.torch.optim import OffloadAdamW
 
-__all__ = ["offload_activations", "keep_on_device", "OffloadAdamW", "stream_layers", "StreamedLayers"]
+__all__ = ["offload_activations", "keep_on_device", "OffloadAdamW", "stream_layers", "StreamedLayers", "SlabGradient",
+           "clip_grad_norm_"]
 
 _KEEP_ATTR = "_ferry_keep_on_device"
 # What the store's codecs are called, and the dtypes they take (others are stored exactly).

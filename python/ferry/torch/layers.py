@@ -14,6 +14,7 @@ import torch
 import ferry
 from ferry import _core
 from ferry.torch._checks import device_of, file_path, memory_order, own_file, whole
+from ferry.torch._slab_grad import SlabGradient
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -210,20 +211,25 @@ class StreamedLayers(torch.nn.Module):
                         "hook's?); weights on NVMe make each parameter a meta tensor in place, which torch refuses "
                         "then: stream the layers before making what refers to them"
                     )
-                if path and p.requires_grad:
-                    raise ValueError(
-                        f"stream_layers: parameter {name!r} of layer {i} requires grad; weights on NVMe are frozen "
-                        "(freeze them first, p.requires_grad_(False), or leave out nvme_path to train them from "
-                        "pinned memory)"
-                    )
+        # Weights on NVMe with a parameter that requires grad: the stack keeps gradient slabs
+        # in host memory (ZeRO-Infinity's split); without one it is frozen (none).
+        trainable = bool(path) and any(p.requires_grad for lay in self._layouts for p in lay.params)
         specs = [lay.spec() for lay in self._layouts]
         if self.device.type == "cuda":
-            self._core = ferry._cuda.LayerStack(self.device.index, specs, slots, gradient_slabs, nvme_path=path)
+            self._core = ferry._cuda.LayerStack(self.device.index, specs, slots, gradient_slabs, nvme_path=path,
+                                                trainable=trainable)
         else:
-            self._core = _core.LayerStack(specs, slots, gradient_slabs, nvme_path=path)
+            self._core = _core.LayerStack(specs, slots, gradient_slabs, nvme_path=path, trainable=trainable)
         self._gradient_slabs = gradient_slabs
         self._nvme = bool(path)
         self._nvme_path = path
+        self._frozen = bool(path) and not trainable  # on NVMe without gradient slabs
+        # With trainable weights on NVMe: per layer, its parameters' gradients (CPU views of
+        # the gradient slab) and the SlabGradients that stand for them as ``.grad``; the new
+        # weights of a layer whose write into the file failed after an optimizer step
+        # (written before anything else reads the layer).
+        self._markers: List[List[Optional[SlabGradient]]] = []
+        self._pending: Dict[int, torch.Tensor] = {}
         if path:
             own_file(path)  # removed at exit if the stack is alive then (held by a graph)
         self._written = [0] * len(layers)  # per layer, the writes into the file since it was made
@@ -256,6 +262,12 @@ class StreamedLayers(torch.nn.Module):
                     self._close()
                     raise
                 self._versions = [[p._version for p in lay.params] for lay in self._layouts]
+                if trainable:
+                    for i, lay in enumerate(self._layouts):
+                        self._grads.append(lay.views(self._core.gradient(i)))
+                        self._markers.append([None] * len(lay.params))
+                        for p in lay.params:
+                            p._ferry_stack = weakref.ref(self)  # OffloadAdamW steps it through the file
                 for layer in self.layers:
                     layer.register_forward_pre_hook(functools.partial(StreamedLayers._outside_call, weakref.ref(self)))
             else:
@@ -408,11 +420,22 @@ class StreamedLayers(torch.nn.Module):
                 raise RuntimeError("StreamedLayers: the forward pass ran without grad; there is nothing to differentiate")
             self._check_versions(i, state)
             mode, want = self._gradient_mode(lay)
-            if self._nvme and mode != "none":
+            if self._frozen and mode != "none":
                 raise RuntimeError(
                     f"StreamedLayers: a weight of layer {i} requires grad since the forward pass; the weights on "
-                    "NVMe are frozen (they get no gradient)"
+                    "NVMe of a stack made with every weight frozen are frozen (they get no gradient: stream the "
+                    "layers with their trainable weights requiring grad)"
                 )
+            if self._nvme and mode == "return":
+                if self._hooked(lay):
+                    raise RuntimeError(
+                        f"StreamedLayers: a weight of layer {i} has a hook (register_hook, "
+                        "register_post_accumulate_grad_hook); the gradients of weights on NVMe stay in the stack's "
+                        "host slabs and never reach autograd, so no hook would run: remove the hook"
+                    )
+                # torch.autograd.grad: a meta parameter takes no gradient from the stack (they
+                # stay out; the inputs get theirs)
+                mode = "none"
             if i == last:
                 with self._pass_lock:
                     if core.in_pass:
@@ -516,9 +539,13 @@ class StreamedLayers(torch.nn.Module):
             return "none", want
         # A weight with hooks (register_hook, register_post_accumulate_grad_hook) gets its
         # gradient from autograd, which runs them with it as plain torch does.
-        hooked = any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
-                     for p in lay.params)
-        return ("return" if hooked else "push"), want
+        return ("return" if self._hooked(lay) else "push"), want
+
+    @staticmethod
+    def _hooked(lay: "_Layout") -> bool:
+        """Whether a weight of the layer has a gradient hook of autograd's."""
+        return any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
+                   for p in lay.params)
 
     def _check_versions(self, i: int, state: Dict[str, Any]) -> None:
         lay = self._layouts[i]
@@ -549,8 +576,11 @@ class StreamedLayers(torch.nn.Module):
         trainable parameter's ``.grad`` is its view there, overwrite it when none has a
         ``.grad``; otherwise fill with -0.0 (x + -0.0 == x, bit for bit) what has none or
         another tensor, and add."""
+        if self._frozen:
+            return  # no gradient slabs
         if self._nvme:
-            return  # frozen: no gradient slabs
+            self._prepare_slab_gradients()
+            return
         with torch.no_grad():
             for i, lay in enumerate(self._layouts):
                 for p, g in zip(lay.params, self._grads[i]):
@@ -569,9 +599,41 @@ class StreamedLayers(torch.nn.Module):
                             g.fill_(-0.0)
                     self._accumulate[i] = True
 
+    def _prepare_slab_gradients(self) -> None:
+        """``_prepare_gradients`` with the weights on NVMe, where a parameter's ``.grad`` is
+        its ``SlabGradient`` (the gradient slab has it) or not: per layer, add into the slab
+        when every trainable parameter's ``.grad`` is its own, overwrite it when no
+        parameter's is (a frozen one's kept too); otherwise fill with -0.0 the gradients of
+        the others, and add. A ``.grad`` of any other kind (a ``meta`` tensor has no values)
+        counts as none."""
+        with torch.no_grad():
+            for i, lay in enumerate(self._layouts):
+                mine = [p.grad is not None and p.grad is m for p, m in zip(lay.params, self._markers[i])]
+                trainable = [p.requires_grad for p in lay.params]
+                if all(m for m, t in zip(mine, trainable) if t):
+                    self._accumulate[i] = True
+                elif not any(mine):
+                    self._accumulate[i] = False
+                else:
+                    for g, m in zip(self._grads[i], mine):
+                        if not m:
+                            g.fill_(-0.0)
+                    self._accumulate[i] = True
+
     def _assign_gradients(self) -> None:
         """After a backward pass: each weight that got a gradient in it has ``.grad`` its
-        view of the gradient slab (or a ``.grad`` of the caller's own gets it added)."""
+        view of the gradient slab (or a ``.grad`` of the caller's own gets it added); with
+        the weights on NVMe, its ``SlabGradient``."""
+        if self._nvme:
+            for i, (lay, got) in enumerate(zip(self._layouts, self._got)):
+                for k, (name, p, have) in enumerate(zip(lay.names, lay.params, got)):
+                    if have:
+                        m = self._markers[i][k]
+                        if m is None:
+                            m = self._markers[i][k] = SlabGradient.make(
+                                p, self._grads[i][k], f"parameter {name!r} of layer {i}", self, i, k)
+                        p.grad = m
+            return
         with torch.no_grad():
             for lay, grads, got in zip(self._layouts, self._grads, self._got):
                 for p, g, have in zip(lay.params, grads, got):
@@ -621,6 +683,7 @@ class StreamedLayers(torch.nn.Module):
         ``nn.Parameter``) has them written into the file and becomes a ``meta`` tensor; one
         replaced by a ``meta`` tensor (no values to write) is refused."""
         owner: Dict[int, Tuple[int, str]] = {}
+        self._flush_pending()
         with torch.no_grad():
             for i, (layer, lay) in enumerate(zip(self.layers, self._layouts)):
                 now = _params_of(layer, lay, i)
@@ -639,11 +702,11 @@ class StreamedLayers(torch.nn.Module):
                             "streamed weight belongs to one layer (tie weights outside the stack)"
                         )
                     owner[id(p)] = (i, name)
-                    if p.requires_grad:
+                    if p.requires_grad and self._frozen:
                         raise RuntimeError(
-                            f"StreamedLayers: parameter {name!r} of layer {i} requires grad; the weights on NVMe are "
-                            "frozen (they get no gradient): p.requires_grad_(False), or stream the layers without "
-                            "nvme_path to train them"
+                            f"StreamedLayers: parameter {name!r} of layer {i} requires grad; the stack's weights on "
+                            "NVMe are frozen (it was made with every weight frozen, so it has no gradient slabs): "
+                            "p.requires_grad_(False), or stream the layers with their trainable weights requiring grad"
                         )
                     if p is old:
                         if p._version != self._versions[i][k]:
@@ -690,16 +753,71 @@ class StreamedLayers(torch.nn.Module):
             except BaseException:
                 _swap_back(done)
                 raise
+            self._pending.pop(i, None)
         for k, p in fresh:
             lay.params[k] = p
             self._versions[i][k] = p._version
             self._unset[i].discard(k)
+            if not self._frozen:
+                p._ferry_stack = weakref.ref(self)
+                self._markers[i][k] = None  # the old parameter's .grad is not the new one's
 
     def _read_layer(self, i: int) -> torch.Tensor:
-        """Layer i's bytes, read from the file into a new CPU tensor."""
+        """Layer i's bytes, read from the file into a new CPU tensor (a copy of its new
+        weights when their write failed: see ``_write_stepped``)."""
+        pending = self._pending.get(i)
+        if pending is not None:
+            return pending.clone()
         raw = torch.empty(self._core.layer_bytes(i), dtype=torch.uint8)
         self._core.read_weights(i, raw)
         return raw
+
+    def _write_stepped(self, i: int, raw: torch.Tensor) -> None:
+        """An optimizer's step of layer i (weights on NVMe): its new bytes ``raw`` into the
+        file. When the write fails (the file keeps the old bytes, or the layer is lost),
+        ``raw`` is kept in host memory and the error raised: the layer's reads see it, and
+        the next forward pass, optimizer step or ``flush()`` writes it (nothing of the step
+        is lost)."""
+        self._written[i] += 1  # the backward pass of a forward before it is refused, as autograd does
+        self._pending[i] = raw
+        self._core.write_weights(i, raw)
+        del self._pending[i]
+
+    def _flush_pending(self) -> None:
+        """Writes the stepped weights of the layers whose write failed (``_write_stepped``),
+        in order; the first failure raises, the rest kept."""
+        for i in sorted(self._pending):
+            self._core.write_weights(i, self._pending[i])
+            del self._pending[i]
+
+    def flush(self) -> None:
+        """With the weights on NVMe: writes the weights an optimizer step left in host
+        memory because their write failed (a full disk, an I/O error), so that the file
+        holds every layer's; a forward pass and the next optimizer step do it first too.
+
+        :raises OSError: the write failed again (the weights stay in host memory)
+        """
+        with self._pass_lock:
+            if self._core.in_pass:
+                raise RuntimeError("StreamedLayers.flush: a pass over the stack is in progress")
+            self._flush_pending()
+
+    def _slab_step(self, i: int) -> Tuple[torch.Tensor, List[torch.Tensor], List[torch.Tensor]]:
+        """For an optimizer's step of layer i (trainable weights on NVMe): the layer's bytes
+        read into a new CPU tensor, its parameters' views of them and their gradients'
+        (views of the gradient slab). Written back by ``_write_stepped``."""
+        if self._core.in_pass:
+            raise RuntimeError(
+                "OffloadAdamW.step: a pass over the StreamedLayers is in progress; its weights on NVMe are stepped "
+                "between passes (after the backward pass)"
+            )
+        if self._core.lost(i) and i not in self._pending:
+            raise RuntimeError(
+                f"OffloadAdamW.step: layer {i}'s weights in {self._nvme_path!r} were lost (a write failed, and so did "
+                "writing the old ones back); load a state_dict with the layer's weights to go on"
+            )
+        raw = self._read_layer(i)
+        return raw, self._layouts[i].views(raw), self._grads[i]
 
     def read_weights(self, i: int) -> Dict[str, torch.Tensor]:
         """Layer i's weights as new CPU tensors, by parameter name: from the pinned slab (a
@@ -775,7 +893,7 @@ class StreamedLayers(torch.nn.Module):
                         given.append((k, key, v))
                 if not given:
                     continue
-                if module._core.lost(i):
+                if module._core.lost(i) and i not in module._pending:
                     # Its bytes in the file are undefined: only the whole layer is written.
                     if len(given) != len(lay.names):
                         missing = sorted(set(lay.names) - {lay.names[k] for k, _, _ in given})
@@ -800,6 +918,7 @@ class StreamedLayers(torch.nn.Module):
                         f"layer {i} and those after it their own",
                     ) from e
                 written.append(i)
+                module._pending.pop(i, None)  # the file has the layer now (a step's weights, loaded over)
                 for k, key, _ in given:
                     del state_dict[key]
                     handled.append(key)

@@ -15,6 +15,7 @@ import torch
 
 from ferry import _core
 from ferry.torch._checks import file_path, own_file, whole
+from ferry.torch._slab_grad import SlabGradient
 
 __all__ = ["OffloadAdamW"]
 
@@ -329,8 +330,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         try:
             _group_hyper(group)
             for p in group["params"]:
-                if p.is_meta and not p.requires_grad:
-                    continue  # a frozen parameter without values (stream_layers(nvme_path=...)): never stepped
+                if p.is_meta and (not p.requires_grad or _on_file(p)):
+                    # a parameter without values (stream_layers(nvme_path=...)): a frozen one is never
+                    # stepped, a trainable one through its stack's file (checked at its step)
+                    continue
                 _check_param(p)
             if self._settings.get("nvme_path") and len({id(p) for p in group["params"]}) != len(group["params"]):
                 raise ValueError(
@@ -373,6 +376,10 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 grad = p.grad
+                if isinstance(grad, SlabGradient):
+                    _check_file_param(p, grad)
+                    work.append((p, hp))
+                    continue
                 if grad.is_sparse:
                     raise ValueError(f"OffloadAdamW: sparse gradients are not supported [{_describe(p)}]")
                 _check_param(p)
@@ -384,27 +391,34 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self._nvme is not None:
             self._step_nvme(work)
             return loss
+        finished = self._unfinished or set()  # stepped by a step that raised: not again
+        work = [(p, hp) for p, hp in work if id(p) not in finished]
+        on_file = [(p, hp) for p, hp in work if isinstance(p.grad, SlabGradient)]
+        work = [(p, hp) for p, hp in work if not isinstance(p.grad, SlabGradient)]
         on_device = [p for p, _ in work if p.device.type == "cuda" and p.numel() > 0]
         for p in on_device:
             self._staging.host(p)  # every pinned copy made before any state (MemoryError: nothing changed)
         created = []
         try:
-            for p, _ in work:
+            for p, _ in work + on_file:
+                # A weight on NVMe (meta) gets a master of zeros: its first step re-seeds the
+                # master from the parameter wherever they differ (every element but +0.0).
+                seed = (lambda m, p=p: m) if p.is_meta else (lambda m, p=p: m.copy_(p.detach()))  # widened: exact
                 if not self.state.get(p):
                     m = self._moment(p)  # MemoryError: the moments made by this call go again
                     v = self._moment(p)
                     st = {"step": torch.tensor(0.0), "exp_avg": m, "exp_avg_sq": v}
                     if p.dtype != torch.float32:
-                        st["master"] = self._moment(p).copy_(p.detach())  # widened: exact
+                        st["master"] = seed(self._moment(p))
                     self.state[p] = st
                     created.append(p)
                 elif p.dtype != torch.float32 and "master" not in self.state[p]:  # e.g. a torch AdamW state loaded
-                    self.state[p]["master"] = self._moment(p).copy_(p.detach())
+                    self.state[p]["master"] = seed(self._moment(p))
         except BaseException:
             for p in created:
                 del self.state[p]
             raise
-        for p, _ in work:
+        for p, _ in work + on_file:
             if p.dtype == torch.float32:
                 self.state[p].pop("master", None)  # a parameter made float32 since (model.float()) is its own master
         self._staging.begin(p.device for p in on_device)
@@ -442,6 +456,33 @@ class OffloadAdamW(torch.optim.Optimizer):
                 state["step"].fill_(float(step))
         finally:
             self._staging.finish(p.device for p in on_device)
+        stepped = finished | {id(p) for p, _ in work}
+        try:
+            for stack, i, items in _by_layer(on_file):
+                raw, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+                for p, k, (lr, beta1, beta2, eps, wd) in items:
+                    state = self.state[p]
+                    step = int(state["step"].item()) + 1
+                    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step)
+                    param, grad = views[k].view(-1), grads[k].view(-1)
+                    if p.dtype == torch.float32:
+                        self._adamw.step(param, grad, state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1),
+                                         **hyper)
+                    else:
+                        self._adamw.step_low(_LOW[p.dtype], param.view(torch.int16), grad.view(torch.int16),
+                                             state["master"].view(-1), state["exp_avg"].view(-1),
+                                             state["exp_avg_sq"].view(-1), **hyper)
+                    state["step"].fill_(float(step))
+                    stepped.add(id(p))
+                stack._write_stepped(i, raw)  # OSError: kept in host memory, written later (stepped)
+        except BaseException:
+            if on_file:
+                self._unfinished = stepped
+                for p in created:  # a first step that did not happen leaves no state
+                    if id(p) not in stepped:
+                        del self.state[p]
+            raise
+        self._unfinished = None
         return loss
 
     def _check_usable(self, what: str) -> None:
@@ -456,7 +497,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         the last layout gets a new swapper; the states move over: the file and the pinned
         memory hold both layouts meanwhile); {id(p): group}. Raises MemoryError (nothing
         changed) when they do not fit."""
-        order = [p for group in self.param_groups for p in group["params"] if not p.is_meta]
+        order = [p for group in self.param_groups for p in group["params"] if not p.is_meta or _on_file(p)]
         # Master arrays while any parameter is bfloat16 or float16 (one converted since, by
         # model.bfloat16() or model.float(), makes a new layout too).
         keep = any(p.dtype != torch.float32 for p in order)
@@ -484,6 +525,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         planned = {}
         created = []
         empty = []
+        on_file: List[Tuple[torch.Tensor, Tuple[float, ...]]] = []
         for p, (lr, beta1, beta2, eps, wd) in work:
             if id(p) in finished:
                 continue
@@ -498,6 +540,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                 continue
             g = index[id(p)]
             planned[g] = (p, state, step)
+            if isinstance(p.grad, SlabGradient):
+                on_file.append((p, (lr, beta1, beta2, eps, wd)))  # stepped layer by layer, below
+                continue
             if p.device.type == "cuda":
                 param, grad = self._staging.host(p)  # filled below
             else:
@@ -510,7 +555,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             else:  # stepped through its master in the file; 16-bit elements passed as int16
                 entries.append((g, param.view(torch.int16), grad.view(torch.int16), lr, beta1, beta2, eps, wd, step,
                                 _LOW[p.dtype]))
-        if not entries:
+        if not entries and not on_file:
             self._unfinished = None
             return
         # CUDA parameters: all pulled before the swapper steps (it pipelines its reads and
@@ -526,11 +571,41 @@ class OffloadAdamW(torch.optim.Optimizer):
             for event in self._staging.pull(on_device):
                 event.synchronize()
             pulled = True  # each pinned copy holds its parameter: pushed back whatever the step does
-            done = self._nvme.step(self._adamw, entries)
+            if entries:
+                try:
+                    done = list(self._nvme.step(self._adamw, entries))
+                except BaseException:
+                    done = list(self._nvme.last_updated)  # the parameters stepped before the error
+                    raise
+            # The weights on NVMe, a layer at a time: read, its groups stepped (their states
+            # read and written by the swapper), written back. A group whose states were not
+            # written gets its parameter back in `raw` (the swapper's undo): the layer is
+            # written whatever happened, so the file holds each group's parameter as its
+            # states are.
+            for stack, i, items in _by_layer(on_file):
+                raw, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+                mine = []
+                for p, k, (lr, beta1, beta2, eps, wd) in items:
+                    g = index[id(p)]
+                    step = planned[g][2]
+                    param, grad = views[k].view(-1), grads[k].view(-1)
+                    if p.dtype == torch.float32:
+                        mine.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
+                    else:
+                        mine.append((g, param.view(torch.int16), grad.view(torch.int16), lr, beta1, beta2, eps, wd,
+                                     step, _LOW[p.dtype]))
+                try:
+                    done += list(self._nvme.step(self._adamw, mine))
+                except BaseException:
+                    done += list(self._nvme.last_updated)
+                    if self._nvme.last_updated:
+                        try:
+                            stack._write_stepped(i, raw)  # those stepped: their weights as their states
+                        except OSError:
+                            pass  # kept in host memory (written later); the step's own error is raised
+                    raise
+                stack._write_stepped(i, raw)  # OSError: kept in host memory, written later (stepped)
             failed = False
-        except BaseException:
-            done = list(self._nvme.last_updated)  # the parameters stepped before the error
-            raise
         finally:
             if pulled:
                 for p in on_device:
@@ -770,3 +845,39 @@ def _check_param(p: torch.Tensor) -> None:
         )
     if not p.is_contiguous():
         raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{_describe(p)}]")
+
+
+def _on_file(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a trainable weight of a ``StreamedLayers`` with its weights on NVMe
+    (a ``meta`` parameter stepped through the stack's file)."""
+    ref = getattr(p, "_ferry_stack", None)
+    return ref is not None and ref() is not None
+
+
+def _check_file_param(p: torch.Tensor, grad: SlabGradient) -> None:
+    """A weight on NVMe with its ``SlabGradient``: its stack alive, a dtype ferry's AdamW
+    steps, contiguous (stepped in the layer's bytes, with its moments in its order)."""
+    if grad.stack() is None:
+        raise ValueError(f"OffloadAdamW: the StreamedLayers of {grad._where} is gone; its gradient with it")
+    if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"OffloadAdamW: parameters must be float32, bfloat16 or float16 (ferry's AdamW is fp32; the others get "
+            f"an fp32 master copy) [{grad._where}: {_describe(p)}]"
+        )
+    if not p.is_contiguous():
+        raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{grad._where}: "
+                         f"{_describe(p)}]")
+
+
+def _by_layer(items: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> List[Tuple[Any, int, List[Any]]]:
+    """Weights on NVMe grouped by stack and layer, in order of first appearance:
+    (stack, layer, [(parameter, index in the layer, hyper-parameters)])."""
+    out: Dict[Tuple[int, int], Tuple[Any, int, List[Any]]] = {}
+    for p, hp in items:
+        g = p.grad
+        stack = g.stack()
+        key = (id(stack), g._layer)
+        if key not in out:
+            out[key] = (stack, g._layer, [])
+        out[key][2].append((p, g._index, hp))
+    return list(out.values())
