@@ -9,7 +9,7 @@ tensor of the parameter's shape and dtype that stands for the slab's values. It 
 the parameter has a gradient (``zero_grad`` sets it to None, and the next backward pass
 then overwrites the slab instead of adding into it, as autograd does with ``.grad``),
 ``zero_()`` zeroes the slab (``zero_grad(set_to_none=False)``), ``values()`` returns the
-slab's tensor, and every other torch operation on it raises ``TypeError`` naming what to
+slab's tensor, and every other torch operation on it raises ``RuntimeError`` naming what to
 call instead: an operation on a ``meta`` tensor computes nothing, so torch's own
 ``clip_grad_norm_`` or ``torch.optim.AdamW`` would otherwise do nothing, silently.
 """
@@ -31,7 +31,7 @@ class SlabGradient(torch.Tensor):
     tensor over the slab: valid until the stack's next backward pass or its end). Only
     shape and dtype queries, ``zero_()`` (zeroes the slab) and ``detach_`` /
     ``requires_grad_`` (``zero_grad(set_to_none=False)``) work on it; any other torch
-    operation raises ``TypeError`` (use ``ferry.torch.clip_grad_norm_`` and
+    operation raises ``RuntimeError`` (use ``ferry.torch.clip_grad_norm_`` and
     ``OffloadAdamW``, which read the slab)."""
 
     _slab: torch.Tensor
@@ -81,7 +81,9 @@ class SlabGradient(torch.Tensor):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         where = next((a._where for a in _flat(args) if isinstance(a, SlabGradient)), "a weight on NVMe")
-        raise TypeError(
+        # RuntimeError, not TypeError: torch turns a TypeError of a binary operator into
+        # NotImplemented (and a message of its own)
+        raise RuntimeError(
             f"the gradient of {where} is in the stack's host gradient slab (its weights are on NVMe, the parameter "
             f"and its .grad meta tensors): torch's {name or func} would compute nothing with it. Clip with "
             "ferry.torch.clip_grad_norm_, step with ferry.torch.OffloadAdamW, read it with p.grad.values()"

@@ -553,8 +553,8 @@ class StreamedLayers(torch.nn.Module):
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[StreamedLayers: the weights of layer {i} were written into {self._nvme_path!r} "
-                f"({self._written[i] - state['written']} time(s): load_state_dict, a replaced parameter) since the "
-                "forward pass; the backward pass recomputes the layer from its weights]"
+                f"({self._written[i] - state['written']} time(s): load_state_dict, a replaced parameter, an "
+                "optimizer step) since the forward pass; the backward pass recomputes the layer from its weights]"
             )
         for name, p, v in zip(lay.names, lay.params, state["versions"]):
             if p._version != v:
@@ -816,6 +816,7 @@ class StreamedLayers(torch.nn.Module):
                 f"OffloadAdamW.step: layer {i}'s weights in {self._nvme_path!r} were lost (a write failed, and so did "
                 "writing the old ones back); load a state_dict with the layer's weights to go on"
             )
+        self._flush_pending()  # a step's weights whose write failed before: the file first
         raw = self._read_layer(i)
         return raw, self._layouts[i].views(raw), self._grads[i]
 
