@@ -1069,10 +1069,16 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         sizes to the layers' bytes (each padded to 4 KiB), locks, reads with O_DIRECT where
         the file system allows it, and removes when the stack goes. Each load is a read
         from the file into a slot through a bounce ring of pinned memory; no pinned memory
-        holds the weights, and there are no gradient slabs. The weights are **frozen**:
-        every streamed parameter must have ``requires_grad`` False (inference, or a frozen
-        stack under trainable parts outside it; the input still gets its gradient). Each
-        parameter becomes a ``meta`` tensor (the same object and attributes: shape, dtype,
+        holds the weights. With every streamed parameter's ``requires_grad`` False the
+        stack is **frozen** (no gradient slabs: inference, or a frozen stack under
+        trainable parts outside it; the input still gets its gradient). With a trainable
+        one it keeps a pinned gradient slab per layer (ZeRO-Infinity's split: weights and
+        optimizer states on NVMe, gradients in host memory): each trainable parameter's
+        ``.grad`` is then a ``SlabGradient`` (a ``meta`` tensor standing for its slab;
+        ``.values()`` reads it), clipped by ``ferry.torch.clip_grad_norm_`` and stepped by
+        ``OffloadAdamW`` a layer at a time (read from the file, stepped, written back; a
+        failed write keeps the new weights in host memory until the next pass, step or
+        ``flush()`` writes them). Each parameter becomes a ``meta`` tensor (the same object and attributes: shape, dtype,
         no values; all or none); ``state_dict()`` reads the values from the file,
         ``load_state_dict`` writes them there (between passes, under the pass lock), a
         parameter replaced by one with values has them written at the next forward pass,
@@ -1083,8 +1089,7 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         host memory. The file is removed with the stack, or at exit
     :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
         other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device; with
-        ``nvme_path``, a parameter that requires grad or that torch cannot make a ``meta``
-        tensor in place (weakly referenced, saved by a live graph); without it, a ``meta``
+        ``nvme_path``, a parameter that torch cannot make a ``meta`` tensor in place (weakly referenced, saved by a live graph); without it, a ``meta``
         parameter
     :raises FileExistsError: ``nvme_path`` is a file that is not empty
     :raises OSError: the file cannot be made, sized or written (``errno`` the file

@@ -174,7 +174,11 @@ class OffloadAdamW(torch.optim.Optimizer):
     the parameter's device when it loads them). A CUDA parameter's values are read from
     the device at every step, so a change to it between steps is seen. ``step`` and
     ``load_state_dict`` are all or nothing: every check and allocation comes before any
-    change. A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
+    change. A trainable weight of ``stream_layers(nvme_path=...)`` (a ``meta`` parameter
+    whose ``.grad`` is a ``SlabGradient``) is stepped through its stack after the others, a
+    layer at a time: the layer read from the file, each parameter stepped from its
+    gradient slab, the layer written back; an ``OSError`` there leaves the layers before it
+    stepped, and the next ``step`` finishes the step (docs/python.md, "Weights on NVMe"). A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
     ``torch.optim.AdamW``, one optimizer is stepped from one thread at a time.
 
     Args:
