@@ -3,7 +3,10 @@ through K device slots from ferry's pinned slabs (ferry.torch.stream_layers), th
 activations autograd saves go to ferry's tensor_cache (ferry.torch.offload_activations)
 and AdamW's moments live in ferry's pinned pool (or, with --states-nvme DIR, in a file
 there, streamed through three pinned buffers), stepped by ferry's CPU AdamW
-(ferry.torch.OffloadAdamW). The same steps run
+(ferry.torch.OffloadAdamW); with --weights-nvme DIR the blocks' weights live in a file
+there instead of pinned slabs and are trained from it (their gradients in pinned slabs,
+each block read, stepped and written back by the optimizer: ZeRO-Infinity's split). The
+same steps run
 first with plain PyTorch (no offload, torch.optim.AdamW); the script prints both runs'
 losses and step times, what ferry moved, and the memory it kept out of the way. With
 --eval-nvme DIR it then evaluates the trained model with its blocks' weights in a file
@@ -13,8 +16,8 @@ memory holding them) and checks that the loss is the trained model's, bit for bi
     pip install ./python            # from the repository root, once
     python examples/torch_gpt/train.py [--layers 4] [--width 256] [--tokens 128]
                                        [--batch 8] [--steps 5] [--slots 2]
-                                       [--states-nvme DIR] [--eval-nvme DIR]
-                                       [--device cpu|cuda]
+                                       [--states-nvme DIR] [--weights-nvme DIR]
+                                       [--eval-nvme DIR] [--device cpu|cuda]
 
 On the CPU (the default) the model's tensors go through the CPU model of ferry's device
 runtime, so the "device" is host memory too: the point is the API and its exactness. With
@@ -66,7 +69,7 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(self.blocks(self.emb(tokens))))
 
 
-def train(model, opt, offload, batches, device):
+def train(model, opt, offload, batches, device, clip=torch.nn.utils.clip_grad_norm_):
     losses, times = [], []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -77,7 +80,7 @@ def train(model, opt, offload, batches, device):
         with offload:
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        clip(model.parameters(), 1.0)
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -98,7 +101,13 @@ def evaluate_from_nvme(model, a, batch, device):
     frozen = GPT(a.vocab, a.width, a.layers, a.heads).to(device).eval()
     for name in ("emb", "ln", "head"):
         getattr(frozen, name).load_state_dict(getattr(model, name).state_dict())
-    blocks = [copy.deepcopy(b).requires_grad_(False) for b in model.blocks.layers]  # copies of the slabs' weights
+    if model.blocks.stats()["nvme"]:  # trained from a file (meta parameters): new blocks with its values
+        blocks = [Block(a.width, a.heads) for _ in model.blocks.layers]
+        for i, blk in enumerate(blocks):
+            blk.load_state_dict(model.blocks.read_weights(i))
+            blk.requires_grad_(False)
+    else:
+        blocks = [copy.deepcopy(b).requires_grad_(False) for b in model.blocks.layers]  # copies of the slabs' weights
     path = os.path.join(a.eval_nvme, f"torch_gpt-weights-{os.getpid()}.bin")
     frozen.blocks = ft.stream_layers(blocks, slots=a.slots, device=device, nvme_path=path)
     with torch.no_grad():
@@ -130,6 +139,8 @@ def main():
     ap.add_argument("--slots", type=int, default=2, help="device slots the blocks are streamed through")
     ap.add_argument("--states-nvme", metavar="DIR", default=None,
                     help="keep the optimizer's states in a file in DIR (streamed through 3 pinned buffers)")
+    ap.add_argument("--weights-nvme", metavar="DIR", default=None,
+                    help="train the blocks with their weights in a file in DIR (gradients in pinned slabs)")
     ap.add_argument("--eval-nvme", metavar="DIR", default=None,
                     help="then evaluate the trained model with its blocks' weights in a file in DIR (frozen)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (a build with ferry._cuda and a GPU)")
@@ -154,8 +165,10 @@ def main():
                 contextlib.nullcontext(), batches, device)
 
     model = GPT(a.vocab, a.width, a.layers, a.heads).to(device)
-    # before the optimizer sees them: the blocks' weights move into pinned host slabs
-    model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots, device=device)
+    # before the optimizer sees them: the blocks' weights move into pinned host slabs (or a file)
+    weights_file = (os.path.join(a.weights_nvme, f"torch_gpt-weights-trained-{os.getpid()}.bin")
+                    if a.weights_nvme else None)
+    model.blocks = ft.stream_layers(list(model.blocks), slots=a.slots, device=device, nvme_path=weights_file)
     offload = ft.offload_activations(min_bytes=64 << 10, keep_last=1, device=device)
     if a.states_nvme:
         largest = max(p.numel() for p in model.parameters())
@@ -166,7 +179,8 @@ def main():
                               nvme_bytes=2 * states + (16 << 20))
     else:
         opt = ft.OffloadAdamW(model.parameters(), lr=3e-3)
-    ours = train(model, opt, offload, batches, device)
+    # ferry's clip: torch's arithmetic, over the slab gradients of weights on NVMe too
+    ours = train(model, opt, offload, batches, device, clip=ft.clip_grad_norm_)
 
     s = offload.stats()
     params = sum(p.numel() for p in model.parameters())
@@ -183,8 +197,10 @@ def main():
           f"kept where they were: {s['kept']}")
     ls = model.blocks.stats()
     weights = sum(p.numel() * p.element_size() for p in model.blocks.parameters())
+    where = (f"in {weights_file} ({ls['file_bytes'] / 2**20:.1f} MiB, {'O_DIRECT' if ls['direct_io'] else 'buffered'}"
+             f"; {ls['pinned_bytes'] / 2**20:.1f} MiB of pinned gradient slabs)" if weights_file else "in pinned slabs")
     print(f"layers: {a.layers} blocks streamed through {a.slots} slots ({ls['slot_bytes'] / 2**20:.1f} MiB on the "
-          f"device for {weights / 2**20:.1f} MiB of weights in pinned slabs), {ls['loads']} loads "
+          f"device for {weights / 2**20:.1f} MiB of weights {where}), {ls['loads']} loads "
           f"({ls['bytes_loaded'] / 2**20:.1f} MiB), {ls['pushes']} gradient pushes "
           f"({ls['bytes_pushed'] / 2**20:.1f} MiB) in {ls['passes']} passes")
     if opt.nvme_stats is not None:
