@@ -20,7 +20,14 @@ What it reports:
   same run: the weights' bytes read back from a file of that size in DIR with O_DIRECT
   (where the file system allows it) in 1 MiB reads, round-robin with the passes; and a
   pass over one token, whose compute is next to nothing, so that the file's bytes over
-  that pass are ferry's load rate, a ratio to what the disk gives.
+  that pass are ferry's load rate, a ratio to what the disk gives;
+- with --nvme DIR, training from NVMe too: a full step (forward, backward, clip with
+  ferry.torch.clip_grad_norm_, OffloadAdamW.step, zero_grad) of the blocks streamed from
+  pinned slabs, from a file (trainable: gradients in pinned slabs, each block read,
+  stepped and written back by the optimizer) with the states pinned, and from a file
+  with the states on NVMe too (ZeRO-Infinity's split), round-robin: each one's median,
+  spread and ratio to the pinned stack, its optimizer step alone, and the host memory
+  its slabs and states hold.
 
     python python/benchmarks/stream_layers.py [--layers 8] [--hidden 1024]
         [--tokens 1024] [--slots 2] [--repetitions 7] [--tiny-layers 200]
@@ -162,6 +169,53 @@ def inference_from_nvme(base, x, a):
             "one_token_gbs_max": max(one_gbs)}
 
 
+def train_step(model, opt, x):
+    model(x).square().mean().backward()
+    ft.clip_grad_norm_(model.parameters(), 1.0)
+    sync()
+    t0 = time.perf_counter()
+    opt.step()
+    sync()
+    t = time.perf_counter() - t0
+    opt.zero_grad(set_to_none=True)
+    return t
+
+
+def training_from_nvme(base, x, a):
+    """Training steps of the blocks (trainable): pinned slabs, weights on NVMe with the
+    states pinned, weights and states on NVMe; round-robin."""
+    def path(what):
+        return os.path.join(a.nvme, f"ferry-bench-train-{what}-{os.getpid()}.bin")
+    numel = sum(p.numel() for b in base for p in b.parameters())
+    variants = {}
+    pinned = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE)
+    variants["ferry pinned"] = (pinned, ft.OffloadAdamW(pinned.parameters(), lr=1e-4))
+    w1 = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE, nvme_path=path("w1"))
+    variants["weights nvme"] = (w1, ft.OffloadAdamW(w1.parameters(), lr=1e-4))
+    w2 = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE, nvme_path=path("w2"))
+    largest = max(p.numel() for p in w2.parameters())
+    variants["weights+states nvme"] = (w2, ft.OffloadAdamW(w2.parameters(), lr=1e-4, nvme_path=path("s2"),
+                                                           nvme_bytes=2 * 16 * numel + (64 << 20),
+                                                           pinned_bytes=24 * largest + (1 << 20)))
+    for m, o in variants.values():  # warm up
+        train_step(m, o, x)
+    steps = {k: [] for k in variants}
+    opt_s = {k: [] for k in variants}
+    for _ in range(a.repetitions):
+        for k, (m, o) in variants.items():
+            sync()
+            t0 = time.perf_counter()
+            opt_s[k].append(train_step(m, o, x))
+            sync()
+            steps[k].append(time.perf_counter() - t0)
+    return {"step_ms": {k: statistics.median(v) * 1e3 for k, v in steps.items()},
+            "spread": {k: (max(v) - min(v)) / statistics.median(v) for k, v in steps.items()},
+            "optimizer_ms": {k: statistics.median(v) * 1e3 for k, v in opt_s.items()},
+            "weights_bytes": 4 * numel, "direct_io": w1.stats()["direct_io"],
+            "pinned_bytes": {k: m.stats()["pinned_bytes"] for k, (m, _) in variants.items()},
+            "host_state_bytes": {k: o.state_bytes for k, (_, o) in variants.items()}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--layers", type=int, default=8)
@@ -171,7 +225,7 @@ def main():
     ap.add_argument("--repetitions", type=int, default=7)
     ap.add_argument("--tiny-layers", type=int, default=200)
     ap.add_argument("--nvme", default=None, metavar="DIR",
-                    help="also run inference with the weights on NVMe, files in DIR (made and removed)")
+                    help="also run inference and training with the weights on NVMe, files in DIR (made and removed)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the CUDA build and a device)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -244,6 +298,16 @@ def main():
               f"{nvme['disk_direct']}): median {nvme['disk_gbs_median']:.2f} GB/s (min {nvme['disk_gbs_min']:.2f}, "
               f"max {nvme['disk_gbs_max']:.2f}); ferry / disk "
               f"{nvme['one_token_gbs_median'] / nvme['disk_gbs_median']:.3f}")
+        tr = training_from_nvme(base, x.detach(), a)
+        nvme["training"] = tr
+        ref = tr["step_ms"]["ferry pinned"]
+        print(f"training from NVMe: a step (forward, backward, clip, OffloadAdamW.step), "
+              f"{tr['weights_bytes'] / 2**20:.1f} MiB of weights (O_DIRECT: {tr['direct_io']}); medians of "
+              f"{a.repetitions}")
+        for k, v in tr["step_ms"].items():
+            print(f"  {k:20s} {v:9.2f} ms (spread {tr['spread'][k]:.1%}), {v / ref:.3f}x the pinned stack; optimizer "
+                  f"step {tr['optimizer_ms'][k]:.2f} ms; host: {tr['pinned_bytes'][k] / 2**20:.1f} MiB of slabs, "
+                  f"{tr['host_state_bytes'][k] / 2**20:.1f} MiB of states")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"step_ms": med, "spread": spread, "weight_bytes": weight_bytes,
