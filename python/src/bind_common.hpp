@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "store_types.hpp"
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 namespace ferry_python {
@@ -217,10 +219,12 @@ class stack_binding {
     const nanobind::gil_scoped_release unlocked;
     stack_->read_weights(layer, dst);
   }
-  void write_weights(std::size_t layer, const host_bytes& src) {
+  void write_weights(std::size_t layer, const host_bytes& src, const std::optional<host_bytes>& old) {
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(src.data()), src.shape(0));
+    std::span<const std::byte> before;
+    if (old) before = {reinterpret_cast<const std::byte*>(old->data()), old->shape(0)};
     const nanobind::gil_scoped_release unlocked;
-    stack_->write_weights(layer, bytes);
+    stack_->write_weights(layer, bytes, before);
   }
 
  protected:
@@ -268,10 +272,14 @@ void def_stack_common(nanobind::class_<Binding>& c) {
           nb::arg("layer"), nb::arg("out").noconvert(),
           "Weights on NVMe: the layer's bytes into out (a uint8 CPU tensor of layer_bytes(layer)), between passes.")
       .def(
-          "write_weights", [](Binding& b, std::size_t layer, const host_bytes& src) { b.write_weights(layer, src); },
-          nb::arg("layer"), nb::arg("src").noconvert(),
+          "write_weights",
+          [](Binding& b, std::size_t layer, const host_bytes& src, const std::optional<host_bytes>& old) {
+            b.write_weights(layer, src, old);
+          },
+          nb::arg("layer"), nb::arg("src").noconvert(), nb::arg("old").noconvert().none() = nb::none(),
           "Weights on NVMe: src (a uint8 CPU tensor of layer_bytes(layer)) into the layer's place in the file, "
-          "between passes; a failed write puts the old bytes back (or marks the layer lost).")
+          "between passes; a failed write puts the old bytes back (or marks the layer lost). old: the bytes the "
+          "file holds now, when the caller has them (else they are read first, for that rollback).")
       .def("stats", [](const Binding& b) { return b.stats(); });
 }
 

@@ -108,9 +108,10 @@ void cuda_layer_stack::read_weights(std::size_t layer, std::span<std::byte> dst)
   impl_->stack.read_weights(layer, dst);
 }
 
-void cuda_layer_stack::write_weights(std::size_t layer, std::span<const std::byte> src) {
+void cuda_layer_stack::write_weights(std::size_t layer, std::span<const std::byte> src,
+                                     std::span<const std::byte> old) {
   const cuda_device_scope on(device_);
-  impl_->stack.write_weights(layer, src);
+  impl_->stack.write_weights(layer, src, old);
 }
 
 }  // namespace ferry_python

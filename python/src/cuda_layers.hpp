@@ -48,7 +48,7 @@ class cuda_layer_stack {
   [[nodiscard]] bool trainable() const noexcept;
   [[nodiscard]] bool lost(std::size_t layer) const;
   void read_weights(std::size_t layer, std::span<std::byte> dst);
-  void write_weights(std::size_t layer, std::span<const std::byte> src);
+  void write_weights(std::size_t layer, std::span<const std::byte> src, std::span<const std::byte> old = {});
   [[nodiscard]] int device() const noexcept { return device_; }
 
  private:

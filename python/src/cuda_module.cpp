@@ -151,13 +151,12 @@ NB_MODULE(_cuda, m) {
                                        "K slots in device memory, gradients pushed out to pinned slabs (see "
                                        "ferry.torch.stream_layers).");
   stack
-      .def(
-          nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&,
-                   bool>(),
-          nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"), nb::arg("nvme_path") = "",
-          nb::arg("trainable") = false,
-          "nvme_path: the weights' file ('': pinned slabs); trainable: with a file, gradient slabs and pushes as in "
-          "pinned memory (else the stack is frozen).")
+      .def(nb::init<int, const std::vector<ferry_python::layer_layout>&, std::size_t, std::size_t, const std::string&,
+                    bool>(),
+           nb::arg("device"), nb::arg("layouts"), nb::arg("slots"), nb::arg("gradient_slabs"),
+           nb::arg("nvme_path") = "", nb::arg("trainable") = false,
+           "nvme_path: the weights' file ('': pinned slabs); trainable: with a file, gradient slabs and pushes as in "
+           "pinned memory (else the stack is frozen).")
       .def_prop_ro("device", &cuda_stack_binding::device)
       .def("acquire", &cuda_stack_binding::acquire, nb::arg("layer"), nb::arg("stream"),
            nb::rv_policy::reference_internal,

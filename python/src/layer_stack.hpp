@@ -147,10 +147,10 @@ class basic_layer_stack {
   // device. `nvme_path`: empty, weights in pinned slabs; else the weights' file (a new or
   // empty file: the tier empties it; its contents are undefined until `write_weights`),
   // and the stack is frozen unless `trainable` (gradient slabs and staging buffers as in
-  // pinned memory; ignored without a path: such a stack always has them). `faults`: the file's calls fail as the plan says (only where
-  // `Config::fault_injection`). std::invalid_argument (bad layouts, 0 slots, a fault plan
-  // where the config takes none), type_error (a dtype), ferry's errors (out_of_capacity:
-  // the pinned pool or device memory; io_error: the file).
+  // pinned memory; ignored without a path: such a stack always has them). `faults`: the file's calls fail as the plan
+  // says (only where `Config::fault_injection`). std::invalid_argument (bad layouts, 0 slots, a fault plan where the
+  // config takes none), type_error (a dtype), ferry's errors (out_of_capacity: the pinned pool or device memory;
+  // io_error: the file).
   basic_layer_stack(const std::vector<layer_layout>& layouts, std::size_t slots, std::size_t gradient_slabs,
                     const std::string& nvme_path = {}, bool trainable = false,
                     std::shared_ptr<ferry::io::fault_plan> faults = {}, runtime_type runtime = {})
@@ -270,20 +270,28 @@ class basic_layer_stack {
   // between passes, once the loads issued so far have landed; the next pass loads it. When
   // the write fails, the old bytes are written back and the error is thrown; when that
   // fails too, the layer is lost (every pass and read refuses it) until a write succeeds.
+  // `old`: empty, or the bytes the file holds for the layer now (the caller read them: an
+  // optimizer step), written back on failure instead of being read from the file first.
   // ferry::logic_error (pinned weights, a pass in progress), std::invalid_argument, io_error.
-  void write_weights(std::size_t layer, std::span<const std::byte> src) {
+  void write_weights(std::size_t layer, std::span<const std::byte> src, std::span<const std::byte> old = {}) {
     check_file_access(layer, src.size());
+    if (!old.empty() && old.size() != src.size()) {
+      throw std::invalid_argument("ferry: the old bytes of a layer are " + std::to_string(old.size()) +
+                                  " bytes, not its " + std::to_string(src.size()) + " " +
+                                  layer_text(layer, bytes_.size()));
+    }
     if (streamer_->in_pass()) {
       throw ferry::logic_error(
           "ferry: the weights on NVMe are written between passes, not during one " + layer_text(layer, bytes_.size()),
           FERRY_DETAIL_SITE());
     }
     streamer_->wait_loads();  // no load still reads the region
-    std::vector<std::byte> old;
+    std::vector<std::byte> read_back;
     const bool was_lost = lost_[layer].load();
-    if (!was_lost) {
-      old.resize(src.size());
-      file_->read(layer, old);
+    if (!was_lost && old.empty()) {
+      read_back.resize(src.size());
+      file_->read(layer, read_back);
+      old = read_back;
     }
     try {
       file_->write(layer, src);

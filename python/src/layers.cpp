@@ -88,8 +88,8 @@ class layer_stack : private ferry_python::cpu_caller, public ferry_python::stack
 
  private:
   static std::unique_ptr<stack_type> make(const std::vector<ferry_python::layer_layout>& layouts, std::size_t slots,
-                                          std::size_t gradient_slabs, const std::string& nvme_path,
-                                          bool trainable, const ferry_python::fault_plan_handle* faults) {
+                                          std::size_t gradient_slabs, const std::string& nvme_path, bool trainable,
+                                          const ferry_python::fault_plan_handle* faults) {
     const nb::gil_scoped_release unlocked;  // the weights' file is made and sized
     return std::make_unique<stack_type>(layouts, slots, gradient_slabs, nvme_path, trainable,
                                         faults != nullptr ? faults->plan : nullptr);

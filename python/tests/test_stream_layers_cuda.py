@@ -118,3 +118,29 @@ def test_frozen_weights_on_nvme_load_into_cuda_slots_and_give_the_gpus_outputs_a
         torch.testing.assert_close(st(x), ref(x), rtol=1e-5, atol=1e-5)
     for k, v in ref.state_dict().items():
         assert torch.equal(st.state_dict()[f"layers.{k}"], v.cpu()), k
+
+
+@pytest.mark.parametrize("states_on_nvme", [False, True])
+def test_trainable_weights_on_nvme_train_in_cuda_slots_as_from_pinned_slabs(tmp_path, states_on_nvme):
+    """The CUDA stack with its weights on NVMe and trainable: the gradients pushed D2H into
+    pinned slabs (each .grad a SlabGradient), clipped, stepped by OffloadAdamW through the
+    file; bit for bit the same stack's training from pinned slabs."""
+    pinned = ft.stream_layers(list(copy.deepcopy(_stack())), slots=2, device="cuda")
+    on_file = ft.stream_layers(list(copy.deepcopy(_stack())), slots=2, device="cuda", nvme_path=tmp_path / "w.bin")
+    extra = dict(nvme_path=tmp_path / "s.bin", nvme_bytes=1 << 24) if states_on_nvme else {}
+    opt_p = ft.OffloadAdamW(pinned.parameters(), lr=1e-2)
+    opt_f = ft.OffloadAdamW(on_file.parameters(), lr=1e-2, **extra)
+    x = torch.randn(32, 64, device="cuda")
+    for step in range(3):
+        for st, opt in ((pinned, opt_p), (on_file, opt_f)):
+            torch.manual_seed(step)
+            st(x).square().mean().backward()
+            ft.clip_grad_norm_(st.parameters(), 0.5)
+        for a, b in zip(pinned.parameters(), on_file.parameters()):
+            assert isinstance(b.grad, ft.SlabGradient) and torch.equal(a.grad, b.grad.values())
+        for opt in (opt_p, opt_f):
+            opt.step()
+            opt.zero_grad()
+        for i in range(len(pinned)):
+            want, got = pinned.read_weights(i), on_file.read_weights(i)
+            assert all(torch.equal(want[k], got[k]) for k in want), (step, i)

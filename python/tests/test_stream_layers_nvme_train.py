@@ -156,6 +156,8 @@ def test_resuming_from_a_checkpoint_goes_on_bit_for_bit(tmp_path):
         _step(a, opt_a, x, step, clip=1.0)
         _step(b, opt_b, x, step, clip=1.0)
     assert all(torch.equal(v, _weights(b)[k]) for k, v in _weights(a).items())
+    sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]  # the file's moments read back
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k][m], sb[k][m]) for k in sa for m in sa[k])
 
 
 def test_a_failed_write_keeps_the_stepped_weights_in_host_memory_until_written(tmp_path, monkeypatch):
@@ -232,6 +234,9 @@ def test_torch_own_clip_and_optimizers_and_hooks_are_refused_with_what_to_call(t
     ft.OffloadAdamW(st.parameters()).step()  # between the forward and backward passes: as an in-place change
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*written into"):
         y.sum().backward()
+    raw = st._read_layer(0)
+    with pytest.raises(ValueError, match=r"old bytes of a layer are 3 bytes, not its"):
+        st._core.write_weights(0, raw, torch.zeros(3, dtype=torch.uint8))  # the rollback's bytes: the layer's size
     layers = [torch.nn.Linear(4, 4).double() for _ in range(2)]
     st64 = ft.stream_layers(layers, nvme_path=tmp_path / "w64.bin")
     st64(torch.randn(2, 4, dtype=torch.float64)).sum().backward()

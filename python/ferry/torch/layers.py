@@ -772,15 +772,16 @@ class StreamedLayers(torch.nn.Module):
         self._core.read_weights(i, raw)
         return raw
 
-    def _write_stepped(self, i: int, raw: torch.Tensor) -> None:
+    def _write_stepped(self, i: int, raw: torch.Tensor, old: Optional[torch.Tensor] = None) -> None:
         """An optimizer's step of layer i (weights on NVMe): its new bytes ``raw`` into the
         file. When the write fails (the file keeps the old bytes, or the layer is lost),
         ``raw`` is kept in host memory and the error raised: the layer's reads see it, and
         the next forward pass, optimizer step or ``flush()`` writes it (nothing of the step
-        is lost)."""
+        is lost). ``old``: the bytes the file holds for the layer (``_slab_step`` read them;
+        None: the write reads them first, for its rollback)."""
         self._written[i] += 1  # the backward pass of a forward before it is refused, as autograd does
         self._pending[i] = raw
-        self._core.write_weights(i, raw)
+        self._core.write_weights(i, raw, old)
         del self._pending[i]
 
     def _flush_pending(self) -> None:
@@ -802,10 +803,11 @@ class StreamedLayers(torch.nn.Module):
                 raise RuntimeError("StreamedLayers.flush: a pass over the stack is in progress")
             self._flush_pending()
 
-    def _slab_step(self, i: int) -> Tuple[torch.Tensor, List[torch.Tensor], List[torch.Tensor]]:
+    def _slab_step(self, i: int) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor], List[torch.Tensor]]:
         """For an optimizer's step of layer i (trainable weights on NVMe): the layer's bytes
-        read into a new CPU tensor, its parameters' views of them and their gradients'
-        (views of the gradient slab). Written back by ``_write_stepped``."""
+        read into a new CPU tensor, a copy of them (what the file holds: the rollback of the
+        write, which then need not read them again), its parameters' views of the bytes and
+        their gradients' (views of the gradient slab). Written back by ``_write_stepped``."""
         if self._core.in_pass:
             raise RuntimeError(
                 "OffloadAdamW.step: a pass over the StreamedLayers is in progress; its weights on NVMe are stepped "
@@ -818,7 +820,7 @@ class StreamedLayers(torch.nn.Module):
             )
         self._flush_pending()  # a step's weights whose write failed before: the file first
         raw = self._read_layer(i)
-        return raw, self._layouts[i].views(raw), self._grads[i]
+        return raw, raw.clone(), self._layouts[i].views(raw), self._grads[i]
 
     def read_weights(self, i: int) -> Dict[str, torch.Tensor]:
         """Layer i's weights as new CPU tensors, by parameter name: from the pinned slab (a

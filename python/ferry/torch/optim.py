@@ -463,7 +463,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         stepped = finished | {id(p) for p, _ in work}
         try:
             for stack, i, items in _by_layer(on_file):
-                raw, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+                raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
                 for p, k, (lr, beta1, beta2, eps, wd) in items:
                     state = self.state[p]
                     step = int(state["step"].item()) + 1
@@ -478,7 +478,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                                              state["exp_avg_sq"].view(-1), **hyper)
                     state["step"].fill_(float(step))
                     stepped.add(id(p))
-                stack._write_stepped(i, raw)  # OSError: kept in host memory, written later (stepped)
+                stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
         except BaseException:
             if on_file:
                 self._unfinished = stepped
@@ -587,7 +587,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             # written whatever happened, so the file holds each group's parameter as its
             # states are.
             for stack, i, items in _by_layer(on_file):
-                raw, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+                raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
                 mine = []
                 for p, k, (lr, beta1, beta2, eps, wd) in items:
                     g = index[id(p)]
@@ -604,11 +604,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                     done += list(self._nvme.last_updated)
                     if self._nvme.last_updated:
                         try:
-                            stack._write_stepped(i, raw)  # those stepped: their weights as their states
+                            stack._write_stepped(i, raw, old)  # those stepped: their weights as their states
                         except OSError:
                             pass  # kept in host memory (written later); the step's own error is raised
                     raise
-                stack._write_stepped(i, raw)  # OSError: kept in host memory, written later (stepped)
+                stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
             failed = False
         finally:
             if pulled:
