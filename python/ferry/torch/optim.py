@@ -178,7 +178,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     whose ``.grad`` is a ``SlabGradient``) is stepped through its stack after the others, a
     layer at a time: the layer read from the file, each parameter stepped from its
     gradient slab, the layer written back; an ``OSError`` there leaves the layers before it
-    stepped, and the next ``step`` finishes the step (docs/python.md, "Weights on NVMe"). A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
+    stepped, and the next ``step`` finishes the step (docs/python.md, "Weights on NVMe").
+    A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
     ``torch.optim.AdamW``, one optimizer is stepped from one thread at a time.
 
     Args:
