@@ -248,3 +248,59 @@ def test_torch_own_clip_and_optimizers_and_hooks_are_refused_with_what_to_call(t
         torch.optim.AdamW(st.parameters()).step()
     with pytest.raises(RuntimeError, match="was changed in place"):
         st(x)
+
+
+def test_old_idioms_on_grad_data_reach_the_slab_or_are_refused(tmp_path):
+    st = ft.stream_layers(_layers(), nvme_path=tmp_path / "w.bin")
+    st(torch.randn(3, 24)).sum().backward()
+    g = st.layers[0][1].weight.grad
+    assert g.data is g  # .data: the SlabGradient itself, not a meta tensor whose changes go nowhere
+    with pytest.raises(RuntimeError, match="mul_ would compute nothing"):
+        g.data.mul_(0.5)
+    assert g.values().any()
+    g.data.zero_()
+    assert not g.values().any()
+
+
+class _Gate(torch.nn.Module):
+    """A layer that waits, inside a pass, until the test lets it go on."""
+
+    def __init__(self, entered, go):
+        super().__init__()
+        self.lin = torch.nn.Linear(24, 24)
+        self.entered, self.go = entered, go
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            self.entered.set()
+            assert self.go.wait(30)
+        return self.lin(x)
+
+
+def test_an_optimizer_step_during_a_pass_on_another_thread_is_refused_and_changes_nothing(tmp_path):
+    import threading
+
+    entered, go = threading.Event(), threading.Event()
+    layers = _layers(n=2) + [_Gate(entered, go)]
+    st = ft.stream_layers(layers, nvme_path=tmp_path / "w.bin")
+    opt = ft.OffloadAdamW(st.parameters(), lr=1e-2)
+    x = torch.randn(3, 24)
+    st(x).sum().backward()
+    before = _weights(st)
+    out = []
+
+    def evaluate():
+        with torch.no_grad():  # a forward without grad: it blocks in the last layer
+            out.append(st(x))
+
+    t = threading.Thread(target=evaluate)
+    t.start()
+    assert entered.wait(30)
+    with pytest.raises(RuntimeError, match="a pass over the StreamedLayers is in progress"):
+        opt.step()
+    go.set()
+    t.join(30)
+    assert out and not any(int(s["step"]) for s in opt.state.values())
+    assert all(torch.equal(v, _weights(st)[k]) for k, v in before.items())
+    opt.step()  # between passes: stepped
+    assert all(int(s["step"]) == 1 for s in opt.state.values())

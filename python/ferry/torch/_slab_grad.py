@@ -29,7 +29,8 @@ class SlabGradient(torch.Tensor):
     NVMe: a ``meta`` tensor (the parameter's shape, strides and dtype) standing for the
     gradient in the stack's host gradient slab. ``values()`` is that gradient (a CPU
     tensor over the slab: valid until the stack's next backward pass or its end). Only
-    shape and dtype queries, ``zero_()`` (zeroes the slab) and ``detach_`` /
+    shape and dtype queries, ``.data`` (the ``SlabGradient`` itself), ``zero_()`` (zeroes
+    the slab) and ``detach_`` /
     ``requires_grad_`` (``zero_grad(set_to_none=False)``) work on it; any other torch
     operation raises ``RuntimeError`` (use ``ferry.torch.clip_grad_norm_`` and
     ``OffloadAdamW``, which read the slab)."""
@@ -77,6 +78,8 @@ class SlabGradient(torch.Tensor):
                         with torch._C.DisableTorchFunctionSubclass():
                             t.zero_()
             return args[0]
+        if name == "__get__" and getattr(func, "__self__", None) is _DATA:
+            return args[0]  # p.grad.data: the gradient itself (an old idiom, p.grad.data.zero_(), zeroes the slab)
         if name == "__get__" or name in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
@@ -92,6 +95,8 @@ class SlabGradient(torch.Tensor):
     def __repr__(self, *args: Any, **kwargs: Any) -> str:
         return f"SlabGradient(shape={tuple(self.shape)}, dtype={self.dtype}, of {self._where})"
 
+
+_DATA = torch.Tensor.data  # the descriptor, whose __get__ torch passes for ``.data``
 
 # Tensor methods that only read metadata (no values): allowed on a SlabGradient.
 _METADATA = frozenset({

@@ -804,7 +804,8 @@ class StreamedLayers(torch.nn.Module):
             self._flush_pending()
 
     def _slab_step(self, i: int) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor], List[torch.Tensor]]:
-        """For an optimizer's step of layer i (trainable weights on NVMe): the layer's bytes
+        """For an optimizer's step of layer i (trainable weights on NVMe; the caller holds the
+        pass lock from here to ``_write_stepped``, so no pass begins between): the layer's bytes
         read into a new CPU tensor, a copy of them (what the file holds: the rollback of the
         write, which then need not read them again), its parameters' views of the bytes and
         their gradients' (views of the gradient slab). Written back by ``_write_stepped``."""

@@ -464,22 +464,23 @@ class OffloadAdamW(torch.optim.Optimizer):
         stepped = finished | {id(p) for p, _ in work}
         try:
             for stack, i, items in _by_layer(on_file):
-                raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
-                for p, k, (lr, beta1, beta2, eps, wd) in items:
-                    state = self.state[p]
-                    step = int(state["step"].item()) + 1
-                    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step)
-                    param, grad = views[k].view(-1), grads[k].view(-1)
-                    if p.dtype == torch.float32:
-                        self._adamw.step(param, grad, state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1),
-                                         **hyper)
-                    else:
-                        self._adamw.step_low(_LOW[p.dtype], param.view(torch.int16), grad.view(torch.int16),
-                                             state["master"].view(-1), state["exp_avg"].view(-1),
-                                             state["exp_avg_sq"].view(-1), **hyper)
-                    state["step"].fill_(float(step))
-                    stepped.add(id(p))
-                stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
+                with stack._pass_lock:  # no pass begins while the layer is read, stepped and written
+                    raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+                    for p, k, (lr, beta1, beta2, eps, wd) in items:
+                        state = self.state[p]
+                        step = int(state["step"].item()) + 1
+                        hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step)
+                        param, grad = views[k].view(-1), grads[k].view(-1)
+                        if p.dtype == torch.float32:
+                            self._adamw.step(param, grad, state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1),
+                                             **hyper)
+                        else:
+                            self._adamw.step_low(_LOW[p.dtype], param.view(torch.int16), grad.view(torch.int16),
+                                                 state["master"].view(-1), state["exp_avg"].view(-1),
+                                                 state["exp_avg_sq"].view(-1), **hyper)
+                        state["step"].fill_(float(step))
+                        stepped.add(id(p))
+                    stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
         except BaseException:
             if on_file:
                 self._unfinished = stepped
@@ -588,28 +589,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             # written whatever happened, so the file holds each group's parameter as its
             # states are.
             for stack, i, items in _by_layer(on_file):
-                raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
-                mine = []
-                for p, k, (lr, beta1, beta2, eps, wd) in items:
-                    g = index[id(p)]
-                    step = planned[g][2]
-                    param, grad = views[k].view(-1), grads[k].view(-1)
-                    if p.dtype == torch.float32:
-                        mine.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
-                    else:
-                        mine.append((g, param.view(torch.int16), grad.view(torch.int16), lr, beta1, beta2, eps, wd,
-                                     step, _LOW[p.dtype]))
-                try:
-                    done += list(self._nvme.step(self._adamw, mine))
-                except BaseException:
-                    done += list(self._nvme.last_updated)
-                    if self._nvme.last_updated:
-                        try:
-                            stack._write_stepped(i, raw, old)  # those stepped: their weights as their states
-                        except OSError:
-                            pass  # kept in host memory (written later); the step's own error is raised
-                    raise
-                stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
+                with stack._pass_lock:  # no pass begins while the layer is read, stepped and written
+                    self._step_file_layer(stack, i, items, index, planned, done)
             failed = False
         finally:
             if pulled:
@@ -625,6 +606,34 @@ class OffloadAdamW(torch.optim.Optimizer):
                 if id(p) not in stepped:
                     del self.state[p]
             self._unfinished = (finished | stepped) if failed else None
+
+    def _step_file_layer(self, stack: Any, i: int, items: List[Any], index: Dict[int, int],
+                         planned: Dict[int, Any], done: List[int]) -> None:
+        """With the states on NVMe: layer i of ``stack`` (trainable weights on NVMe) read,
+        its parameters' groups stepped by the swapper, the layer written back; the groups
+        stepped appended to ``done`` (also when it raises)."""
+        raw, old, views, grads = stack._slab_step(i)  # OSError: this layer and the rest not stepped
+        mine = []
+        for p, k, (lr, beta1, beta2, eps, wd) in items:
+            g = index[id(p)]
+            step = planned[g][2]
+            param, grad = views[k].view(-1), grads[k].view(-1)
+            if p.dtype == torch.float32:
+                mine.append((g, param, grad, lr, beta1, beta2, eps, wd, step))
+            else:
+                mine.append((g, param.view(torch.int16), grad.view(torch.int16), lr, beta1, beta2, eps, wd,
+                             step, _LOW[p.dtype]))
+        try:
+            done += list(self._nvme.step(self._adamw, mine))
+        except BaseException:
+            done += list(self._nvme.last_updated)
+            if self._nvme.last_updated:
+                try:
+                    stack._write_stepped(i, raw, old)  # those stepped: their weights as their states
+                except OSError:
+                    pass  # kept in host memory (written later); the step's own error is raised
+            raise
+        stack._write_stepped(i, raw, old)  # OSError: kept in host memory, written later (stepped)
 
     def state_dict(self) -> Dict[str, Any]:
         """As ``torch.optim.Optimizer.state_dict`` (the keys of ``torch.optim.AdamW``: a
