@@ -9,6 +9,7 @@ own clip and optimizers, hooks, a step during a pass)."""
 
 import copy
 import errno
+import pickle
 
 import pytest
 import torch
@@ -257,9 +258,37 @@ def test_old_idioms_on_grad_data_reach_the_slab_or_are_refused(tmp_path):
     assert g.data is g  # .data: the SlabGradient itself, not a meta tensor whose changes go nowhere
     with pytest.raises(RuntimeError, match="mul_ would compute nothing"):
         g.data.mul_(0.5)
+    for view in ("T", "mT"):  # views of the values: a meta tensor's changes would go nowhere
+        with pytest.raises(RuntimeError, match="would compute nothing"):
+            getattr(g, view)
+    with pytest.raises(TypeError, match="is not copied or pickled.*p.grad.values"):
+        pickle.dumps(g)
+    with pytest.raises(TypeError, match="is not copied or pickled"):
+        copy.deepcopy(g)
     assert g.values().any()
     g.data.zero_()
     assert not g.values().any()
+    # a parameter pickles (a meta tensor that refers to no stack)
+    q = pickle.loads(pickle.dumps(st.layers[0][1].bias))
+    assert q.is_meta and q._ferry_stack() is None
+
+
+def test_layers_streamed_already_are_refused_and_a_replaced_parameter_leaves_the_optimizer(tmp_path):
+    layers = _layers(n=2)
+    st = ft.stream_layers(layers, nvme_path=tmp_path / "a.bin")
+    with pytest.raises(ValueError, match=r"'0.weight' of layer 0 is streamed already .*a.bin"):
+        ft.stream_layers(layers, nvme_path=tmp_path / "b.bin")
+    x = torch.randn(3, 24)
+    opt = ft.OffloadAdamW(st.parameters(), lr=1e-1)
+    st(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    old = st.layers[0][1].weight
+    st.layers[0][1].weight = torch.nn.Parameter(torch.full(old.shape, 0.5))  # held by no optimizer
+    st(x).sum().backward()  # written into the file first; its gradient in the slab
+    assert old.grad is None and isinstance(st.layers[0][1].weight.grad, ft.SlabGradient)
+    opt.step()  # steps the parameters it holds: not the new one (as torch)
+    assert bool((st.read_weights(0)["1.weight"] == 0.5).all())
 
 
 class _Gate(torch.nn.Module):

@@ -78,9 +78,10 @@ class SlabGradient(torch.Tensor):
                         with torch._C.DisableTorchFunctionSubclass():
                             t.zero_()
             return args[0]
-        if name == "__get__" and getattr(func, "__self__", None) is _DATA:
+        owner = getattr(func, "__self__", None) if name == "__get__" else None
+        if owner is _DATA:
             return args[0]  # p.grad.data: the gradient itself (an old idiom, p.grad.data.zero_(), zeroes the slab)
-        if name == "__get__" or name in _METADATA:
+        if (name == "__get__" and getattr(owner, "__name__", "") not in _VIEWS) or name in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         where = next((a._where for a in _flat(args) if isinstance(a, SlabGradient)), "a weight on NVMe")
@@ -92,17 +93,27 @@ class SlabGradient(torch.Tensor):
             "ferry.torch.clip_grad_norm_, step with ferry.torch.OffloadAdamW, read it with p.grad.values()"
         )
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            f"a SlabGradient (the gradient of {self._where}) is not copied or pickled: it stands for the stack's "
+            "gradient slab; copy or save p.grad.values()"
+        )
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        self.__reduce_ex__(2)
+
     def __repr__(self, *args: Any, **kwargs: Any) -> str:
         return f"SlabGradient(shape={tuple(self.shape)}, dtype={self.dtype}, of {self._where})"
 
 
 _DATA = torch.Tensor.data  # the descriptor, whose __get__ torch passes for ``.data``
+# Properties that are views of the values (a meta tensor's: changes to it go nowhere): refused.
+_VIEWS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 # Tensor methods that only read metadata (no values): allowed on a SlabGradient.
 _METADATA = frozenset({
     "size", "dim", "numel", "nelement", "stride", "element_size", "is_contiguous", "storage_offset",
-    "requires_grad_", "detach_", "__format__", "__hash__", "__eq__", "__bool__", "__len__", "__reduce_ex__",
-    "__deepcopy__", "_is_view", "is_floating_point", "is_complex", "get_device", "__setstate__",
+    "requires_grad_", "detach_", "__format__", "__hash__", "__eq__", "__bool__", "__len__", "_is_view", "is_floating_point", "is_complex", "get_device", "__setstate__",
     "_typed_storage", "untyped_storage",
 })
 
@@ -144,6 +155,26 @@ def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max
     total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     torch.nn.utils.clip_grads_with_norm_([_Holder(g) for g in grads], max_norm, total, foreach)
     return total
+
+
+class StackRef:
+    """A weak reference to the ``StreamedLayers`` (weights on NVMe) that holds a parameter,
+    kept on it as ``p._ferry_stack``: a copy or a pickle of the parameter refers to no
+    stack (its values are not in it)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, stack: Any = None) -> None:
+        self._ref = None if stack is None else weakref.ref(stack)
+
+    def __call__(self) -> Any:
+        return None if self._ref is None else self._ref()
+
+    def __reduce__(self) -> Any:
+        return (StackRef, ())
+
+    def __deepcopy__(self, memo: Any) -> "StackRef":
+        return StackRef()
 
 
 class _Holder:

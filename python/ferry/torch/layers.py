@@ -14,7 +14,7 @@ import torch
 import ferry
 from ferry import _core
 from ferry.torch._checks import device_of, file_path, memory_order, own_file, whole
-from ferry.torch._slab_grad import SlabGradient
+from ferry.torch._slab_grad import SlabGradient, StackRef
 
 __all__ = ["stream_layers", "StreamedLayers"]
 
@@ -205,6 +205,13 @@ class StreamedLayers(torch.nn.Module):
                         "weight belongs to one layer (tie weights outside the stack)"
                     )
                 owner[id(p)] = (i, name)
+                held = getattr(p, "_ferry_stack", None)
+                if held is not None and held() is not None:
+                    raise ValueError(
+                        f"stream_layers: parameter {name!r} of layer {i} is streamed already by a StreamedLayers "
+                        f"with its weights on NVMe ({held()._nvme_path!r}; the parameter is a meta tensor there): "
+                        "stream new layers, with that stack's state_dict() loaded"
+                    )
                 if path and weakref.getweakrefcount(p):
                     raise ValueError(
                         f"stream_layers: parameter {name!r} of layer {i} has weak references (an optimizer's, a "
@@ -262,12 +269,13 @@ class StreamedLayers(torch.nn.Module):
                     self._close()
                     raise
                 self._versions = [[p._version for p in lay.params] for lay in self._layouts]
+                for lay in self._layouts:
+                    for p in lay.params:
+                        p._ferry_stack = StackRef(self)  # its stack: OffloadAdamW steps a trainable one through it
                 if trainable:
                     for i, lay in enumerate(self._layouts):
                         self._grads.append(lay.views(self._core.gradient(i)))
                         self._markers.append([None] * len(lay.params))
-                        for p in lay.params:
-                            p._ferry_stack = weakref.ref(self)  # OffloadAdamW steps it through the file
                 for layer in self.layers:
                     layer.register_forward_pre_hook(functools.partial(StreamedLayers._outside_call, weakref.ref(self)))
             else:
@@ -755,12 +763,16 @@ class StreamedLayers(torch.nn.Module):
                 raise
             self._pending.pop(i, None)
         for k, p in fresh:
+            old = lay.params[k]
             lay.params[k] = p
             self._versions[i][k] = p._version
             self._unset[i].discard(k)
+            p._ferry_stack = StackRef(self)
+            old._ferry_stack = StackRef()  # out of the stack: stepped no more through it
             if not self._frozen:
-                p._ferry_stack = weakref.ref(self)
-                self._markers[i][k] = None  # the old parameter's .grad is not the new one's
+                if old.grad is not None and old.grad is self._markers[i][k]:
+                    old.grad = None  # its gradient was the slab's place, the new parameter's now
+                self._markers[i][k] = None
 
     def _read_layer(self, i: int) -> torch.Tensor:
         """Layer i's bytes, read from the file into a new CPU tensor (a copy of its new

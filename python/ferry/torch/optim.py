@@ -865,7 +865,8 @@ def _on_file(p: torch.Tensor) -> bool:
     """Whether ``p`` is a trainable weight of a ``StreamedLayers`` with its weights on NVMe
     (a ``meta`` parameter stepped through the stack's file)."""
     ref = getattr(p, "_ferry_stack", None)
-    return ref is not None and ref() is not None
+    stack = ref() if ref is not None else None
+    return stack is not None and not stack._frozen
 
 
 def _check_file_param(p: torch.Tensor, grad: SlabGradient) -> None:
