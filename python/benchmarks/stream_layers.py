@@ -23,9 +23,10 @@ What it reports:
   that pass are ferry's load rate, a ratio to what the disk gives;
 - with --nvme DIR, training from NVMe too: a full step (forward, backward, clip with
   ferry.torch.clip_grad_norm_, OffloadAdamW.step, zero_grad) of the blocks streamed from
-  pinned slabs, from a file (trainable: gradients in pinned slabs, each block read,
-  stepped and written back by the optimizer) with the states pinned, and from a file
-  with the states on NVMe too (ZeRO-Infinity's split), round-robin: each one's median,
+  pinned slabs with the states pinned and with the states on NVMe (all streamed through
+  the ring), from a file (trainable: gradients in pinned slabs, each block read, stepped
+  and written back by the optimizer) with the states pinned, and from a file with the
+  states on NVMe too (ZeRO-Infinity's split), round-robin: each one's median,
   spread and ratio to the pinned stack, its optimizer step alone, and the host memory
   its slabs and states hold.
 
@@ -190,10 +191,14 @@ def training_from_nvme(base, x, a):
     variants = {}
     pinned = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE)
     variants["ferry pinned"] = (pinned, ft.OffloadAdamW(pinned.parameters(), lr=1e-4))
+    s0 = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE)
+    largest = max(p.numel() for p in s0.parameters())
+    variants["states nvme"] = (s0, ft.OffloadAdamW(s0.parameters(), lr=1e-4, nvme_path=path("s0"),
+                                                   nvme_bytes=2 * 16 * numel + (64 << 20),
+                                                   pinned_bytes=24 * largest + (1 << 20)))
     w1 = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE, nvme_path=path("w1"))
     variants["weights nvme"] = (w1, ft.OffloadAdamW(w1.parameters(), lr=1e-4))
     w2 = ft.stream_layers(copy.deepcopy(base), slots=a.slots, device=DEVICE, nvme_path=path("w2"))
-    largest = max(p.numel() for p in w2.parameters())
     variants["weights+states nvme"] = (w2, ft.OffloadAdamW(w2.parameters(), lr=1e-4, nvme_path=path("s2"),
                                                            nvme_bytes=2 * 16 * numel + (64 << 20),
                                                            pinned_bytes=24 * largest + (1 << 20)))

@@ -22,9 +22,9 @@
 // it was before the step, from an undo copy of the last three streamed groups stepped (no
 // more can be unconfirmed: a ring buffer is reused only once its write has completed).
 // `step` then reports the groups updated (`last_updated`); the caller finishes the step by
-// stepping the others in its next call (a plain swapper step: the groups it leaves out
-// keep their states), so no group is stepped twice, none skipped, even across a new
-// layout.
+// stepping the others in its next call, so no group is stepped twice, none skipped, even
+// across a new layout. Each call steps the groups of its entries only
+// (`state_swapper::step_groups`): the others are neither read nor written.
 //
 // `FaultPlan` is `ferry::io::fault_plan`, for the package's tests: an `NvmeStates` made
 // with one runs its file's calls through `ferry::io::faulty_syscalls`, which fails them as
@@ -214,6 +214,12 @@ class states_on final : public states_base {
       }
       of[e.group] = &e;
     }
+    // Only the entries' groups are read, stepped and written (`step_groups`): a group
+    // without a gradient keeps its states untouched, and a caller stepping its parameters
+    // in parts (a layer at a time, with the weights on NVMe) moves each group's states once.
+    std::vector<std::size_t> chosen;
+    chosen.reserve(entries.size());
+    for (const entry& e : entries) chosen.push_back(e.group);
     std::array<std::size_t, undo_slots> undone{};
     undone.fill(none);
     std::vector<char> computed(groups, 0);
@@ -243,7 +249,7 @@ class states_on final : public states_base {
     {
       const nb::gil_scoped_release unlocked;
       try {
-        s.step(compute);
+        s.step_groups(compute, chosen);
       } catch (...) {
         error = std::current_exception();
       }

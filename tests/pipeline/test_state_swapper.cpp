@@ -412,6 +412,51 @@ TEST_CASE("state_swapper: spills the groups a RAM budget cannot hold, with resul
   }
 }
 
+TEST_CASE("state_swapper: step_groups steps a part, reads and writes only its groups, and parts make a step",
+          "[state_swapper]") {
+  scratch_path file(ferry_test::disk_dir, "ferry-swap-part");
+  ferry_test::pool_engine::tier<ferry::io::posix_syscalls> tier(disk_options(file));
+  const std::vector<std::size_t> sizes = {1024, 10000, 1, 2048, 10000, 3000};
+  const auto copy = [](std::size_t n) { return 3 * ((n * 4 + 4095) / 4096 * 4096); };
+  // The ring and group 2 (one element) only: every other group is spilled.
+  ferry::state_swapper swapper(tier, sizes, {.ram_budget_bytes = 3 * copy(10000) + copy(1)});
+  REQUIRE(swapper.resident_groups() == 1);
+  ferry::adamw opt(hyper(), {.threads = 2});
+  ram_states ref(sizes);
+  initialize_all(swapper, ref);
+  // One step in three parts, the groups given out of order; then a whole step.
+  const std::vector<std::vector<std::size_t>> parts = {{3, 0}, {2}, {5, 1, 4}};
+  std::vector<std::size_t> seen;
+  for (const auto& part : parts) {
+    const auto before = tier.stats();
+    swapper.step_groups(
+        [&](std::size_t g, group_view v) {
+          seen.push_back(g);
+          adamw_compute(opt, 1)(g, v);
+        },
+        part);
+    std::size_t spilled = 0;
+    for (const std::size_t g : part) spilled += swapper.layout(g).resident ? 0 : 1;
+    CHECK(tier.stats().transfers - before.transfers == 2 * spilled);  // a read and a write per spilled group
+    for (const std::size_t g : part) CHECK(swapper.updated(g));
+  }
+  CHECK(seen == std::vector<std::size_t>{0, 3, 2, 1, 4, 5});  // index order within each part
+  CHECK(swapper.completed_steps() == 0);                      // the caller's parts make its step
+  CHECK(swapper.stats().steps == 3);
+  ref.step(opt, 1);
+  for (std::size_t g = 0; g < sizes.size(); ++g) CHECK(holds(swapper, g, ref));
+  swapper.step(adamw_compute(opt, 2));
+  ref.step(opt, 2);
+  for (std::size_t g = 0; g < sizes.size(); ++g) CHECK(holds(swapper, g, ref));
+  // A part leaves the others untouched, and a group out of range runs nothing.
+  const auto before = tier.stats();
+  swapper.step_groups([](std::size_t, group_view) {}, std::vector<std::size_t>{});
+  CHECK(tier.stats().transfers == before.transfers);
+  CHECK_THROWS_AS(swapper.step_groups([](std::size_t, group_view) { FAIL("ran"); }, std::vector<std::size_t>{0, 6}),
+                  ferry::logic_error);
+  for (std::size_t g = 0; g < sizes.size(); ++g) CHECK(holds(swapper, g, ref));
+}
+
 // --- errors in the middle of a step --------------------------------------------------------
 
 TEMPLATE_TEST_CASE("state_swapper: ENOSPC on a write in the middle of a step loses nothing, and the step resumes",

@@ -234,6 +234,28 @@ class state_swapper {
     run(compute, false);
   }
 
+  /// @brief A step of some groups only: `compute` runs on each group of `groups` (in index
+  /// order, whatever order they are given in), with its reads and writes pipelined as in
+  /// `step`; every other group is neither read nor written and keeps its states and its
+  /// `updated` flag. For a caller that steps the groups in parts, each between I/O of its
+  /// own (an optimizer whose parameters are read from a file and written back layer by
+  /// layer: ferry.torch's trainable weights on NVMe), which a pass over every group per
+  /// part would multiply. Counted in `stats().steps`; `completed_steps()` does not move
+  /// (the caller's parts make its step, and the caller numbers it).
+  /// @throws as `step` (`updated(g)` tells each selected group's state after an error);
+  ///         ferry::logic_error for a group out of range (nothing runs then)
+  template <class F>
+    requires std::is_invocable_v<F&, std::size_t, group_view> ||
+             std::is_invocable_v<F&, std::size_t, group_view, std::uint64_t>
+  void step_groups(F&& compute, std::span<const std::size_t> groups) {
+    std::vector<char> only(groups_.size(), 0);
+    for (const std::size_t g : groups) {
+      check_group(g);
+      only[g] = 1;
+    }
+    run(compute, true, &only);
+  }
+
   /// @brief Whether group g holds the result of the current step's `compute` (all true
   /// after a step that succeeded; after one that threw, see the file comment).
   /// @throws ferry::logic_error for g out of range
@@ -342,14 +364,15 @@ class state_swapper {
   static void fill_copy(std::byte* base, const group_layout& l, std::span<const float> master, std::span<const float> m,
                         std::span<const float> v) noexcept;
   static group_view view(std::size_t g, std::byte* base, const group_layout& l) noexcept;
+  // `only`: null, every group; else the groups g with (*only)[g] != 0 (step_groups).
   template <class F>
-  void run(F& compute, bool all);
+  void run(F& compute, bool all, const std::vector<char>* only = nullptr);
   template <class F>
   bool compute_one(F& compute, std::size_t g, std::byte* base, std::exception_ptr& error) noexcept;
   template <class F>
-  void run_resident(F& compute, std::exception_ptr& error);
+  void run_resident(F& compute, std::exception_ptr& error, const std::vector<char>* only);
   template <class F>
-  void run_streamed(F& compute, std::exception_ptr& error);
+  void run_streamed(F& compute, std::exception_ptr& error, const std::vector<char>* only);
 
   Tier& tier_;
   state_swapper_options options_;

@@ -228,28 +228,32 @@ group_view state_swapper<Tier>::view(std::size_t g, std::byte* base, const group
 
 template <class Tier>
 template <class F>
-void state_swapper<Tier>::run(F& compute, bool all) {
+void state_swapper<Tier>::run(F& compute, bool all, const std::vector<char>* only) {
   check_idle();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     FERRY_EXPECTS(groups_[g].initialized, "every group must be initialized before a step", g);
   }
-  if (all) {
+  if (only != nullptr) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if ((*only)[g] != 0) updated_[g] = false;  // the others keep their flags
+    }
+  } else if (all) {
     std::fill(updated_.begin(), updated_.end(), false);
     pending_ = true;
   }
   busy_guard busy(busy_);
   std::exception_ptr error;
   if constexpr (in_place) {
-    run_resident(compute, error);
+    run_resident(compute, error, only);
   } else {
-    run_streamed(compute, error);
+    run_streamed(compute, error, only);
   }
   if (error) {
     ++stats_.failed_steps;
     std::rethrow_exception(error);
   }
   ++stats_.steps;
-  if (pending_) {
+  if (only == nullptr && pending_) {
     ++completed_steps_;
     pending_ = false;
   }
@@ -275,16 +279,16 @@ bool state_swapper<Tier>::compute_one(F& compute, std::size_t g, std::byte* base
 
 template <class Tier>
 template <class F>
-void state_swapper<Tier>::run_resident(F& compute, std::exception_ptr& error) {
+void state_swapper<Tier>::run_resident(F& compute, std::exception_ptr& error, const std::vector<char>* only) {
   for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
-    if (updated_[g]) continue;
+    if (updated_[g] || (only != nullptr && (*only)[g] == 0)) continue;
     if (compute_one(compute, g, groups_[g].host, error)) updated_[g] = true;
   }
 }
 
 template <class Tier>
 template <class F>
-void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error) {
+void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error, const std::vector<char>* only) {
   using read_ticket =
       decltype(tier_.submit_read(std::declval<const region_type&>(), std::uint64_t{}, std::span<std::byte>()));
   using write_ticket =
@@ -327,7 +331,7 @@ void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error) {
 
   std::vector<std::size_t> spilled;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (!updated_[g] && !groups_[g].layout.resident) spilled.push_back(g);
+    if (!updated_[g] && !groups_[g].layout.resident && (only == nullptr || (*only)[g] != 0)) spilled.push_back(g);
   }
   std::uint64_t writes_issued = 0;
   const auto record = [&error]() noexcept {
@@ -368,7 +372,7 @@ void state_swapper<Tier>::run_streamed(F& compute, std::exception_ptr& error) {
   if (!spilled.empty()) issue_read(0);
   std::size_t j = 0;  // position in `spilled` of the next spilled group
   for (std::size_t g = 0; g < groups_.size() && !error; ++g) {
-    if (updated_[g]) continue;
+    if (updated_[g] || (only != nullptr && (*only)[g] == 0)) continue;
     group& gr = groups_[g];
     if (gr.layout.resident) {
       if (compute_one(compute, g, gr.host, error)) updated_[g] = true;
