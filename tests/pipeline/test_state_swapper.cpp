@@ -436,7 +436,7 @@ TEST_CASE("state_swapper: step_groups steps a part, reads and writes only its gr
         },
         part);
     std::size_t spilled = 0;
-    for (const std::size_t g : part) spilled += swapper.layout(g).resident ? 0 : 1;
+    for (const std::size_t g : part) spilled += swapper.layout(g).resident ? std::size_t{0} : std::size_t{1};
     CHECK(tier.stats().transfers - before.transfers == 2 * spilled);  // a read and a write per spilled group
     for (const std::size_t g : part) CHECK(swapper.updated(g));
   }
