@@ -416,16 +416,17 @@ TEST_CASE("state_swapper: step_groups steps a part, reads and writes only its gr
           "[state_swapper]") {
   scratch_path file(ferry_test::disk_dir, "ferry-swap-part");
   ferry_test::pool_engine::tier<ferry::io::posix_syscalls> tier(disk_options(file));
-  const std::vector<std::size_t> sizes = {1024, 10000, 1, 2048, 10000, 3000};
+  const std::vector<std::size_t> sizes = {1024, 10000, 1, 2048, 10000, 10000, 10000, 3000};
   const auto copy = [](std::size_t n) { return 3 * ((n * 4 + 4095) / 4096 * 4096); };
-  // The ring and group 2 (one element) only: every other group is spilled.
-  ferry::state_swapper swapper(tier, sizes, {.ram_budget_bytes = 3 * copy(10000) + copy(1)});
+  // The ring and group 0 only (first fit): every other group is spilled.
+  ferry::state_swapper swapper(tier, sizes, {.ram_budget_bytes = 3 * copy(10000) + copy(1024)});
   REQUIRE(swapper.resident_groups() == 1);
+  REQUIRE(swapper.layout(0).resident);
   ferry::adamw opt(hyper(), {.threads = 2});
   ram_states ref(sizes);
   initialize_all(swapper, ref);
   // One step in three parts, the groups given out of order; then a whole step.
-  const std::vector<std::vector<std::size_t>> parts = {{3, 0}, {2}, {5, 1, 4}};
+  const std::vector<std::vector<std::size_t>> parts = {{3, 0}, {2}, {7, 1, 4}, {6, 5}};
   std::vector<std::size_t> seen;
   for (const auto& part : parts) {
     const auto before = tier.stats();
@@ -452,7 +453,7 @@ TEST_CASE("state_swapper: step_groups steps a part, reads and writes only its gr
   const auto before = tier.stats();
   swapper.step_groups([](std::size_t, group_view) {}, std::vector<std::size_t>{});
   CHECK(tier.stats().transfers == before.transfers);
-  CHECK_THROWS_AS(swapper.step_groups([](std::size_t, group_view) { FAIL("ran"); }, std::vector<std::size_t>{0, 6}),
+  CHECK_THROWS_AS(swapper.step_groups([](std::size_t, group_view) { FAIL("ran"); }, std::vector<std::size_t>{0, 8}),
                   ferry::logic_error);
   for (std::size_t g = 0; g < sizes.size(); ++g) CHECK(holds(swapper, g, ref));
 }
