@@ -1093,8 +1093,9 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         ``.values()`` reads it), clipped by ``ferry.torch.clip_grad_norm_`` and stepped by
         ``OffloadAdamW`` a layer at a time (read from the file, stepped, written back; a
         failed write keeps the new weights in host memory until the next pass, step or
-        ``flush()`` writes them). Each parameter becomes a ``meta`` tensor (the same object and attributes: shape, dtype,
-        no values; all or none); ``state_dict()`` reads the values from the file,
+        ``flush()`` writes them). Each parameter becomes a ``meta`` tensor (the same
+        object and attributes: shape, dtype, no values; all or none); ``state_dict()``
+        reads the values from the file,
         ``load_state_dict`` writes them there (between passes, under the pass lock), a
         parameter replaced by one with values has them written at the next forward pass,
         and ``read_weights(i)`` reads a layer's. In-place changes to the ``meta``
@@ -1104,8 +1105,9 @@ def stream_layers(layers: Sequence[torch.nn.Module], *, slots: int = 2, gradient
         host memory. The file is removed with the stack, or at exit
     :raises TypeError, ValueError: for layers that cannot be streamed (named), a device
         other than the CPU and CUDA, CUDA without ``ferry._cuda`` or a usable device; with
-        ``nvme_path``, a parameter that torch cannot make a ``meta`` tensor in place (weakly referenced, saved by a live graph); without it, a ``meta``
-        parameter
+        ``nvme_path``, a parameter that torch cannot make a ``meta`` tensor in place
+        (weakly referenced, saved by a live graph) or that a stack on NVMe streams
+        already; without it, a ``meta`` parameter
     :raises FileExistsError: ``nvme_path`` is a file that is not empty
     :raises OSError: the file cannot be made, sized or written (``errno`` the file
         system's), the parameters unchanged
