@@ -113,8 +113,8 @@ _VIEWS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 # Tensor methods that only read metadata (no values): allowed on a SlabGradient.
 _METADATA = frozenset({
     "size", "dim", "numel", "nelement", "stride", "element_size", "is_contiguous", "storage_offset",
-    "requires_grad_", "detach_", "__format__", "__hash__", "__eq__", "__bool__", "__len__", "_is_view", "is_floating_point", "is_complex", "get_device", "__setstate__",
-    "_typed_storage", "untyped_storage",
+    "requires_grad_", "detach_", "__format__", "__hash__", "__len__", "_is_view", "is_floating_point",
+    "is_complex", "get_device", "__setstate__", "_typed_storage", "untyped_storage",
 })
 
 
