@@ -333,3 +333,30 @@ def test_an_optimizer_step_during_a_pass_on_another_thread_is_refused_and_change
     assert all(torch.equal(v, _weights(st)[k]) for k, v in before.items())
     opt.step()  # between passes: stepped
     assert all(int(s["step"]) == 1 for s in opt.state.values())
+
+
+@pytest.mark.parametrize("states_on_nvme", [False, True])
+def test_a_failed_step_is_not_finished_over_the_gradients_of_a_new_backward_pass(tmp_path, monkeypatch,
+                                                                                  states_on_nvme):
+    """A loop that catches the step's OSError and goes on to the next batch: the next step
+    steps every parameter with the new gradients (a RuntimeWarning says the failed step's
+    rest went without its update), instead of finishing the failed step over them."""
+    plan = _core.FaultPlan()
+    _with_faults(monkeypatch, plan)
+    st = ft.stream_layers(_layers(), nvme_path=tmp_path / "w.bin")
+    extra = dict(nvme_path=tmp_path / "s.bin", nvme_bytes=1 << 22) if states_on_nvme else {}
+    opt = ft.OffloadAdamW(st.parameters(), lr=1e-2, **extra)
+    x = torch.randn(4, 24)
+    st(x).square().mean().backward()
+    plan.add("pread", errno.EIO, skip=1, times=1)  # layer 0 read (and stepped); layer 1's read fails
+    with pytest.raises(OSError):
+        opt.step()
+    first = {id(p) for p in st.layers[0].parameters()}
+    assert all(int(opt.state[p]["step"]) == 1 for p in st.layers[0].parameters())
+    assert not any(opt.state.get(p) for p in st.layers[2].parameters())
+    opt.zero_grad()
+    st(x).square().mean().backward()  # the next batch
+    with pytest.warns(RuntimeWarning, match="the gradients changed since"):
+        opt.step()
+    for p in st.parameters():
+        assert int(opt.state[p]["step"]) == (2 if id(p) in first else 1)

@@ -237,6 +237,7 @@ class StreamedLayers(torch.nn.Module):
         # (written before anything else reads the layer).
         self._markers: List[List[Optional[SlabGradient]]] = []
         self._pending: Dict[int, torch.Tensor] = {}
+        self._backwards = 0  # backward passes that assigned gradients (a SlabGradient's writes)
         if path:
             own_file(path)  # removed at exit if the stack is alive then (held by a graph)
         self._written = [0] * len(layers)  # per layer, the writes into the file since it was made
@@ -632,6 +633,7 @@ class StreamedLayers(torch.nn.Module):
         """After a backward pass: each weight that got a gradient in it has ``.grad`` its
         view of the gradient slab (or a ``.grad`` of the caller's own gets it added); with
         the weights on NVMe, its ``SlabGradient``."""
+        self._backwards += 1
         if self._nvme:
             for i, (lay, got) in enumerate(zip(self._layouts, self._got)):
                 for k, (name, p, have) in enumerate(zip(lay.names, lay.params, got)):

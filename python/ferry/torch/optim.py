@@ -8,6 +8,7 @@ import math
 import numbers
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -178,7 +179,8 @@ class OffloadAdamW(torch.optim.Optimizer):
     whose ``.grad`` is a ``SlabGradient``) is stepped through its stack after the others, a
     layer at a time: the layer read from the file, each parameter stepped from its
     gradient slab, the layer written back; an ``OSError`` there leaves the layers before it
-    stepped, and the next ``step`` finishes the step (docs/python.md, "Weights on NVMe").
+    stepped, and the next ``step`` finishes the step, as with ``nvme_path`` below
+    (docs/python.md, "Weights on NVMe").
     A copy (``copy.deepcopy``, ``pickle``) gets a pool of its own. Like
     ``torch.optim.AdamW``, one optimizer is stepped from one thread at a time.
 
@@ -207,7 +209,10 @@ class OffloadAdamW(torch.optim.Optimizer):
             stepped from the file (12 bytes per element of the largest). A step stopped by
             an ``OSError`` leaves every parameter with its states (stepped and written, or
             as before the step); the next ``step`` call finishes that step, stepping only
-            the parameters it had not. Such an optimizer cannot be copied or pickled (its
+            the parameters it had not, while the gradients are those it saw (after a new
+            backward pass or ``zero_grad`` it steps every parameter with a gradient
+            instead, with a ``RuntimeWarning``: the failed step's rest went without its
+            update). Such an optimizer cannot be copied or pickled (its
             file is its own): save ``state_dict()``.
         nvme_bytes: the file's capacity in bytes (> 0 with ``nvme_path``): at least 16
             bytes per element of every parameter, each of its four arrays (two, twice)
@@ -281,6 +286,9 @@ class OffloadAdamW(torch.optim.Optimizer):
         # ids of the parameters a step that raised had stepped (None: no such step): the
         # next step call finishes that step without them
         self._unfinished: Optional[set] = None
+        # the gradients the step that raised saw: (parameter, gradient, its mark); a step
+        # that finds others (a new backward pass since) does not finish it but starts anew
+        self._unfinished_grads: List[Tuple[torch.Tensor, Any, Any]] = []
         self._stepping = threading.Lock()
         self._staging = _Staging()
         if self._settings.get("nvme_path"):
@@ -393,9 +401,39 @@ class OffloadAdamW(torch.optim.Optimizer):
                         f"OffloadAdamW: a gradient unlike its parameter [param: {_describe(p)}; grad: {_describe(grad)}]"
                     )
                 work.append((p, hp))
-        if self._nvme is not None:
-            self._step_nvme(work)
-            return loss
+        seen = [(p, p.grad, _grad_mark(p.grad)) for p, _ in work]
+        self._drop_stale_unfinished(seen)
+        try:
+            if self._nvme is not None:
+                self._step_nvme(work)
+            else:
+                self._step_pinned(work)
+        finally:
+            self._unfinished_grads = seen if self._unfinished is not None else []
+        return loss
+
+    def _drop_stale_unfinished(self, seen: List[Tuple[torch.Tensor, Any, Any]]) -> None:
+        """A step that raised is finished by the next ``step`` only while the gradients are
+        those it saw; after a new backward pass (or ``zero_grad``) it is dropped, with a
+        RuntimeWarning, and this step steps every parameter with a gradient."""
+        if self._unfinished is None:
+            return
+        before = {id(p): (g, mark) for p, g, mark in self._unfinished_grads}
+        now = {id(p): (g, mark) for p, g, mark in seen}
+        # (a parameter with a gradient that the failed step did not see, one of a group
+        # added since, takes its first step in the finishing one)
+        same = all(k in now and now[k][0] is before[k][0] and now[k][1] == before[k][1] for k in before)
+        if not same:
+            warnings.warn(
+                "OffloadAdamW.step: the step that raised before was not finished (call step() again before the next "
+                "backward pass to finish it), and the gradients changed since; this step steps every parameter "
+                "with a gradient, and the parameters the failed step had not reached went without its update",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self._unfinished = None
+
+    def _step_pinned(self, work: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> None:
         finished = self._unfinished or set()  # stepped by a step that raised: not again
         work = [(p, hp) for p, hp in work if id(p) not in finished]
         on_file = [(p, hp) for p, hp in work if isinstance(p.grad, SlabGradient)]
@@ -489,7 +527,6 @@ class OffloadAdamW(torch.optim.Optimizer):
                         del self.state[p]
             raise
         self._unfinished = None
-        return loss
 
     def _check_usable(self, what: str) -> None:
         if self._broken is not None:
@@ -896,3 +933,13 @@ def _by_layer(items: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> List[Tuple
             out[key] = (stack, g._layer, [])
         out[key][2].append((p, g._index, hp))
     return list(out.values())
+
+
+def _grad_mark(g: Any) -> Any:
+    """What changes when a gradient is written again: a ``SlabGradient``'s stack's count of
+    backward passes (its slab is written in place, behind torch), else the tensor's
+    version (an accumulation or ``zero_`` bumps it)."""
+    if isinstance(g, SlabGradient):
+        stack = g.stack()
+        return None if stack is None else stack._backwards
+    return g._version
