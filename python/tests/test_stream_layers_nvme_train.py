@@ -37,6 +37,22 @@ def _with_faults(monkeypatch, plan):
     monkeypatch.setattr(_core, "LayerStack", lambda *a, **k: real(*a, faults=plan, **k))
 
 
+def _fail_read_of(st, layer, monkeypatch):
+    """The optimizer's read of ``layer`` fails once with EIO (at the stack's read, not by
+    counting the file's pread calls: a layer is several of them, in an order the engine's
+    threads pick)."""
+    real = st._read_layer
+    left = [1]
+
+    def read(i):
+        if i == layer and left[0]:
+            left[0] -= 1
+            raise OSError(errno.EIO, f"injected: the read of layer {layer} failed")
+        return real(i)
+
+    monkeypatch.setattr(st, "_read_layer", read)
+
+
 def _weights(st):
     return {f"{i}.{k}": v for i in range(len(st)) for k, v in st.read_weights(i).items()}
 
@@ -195,14 +211,12 @@ def test_a_failed_write_keeps_the_stepped_weights_in_host_memory_until_written(t
 
 
 def test_a_failed_read_is_finished_by_the_next_step_without_stepping_twice(tmp_path, monkeypatch):
-    plan = _core.FaultPlan()
-    _with_faults(monkeypatch, plan)
     pinned, opt_p, on_file, opt_f = _pair(tmp_path, lr=1e-2)
     x = torch.randn(4, 24)
     _step(pinned, opt_p, x, 0)
     torch.manual_seed(0)
     on_file(x).square().mean().backward()
-    plan.add("pread", errno.EIO, skip=1, times=1)  # layer 0 read; layer 1's read fails
+    _fail_read_of(on_file, 1, monkeypatch)  # layer 0 read and stepped; layer 1's read fails
     with pytest.raises(OSError) as e:
         opt_f.step()
     assert e.value.errno == errno.EIO
@@ -341,14 +355,12 @@ def test_a_failed_step_is_not_finished_over_the_gradients_of_a_new_backward_pass
     """A loop that catches the step's OSError and goes on to the next batch: the next step
     steps every parameter with the new gradients (a RuntimeWarning says the failed step's
     rest went without its update), instead of finishing the failed step over them."""
-    plan = _core.FaultPlan()
-    _with_faults(monkeypatch, plan)
     st = ft.stream_layers(_layers(), nvme_path=tmp_path / "w.bin")
     extra = dict(nvme_path=tmp_path / "s.bin", nvme_bytes=1 << 22) if states_on_nvme else {}
     opt = ft.OffloadAdamW(st.parameters(), lr=1e-2, **extra)
     x = torch.randn(4, 24)
     st(x).square().mean().backward()
-    plan.add("pread", errno.EIO, skip=1, times=1)  # layer 0 read (and stepped); layer 1's read fails
+    _fail_read_of(st, 1, monkeypatch)  # layer 0 read (and stepped); layer 1's read fails
     with pytest.raises(OSError):
         opt.step()
     first = {id(p) for p in st.layers[0].parameters()}
