@@ -889,13 +889,18 @@ def _check_param(p: torch.Tensor) -> None:
         raise ValueError(f"OffloadAdamW: sparse parameters are not supported [{_describe(p)}, layout = {p.layout}]")
     if p.device.type not in ("cpu", "cuda"):
         raise ValueError(f"OffloadAdamW: parameters must be on the CPU or a CUDA device [{_describe(p)}]")
+    _check_elements(p, "")
+
+
+def _check_elements(p: torch.Tensor, where: str) -> None:
+    """A dtype ferry's AdamW steps, and contiguous; ``where`` prefixes the description."""
     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(
             f"OffloadAdamW: parameters must be float32, bfloat16 or float16 (ferry's AdamW is fp32; the others get "
-            f"an fp32 master copy) [{_describe(p)}]"
+            f"an fp32 master copy) [{where}{_describe(p)}]"
         )
     if not p.is_contiguous():
-        raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{_describe(p)}]")
+        raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{where}{_describe(p)}]")
 
 
 def _on_file(p: torch.Tensor) -> bool:
@@ -911,14 +916,7 @@ def _check_file_param(p: torch.Tensor, grad: SlabGradient) -> None:
     steps, contiguous (stepped in the layer's bytes, with its moments in its order)."""
     if grad.stack() is None:
         raise ValueError(f"OffloadAdamW: the StreamedLayers of {grad._where} is gone; its gradient with it")
-    if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(
-            f"OffloadAdamW: parameters must be float32, bfloat16 or float16 (ferry's AdamW is fp32; the others get "
-            f"an fp32 master copy) [{grad._where}: {_describe(p)}]"
-        )
-    if not p.is_contiguous():
-        raise ValueError(f"OffloadAdamW: parameters must be contiguous (updated in place) [{grad._where}: "
-                         f"{_describe(p)}]")
+    _check_elements(p, f"{grad._where}: ")
 
 
 def _by_layer(items: List[Tuple[torch.Tensor, Tuple[float, ...]]]) -> List[Tuple[Any, int, List[Any]]]:
